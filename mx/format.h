@@ -1,0 +1,85 @@
+// The number formats mxserve computes in, and one table of their traits.
+//
+// MX formats (OCP Microscaling v1.0) store blocks of 32 elements that share one
+// E8M0 scale; the non-MX formats store plain elements (INT8 with one FP32 scale
+// per row of an operand).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace mx {
+
+enum class Format : uint8_t {
+  kMxfp8E4m3,
+  kMxfp8E5m2,
+  kMxfp6E3m2,
+  kMxfp6E2m3,
+  kMxfp4E2m1,
+  kMxint8,
+  kInt8,  // symmetric, one FP32 scale per row of an operand
+  kBf16,
+  kFp16,
+  kFp32,
+};
+
+enum class FormatKind : uint8_t {
+  kMxFloat,  // MX block of minifloat elements
+  kMxInt,    // MX block of two's-complement k·2^-6 elements
+  kInt8,     // per-row scaled integers
+  kFloat,    // IEEE-style floats: BF16, FP16, FP32
+};
+
+// How a minifloat reserves codes for Inf and NaN.
+enum class Specials : uint8_t {
+  kNone,         // every code is finite (FP6, FP4, and the integer formats)
+  kNanOnlyE4m3,  // S.1111.111 is NaN, there is no Inf (OCP E4M3)
+  kIeee,         // the top exponent holds Inf (mantissa 0) and NaN (E5M2, FP16, BF16, FP32)
+};
+
+// The size of an MX block along the reduction dimension.
+inline constexpr int kBlockSize = 32;
+// The E8M0 byte that encodes NaN; byte b otherwise means 2^(b - 127).
+inline constexpr uint8_t kScaleNan = 0xFF;
+inline constexpr int kScaleBias = 127;
+
+struct FormatTraits {
+  Format format;
+  absl::string_view name;  // as in the golden set, e.g. "MXFP8_E4M3"
+  FormatKind kind;
+  int element_bits;  // bits one element occupies in the packed layout
+  // Minifloat fields (sign bit not counted). For MXINT8 and INT8 these are 0 and
+  // the element is a two's-complement byte.
+  int exponent_bits;
+  int mantissa_bits;
+  int exponent_bias;
+  // Exponent of the largest normal element (emax_elem of the MX spec). For
+  // MXINT8 it is 0: elements are k·2^-6 with |k| <= 127, so below 2^1.
+  int emax;
+  double max_normal;
+  double min_normal;     // 0 where the format has no normal/subnormal split
+  double min_subnormal;  // smallest positive element (for MXINT8 the step 2^-6)
+  Specials specials;
+  absl::string_view special_encodings;  // in words, for docs and --help
+
+  bool is_mx() const { return kind == FormatKind::kMxFloat || kind == FormatKind::kMxInt; }
+};
+
+// Every format, in the order of the enum.
+std::span<const FormatTraits> AllFormats();
+const FormatTraits& Traits(Format format);
+inline absl::string_view FormatName(Format format) { return Traits(format).name; }
+inline bool IsMx(Format format) { return Traits(format).is_mx(); }
+
+// Parses a format name: the golden set's names (MXFP8_E4M3, ..., MXINT8) and INT8,
+// BF16, FP16, FP32, case-insensitive, plus the aliases mxfp8 (= E4M3), mxfp6
+// (= E2M3) and mxfp4. The error names the accepted spellings.
+absl::StatusOr<Format> ParseFormat(absl::string_view name);
+
+// "MXFP8_E4M3, MXFP8_E5M2, ..." for messages and --help.
+absl::string_view FormatNameList();
+
+}  // namespace mx

@@ -1,0 +1,220 @@
+#include "mx/packed.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "mx/element.h"
+
+namespace mx {
+namespace {
+
+// Largest rows or cols accepted: keeps every byte count well inside int64.
+constexpr int64_t kMaxDimension = int64_t{1} << 31;
+
+absl::Status ValidateShape(size_t value_count, int64_t rows, int64_t cols, const char* what) {
+  if (rows < 0 || cols < 0 || rows > kMaxDimension || cols > kMaxDimension) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": dimensions must be in [0, 2^31], got ",
+                                                   rows, "x", cols));
+  }
+  if (static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) != value_count) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", rows, "x", cols, " = ",
+                                                   rows * cols, " values, got ", value_count));
+  }
+  return absl::OkStatus();
+}
+
+// Reads `bits` (<= 8) bits starting at bit `position` of a little-endian bit string.
+uint32_t ReadBits(const uint8_t* data, int64_t position, int bits) {
+  const uint8_t* p = data + position / 8;
+  const int offset = static_cast<int>(position % 8);
+  uint32_t word = p[0];
+  if (offset + bits > 8) word |= uint32_t{p[1]} << 8;
+  return (word >> offset) & ((1u << bits) - 1);
+}
+
+void QuantizeRowMx(std::span<const float> row, Format format, const QuantizeOptions& options,
+                   uint8_t* elements, uint8_t* scales) {
+  const int64_t blocks = BlocksPerRow(static_cast<int64_t>(row.size()));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t begin = static_cast<size_t>(b) * kBlockSize;
+    const size_t count = std::min<size_t>(kBlockSize, row.size() - begin);
+    std::array<uint8_t, kBlockSize> codes{};  // the padding of a short block stays code 0
+    scales[b] = QuantizeBlock(format, row.subspan(begin, count),
+                              std::span<uint8_t>(codes.data(), count), options);
+    PackBlock(format, codes, elements + b * BlockBytes(format));
+  }
+}
+
+// INT8: scale = amax / 127 in FP32, code = round(v / scale) clamped to ±127.
+float QuantizeRowInt8(std::span<const float> row, const QuantizeOptions& options,
+                      uint8_t* elements) {
+  float amax = 0.0f;
+  for (float v : row) {
+    if (!std::isfinite(v)) {
+      std::fill(elements, elements + row.size(), 0);
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    amax = std::max(amax, std::fabs(v));
+  }
+  if (amax == 0.0f) {
+    std::fill(elements, elements + row.size(), 0);
+    return 0.0f;
+  }
+  const float scale = amax / 127.0f;
+  for (size_t i = 0; i < row.size(); ++i) {
+    elements[i] = static_cast<uint8_t>(EncodeElement(Format::kInt8, row[i] / scale,
+                                                     options.rounding));
+  }
+  return scale;
+}
+
+void StoreFloats(std::span<const float> row, Format format, uint8_t* elements) {
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (format == Format::kFp32) {
+      std::memcpy(elements + 4 * i, &row[i], 4);
+    } else {
+      const uint16_t code = format == Format::kBf16 ? FloatToBf16(row[i]) : FloatToFp16(row[i]);
+      elements[2 * i] = static_cast<uint8_t>(code);
+      elements[2 * i + 1] = static_cast<uint8_t>(code >> 8);
+    }
+  }
+}
+
+}  // namespace
+
+int64_t RowBytes(Format format, int64_t cols) {
+  if (IsMx(format)) return BlocksPerRow(cols) * BlockBytes(format);
+  return cols * Traits(format).element_bits / 8;
+}
+
+void PackBlock(Format format, std::span<const uint8_t, kBlockSize> codes, uint8_t* block) {
+  const int bits = Traits(format).element_bits;
+  std::memset(block, 0, BlockBytes(format));
+  for (int i = 0; i < kBlockSize; ++i) {
+    const uint32_t code = codes[i] & ((1u << bits) - 1);
+    const int position = i * bits;
+    block[position / 8] |= static_cast<uint8_t>(code << (position % 8));
+    if (position % 8 + bits > 8) block[position / 8 + 1] |= static_cast<uint8_t>(code >> (8 - position % 8));
+  }
+}
+
+void UnpackBlock(Format format, const uint8_t* block, std::span<uint8_t, kBlockSize> codes) {
+  const int bits = Traits(format).element_bits;
+  for (int i = 0; i < kBlockSize; ++i) codes[i] = static_cast<uint8_t>(ReadBits(block, i * bits, bits));
+}
+
+absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
+                                             int64_t cols, Format format,
+                                             const QuantizeOptions& options) {
+  if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
+  QuantizedMatrix m;
+  m.format = format;
+  m.rows = rows;
+  m.cols = cols;
+  const int64_t row_bytes = RowBytes(format, cols);
+  m.elements.resize(rows * row_bytes);
+  if (IsMx(format)) m.block_scales.resize(rows * BlocksPerRow(cols));
+  if (format == Format::kInt8) m.row_scales.resize(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::span<const float> row = values.subspan(r * cols, cols);
+    uint8_t* elements = m.elements.data() + r * row_bytes;
+    if (IsMx(format)) {
+      QuantizeRowMx(row, format, options, elements, m.block_scales.data() + r * BlocksPerRow(cols));
+    } else if (format == Format::kInt8) {
+      m.row_scales[r] = QuantizeRowInt8(row, options, elements);
+    } else {
+      StoreFloats(row, format, elements);
+    }
+  }
+  return m;
+}
+
+absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, Format source,
+                                             int64_t rows, int64_t cols, Format format,
+                                             const QuantizeOptions& options) {
+  if (source != Format::kBf16 && source != Format::kFp16) {
+    return absl::InvalidArgumentError(absl::StrCat("source: expected BF16 or FP16, got ",
+                                                   FormatName(source)));
+  }
+  std::vector<float> widened(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    widened[i] = source == Format::kBf16 ? Bf16ToFloat(values[i]) : Fp16ToFloat(values[i]);
+  }
+  return QuantizeRows(widened, rows, cols, format, options);
+}
+
+absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k,
+                                                int64_t n, Format format,
+                                                const QuantizeOptions& options) {
+  if (absl::Status s = ValidateShape(values.size(), k, n, "values"); !s.ok()) return s;
+  std::vector<float> transposed(values.size());
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t j = 0; j < n; ++j) transposed[j * k + i] = values[i * n + j];
+  }
+  return QuantizeRows(transposed, n, k, format, options);
+}
+
+uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col) {
+  const uint8_t* base = m.elements.data() + row * RowBytes(m.format, m.cols);
+  const int bits = Traits(m.format).element_bits;
+  if (IsMx(m.format)) {
+    return ReadBits(base + (col / kBlockSize) * BlockBytes(m.format), (col % kBlockSize) * bits,
+                    bits);
+  }
+  uint32_t code = 0;
+  std::memcpy(&code, base + col * (bits / 8), bits / 8);  // little-endian host
+  return code;
+}
+
+float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col) {
+  const float element = DecodeElement(m.format, ElementCode(m, row, col));
+  if (IsMx(m.format)) {
+    const uint8_t scale = m.block_scales[row * BlocksPerRow(m.cols) + col / kBlockSize];
+    if (scale == kScaleNan) return std::numeric_limits<float>::quiet_NaN();
+    // Exact: an MX element has at most 4 significant bits and its lowest step times
+    // the smallest scale, 2^-16 · 2^-127, is still an FP32 subnormal.
+    return std::ldexp(element, scale - kScaleBias);
+  }
+  if (m.format == Format::kInt8) return element * m.row_scales[row];
+  return element;
+}
+
+std::vector<float> Dequantize(const QuantizedMatrix& m) {
+  std::vector<float> out(m.rows * m.cols);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) out[r * m.cols + c] = ElementValue(m, r, c);
+  }
+  return out;
+}
+
+absl::Status ValidateLayout(const QuantizedMatrix& m) {
+  if (m.rows < 0 || m.cols < 0 || m.rows > kMaxDimension || m.cols > kMaxDimension) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape: rows and cols must be in [0, 2^31], got ", m.rows, "x", m.cols));
+  }
+  const auto expect = [&](const char* field, size_t actual, int64_t expected) {
+    return actual == static_cast<size_t>(expected)
+               ? absl::OkStatus()
+               : absl::InvalidArgumentError(absl::StrCat(
+                     field, ": expected ", expected, " for a ", m.rows, "x", m.cols, " ",
+                     FormatName(m.format), " matrix, got ", actual));
+  };
+  if (absl::Status s = expect("elements (bytes)", m.elements.size(),
+                              m.rows * RowBytes(m.format, m.cols));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = expect("block_scales (bytes)", m.block_scales.size(),
+                              IsMx(m.format) ? m.rows * BlocksPerRow(m.cols) : 0);
+      !s.ok()) {
+    return s;
+  }
+  return expect("row_scales (floats)", m.row_scales.size(),
+                m.format == Format::kInt8 ? m.rows : 0);
+}
+
+}  // namespace mx

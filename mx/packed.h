@@ -1,0 +1,75 @@
+// QuantizedMatrix: an operand in its storage format, in the packed layout that GEMM
+// kernels, the wire protocol and the FPGA's DMA engine all read. See mx/README.md
+// for the picture.
+//
+// An operand is always `rows` × `cols` with the reduction dimension K along cols:
+// X (M×K) and W (N×K) of Y = X·Wᵀ directly, and B (K×N) of C = A·B transposed
+// (QuantizeColumns). MX rows are padded to whole 32-element blocks with code 0.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "mx/format.h"
+#include "mx/quantize.h"
+
+namespace mx {
+
+struct QuantizedMatrix {
+  Format format = Format::kFp32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Elements, row-major. MX: each block of 32 codes bit-packed little-endian into
+  // 32·bits/8 bytes (16 for FP4, 24 for FP6, 32 for 8-bit formats), blocks of a row
+  // back to back. INT8: one byte per element. BF16/FP16: two bytes, FP32: four,
+  // little-endian.
+  std::vector<uint8_t> elements;
+  // MX only: rows × BlocksPerRow(cols) E8M0 bytes, row-major.
+  std::vector<uint8_t> block_scales;
+  // INT8 only: one FP32 scale per row (value = code · scale; NaN for a row that
+  // held NaN or Inf).
+  std::vector<float> row_scales;
+};
+
+// Layout arithmetic, shared by every producer and consumer of the layout.
+inline int64_t BlocksPerRow(int64_t cols) { return (cols + kBlockSize - 1) / kBlockSize; }
+// Bytes of one packed MX block of 32 elements.
+inline int64_t BlockBytes(Format format) { return kBlockSize * Traits(format).element_bits / 8; }
+// Bytes of one packed row of `cols` elements.
+int64_t RowBytes(Format format, int64_t cols);
+
+// Bit-packs 32 element codes (low bits of each byte) into one block:
+// element i occupies bits [i·b, i·b + b) of the block read as a little-endian
+// bit string, b = element_bits.
+void PackBlock(Format format, std::span<const uint8_t, kBlockSize> codes, uint8_t* block);
+void UnpackBlock(Format format, const uint8_t* block, std::span<uint8_t, kBlockSize> codes);
+
+// Quantizes a row-major rows × cols FP32 matrix along its rows (K = cols).
+absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
+                                             int64_t cols, Format format,
+                                             const QuantizeOptions& options = {});
+// The same for BF16 or FP16 input given as raw 16-bit codes (`source` says which):
+// each value widens to FP32 exactly, then quantizes as above.
+absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, Format source,
+                                             int64_t rows, int64_t cols, Format format,
+                                             const QuantizeOptions& options = {});
+// Quantizes a row-major K × N FP32 matrix along its columns. The result holds the
+// transpose: N rows of K.
+absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k,
+                                                int64_t n, Format format,
+                                                const QuantizeOptions& options = {});
+
+// The element code at (row, col) and the value it stands for (scale applied).
+uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col);
+float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col);
+
+// All values back to FP32, rows × cols row-major, in the matrix's orientation.
+std::vector<float> Dequantize(const QuantizedMatrix& m);
+
+// Checks that the buffers of `m` have the sizes its format and shape require;
+// the message names the field and the expected size.
+absl::Status ValidateLayout(const QuantizedMatrix& m);
+
+}  // namespace mx

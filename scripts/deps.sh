@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs mxserve's system dependencies from Debian 12 packages.
+# Idempotent: prints nothing and touches nothing when every package is present;
+# runs `apt-get update` only when something is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config make
+  libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
+  libabsl-dev                                  # Status/StatusOr, strings
+  nlohmann-json3-dev                           # golden manifest, policies
+  libmpfr-dev                                  # exact oracle in the GEMM tests
+  libopenblas-dev                              # benchmark peer (cblas_sgemm)
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ $status == "install ok installed" ]] || missing+=("$pkg")
+done
+((${#missing[@]} == 0)) && exit 0
+
+echo "deps: installing ${missing[*]}"
+sudo=()
+((EUID == 0)) || sudo=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "deps: done"

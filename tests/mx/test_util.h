@@ -1,0 +1,64 @@
+// Helpers shared by the mx tests: file reading, the golden manifest, and the
+// "bits equal, zeros compared as numbers" rule of the golden README.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mx_test {
+
+inline const std::string kGoldenDir = MXSERVE_GOLDEN_DIR;
+
+inline std::vector<uint8_t> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline std::vector<float> ReadFloats(const std::string& path) {
+  const std::vector<uint8_t> bytes = ReadBytes(path);
+  std::vector<float> values(bytes.size() / 4);
+  std::memcpy(values.data(), bytes.data(), values.size() * 4);
+  return values;
+}
+
+// The golden rule: identical bits, except that +0 and -0 count as equal and any
+// NaN equals any NaN.
+inline bool SameValue(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (a == 0.0f && b == 0.0f) return true;
+  return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+}
+
+// The manifest's cases, or an empty list when the golden directory is missing
+// (the ManifestIsPresent test then fails and says where it looked).
+inline nlohmann::json GoldenCases(const std::string& op) {
+  std::ifstream in(kGoldenDir + "/manifest.json");
+  if (!in) return nlohmann::json::array();
+  nlohmann::json manifest = nlohmann::json::parse(in);
+  nlohmann::json selected = nlohmann::json::array();
+  for (const auto& c : manifest["cases"]) {
+    if (c["op"] == op) selected.push_back(c);
+  }
+  return selected;
+}
+
+inline std::string CaseFile(const nlohmann::json& c, const char* key) {
+  return kGoldenDir + "/" + c["files"][key]["path"].get<std::string>();
+}
+
+// gtest parameter names must be alphanumeric.
+inline std::string TestName(const std::string& id) {
+  std::string name;
+  for (char ch : id) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return name;
+}
+
+}  // namespace mx_test
