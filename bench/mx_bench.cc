@@ -93,7 +93,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(runs);
   }
   void PrintRatios() const {
-    std::printf("\nratio (OpenBLAS sgemm time / reference time; > 1 means faster than OpenBLAS):\n");
+    std::printf(
+        "\nratio (OpenBLAS sgemm time / reference time; > 1 means faster than OpenBLAS):\n");
     for (const Shape& s : kShapes) {
       const auto peer = seconds_.find("gemm/openblas_sgemm/" + s.Name());
       if (peer == seconds_.end()) continue;

@@ -54,8 +54,9 @@ uint64_t ShiftRightRounded(uint64_t m, int shift, Rounding rounding) {
   const uint64_t quotient = m >> shift;
   const uint64_t remainder = m & ((uint64_t{1} << shift) - 1);
   const uint64_t half = uint64_t{1} << (shift - 1);
-  const bool round_up = remainder > half ||
-                        (remainder == half && (rounding == Rounding::kNearestAway || (quotient & 1)));
+  const bool round_up =
+      remainder > half ||
+      (remainder == half && (rounding == Rounding::kNearestAway || (quotient & 1)));
   return quotient + (round_up ? 1 : 0);
 }
 
@@ -63,8 +64,8 @@ EncodeResult EncodeMinifloat(const Minifloat& f, float v, Rounding rounding, int
   const uint32_t bits = std::bit_cast<uint32_t>(v);
   const int p = f.mantissa_bits;
   const uint32_t sign_code = (bits >> 31) << (f.exponent_bits + p);
-  const uint32_t max_code = sign_code | static_cast<uint32_t>(f.emax() + f.bias) << p |
-                            (f.max_significand() - (1u << p));
+  const uint32_t max_code =
+      sign_code | static_cast<uint32_t>(f.emax() + f.bias) << p | (f.max_significand() - (1u << p));
   const uint32_t inf_code = sign_code | static_cast<uint32_t>(f.max_exponent_field()) << p;
   const EncodeResult overflow = {f.saturate || f.specials != Specials::kIeee ? max_code : inf_code,
                                  true};
@@ -95,7 +96,7 @@ EncodeResult EncodeMinifloat(const Minifloat& f, float v, Rounding rounding, int
   const int shift = step_exponent - p - (parts.exponent - scale_exponent - 23);
   uint64_t q = shift >= 0 ? ShiftRightRounded(parts.significand, shift, rounding)
                           : parts.significand << -shift;  // exact: only FP32 subnormals
-  if (q >> (p + 1)) {  // rounded up into the next binade
+  if (q >> (p + 1)) {                                     // rounded up into the next binade
     q >>= 1;
     ++step_exponent;
   }
@@ -215,15 +216,13 @@ int64_t ElementToFixed(Format format, uint32_t code) {
 }
 
 uint16_t FloatToBf16(float v) {
-  return static_cast<uint16_t>(EncodeMinifloat(MinifloatOf(Format::kBf16), v,
-                                               Rounding::kNearestEven, 0)
-                                   .code);
+  return static_cast<uint16_t>(
+      EncodeMinifloat(MinifloatOf(Format::kBf16), v, Rounding::kNearestEven, 0).code);
 }
 float Bf16ToFloat(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
 uint16_t FloatToFp16(float v) {
-  return static_cast<uint16_t>(EncodeMinifloat(MinifloatOf(Format::kFp16), v,
-                                               Rounding::kNearestEven, 0)
-                                   .code);
+  return static_cast<uint16_t>(
+      EncodeMinifloat(MinifloatOf(Format::kFp16), v, Rounding::kNearestEven, 0).code);
 }
 float Fp16ToFloat(uint16_t bits) { return DecodeMinifloat(MinifloatOf(Format::kFp16), bits); }
 

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 #include <span>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace mx {
 

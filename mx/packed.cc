@@ -17,8 +17,8 @@ constexpr int64_t kMaxDimension = int64_t{1} << 31;
 
 absl::Status ValidateShape(size_t value_count, int64_t rows, int64_t cols, const char* what) {
   if (rows < 0 || cols < 0 || rows > kMaxDimension || cols > kMaxDimension) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": dimensions must be in [0, 2^31], got ",
-                                                   rows, "x", cols));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dimensions must be in [0, 2^31], got ", rows, "x", cols));
   }
   if (static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) != value_count) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", rows, "x", cols, " = ",
@@ -66,8 +66,8 @@ float QuantizeRowInt8(std::span<const float> row, const QuantizeOptions& options
   }
   const float scale = amax / 127.0f;
   for (size_t i = 0; i < row.size(); ++i) {
-    elements[i] = static_cast<uint8_t>(EncodeElement(Format::kInt8, row[i] / scale,
-                                                     options.rounding));
+    elements[i] =
+        static_cast<uint8_t>(EncodeElement(Format::kInt8, row[i] / scale, options.rounding));
   }
   return scale;
 }
@@ -98,13 +98,15 @@ void PackBlock(Format format, std::span<const uint8_t, kBlockSize> codes, uint8_
     const uint32_t code = codes[i] & ((1u << bits) - 1);
     const int position = i * bits;
     block[position / 8] |= static_cast<uint8_t>(code << (position % 8));
-    if (position % 8 + bits > 8) block[position / 8 + 1] |= static_cast<uint8_t>(code >> (8 - position % 8));
+    if (position % 8 + bits > 8)
+      block[position / 8 + 1] |= static_cast<uint8_t>(code >> (8 - position % 8));
   }
 }
 
 void UnpackBlock(Format format, const uint8_t* block, std::span<uint8_t, kBlockSize> codes) {
   const int bits = Traits(format).element_bits;
-  for (int i = 0; i < kBlockSize; ++i) codes[i] = static_cast<uint8_t>(ReadBits(block, i * bits, bits));
+  for (int i = 0; i < kBlockSize; ++i)
+    codes[i] = static_cast<uint8_t>(ReadBits(block, i * bits, bits));
 }
 
 absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
@@ -137,8 +139,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
                                              int64_t rows, int64_t cols, Format format,
                                              const QuantizeOptions& options) {
   if (source != Format::kBf16 && source != Format::kFp16) {
-    return absl::InvalidArgumentError(absl::StrCat("source: expected BF16 or FP16, got ",
-                                                   FormatName(source)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("source: expected BF16 or FP16, got ", FormatName(source)));
   }
   std::vector<float> widened(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
@@ -147,9 +149,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
   return QuantizeRows(widened, rows, cols, format, options);
 }
 
-absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k,
-                                                int64_t n, Format format,
-                                                const QuantizeOptions& options) {
+absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k, int64_t n,
+                                                Format format, const QuantizeOptions& options) {
   if (absl::Status s = ValidateShape(values.size(), k, n, "values"); !s.ok()) return s;
   std::vector<float> transposed(values.size());
   for (int64_t i = 0; i < k; ++i) {
@@ -199,12 +200,12 @@ absl::Status ValidateLayout(const QuantizedMatrix& m) {
   const auto expect = [&](const char* field, size_t actual, int64_t expected) {
     return actual == static_cast<size_t>(expected)
                ? absl::OkStatus()
-               : absl::InvalidArgumentError(absl::StrCat(
-                     field, ": expected ", expected, " for a ", m.rows, "x", m.cols, " ",
-                     FormatName(m.format), " matrix, got ", actual));
+               : absl::InvalidArgumentError(
+                     absl::StrCat(field, ": expected ", expected, " for a ", m.rows, "x", m.cols,
+                                  " ", FormatName(m.format), " matrix, got ", actual));
   };
-  if (absl::Status s = expect("elements (bytes)", m.elements.size(),
-                              m.rows * RowBytes(m.format, m.cols));
+  if (absl::Status s =
+          expect("elements (bytes)", m.elements.size(), m.rows * RowBytes(m.format, m.cols));
       !s.ok()) {
     return s;
   }
@@ -213,8 +214,7 @@ absl::Status ValidateLayout(const QuantizedMatrix& m) {
       !s.ok()) {
     return s;
   }
-  return expect("row_scales (floats)", m.row_scales.size(),
-                m.format == Format::kInt8 ? m.rows : 0);
+  return expect("row_scales (floats)", m.row_scales.size(), m.format == Format::kInt8 ? m.rows : 0);
 }
 
 }  // namespace mx

@@ -57,9 +57,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
                                              const QuantizeOptions& options = {});
 // Quantizes a row-major K × N FP32 matrix along its columns. The result holds the
 // transpose: N rows of K.
-absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k,
-                                                int64_t n, Format format,
-                                                const QuantizeOptions& options = {});
+absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k, int64_t n,
+                                                Format format, const QuantizeOptions& options = {});
 
 // The element code at (row, col) and the value it stands for (scale applied).
 uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col);

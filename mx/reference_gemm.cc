@@ -17,8 +17,8 @@ namespace {
 struct FixedPointOperand {
   int fraction_bits;
   int64_t blocks_per_row;
-  std::vector<int64_t> elements;      // rows × blocks_per_row·32
-  std::vector<uint8_t> has_special;   // rows × blocks_per_row
+  std::vector<int64_t> elements;     // rows × blocks_per_row·32
+  std::vector<uint8_t> has_special;  // rows × blocks_per_row
 };
 
 FixedPointOperand DecodeFixedPoint(const QuantizedMatrix& m) {
@@ -53,8 +53,8 @@ float NonFiniteBlockDot(const QuantizedMatrix& x, int64_t row_x, const Quantized
   return static_cast<float>(sum);
 }
 
-void LinearMxBlocks(const QuantizedMatrix& x, const QuantizedMatrix& w,
-                    std::span<const float> bias, std::vector<float>& y) {
+void LinearMxBlocks(const QuantizedMatrix& x, const QuantizedMatrix& w, std::span<const float> bias,
+                    std::vector<float>& y) {
   const FixedPointOperand fx = DecodeFixedPoint(x);
   const FixedPointOperand fw = DecodeFixedPoint(w);
   const int64_t blocks = fx.blocks_per_row;
@@ -78,8 +78,8 @@ void LinearMxBlocks(const QuantizedMatrix& x, const QuantizedMatrix& w,
           const int64_t* ew = &fw.elements[(j * blocks + b) * kBlockSize];
           __int128 dot = 0;
           for (int t = 0; t < kBlockSize; ++t) dot += static_cast<__int128>(ex[t]) * ew[t];
-          const int exponent = (scale_x - kScaleBias) + (scale_w - kScaleBias) -
-                               fx.fraction_bits - fw.fraction_bits;
+          const int exponent =
+              (scale_x - kScaleBias) + (scale_w - kScaleBias) - fx.fraction_bits - fw.fraction_bits;
           block_result = RoundScaledToFloat(dot, exponent);
         }
         sum += block_result;  // FP32, ascending b: the order is part of the contract
@@ -161,15 +161,17 @@ float RoundScaledToFloat(__int128 value, int exponent) {
 absl::StatusOr<std::vector<float>> ReferenceLinear(const QuantizedMatrix& x,
                                                    const QuantizedMatrix& w,
                                                    std::span<const float> bias) {
-  if (absl::Status s = ValidateLayout(x); !s.ok()) return absl::InvalidArgumentError(absl::StrCat("x ", s.message()));
-  if (absl::Status s = ValidateLayout(w); !s.ok()) return absl::InvalidArgumentError(absl::StrCat("w ", s.message()));
+  if (absl::Status s = ValidateLayout(x); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat("x ", s.message()));
+  if (absl::Status s = ValidateLayout(w); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat("w ", s.message()));
   if (x.cols != w.cols) {
-    return absl::InvalidArgumentError(absl::StrCat("w: expected K = ", x.cols,
-                                                   " columns to match x, got ", w.cols));
+    return absl::InvalidArgumentError(
+        absl::StrCat("w: expected K = ", x.cols, " columns to match x, got ", w.cols));
   }
   if (!bias.empty() && static_cast<int64_t>(bias.size()) != w.rows) {
-    return absl::InvalidArgumentError(absl::StrCat("bias: expected ", w.rows,
-                                                   " values (one per row of w), got ", bias.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bias: expected ", w.rows, " values (one per row of w), got ", bias.size()));
   }
   std::vector<float> y(x.rows * w.rows);
   switch (GemmPathFor(x.format, w.format)) {

@@ -60,14 +60,15 @@ int RunDemo() {
   std::vector<double> y64(kRows * kOut, 0.0);
   for (int64_t i = 0; i < kRows; ++i)
     for (int64_t k = 0; k < kCols; ++k)
-      for (int64_t j = 0; j < kOut; ++j) y64[i * kOut + j] += double{x[i * kCols + k]} * w[k * kOut + j];
+      for (int64_t j = 0; j < kOut; ++j)
+        y64[i * kOut + j] += double{x[i * kCols + k]} * w[k * kOut + j];
 
-  std::printf("mxserve demo: a %lldx%lld activation-like tensor (rows over 3 decades, 0.5%% "
-              "outliers at 20x)\nquantized in every format, and a %lldx%lldx%lld GEMM with a "
-              "Gaussian weight, against FP64.\n\n",
-              static_cast<long long>(kRows), static_cast<long long>(kCols),
-              static_cast<long long>(kRows), static_cast<long long>(kOut),
-              static_cast<long long>(kCols));
+  std::printf(
+      "mxserve demo: a %lldx%lld activation-like tensor (rows over 3 decades, 0.5%% "
+      "outliers at 20x)\nquantized in every format, and a %lldx%lldx%lld GEMM with a "
+      "Gaussian weight, against FP64.\n\n",
+      static_cast<long long>(kRows), static_cast<long long>(kCols), static_cast<long long>(kRows),
+      static_cast<long long>(kOut), static_cast<long long>(kCols));
   std::printf("%-11s %9s %15s %13s %13s\n", "format", "bits/val", "quantize SQNR", "max |err|",
               "GEMM SQNR");
   for (const mx::FormatTraits& t : mx::AllFormats()) {
@@ -79,12 +80,14 @@ int RunDemo() {
     }
     const std::vector<float> xq = mx::Dequantize(*quantized);
     double max_error = 0.0;
-    for (size_t i = 0; i < x.size(); ++i) max_error = std::max(max_error, std::fabs(x64[i] - xq[i]));
+    for (size_t i = 0; i < x.size(); ++i)
+      max_error = std::max(max_error, std::fabs(x64[i] - xq[i]));
     std::printf("%-11s %9.3f %12.1f dB %13.3g %10.1f dB\n", std::string(t.name).c_str(),
                 BitsPerValue(t.format, kCols), SqnrDb(x64, xq), max_error, SqnrDb(y64, *y));
   }
-  std::printf("\nSQNR = 10·log10(signal power / error power); higher is better, ~6 dB per bit.\n"
-              "MX formats share one E8M0 scale per 32 values; INT8 uses one FP32 scale per row.\n");
+  std::printf(
+      "\nSQNR = 10·log10(signal power / error power); higher is better, ~6 dB per bit.\n"
+      "MX formats share one E8M0 scale per 32 values; INT8 uses one FP32 scale per row.\n");
   return 0;
 }
 

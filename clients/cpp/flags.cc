@@ -49,8 +49,7 @@ absl::StatusOr<std::string> Flags::Require(const std::string& name) const {
   return *value;
 }
 
-absl::StatusOr<int64_t> Flags::RequireInt(const std::string& name, int64_t min,
-                                          int64_t max) const {
+absl::StatusOr<int64_t> Flags::RequireInt(const std::string& name, int64_t min, int64_t max) const {
   absl::StatusOr<std::string> text = Require(name);
   if (!text.ok()) return text.status();
   int64_t value = 0;

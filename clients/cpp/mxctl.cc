@@ -67,12 +67,12 @@ absl::StatusOr<mx::Format> FormatFlag(const Flags& flags, const std::string& nam
   return format;
 }
 
-#define MXCTL_ASSIGN_OR_RETURN(lhs, expr)        \
-  auto lhs##_or = (expr);                        \
-  if (!lhs##_or.ok()) return lhs##_or.status();  \
+#define MXCTL_ASSIGN_OR_RETURN(lhs, expr)       \
+  auto lhs##_or = (expr);                       \
+  if (!lhs##_or.ok()) return lhs##_or.status(); \
   auto lhs = std::move(*lhs##_or)
 
-#define MXCTL_RETURN_IF_ERROR(expr)              \
+#define MXCTL_RETURN_IF_ERROR(expr) \
   if (absl::Status status_ = (expr); !status_.ok()) return status_
 
 absl::Status Quantize(const std::vector<std::string>& args) {
@@ -87,8 +87,8 @@ absl::Status Quantize(const std::vector<std::string>& args) {
                                    " has no block scales (only MX formats do)"));
   }
   if (flags.Has("codes") && mx::Traits(format).element_bits > 8) {
-    return UsageError(absl::StrCat("--codes: ", mx::FormatName(format),
-                                   " elements do not fit one byte"));
+    return UsageError(
+        absl::StrCat("--codes: ", mx::FormatName(format), " elements do not fit one byte"));
   }
   MXCTL_ASSIGN_OR_RETURN(values, ReadFloat32File(input_path, "--input"));
 
@@ -101,7 +101,8 @@ absl::Status Quantize(const std::vector<std::string>& args) {
   }
   if (auto path = flags.Get("codes")) {
     std::vector<uint8_t> codes(n);
-    for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(mx::ElementCode(quantized, 0, i));
+    for (int64_t i = 0; i < n; ++i)
+      codes[i] = static_cast<uint8_t>(mx::ElementCode(quantized, 0, i));
     MXCTL_RETURN_IF_ERROR(WriteBytesFile(*path, codes));
   }
   return absl::OkStatus();

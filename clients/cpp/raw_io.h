@@ -14,7 +14,8 @@ namespace mxctl {
 
 // Reads a file of float32 values; fails if it is missing or its size is not a
 // multiple of 4 bytes. `what` names the file's role in messages (e.g. "--a").
-absl::StatusOr<std::vector<float>> ReadFloat32File(const std::string& path, const std::string& what);
+absl::StatusOr<std::vector<float>> ReadFloat32File(const std::string& path,
+                                                   const std::string& what);
 absl::Status WriteFloat32File(const std::string& path, std::span<const float> values);
 absl::Status WriteBytesFile(const std::string& path, std::span<const uint8_t> bytes);
 

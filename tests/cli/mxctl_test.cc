@@ -38,8 +38,8 @@ class Mxctl : public testing::Test {
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   Result Run(const std::string& args) const {
-    const std::string command = std::string(MXCTL_PATH) + " " + args + " >" + Path("stdout") +
-                                " 2>" + Path("stderr");
+    const std::string command =
+        std::string(MXCTL_PATH) + " " + args + " >" + Path("stdout") + " 2>" + Path("stderr");
     const int status = std::system(command.c_str());
     const auto slurp = [](const std::string& p) {
       std::ifstream in(p);
@@ -60,13 +60,14 @@ class Mxctl : public testing::Test {
 };
 
 TEST_F(Mxctl, QuantizeReproducesEveryGoldenCase) {
-  const nlohmann::json cases = mx_test::GoldenCases("quantize");
+  const std::vector<mx_test::GoldenCase> cases = mx_test::GoldenCases("quantize");
   ASSERT_EQ(cases.size(), 12u) << "golden vectors missing at " << mx_test::kGoldenDir;
   for (const auto& c : cases) {
     SCOPED_TRACE(c["id"].get<std::string>());
-    const Result r = Run("quantize --format " + c["format"].get<std::string>() +
-                         " --rounding even --input " + mx_test::CaseFile(c, "input") + " --output " +
-                         Path("out.f32") + " --scales " + Path("s.u8") + " --codes " + Path("c.u8"));
+    const Result r =
+        Run("quantize --format " + c["format"].get<std::string>() + " --rounding even --input " +
+            mx_test::CaseFile(c, "input") + " --output " + Path("out.f32") + " --scales " +
+            Path("s.u8") + " --codes " + Path("c.u8"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const std::vector<float> out = ReadFloats(Path("out.f32"));
     const std::vector<float> expected = ReadFloats(mx_test::CaseFile(c, "output"));
@@ -86,23 +87,24 @@ TEST_F(Mxctl, QuantizeReproducesEveryGoldenCase) {
 }
 
 TEST_F(Mxctl, GemmReproducesEveryGoldenCase) {
-  const nlohmann::json cases = mx_test::GoldenCases("matmul");
+  const std::vector<mx_test::GoldenCase> cases = mx_test::GoldenCases("matmul");
   ASSERT_EQ(cases.size(), 12u);
   for (const auto& c : cases) {
     SCOPED_TRACE(c["id"].get<std::string>());
     const int64_t m = c["M"], k = c["K"], n = c["N"];
     const std::string format = c["format"];
-    const Result r = Run("gemm --format " + format + " --a " + mx_test::CaseFile(c, "A") + " --b " +
-                         mx_test::CaseFile(c, "B") + " --m " + std::to_string(m) + " --k " +
-                         std::to_string(k) + " --n " + std::to_string(n) + " --output " +
-                         Path("c.f32"));
+    const Result r =
+        Run("gemm --format " + format + " --a " + mx_test::CaseFile(c, "A") + " --b " +
+            mx_test::CaseFile(c, "B") + " --m " + std::to_string(m) + " --k " + std::to_string(k) +
+            " --n " + std::to_string(n) + " --output " + Path("c.f32"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const std::vector<float> out = ReadFloats(Path("c.f32"));
     // Bit for bit the library's reference GEMM...
     const mx::Format f = mx::ParseFormat(format).value();
-    const std::vector<float> ours = mx::ReferenceGemm(ReadFloats(mx_test::CaseFile(c, "A")), f,
-                                                      ReadFloats(mx_test::CaseFile(c, "B")), f, m, k, n)
-                                        .value();
+    const std::vector<float> ours =
+        mx::ReferenceGemm(ReadFloats(mx_test::CaseFile(c, "A")), f,
+                          ReadFloats(mx_test::CaseFile(c, "B")), f, m, k, n)
+            .value();
     ASSERT_EQ(out, ours);
     // ...and within the README's tolerance of the float64 product.
     const std::vector<float> aq = ReadFloats(mx_test::CaseFile(c, "A_dequantized"));
@@ -111,7 +113,8 @@ TEST_F(Mxctl, GemmReproducesEveryGoldenCase) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         double magnitude = 0.0;
-        for (int64_t t = 0; t < k; ++t) magnitude += std::fabs(double{aq[i * k + t]} * bq[t * n + j]);
+        for (int64_t t = 0; t < k; ++t)
+          magnitude += std::fabs(double{aq[i * k + t]} * bq[t * n + j]);
         EXPECT_LE(std::fabs(double{out[i * n + j]} - c64[i * n + j]),
                   static_cast<double>(k) * std::ldexp(1.0, -23) * magnitude);
       }
@@ -123,8 +126,14 @@ TEST_F(Mxctl, MixedFormatsAndRoundingFlags) {
   WriteFloats("a.f32", {1.0f, 0.25f, 2.5f, -3.0f});
   // E2M1, amax 3: scale 2^(1 - 2) = 1/2. 2.5 scales to 5, the tie between the
   // elements 4 (even code) and 6: 2.0 under ties-to-even, 3.0 under ties-away.
-  ASSERT_EQ(Run("quantize --format mxfp4 --input " + Path("a.f32") + " --output " + Path("even.f32")).exit_code, 0);
-  ASSERT_EQ(Run("quantize --format MXFP4 --rounding away --input " + Path("a.f32") + " --output " + Path("away.f32")).exit_code, 0);
+  ASSERT_EQ(
+      Run("quantize --format mxfp4 --input " + Path("a.f32") + " --output " + Path("even.f32"))
+          .exit_code,
+      0);
+  ASSERT_EQ(Run("quantize --format MXFP4 --rounding away --input " + Path("a.f32") + " --output " +
+                Path("away.f32"))
+                .exit_code,
+            0);
   EXPECT_EQ(ReadFloats(Path("even.f32")), (std::vector<float>{1.0f, 0.25f, 2.0f, -3.0f}));
   EXPECT_EQ(ReadFloats(Path("away.f32")), (std::vector<float>{1.0f, 0.25f, 3.0f, -3.0f}));
 
@@ -140,17 +149,27 @@ TEST_F(Mxctl, ErrorsAreOneLineAndExitTwo) {
   WriteFloats("a.f32", std::vector<float>(12, 1.0f));
   WriteFloats("b.f32", std::vector<float>(8, 1.0f));
   std::ofstream(Path("odd.f32")) << "abcde";
-  const std::string io = " --a " + Path("a.f32") + " --b " + Path("b.f32") + " --output " + Path("c.f32");
+  const std::string io =
+      " --a " + Path("a.f32") + " --b " + Path("b.f32") + " --output " + Path("c.f32");
   const std::pair<std::string, std::string> cases[] = {
-      {"gemm --format MXFP5 --m 3 --k 4 --n 2" + io, "--format: unknown format 'MXFP5'; expected one of MXFP8_E4M3"},
-      {"gemm --format fp32 --m 4 --k 4 --n 2" + io, "--a: '" + Path("a.f32") + "' holds 12 floats, expected M*K = 4*4 = 16"},
-      {"gemm --format fp32 --m 3 --k 4 --n 3" + io, "--b: '" + Path("b.f32") + "' holds 8 floats, expected K*N = 4*3 = 12"},
+      {"gemm --format MXFP5 --m 3 --k 4 --n 2" + io,
+       "--format: unknown format 'MXFP5'; expected one of MXFP8_E4M3"},
+      {"gemm --format fp32 --m 4 --k 4 --n 2" + io,
+       "--a: '" + Path("a.f32") + "' holds 12 floats, expected M*K = 4*4 = 16"},
+      {"gemm --format fp32 --m 3 --k 4 --n 3" + io,
+       "--b: '" + Path("b.f32") + "' holds 8 floats, expected K*N = 4*3 = 12"},
       {"gemm --format fp32 --m 3 --k 4" + io, "missing required flag --n"},
-      {"gemm --format fp32 --m 3 --k four --n 2" + io, "--k: expected an integer in [1, 1048576], got 'four'"},
-      {"gemm --format fp32 --m 3 --k 4 --n 2 --rounding up" + io, "--rounding: expected 'even' or 'away', got 'up'"},
-      {"quantize --format mxfp4 --input " + Path("none.f32") + " --output " + Path("o.f32"), "--input: cannot read '" + Path("none.f32") + "'"},
-      {"quantize --format mxfp4 --input " + Path("odd.f32") + " --output " + Path("o.f32"), "is 5 bytes, not a whole number of float32"},
-      {"quantize --format fp16 --input " + Path("a.f32") + " --output " + Path("o.f32") + " --scales " + Path("s.u8"), "--scales: FP16 has no block scales"},
+      {"gemm --format fp32 --m 3 --k four --n 2" + io,
+       "--k: expected an integer in [1, 1048576], got 'four'"},
+      {"gemm --format fp32 --m 3 --k 4 --n 2 --rounding up" + io,
+       "--rounding: expected 'even' or 'away', got 'up'"},
+      {"quantize --format mxfp4 --input " + Path("none.f32") + " --output " + Path("o.f32"),
+       "--input: cannot read '" + Path("none.f32") + "'"},
+      {"quantize --format mxfp4 --input " + Path("odd.f32") + " --output " + Path("o.f32"),
+       "is 5 bytes, not a whole number of float32"},
+      {"quantize --format fp16 --input " + Path("a.f32") + " --output " + Path("o.f32") +
+           " --scales " + Path("s.u8"),
+       "--scales: FP16 has no block scales"},
       {"quantize --format mxfp4 --inptu x --output y", "unknown flag --inptu"},
       {"quantize --format mxfp4 --input", "flag --input needs a value"},
       {"frobnicate", "unknown command 'frobnicate'"},
@@ -172,7 +191,8 @@ TEST_F(Mxctl, HelpFormatsAndDemo) {
   EXPECT_NE(help.out.find("--format-b F2"), std::string::npos);
   const Result formats = Run("formats");
   EXPECT_EQ(formats.exit_code, 0);
-  EXPECT_NE(formats.out.find("MXFP6_E3M2     6    3/2       4            28"), std::string::npos) << formats.out;
+  EXPECT_NE(formats.out.find("MXFP6_E3M2     6    3/2       4            28"), std::string::npos)
+      << formats.out;
   const Result demo = Run("demo");
   EXPECT_EQ(demo.exit_code, 0);
   for (const mx::FormatTraits& t : mx::AllFormats()) {

@@ -91,9 +91,9 @@ TEST(Element, MxElementsSaturateKeepingSign) {
       EXPECT_EQ(mx::DecodeElement(format, neg.code), -static_cast<float>(max_normal));
     }
     // Exactly max normal is not an overflow.
-    EXPECT_FALSE(mx::EncodeElementDetailed(format, static_cast<float>(max_normal),
-                                           Rounding::kNearestEven)
-                     .overflowed);
+    EXPECT_FALSE(
+        mx::EncodeElementDetailed(format, static_cast<float>(max_normal), Rounding::kNearestEven)
+            .overflowed);
   }
   // E4M3: 464 is the midpoint of 448 and the (NaN) next code; it rounds to 448.
   EXPECT_EQ(mx::EncodeElement(Format::kMxfp8E4m3, 464.0f), 0x7Eu);
@@ -104,25 +104,34 @@ TEST(Element, SpecialValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(mx::EncodeElement(Format::kMxfp8E5m2, inf), 0x7Cu);
   EXPECT_EQ(mx::EncodeElement(Format::kMxfp8E5m2, -inf), 0xFCu);
-  EXPECT_TRUE(std::isnan(mx::DecodeElement(Format::kMxfp8E5m2, mx::EncodeElement(Format::kMxfp8E5m2, nan))));
+  EXPECT_TRUE(std::isnan(
+      mx::DecodeElement(Format::kMxfp8E5m2, mx::EncodeElement(Format::kMxfp8E5m2, nan))));
   EXPECT_EQ(mx::EncodeElement(Format::kMxfp8E4m3, nan), 0x7Fu);
   EXPECT_EQ(mx::EncodeElement(Format::kMxfp8E4m3, -nan), 0xFFu);
-  EXPECT_EQ(mx::EncodeElement(Format::kMxfp8E4m3, inf), 0x7Eu);  // no Inf: saturates
-  EXPECT_EQ(mx::EncodeElement(Format::kMxfp4E2m1, nan), 0u);     // no NaN: the scale carries it
-  EXPECT_EQ(mx::EncodeElement(Format::kFp16, 1e6f), 0x7C00u);    // IEEE overflow
+  EXPECT_EQ(mx::EncodeElement(Format::kMxfp8E4m3, inf), 0x7Eu);    // no Inf: saturates
+  EXPECT_EQ(mx::EncodeElement(Format::kMxfp4E2m1, nan), 0u);       // no NaN: the scale carries it
+  EXPECT_EQ(mx::EncodeElement(Format::kFp16, 1e6f), 0x7C00u);      // IEEE overflow
   EXPECT_EQ(mx::EncodeElement(Format::kFp16, 65519.0f), 0x7BFFu);  // just below the rounding edge
   EXPECT_EQ(mx::EncodeElement(Format::kFp16, 65520.0f), 0x7C00u);  // the tie rounds to Inf
-  EXPECT_EQ(mx::EncodeElement(Format::kMxfp4E2m1, -0.0f), 0x8u);  // -0 keeps its sign
-  EXPECT_EQ(mx::EncodeElement(Format::kMxfp4E2m1, -0.2f), 0x8u);  // rounds to -0
+  EXPECT_EQ(mx::EncodeElement(Format::kMxfp4E2m1, -0.0f), 0x8u);   // -0 keeps its sign
+  EXPECT_EQ(mx::EncodeElement(Format::kMxfp4E2m1, -0.2f), 0x8u);   // rounds to -0
 }
 
 TEST(Element, ScaleExponentDividesExactly) {
   // 3 · 2^100 scaled by 2^99 is 6 = E2M1 max normal; by 2^100 it is 3.
   const float v = std::ldexp(3.0f, 100);
-  EXPECT_EQ(mx::DecodeElement(Format::kMxfp4E2m1, mx::EncodeElement(Format::kMxfp4E2m1, v, Rounding::kNearestEven, 99)), 6.0f);
-  EXPECT_EQ(mx::DecodeElement(Format::kMxfp4E2m1, mx::EncodeElement(Format::kMxfp4E2m1, v, Rounding::kNearestEven, 100)), 3.0f);
+  EXPECT_EQ(mx::DecodeElement(Format::kMxfp4E2m1,
+                              mx::EncodeElement(Format::kMxfp4E2m1, v, Rounding::kNearestEven, 99)),
+            6.0f);
+  EXPECT_EQ(mx::DecodeElement(Format::kMxfp4E2m1, mx::EncodeElement(Format::kMxfp4E2m1, v,
+                                                                    Rounding::kNearestEven, 100)),
+            3.0f);
   // An FP32 subnormal scaled up: 2^-149 / 2^-152 = 8.
-  EXPECT_EQ(mx::DecodeElement(Format::kMxfp8E4m3, mx::EncodeElement(Format::kMxfp8E4m3, std::numeric_limits<float>::denorm_min(), Rounding::kNearestEven, -152)), 8.0f);
+  EXPECT_EQ(mx::DecodeElement(
+                Format::kMxfp8E4m3,
+                mx::EncodeElement(Format::kMxfp8E4m3, std::numeric_limits<float>::denorm_min(),
+                                  Rounding::kNearestEven, -152)),
+            8.0f);
 }
 
 // FP16 against the compiler's own conversion, BF16 against the textbook bit

@@ -18,7 +18,7 @@ using mx_test::ReadBytes;
 using mx_test::ReadFloats;
 using mx_test::SameValue;
 
-mx::Format CaseFormat(const nlohmann::json& c) {
+mx::Format CaseFormat(const mx_test::GoldenCase& c) {
   return mx::ParseFormat(c["format"].get<std::string>()).value();
 }
 
@@ -40,10 +40,10 @@ TEST(Golden, ManifestIsPresent) {
   EXPECT_EQ(mx_test::GoldenCases("matmul").size(), 12u);
 }
 
-class GoldenQuantize : public testing::TestWithParam<nlohmann::json> {};
+class GoldenQuantize : public testing::TestWithParam<mx_test::GoldenCase> {};
 
 TEST_P(GoldenQuantize, OutputsScalesAndCodesMatchBitForBit) {
-  const nlohmann::json& c = GetParam();
+  const mx_test::GoldenCase& c = GetParam();
   ASSERT_EQ(c["rounding"], "even");
   const mx::Format format = CaseFormat(c);
   const std::vector<float> input = ReadFloats(CaseFile(c, "input"));
@@ -78,10 +78,10 @@ INSTANTIATE_TEST_SUITE_P(AllCases, GoldenQuantize,
                          testing::ValuesIn(mx_test::GoldenCases("quantize")),
                          [](const auto& info) { return mx_test::TestName(info.param["id"]); });
 
-class GoldenMatmul : public testing::TestWithParam<nlohmann::json> {};
+class GoldenMatmul : public testing::TestWithParam<mx_test::GoldenCase> {};
 
 TEST_P(GoldenMatmul, OperandsBitExactAndProductWithinTolerance) {
-  const nlohmann::json& c = GetParam();
+  const mx_test::GoldenCase& c = GetParam();
   const mx::Format format = CaseFormat(c);
   const int64_t m = c["M"], k = c["K"], n = c["N"];
   const std::vector<float> a = ReadFloats(CaseFile(c, "A"));
@@ -111,7 +111,8 @@ TEST_P(GoldenMatmul, OperandsBitExactAndProductWithinTolerance) {
       double magnitude = 0.0;
       for (int64_t r = 0; r < k; ++r) magnitude += std::fabs(double{aq[i * k + r]} * bq[r * n + j]);
       const double bound = static_cast<double>(k) * std::ldexp(1.0, -23) * magnitude;
-      EXPECT_LE(std::fabs(double{ours[i * n + j]} - c64[i * n + j]), bound) << "C[" << i << "," << j << "]";
+      EXPECT_LE(std::fabs(double{ours[i * n + j]} - c64[i * n + j]), bound)
+          << "C[" << i << "," << j << "]";
       EXPECT_LE(std::fabs(double{c32[i * n + j]} - c64[i * n + j]), bound);
     }
   }

@@ -105,7 +105,8 @@ TEST(Packed, ShapeErrorsNameTheFieldAndTheExpectation) {
   EXPECT_EQ(wrong.status().message(), "values: expected 3x4 = 12 values, got 10");
   EXPECT_FALSE(mx::QuantizeRows(x, -1, 4, Format::kMxfp8E4m3).ok());
 
-  mx::QuantizedMatrix m = mx::QuantizeRows(std::vector<float>(64), 2, 32, Format::kMxfp4E2m1).value();
+  mx::QuantizedMatrix m =
+      mx::QuantizeRows(std::vector<float>(64), 2, 32, Format::kMxfp4E2m1).value();
   EXPECT_TRUE(mx::ValidateLayout(m).ok());
   m.elements.pop_back();
   EXPECT_EQ(mx::ValidateLayout(m).message(),

@@ -62,7 +62,8 @@ TEST_P(EveryMxFormat, QuantizeDequantizeQuantizeIsIdentity) {
       }
     }
     for (int64_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(mx_test::SameValue(mx::ElementValue(again, 0, i), mx::ElementValue(q, 0, i))) << i;
+      ASSERT_TRUE(mx_test::SameValue(mx::ElementValue(again, 0, i), mx::ElementValue(q, 0, i)))
+          << i;
       if (again.block_scales[i / 32] == q.block_scales[i / 32]) {
         ASSERT_EQ(mx::ElementCode(again, 0, i), mx::ElementCode(q, 0, i)) << i;
       }
@@ -137,8 +138,9 @@ TEST_P(EveryMxFormat, ScaleClampsAtTheExtremesOfFp32) {
 
 TEST_P(EveryMxFormat, NanOrInfAnywhereMakesTheBlockNan) {
   const Format format = GetParam();
-  for (float special : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                        -std::numeric_limits<float>::infinity()}) {
+  for (float special :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
     std::vector<float> x(70, 1.5f);
     x[40] = special;  // block 1 of 3
     const mx::QuantizedMatrix q = mx::QuantizeRows(x, 1, 70, format).value();
@@ -176,12 +178,16 @@ TEST_P(EveryMxFormat, Bf16AndFp16InputQuantizeLikeTheirFp32Values) {
     bf16_values[i] = mx::Bf16ToFloat(bf16[i]);
     fp16_values[i] = mx::Fp16ToFloat(fp16[i]);
   }
-  const auto from_bf16 = mx::QuantizeRows(std::span<const uint16_t>(bf16), Format::kBf16, 3, 32, format).value();
-  const auto from_fp16 = mx::QuantizeRows(std::span<const uint16_t>(fp16), Format::kFp16, 3, 32, format).value();
+  const auto from_bf16 =
+      mx::QuantizeRows(std::span<const uint16_t>(bf16), Format::kBf16, 3, 32, format).value();
+  const auto from_fp16 =
+      mx::QuantizeRows(std::span<const uint16_t>(fp16), Format::kFp16, 3, 32, format).value();
   EXPECT_EQ(from_bf16.elements, mx::QuantizeRows(bf16_values, 3, 32, format).value().elements);
   EXPECT_EQ(from_fp16.elements, mx::QuantizeRows(fp16_values, 3, 32, format).value().elements);
-  EXPECT_EQ(from_fp16.block_scales, mx::QuantizeRows(fp16_values, 3, 32, format).value().block_scales);
-  EXPECT_FALSE(mx::QuantizeRows(std::span<const uint16_t>(fp16), Format::kFp32, 3, 32, format).ok());
+  EXPECT_EQ(from_fp16.block_scales,
+            mx::QuantizeRows(fp16_values, 3, 32, format).value().block_scales);
+  EXPECT_FALSE(
+      mx::QuantizeRows(std::span<const uint16_t>(fp16), Format::kFp32, 3, 32, format).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, EveryMxFormat, testing::ValuesIn(kMxFormats),
@@ -193,7 +199,8 @@ TEST(Quantize, RoundingModesDifferOnlyOnTies) {
   std::array<float, 4> block = {4.0f, 0.25f, 2.5f, 0.3f};
   std::array<uint8_t, 4> even, away;
   ASSERT_EQ(mx::QuantizeBlock(Format::kMxfp4E2m1, block, even), 127);
-  mx::QuantizeBlock(Format::kMxfp4E2m1, block, away, {mx::Rounding::kNearestAway, mx::ScaleRule::kFloor});
+  mx::QuantizeBlock(Format::kMxfp4E2m1, block, away,
+                    {mx::Rounding::kNearestAway, mx::ScaleRule::kFloor});
   EXPECT_EQ(mx::DecodeElement(Format::kMxfp4E2m1, even[1]), 0.0f);
   EXPECT_EQ(mx::DecodeElement(Format::kMxfp4E2m1, away[1]), 0.5f);
   EXPECT_EQ(mx::DecodeElement(Format::kMxfp4E2m1, even[2]), 2.0f);

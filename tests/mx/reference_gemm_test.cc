@@ -24,7 +24,10 @@ const Format kMxFormats[] = {Format::kMxfp8E4m3, Format::kMxfp8E5m2, Format::kMx
 
 class Mpfr {
  public:
-  Mpfr() { mpfr_init2(value_, 256); mpfr_set_zero(value_, 1); }
+  Mpfr() {
+    mpfr_init2(value_, 256);
+    mpfr_set_zero(value_, 1);
+  }
   ~Mpfr() { mpfr_clear(value_); }
   Mpfr(const Mpfr&) = delete;
   mpfr_ptr get() { return value_; }
@@ -52,7 +55,7 @@ std::vector<float> ExactOracle(const mx::QuantizedMatrix& x, const mx::Quantized
           if (nan) break;
           mpfr_set_flt(a.get(), xv, MPFR_RNDN);
           mpfr_set_flt(b.get(), wv, MPFR_RNDN);
-          EXPECT_EQ(mpfr_mul(product.get(), a.get(), b.get(), MPFR_RNDN), 0);  // exact
+          EXPECT_EQ(mpfr_mul(product.get(), a.get(), b.get(), MPFR_RNDN), 0);      // exact
           EXPECT_EQ(mpfr_add(sum.get(), sum.get(), product.get(), MPFR_RNDN), 0);  // exact
         }
         acc += nan ? std::numeric_limits<float>::quiet_NaN() : mpfr_get_flt(sum.get(), MPFR_RNDN);
@@ -107,9 +110,9 @@ TEST(ReferenceGemm, MatchesExactOracleOnRandomShapesAndFormatPairs) {
     const std::vector<float> ours = mx::ReferenceLinear(x, w, bias).value();
     const std::vector<float> oracle = ExactOracle(x, w, bias);
     for (size_t i = 0; i < ours.size(); ++i) {
-      ASSERT_TRUE(std::isnan(oracle[i]) ? std::isnan(ours[i])
-                                        : std::bit_cast<uint32_t>(ours[i]) ==
-                                              std::bit_cast<uint32_t>(oracle[i]))
+      ASSERT_TRUE(std::isnan(oracle[i])
+                      ? std::isnan(ours[i])
+                      : std::bit_cast<uint32_t>(ours[i]) == std::bit_cast<uint32_t>(oracle[i]))
           << mx::FormatName(fx) << " x " << mx::FormatName(fw) << " " << m << "x" << n << "x" << k
           << " trial " << trial << " y[" << i << "] = " << ours[i] << ", exact " << oracle[i];
       ++compared;
@@ -133,7 +136,8 @@ TEST(ReferenceGemm, RoundScaledToFloatIsCorrectlyRounded) {
     magnitude >>= 128 - width;
     // Make exact ties common: clear low bits so the value sits on a midpoint.
     if (trial % 3 == 0 && width > 26) magnitude = (magnitude >> (width - 25)) << (width - 25);
-    const __int128 value = trial % 2 ? -static_cast<__int128>(magnitude) : static_cast<__int128>(magnitude);
+    const __int128 value =
+        trial % 2 ? -static_cast<__int128>(magnitude) : static_cast<__int128>(magnitude);
     const int e = exponent(rng);
     mpfr_set_ui_2exp(exact.get(), static_cast<unsigned long>(magnitude >> 64), 64, MPFR_RNDN);
     Mpfr low;
@@ -175,13 +179,16 @@ TEST(ReferenceGemm, NanScaleBlocksPoisonTheirOutputsOnly) {
 
 TEST(ReferenceGemm, SpecialElementCodesSentPackedFollowIeee) {
   // A client may send packed operands; E5M2 can hold Inf and NaN codes.
-  mx::QuantizedMatrix x = mx::QuantizeRows(std::vector<float>(32, 1.0f), 1, 32, Format::kMxfp8E5m2).value();
-  const mx::QuantizedMatrix w = mx::QuantizeRows(std::vector<float>(32, 1.0f), 1, 32, Format::kMxfp8E5m2).value();
+  mx::QuantizedMatrix x =
+      mx::QuantizeRows(std::vector<float>(32, 1.0f), 1, 32, Format::kMxfp8E5m2).value();
+  const mx::QuantizedMatrix w =
+      mx::QuantizeRows(std::vector<float>(32, 1.0f), 1, 32, Format::kMxfp8E5m2).value();
   x.elements[3] = 0x7C;  // +Inf
   EXPECT_EQ(mx::ReferenceLinear(x, w).value()[0], std::numeric_limits<float>::infinity());
   x.elements[4] = 0xFC;  // -Inf: Inf - Inf
   EXPECT_TRUE(std::isnan(mx::ReferenceLinear(x, w).value()[0]));
-  mx::QuantizedMatrix e4 = mx::QuantizeRows(std::vector<float>(32, 1.0f), 1, 32, Format::kMxfp8E4m3).value();
+  mx::QuantizedMatrix e4 =
+      mx::QuantizeRows(std::vector<float>(32, 1.0f), 1, 32, Format::kMxfp8E4m3).value();
   e4.elements[0] = 0x7F;  // E4M3 NaN
   EXPECT_TRUE(std::isnan(mx::ReferenceLinear(e4, w).value()[0]));
 }
@@ -190,8 +197,12 @@ TEST(ReferenceGemm, BlockSumStartsFromBiasInAscendingOrder) {
   // Three blocks whose results are 2^24, 1, 1: summed in order from bias -2^24
   // the result is exact 2; a different order or a bias added last would differ.
   std::vector<float> a(96, 0.0f), w(96, 0.0f);
-  a[0] = std::ldexp(1.0f, 24); a[32] = 1.0f; a[64] = 1.0f;
-  w[0] = 1.0f; w[32] = 1.0f; w[64] = 1.0f;
+  a[0] = std::ldexp(1.0f, 24);
+  a[32] = 1.0f;
+  a[64] = 1.0f;
+  w[0] = 1.0f;
+  w[32] = 1.0f;
+  w[64] = 1.0f;
   const auto x = mx::QuantizeRows(a, 1, 96, Format::kMxfp8E4m3).value();
   const auto wq = mx::QuantizeRows(w, 1, 96, Format::kMxfp8E4m3).value();
   const std::vector<float> bias = {-std::ldexp(1.0f, 24)};
@@ -213,9 +224,11 @@ TEST(ReferenceGemm, Int8IsExactDotThenOneScaleStep) {
     for (int64_t j = 0; j < n; ++j) {
       int32_t dot = 0;
       for (int64_t c = 0; c < k; ++c) {
-        dot += static_cast<int8_t>(qa.elements[i * k + c]) * static_cast<int8_t>(qb.elements[j * k + c]);
+        dot += static_cast<int8_t>(qa.elements[i * k + c]) *
+               static_cast<int8_t>(qb.elements[j * k + c]);
       }
-      const float expected = static_cast<float>(dot) * qa.row_scales[i] * qb.row_scales[j] + bias[j];
+      const float expected =
+          static_cast<float>(dot) * qa.row_scales[i] * qb.row_scales[j] + bias[j];
       EXPECT_EQ(y[i * n + j], expected);
     }
   }

@@ -8,12 +8,28 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <ostream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "mx/format.h"
+
+namespace mx {
+// gtest prints parameters in test listings (and so in CTest's names): by name.
+inline void PrintTo(Format format, std::ostream* os) { *os << FormatName(format); }
+}  // namespace mx
 
 namespace mx_test {
+
+// A golden case as a test parameter, printed by its id rather than its JSON.
+struct GoldenCase {
+  nlohmann::json json;
+  const nlohmann::json& operator[](const char* key) const { return json[key]; }
+};
+inline void PrintTo(const GoldenCase& c, std::ostream* os) {
+  *os << c.json["id"].get<std::string>();
+}
 
 inline const std::string kGoldenDir = MXSERVE_GOLDEN_DIR;
 
@@ -39,19 +55,19 @@ inline bool SameValue(float a, float b) {
 
 // The manifest's cases, or an empty list when the golden directory is missing
 // (the ManifestIsPresent test then fails and says where it looked).
-inline nlohmann::json GoldenCases(const std::string& op) {
+inline std::vector<GoldenCase> GoldenCases(const std::string& op) {
   std::ifstream in(kGoldenDir + "/manifest.json");
-  if (!in) return nlohmann::json::array();
-  nlohmann::json manifest = nlohmann::json::parse(in);
-  nlohmann::json selected = nlohmann::json::array();
+  if (!in) return {};
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  std::vector<GoldenCase> selected;
   for (const auto& c : manifest["cases"]) {
-    if (c["op"] == op) selected.push_back(c);
+    if (c["op"] == op) selected.push_back({c});
   }
   return selected;
 }
 
-inline std::string CaseFile(const nlohmann::json& c, const char* key) {
-  return kGoldenDir + "/" + c["files"][key]["path"].get<std::string>();
+inline std::string CaseFile(const GoldenCase& c, const char* key) {
+  return kGoldenDir + "/" + c.json["files"][key]["path"].get<std::string>();
 }
 
 // gtest parameter names must be alphanumeric.
