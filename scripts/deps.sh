@@ -8,6 +8,8 @@ packages=(
   build-essential cmake pkg-config make
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   libabsl-dev                                  # Status/StatusOr, strings
+  libgrpc++-dev libprotobuf-dev                # the API and the daemon
+  protobuf-compiler protobuf-compiler-grpc     # protoc and grpc_cpp_plugin
   nlohmann-json3-dev                           # golden manifest, policies
   libmpfr-dev                                  # exact oracle in the GEMM tests
   libopenblas-dev                              # benchmark peer (cblas_sgemm)
