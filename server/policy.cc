@@ -1,0 +1,159 @@
+#include "server/policy.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "server/glob.h"
+
+namespace mxserve {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status FieldError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("policy.", field, ": ", problem));
+}
+
+// Names used as policy identifiers: non-empty, [A-Za-z0-9._-], at most 128.
+bool IsValidName(absl::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> StringField(const Json& object, const std::string& key,
+                                        const std::string& field, bool required) {
+  const auto it = object.find(key);
+  if (it == object.end()) {
+    if (required) return FieldError(field, "missing");
+    return std::string();
+  }
+  if (!it->is_string()) return FieldError(field, "expected a string");
+  return it->get<std::string>();
+}
+
+absl::StatusOr<mx::Format> FormatField(const Json& value, const std::string& field) {
+  if (!value.is_string()) return FieldError(field, "expected a format name (a string)");
+  absl::StatusOr<mx::Format> format = mx::ParseFormat(value.get<std::string>());
+  if (!format.ok()) return FieldError(field, format.status().message());
+  return format;
+}
+
+absl::Status CheckKeys(const Json& object, std::initializer_list<absl::string_view> allowed,
+                       const std::string& field) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      return FieldError(field.empty() ? key : absl::StrCat(field, ".", key), "unknown field");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// lhs = *expr, or return expr's error. lhs may be any assignable expression.
+#define POLICY_CONCAT_INNER(a, b) a##b
+#define POLICY_CONCAT(a, b) POLICY_CONCAT_INNER(a, b)
+#define POLICY_ASSIGN_OR_RETURN(lhs, expr) \
+  POLICY_ASSIGN_OR_RETURN_IMPL(POLICY_CONCAT(status_or_, __LINE__), lhs, expr)
+#define POLICY_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                 \
+  if (!tmp.ok()) return tmp.status();                \
+  lhs = std::move(*tmp)
+
+absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field) {
+  if (!value.is_object()) return FieldError(field, "expected an object");
+  if (absl::Status s = CheckKeys(value, {"phase", "layers", "format"}, field); !s.ok()) return s;
+  PolicyRule rule;
+  std::string phase;
+  POLICY_ASSIGN_OR_RETURN(phase, StringField(value, "phase", field + ".phase", true));
+  if (phase != "*") {
+    absl::StatusOr<Phase> parsed = ParsePhase(phase);
+    if (!parsed.ok()) return FieldError(field + ".phase", absl::StrCat(parsed.status().message(), " or *"));
+    rule.phase = *parsed;
+  }
+  POLICY_ASSIGN_OR_RETURN(rule.layers, StringField(value, "layers", field + ".layers", true));
+  if (rule.layers.empty()) return FieldError(field + ".layers", "expected a glob, @sensitive or @tolerant");
+  if (rule.layers[0] == '@' && rule.layers != kSensitiveLayers && rule.layers != kTolerantLayers) {
+    return FieldError(field + ".layers",
+                      absl::StrCat("unknown layer class '", rule.layers, "'; expected @sensitive or @tolerant"));
+  }
+  if (!value.contains("format")) return FieldError(field + ".format", "missing");
+  POLICY_ASSIGN_OR_RETURN(rule.format, FormatField(value["format"], field + ".format"));
+  return rule;
+}
+
+}  // namespace
+
+absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
+  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
+  if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
+  if (absl::Status s = CheckKeys(json, {"name", "description", "defaults", "rules"}, ""); !s.ok()) return s;
+
+  Policy policy;
+  POLICY_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
+  if (!IsValidName(policy.name)) {
+    return FieldError("name", absl::StrCat("expected 1-128 characters of [A-Za-z0-9._-], got '",
+                                           policy.name, "'"));
+  }
+  POLICY_ASSIGN_OR_RETURN(policy.description, StringField(json, "description", "description", false));
+
+  const auto defaults = json.find("defaults");
+  if (defaults == json.end()) return FieldError("defaults", "missing (a format per phase)");
+  if (!defaults->is_object()) return FieldError("defaults", "expected an object of phase: format");
+  std::array<bool, 3> seen{};
+  for (const auto& [key, value] : defaults->items()) {
+    absl::StatusOr<Phase> phase = ParsePhase(key);
+    if (!phase.ok()) return FieldError("defaults." + key, phase.status().message());
+    const size_t index = static_cast<size_t>(*phase);
+    POLICY_ASSIGN_OR_RETURN(policy.defaults[index], FormatField(value, "defaults." + key));
+    seen[index] = true;
+  }
+  for (Phase phase : kAllPhases) {
+    if (!seen[static_cast<size_t>(phase)]) {
+      return FieldError(absl::StrCat("defaults.", PhaseName(phase)), "missing");
+    }
+  }
+
+  if (const auto rules = json.find("rules"); rules != json.end()) {
+    if (!rules->is_array()) return FieldError("rules", "expected an array");
+    for (size_t i = 0; i < rules->size(); ++i) {
+      PolicyRule rule;
+      POLICY_ASSIGN_OR_RETURN(rule, ParseRule((*rules)[i], absl::StrCat("rules[", i, "]")));
+      policy.rules.push_back(std::move(rule));
+    }
+  }
+  return policy;
+}
+
+std::string PolicyToJson(const Policy& policy) {
+  Json json;
+  json["name"] = policy.name;
+  json["description"] = policy.description;
+  for (Phase phase : kAllPhases) {
+    json["defaults"][std::string(PhaseName(phase))] =
+        std::string(mx::FormatName(policy.defaults[static_cast<size_t>(phase)]));
+  }
+  json["rules"] = Json::array();
+  for (const PolicyRule& rule : policy.rules) {
+    json["rules"].push_back({{"phase", rule.phase ? std::string(PhaseName(*rule.phase)) : "*"},
+                             {"layers", rule.layers},
+                             {"format", std::string(mx::FormatName(rule.format))}});
+  }
+  return json.dump(2);
+}
+
+ResolvedFormat Resolve(const Policy& policy, Phase phase, absl::string_view layer, bool sensitive) {
+  for (size_t i = 0; i < policy.rules.size(); ++i) {
+    const PolicyRule& rule = policy.rules[i];
+    if (rule.phase && *rule.phase != phase) continue;
+    const bool matches = rule.layers == kSensitiveLayers  ? sensitive
+                         : rule.layers == kTolerantLayers ? !sensitive
+                                                          : GlobMatch(rule.layers, layer);
+    if (matches) return {rule.format, static_cast<int>(i)};
+  }
+  return {policy.defaults[static_cast<size_t>(phase)], -1};
+}
+
+}  // namespace mxserve
