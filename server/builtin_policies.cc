@@ -7,16 +7,21 @@ namespace mxserve {
 const std::vector<Policy>& BuiltinPolicies() {
   using F = mx::Format;
   static const auto* policies = new std::vector<Policy>{
-      {"fp16-baseline", "FP16 everywhere: the uniform baseline every saving is measured against",
-       {F::kFp16, F::kFp16, F::kFp16}, {}},
-      {"A-conservative", "MXFP8 for rollout and reward on all layers, FP16 for the update",
-       {F::kMxfp8E4m3, F::kMxfp8E4m3, F::kFp16}, {}},
+      {"fp16-baseline",
+       "FP16 everywhere: the uniform baseline every saving is measured against",
+       {F::kFp16, F::kFp16, F::kFp16},
+       {}},
+      {"A-conservative",
+       "MXFP8 for rollout and reward on all layers, FP16 for the update",
+       {F::kMxfp8E4m3, F::kMxfp8E4m3, F::kFp16},
+       {}},
       {"B-balanced",
        "rollout and reward: MXFP4 on tolerant layers, MXFP8 on sensitive ones; update FP16",
        {F::kMxfp4E2m1, F::kMxfp4E2m1, F::kFp16},
        {{Phase::kRollout, "@sensitive", F::kMxfp8E4m3},
         {Phase::kReward, "@sensitive", F::kMxfp8E4m3}}},
-      {"C-aggressive", "MXFP4 for rollout and reward; update MXFP8 on sensitive layers, MXFP4 rest",
+      {"C-aggressive",
+       "MXFP4 for rollout and reward; update MXFP8 on sensitive layers, MXFP4 rest",
        {F::kMxfp4E2m1, F::kMxfp4E2m1, F::kMxfp4E2m1},
        {{Phase::kUpdate, "@sensitive", F::kMxfp8E4m3}}},
       // "Most layers": in each phase the sensitive layers run one step more precise.

@@ -69,14 +69,16 @@ absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field
   POLICY_ASSIGN_OR_RETURN(phase, StringField(value, "phase", field + ".phase", true));
   if (phase != "*") {
     absl::StatusOr<Phase> parsed = ParsePhase(phase);
-    if (!parsed.ok()) return FieldError(field + ".phase", absl::StrCat(parsed.status().message(), " or *"));
+    if (!parsed.ok())
+      return FieldError(field + ".phase", absl::StrCat(parsed.status().message(), " or *"));
     rule.phase = *parsed;
   }
   POLICY_ASSIGN_OR_RETURN(rule.layers, StringField(value, "layers", field + ".layers", true));
-  if (rule.layers.empty()) return FieldError(field + ".layers", "expected a glob, @sensitive or @tolerant");
+  if (rule.layers.empty())
+    return FieldError(field + ".layers", "expected a glob, @sensitive or @tolerant");
   if (rule.layers[0] == '@' && rule.layers != kSensitiveLayers && rule.layers != kTolerantLayers) {
-    return FieldError(field + ".layers",
-                      absl::StrCat("unknown layer class '", rule.layers, "'; expected @sensitive or @tolerant"));
+    return FieldError(field + ".layers", absl::StrCat("unknown layer class '", rule.layers,
+                                                      "'; expected @sensitive or @tolerant"));
   }
   if (!value.contains("format")) return FieldError(field + ".format", "missing");
   POLICY_ASSIGN_OR_RETURN(rule.format, FormatField(value["format"], field + ".format"));
@@ -89,7 +91,8 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
   if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
-  if (absl::Status s = CheckKeys(json, {"name", "description", "defaults", "rules"}, ""); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(json, {"name", "description", "defaults", "rules"}, ""); !s.ok())
+    return s;
 
   Policy policy;
   POLICY_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
@@ -97,7 +100,8 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
     return FieldError("name", absl::StrCat("expected 1-128 characters of [A-Za-z0-9._-], got '",
                                            policy.name, "'"));
   }
-  POLICY_ASSIGN_OR_RETURN(policy.description, StringField(json, "description", "description", false));
+  POLICY_ASSIGN_OR_RETURN(policy.description,
+                          StringField(json, "description", "description", false));
 
   const auto defaults = json.find("defaults");
   if (defaults == json.end()) return FieldError("defaults", "missing (a format per phase)");

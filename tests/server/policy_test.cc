@@ -27,9 +27,9 @@ TEST(Glob, StarsAndQuestionMarks) {
 
 TEST(LayerSensitivity, FirstLastBlocksAttentionAndOutsideLayers) {
   const std::vector<std::string> layers = {
-      "model.layers.0.mlp.up_proj",       "model.layers.1.self_attn.q_proj",
-      "model.layers.1.mlp.up_proj",       "model.layers.2.mlp.down_proj",
-      "model.layers.3.mlp.gate_proj",     "lm_head",
+      "model.layers.0.mlp.up_proj",   "model.layers.1.self_attn.q_proj",
+      "model.layers.1.mlp.up_proj",   "model.layers.2.mlp.down_proj",
+      "model.layers.3.mlp.gate_proj", "lm_head",
       "transformer.h.2.attn.c_attn"};
   EXPECT_EQ(BlockIndex("model.layers.12.mlp.up_proj"), 12);
   EXPECT_EQ(BlockIndex("lm_head"), -1);
@@ -127,7 +127,8 @@ TEST(Policy, BuiltinPresetsFollowTheDesignTable) {
     std::vector<F> formats;
     for (Phase phase : kAllPhases) {
       for (bool sensitive : {false, true}) {
-        formats.push_back(Resolve(find(name), phase, "model.layers.5.mlp.up_proj", sensitive).format);
+        formats.push_back(
+            Resolve(find(name), phase, "model.layers.5.mlp.up_proj", sensitive).format);
       }
     }
     return formats;

@@ -1,0 +1,104 @@
+// Safetensors reading on small files the test writes, valid and broken.
+#include "server/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "mx/element.h"
+
+namespace mxserve {
+namespace {
+
+class Safetensors : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (std::filesystem::temp_directory_path() / "safetensors.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Writes length (little-endian u64, or `length_override`), header and data.
+  std::string Write(const std::string& header, const std::string& data,
+                    int64_t length_override = -1) {
+    // Appends, not "f" + std::string: GCC 12 warns falsely (-Wrestrict) on the latter.
+    std::string name = std::to_string(count_++);
+    name.append(".safetensors");
+    const std::string path = (dir_ / name).string();
+    std::ofstream out(path, std::ios::binary);
+    uint64_t length = length_override >= 0 ? static_cast<uint64_t>(length_override) : header.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>(length >> (8 * i)));
+    out << header << data;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+  int count_ = 0;
+};
+
+template <typename T>
+std::string Bytes(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+TEST_F(Safetensors, ReadsF32Bf16AndF16Tensors) {
+  const std::vector<float> w = {1.0f, -2.0f, 0.5f, 3.25f, 0.0f, -0.125f};
+  const std::vector<uint16_t> b = {mx::FloatToBf16(1.5f), mx::FloatToBf16(-3.0f)};
+  const std::vector<uint16_t> h = {mx::FloatToFp16(0.25f), mx::FloatToFp16(-65504.0f)};
+  const std::string header =
+      R"({"__metadata__": {"format": "pt"},
+          "layer.weight": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+          "layer.bias": {"dtype": "BF16", "shape": [2], "data_offsets": [24, 28]},
+          "other": {"dtype": "F16", "shape": [2], "data_offsets": [28, 32]}})";
+  const std::string path = Write(header, Bytes(w) + Bytes(b) + Bytes(h));
+  const SafetensorsFile file = SafetensorsFile::Open(path).value();
+  ASSERT_EQ(file.tensors().size(), 3u);
+  const SafetensorsTensor* weight = file.Find("layer.weight");
+  ASSERT_NE(weight, nullptr);
+  EXPECT_EQ(weight->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(weight->dtype, mx::Format::kFp32);
+  EXPECT_EQ(file.ReadFloat32("layer.weight").value(), w);
+  EXPECT_EQ(file.ReadFloat32("layer.bias").value(), (std::vector<float>{1.5f, -3.0f}));
+  EXPECT_EQ(file.ReadFloat32("other").value(), (std::vector<float>{0.25f, -65504.0f}));
+  EXPECT_EQ(file.ReadFloat32("missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(Safetensors, BrokenFilesAreRejectedWithTheReason) {
+  const std::string ok_entry = R"("t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
+  const std::string data(8, '\0');
+  const std::pair<std::string, std::string> cases[] = {
+      {Write("", "", 1000), "header length 1000 exceeds the file"},
+      {Write("{" + ok_entry, data), "header is not a JSON object"},
+      {Write(R"({"t": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", data),
+       "tensor 't': dtype 'I64' unsupported; expected F32, BF16 or F16"},
+      {Write(R"({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", data),
+       "tensor 't': 8 bytes of data for 3 F32 elements"},
+      {Write(R"({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", data),
+       "tensor 't': data_offsets [0, 16) outside the 8-byte data section"},
+      {Write(R"({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", data),
+       "tensor 't': shape must hold non-negative integers"},
+      {Write(R"({"t": {"dtype": "F32", "shape": [2]}})", data),
+       "tensor 't': expected an object with dtype, shape and data_offsets"},
+  };
+  for (const auto& [path, reason] : cases) {
+    const auto file = SafetensorsFile::Open(path);
+    ASSERT_FALSE(file.ok()) << reason;
+    EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(file.status().message().find(reason), absl::string_view::npos) << file.status();
+  }
+  // Shorter than the length prefix itself.
+  const std::string tiny = (dir_ / "tiny").string();
+  std::ofstream(tiny) << "abc";
+  EXPECT_NE(SafetensorsFile::Open(tiny).status().message().find("shorter than the 8-byte"),
+            absl::string_view::npos);
+  EXPECT_EQ(SafetensorsFile::Open((dir_ / "absent").string()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(SafetensorsFile::Open(Write("{" + ok_entry + "}", data)).ok());
+}
+
+}  // namespace
+}  // namespace mxserve
