@@ -67,7 +67,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     } else if (dtype == "F16") {
       tensor.dtype = mx::Format::kFp16;
     } else {
-      return Invalid(path, absl::StrCat(field, ": dtype '", dtype, "' unsupported; expected F32, BF16 or F16"));
+      return Invalid(path, absl::StrCat(field, ": dtype '", dtype,
+                                        "' unsupported; expected F32, BF16 or F16"));
     }
     uint64_t elements = 1;
     if (!entry["shape"].is_array()) return Invalid(path, field + ": shape must be an array");
@@ -126,7 +127,8 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(absl::string_vie
     } else {
       uint16_t code;
       std::memcpy(&code, bytes.data() + 2 * i, 2);
-      values[i] = tensor->dtype == mx::Format::kBf16 ? mx::Bf16ToFloat(code) : mx::Fp16ToFloat(code);
+      values[i] =
+          tensor->dtype == mx::Format::kBf16 ? mx::Bf16ToFloat(code) : mx::Fp16ToFloat(code);
     }
   }
   return values;
