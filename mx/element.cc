@@ -32,10 +32,9 @@ Minifloat MinifloatOf(Format format) {
   return {t.exponent_bits, t.mantissa_bits, t.exponent_bias, t.specials, t.is_mx()};
 }
 
-// The parts of a finite, non-zero float: |v| = significand · 2^(exponent - 23).
+// The magnitude of a finite, non-zero float: |v| = significand · 2^(exponent - 23).
 // For a subnormal, exponent is -126 and the significand has no implicit bit.
 struct FloatParts {
-  bool negative;
   uint64_t significand;
   int exponent;
 };
@@ -43,8 +42,8 @@ struct FloatParts {
 FloatParts Split(uint32_t bits) {
   const int biased = static_cast<int>((bits >> 23) & 0xFF);
   const uint64_t fraction = bits & 0x7FFFFF;
-  if (biased == 0) return {(bits >> 31) != 0, fraction, -126};
-  return {(bits >> 31) != 0, fraction | 0x800000, biased - 127};
+  if (biased == 0) return {fraction, -126};
+  return {fraction | 0x800000, biased - 127};
 }
 
 // m / 2^shift rounded to an integer, shift >= 0.

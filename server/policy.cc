@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "mx/status_macros.h"
 #include "server/glob.h"
 
 namespace mxserve {
@@ -51,29 +52,18 @@ absl::Status CheckKeys(const Json& object, std::initializer_list<absl::string_vi
   return absl::OkStatus();
 }
 
-// lhs = *expr, or return expr's error. lhs may be any assignable expression.
-#define POLICY_CONCAT_INNER(a, b) a##b
-#define POLICY_CONCAT(a, b) POLICY_CONCAT_INNER(a, b)
-#define POLICY_ASSIGN_OR_RETURN(lhs, expr) \
-  POLICY_ASSIGN_OR_RETURN_IMPL(POLICY_CONCAT(status_or_, __LINE__), lhs, expr)
-#define POLICY_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                 \
-  if (!tmp.ok()) return tmp.status();                \
-  lhs = std::move(*tmp)
-
 absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field) {
   if (!value.is_object()) return FieldError(field, "expected an object");
-  if (absl::Status s = CheckKeys(value, {"phase", "layers", "format"}, field); !s.ok()) return s;
+  MX_RETURN_IF_ERROR(CheckKeys(value, {"phase", "layers", "format"}, field));
   PolicyRule rule;
-  std::string phase;
-  POLICY_ASSIGN_OR_RETURN(phase, StringField(value, "phase", field + ".phase", true));
+  MX_ASSIGN_OR_RETURN(const std::string phase, StringField(value, "phase", field + ".phase", true));
   if (phase != "*") {
     absl::StatusOr<Phase> parsed = ParsePhase(phase);
     if (!parsed.ok())
       return FieldError(field + ".phase", absl::StrCat(parsed.status().message(), " or *"));
     rule.phase = *parsed;
   }
-  POLICY_ASSIGN_OR_RETURN(rule.layers, StringField(value, "layers", field + ".layers", true));
+  MX_ASSIGN_OR_RETURN(rule.layers, StringField(value, "layers", field + ".layers", true));
   if (rule.layers.empty())
     return FieldError(field + ".layers", "expected a glob, @sensitive or @tolerant");
   if (rule.layers[0] == '@' && rule.layers != kSensitiveLayers && rule.layers != kTolerantLayers) {
@@ -81,7 +71,7 @@ absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field
                                                       "'; expected @sensitive or @tolerant"));
   }
   if (!value.contains("format")) return FieldError(field + ".format", "missing");
-  POLICY_ASSIGN_OR_RETURN(rule.format, FormatField(value["format"], field + ".format"));
+  MX_ASSIGN_OR_RETURN(rule.format, FormatField(value["format"], field + ".format"));
   return rule;
 }
 
@@ -91,17 +81,15 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
   if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
-  if (absl::Status s = CheckKeys(json, {"name", "description", "defaults", "rules"}, ""); !s.ok())
-    return s;
+  MX_RETURN_IF_ERROR(CheckKeys(json, {"name", "description", "defaults", "rules"}, ""));
 
   Policy policy;
-  POLICY_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
+  MX_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
   if (!IsValidName(policy.name)) {
     return FieldError("name", absl::StrCat("expected 1-128 characters of [A-Za-z0-9._-], got '",
                                            policy.name, "'"));
   }
-  POLICY_ASSIGN_OR_RETURN(policy.description,
-                          StringField(json, "description", "description", false));
+  MX_ASSIGN_OR_RETURN(policy.description, StringField(json, "description", "description", false));
 
   const auto defaults = json.find("defaults");
   if (defaults == json.end()) return FieldError("defaults", "missing (a format per phase)");
@@ -111,7 +99,7 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
     absl::StatusOr<Phase> phase = ParsePhase(key);
     if (!phase.ok()) return FieldError("defaults." + key, phase.status().message());
     const size_t index = static_cast<size_t>(*phase);
-    POLICY_ASSIGN_OR_RETURN(policy.defaults[index], FormatField(value, "defaults." + key));
+    MX_ASSIGN_OR_RETURN(policy.defaults[index], FormatField(value, "defaults." + key));
     seen[index] = true;
   }
   for (Phase phase : kAllPhases) {
@@ -123,8 +111,7 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   if (const auto rules = json.find("rules"); rules != json.end()) {
     if (!rules->is_array()) return FieldError("rules", "expected an array");
     for (size_t i = 0; i < rules->size(); ++i) {
-      PolicyRule rule;
-      POLICY_ASSIGN_OR_RETURN(rule, ParseRule((*rules)[i], absl::StrCat("rules[", i, "]")));
+      MX_ASSIGN_OR_RETURN(PolicyRule rule, ParseRule((*rules)[i], absl::StrCat("rules[", i, "]")));
       policy.rules.push_back(std::move(rule));
     }
   }

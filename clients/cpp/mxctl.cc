@@ -14,6 +14,7 @@
 #include "mx/format.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
+#include "mx/status_macros.h"
 
 namespace mxctl {
 namespace {
@@ -67,21 +68,13 @@ absl::StatusOr<mx::Format> FormatFlag(const Flags& flags, const std::string& nam
   return format;
 }
 
-#define MXCTL_ASSIGN_OR_RETURN(lhs, expr)       \
-  auto lhs##_or = (expr);                       \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  auto lhs = std::move(*lhs##_or)
-
-#define MXCTL_RETURN_IF_ERROR(expr) \
-  if (absl::Status status_ = (expr); !status_.ok()) return status_
-
 absl::Status Quantize(const std::vector<std::string>& args) {
-  MXCTL_ASSIGN_OR_RETURN(flags, Flags::Parse(args, {"format", "rounding", "scale-rule", "input",
-                                                    "output", "scales", "codes"}));
-  MXCTL_ASSIGN_OR_RETURN(format, FormatFlag(flags, "format"));
-  MXCTL_ASSIGN_OR_RETURN(options, ParseOptions(flags));
-  MXCTL_ASSIGN_OR_RETURN(input_path, flags.Require("input"));
-  MXCTL_ASSIGN_OR_RETURN(output_path, flags.Require("output"));
+  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"format", "rounding", "scale-rule", "input",
+                                                      "output", "scales", "codes"}));
+  MX_ASSIGN_OR_RETURN(auto format, FormatFlag(flags, "format"));
+  MX_ASSIGN_OR_RETURN(auto options, ParseOptions(flags));
+  MX_ASSIGN_OR_RETURN(auto input_path, flags.Require("input"));
+  MX_ASSIGN_OR_RETURN(auto output_path, flags.Require("output"));
   if (flags.Has("scales") && !mx::IsMx(format)) {
     return UsageError(absl::StrCat("--scales: ", mx::FormatName(format),
                                    " has no block scales (only MX formats do)"));
@@ -90,43 +83,43 @@ absl::Status Quantize(const std::vector<std::string>& args) {
     return UsageError(
         absl::StrCat("--codes: ", mx::FormatName(format), " elements do not fit one byte"));
   }
-  MXCTL_ASSIGN_OR_RETURN(values, ReadFloat32File(input_path, "--input"));
+  MX_ASSIGN_OR_RETURN(auto values, ReadFloat32File(input_path, "--input"));
 
   // The whole file is one row: MX blocks along it, or one INT8 scale for it.
   const int64_t n = static_cast<int64_t>(values.size());
-  MXCTL_ASSIGN_OR_RETURN(quantized, mx::QuantizeRows(values, 1, n, format, options));
-  MXCTL_RETURN_IF_ERROR(WriteFloat32File(output_path, mx::Dequantize(quantized)));
+  MX_ASSIGN_OR_RETURN(auto quantized, mx::QuantizeRows(values, 1, n, format, options));
+  MX_RETURN_IF_ERROR(WriteFloat32File(output_path, mx::Dequantize(quantized)));
   if (auto path = flags.Get("scales")) {
-    MXCTL_RETURN_IF_ERROR(WriteBytesFile(*path, quantized.block_scales));
+    MX_RETURN_IF_ERROR(WriteBytesFile(*path, quantized.block_scales));
   }
   if (auto path = flags.Get("codes")) {
     std::vector<uint8_t> codes(n);
     for (int64_t i = 0; i < n; ++i)
       codes[i] = static_cast<uint8_t>(mx::ElementCode(quantized, 0, i));
-    MXCTL_RETURN_IF_ERROR(WriteBytesFile(*path, codes));
+    MX_RETURN_IF_ERROR(WriteBytesFile(*path, codes));
   }
   return absl::OkStatus();
 }
 
 absl::Status Gemm(const std::vector<std::string>& args) {
-  MXCTL_ASSIGN_OR_RETURN(flags, Flags::Parse(args, {"format", "format-b", "rounding", "scale-rule",
-                                                    "a", "b", "m", "k", "n", "output"}));
-  MXCTL_ASSIGN_OR_RETURN(format_a, FormatFlag(flags, "format"));
+  MX_ASSIGN_OR_RETURN(
+      auto flags, Flags::Parse(args, {"format", "format-b", "rounding", "scale-rule", "a", "b", "m",
+                                      "k", "n", "output"}));
+  MX_ASSIGN_OR_RETURN(auto format_a, FormatFlag(flags, "format"));
   mx::Format format_b = format_a;
   if (flags.Has("format-b")) {
-    MXCTL_ASSIGN_OR_RETURN(parsed, FormatFlag(flags, "format-b"));
-    format_b = parsed;
+    MX_ASSIGN_OR_RETURN(format_b, FormatFlag(flags, "format-b"));
   }
-  MXCTL_ASSIGN_OR_RETURN(options, ParseOptions(flags));
+  MX_ASSIGN_OR_RETURN(auto options, ParseOptions(flags));
   constexpr int64_t kMaxDim = int64_t{1} << 20;
-  MXCTL_ASSIGN_OR_RETURN(m, flags.RequireInt("m", 1, kMaxDim));
-  MXCTL_ASSIGN_OR_RETURN(k, flags.RequireInt("k", 1, kMaxDim));
-  MXCTL_ASSIGN_OR_RETURN(n, flags.RequireInt("n", 1, kMaxDim));
-  MXCTL_ASSIGN_OR_RETURN(a_path, flags.Require("a"));
-  MXCTL_ASSIGN_OR_RETURN(b_path, flags.Require("b"));
-  MXCTL_ASSIGN_OR_RETURN(output_path, flags.Require("output"));
-  MXCTL_ASSIGN_OR_RETURN(a, ReadFloat32File(a_path, "--a"));
-  MXCTL_ASSIGN_OR_RETURN(b, ReadFloat32File(b_path, "--b"));
+  MX_ASSIGN_OR_RETURN(auto m, flags.RequireInt("m", 1, kMaxDim));
+  MX_ASSIGN_OR_RETURN(auto k, flags.RequireInt("k", 1, kMaxDim));
+  MX_ASSIGN_OR_RETURN(auto n, flags.RequireInt("n", 1, kMaxDim));
+  MX_ASSIGN_OR_RETURN(auto a_path, flags.Require("a"));
+  MX_ASSIGN_OR_RETURN(auto b_path, flags.Require("b"));
+  MX_ASSIGN_OR_RETURN(auto output_path, flags.Require("output"));
+  MX_ASSIGN_OR_RETURN(auto a, ReadFloat32File(a_path, "--a"));
+  MX_ASSIGN_OR_RETURN(auto b, ReadFloat32File(b_path, "--b"));
   if (static_cast<int64_t>(a.size()) != m * k) {
     return UsageError(absl::StrCat("--a: '", a_path, "' holds ", a.size(),
                                    " floats, expected M*K = ", m, "*", k, " = ", m * k));
@@ -135,7 +128,7 @@ absl::Status Gemm(const std::vector<std::string>& args) {
     return UsageError(absl::StrCat("--b: '", b_path, "' holds ", b.size(),
                                    " floats, expected K*N = ", k, "*", n, " = ", k * n));
   }
-  MXCTL_ASSIGN_OR_RETURN(c, mx::ReferenceGemm(a, format_a, b, format_b, m, k, n, options));
+  MX_ASSIGN_OR_RETURN(auto c, mx::ReferenceGemm(a, format_a, b, format_b, m, k, n, options));
   return WriteFloat32File(output_path, c);
 }
 

@@ -30,7 +30,8 @@ absl::StatusOr<double> PositiveNumber(const Json& object, const std::string& key
 
 absl::Status PerFormat(const Json& json, const std::string& key, std::array<double, 10>& out) {
   const auto it = json.find(key);
-  if (it == json.end() || !it->is_object()) return FieldError(key, "expected an object of format: number");
+  if (it == json.end() || !it->is_object())
+    return FieldError(key, "expected an object of format: number");
   for (const auto& [name, value] : it->items()) {
     if (!mx::ParseFormat(name).ok()) return FieldError(key + "." + name, "unknown format");
   }
@@ -46,7 +47,8 @@ absl::Status PerFormat(const Json& json, const std::string& key, std::array<doub
 // Bytes a matrix of rows × k takes in the packed layout, scales included.
 double PackedBytes(mx::Format format, int64_t rows, int64_t k) {
   double bytes = static_cast<double>(rows) * static_cast<double>(mx::RowBytes(format, k));
-  if (mx::IsMx(format)) bytes += static_cast<double>(rows) * static_cast<double>(mx::BlocksPerRow(k));
+  if (mx::IsMx(format))
+    bytes += static_cast<double>(rows) * static_cast<double>(mx::BlocksPerRow(k));
   if (format == mx::Format::kInt8) bytes += 4.0 * static_cast<double>(rows);
   return bytes;
 }
@@ -66,12 +68,13 @@ absl::StatusOr<EnergyModelParams> ParseEnergyModel(absl::string_view text) {
     return absl::OkStatus();
   };
   double rows = 0, cols = 0;
-  for (absl::Status s : {number("clock_hz", p.clock_hz), number("pe_rows", rows),
-                         number("pe_cols", cols), number("hbm_bytes_per_second", p.hbm_bytes_per_second),
-                         number("energy_per_byte_pj", p.energy_per_byte_pj),
-                         number("static_power_watts", p.static_power_watts),
-                         PerFormat(json, "macs_per_pe_cycle", p.macs_per_pe_cycle),
-                         PerFormat(json, "energy_per_mac_pj", p.energy_per_mac_pj)}) {
+  for (absl::Status s :
+       {number("clock_hz", p.clock_hz), number("pe_rows", rows), number("pe_cols", cols),
+        number("hbm_bytes_per_second", p.hbm_bytes_per_second),
+        number("energy_per_byte_pj", p.energy_per_byte_pj),
+        number("static_power_watts", p.static_power_watts),
+        PerFormat(json, "macs_per_pe_cycle", p.macs_per_pe_cycle),
+        PerFormat(json, "energy_per_mac_pj", p.energy_per_mac_pj)}) {
     if (!s.ok()) return s;
   }
   p.pe_rows = static_cast<int>(rows);
@@ -100,8 +103,8 @@ GemmEstimate EstimateGemm(const EnergyModelParams& p, mx::Format x, mx::Format w
   e.bytes = PackedBytes(x, m, k) + PackedBytes(w, n, k) + 4.0 * static_cast<double>(m) * n;
   const double compute_seconds = e.macs / (p.pe_rows * p.pe_cols * rate) / p.clock_hz;
   e.seconds = std::max(compute_seconds, e.bytes / p.hbm_bytes_per_second);
-  e.joules = (e.macs * mac_pj + e.bytes * p.energy_per_byte_pj) * 1e-12 +
-             p.static_power_watts * e.seconds;
+  e.joules =
+      (e.macs * mac_pj + e.bytes * p.energy_per_byte_pj) * 1e-12 + p.static_power_watts * e.seconds;
   return e;
 }
 

@@ -70,6 +70,15 @@ inline std::string CaseFile(const GoldenCase& c, const char* key) {
   return kGoldenDir + "/" + c.json["files"][key]["path"].get<std::string>();
 }
 
+// The golden README's bound on a matmul output (item 7): K·2^-23·(|Aq| @ |Bq|)[i][j]
+// for row-major Aq (M×K) and Bq (K×N).
+inline double GoldenGemmBound(const std::vector<float>& aq, const std::vector<float>& bq, int64_t k,
+                              int64_t n, int64_t i, int64_t j) {
+  double magnitude = 0.0;
+  for (int64_t t = 0; t < k; ++t) magnitude += std::fabs(double{aq[i * k + t]} * bq[t * n + j]);
+  return static_cast<double>(k) * std::ldexp(1.0, -23) * magnitude;
+}
+
 // gtest parameter names must be alphanumeric.
 inline std::string TestName(const std::string& id) {
   std::string name;
