@@ -1,0 +1,39 @@
+// The backend interface: where a GEMM actually runs. Every compute request of the
+// daemon reaches a backend as one call, Y = X·Wᵀ (+ bias), with both operands
+// already in their packed formats (a Gemm's B arrives transposed, a backward
+// pass's operands are arranged the same way by the caller).
+//
+//   cpu   the emulation of the FPGA datapath on the host (mx/ kernels)
+//   null  computes nothing and writes zeros of the right shape, so the daemon's
+//         own overhead can be measured apart from the arithmetic
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mx/packed.h"
+
+namespace mxserve {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "cpu", "null", ...; the `backend` label of metrics and ExecutionInfo.
+  virtual absl::string_view name() const = 0;
+  // Y (x.rows × w.rows, row-major) = X·Wᵀ + bias. x.cols == w.cols, bias empty or
+  // w.rows values, y sized x.rows · w.rows. Bits follow the numerics contract.
+  virtual absl::Status Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
+                              std::span<const float> bias, std::span<float> y) = 0;
+};
+
+// The backend names --backend accepts, for help and errors.
+inline constexpr absl::string_view kBackendNames = "cpu, null";
+
+// INVALID_ARGUMENT naming --backend for an unknown name.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name);
+
+}  // namespace mxserve

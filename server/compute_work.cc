@@ -1,0 +1,455 @@
+#include "server/compute_work.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "mx/status_macros.h"
+#include "server/wire.h"
+
+namespace mxserve {
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// An activation as it arrived: dense (quantized on the worker) or packed.
+struct Activation {
+  std::optional<DenseMatrix> dense;
+  std::optional<mx::QuantizedMatrix> packed;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  mx::Format format = mx::Format::kFp32;  // its compute format
+
+  absl::StatusOr<mx::QuantizedMatrix> Take(const mx::QuantizeOptions& options) {
+    if (packed) return *std::move(packed);
+    return QuantizeDense(*dense, format, options);
+  }
+};
+
+absl::StatusOr<Activation> DecodeActivation(const v1::Operand& operand, absl::string_view field,
+                                            const ExpectedShape& expected,
+                                            std::optional<mx::Format> format) {
+  Activation a;
+  if (operand.has_packed()) {
+    MX_ASSIGN_OR_RETURN(a.packed,
+                        DecodePacked(operand.packed(), absl::StrCat(field, ".packed"), expected));
+    a.rows = a.packed->rows;
+    a.cols = a.packed->cols;
+    a.format = a.packed->format;
+    if (format && *format != a.format) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".packed.format: the operand is packed in ", mx::FormatName(a.format),
+          " but the request asks for ", mx::FormatName(*format)));
+    }
+    return a;
+  }
+  if (!operand.has_tensor()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": required; expected a tensor or a packed operand"));
+  }
+  MX_ASSIGN_OR_RETURN(a.dense,
+                      DecodeMatrix(operand.tensor(), absl::StrCat(field, ".tensor"), expected));
+  a.rows = a.dense->rows;
+  a.cols = a.dense->cols;
+  if (format) a.format = *format;
+  return a;
+}
+
+absl::Status CheckOutputSize(const Core& core, int64_t rows, int64_t cols, absl::string_view field,
+                             absl::string_view what) {
+  const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * 4;
+  if (bytes + 4096 > static_cast<uint64_t>(core.max_message_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": the ", what, " (", rows, " x ", cols, " FP32 = ", bytes,
+        " bytes) would exceed the maximum message size of ", core.max_message_bytes,
+        " bytes (--max-message-bytes); split the request"));
+  }
+  return absl::OkStatus();
+}
+
+void FillInfo(const Core& core, mx::Format x, mx::Format w, uint64_t version, size_t batch,
+              double queue_seconds, double compute_seconds, const fpga_model::GemmEstimate& model,
+              v1::ExecutionInfo* info) {
+  info->set_format(ToProto(x));
+  info->set_weight_format(ToProto(w));
+  info->set_backend(std::string(core.backend->name()));
+  info->set_weight_version(version);
+  info->set_batch_size(static_cast<uint32_t>(batch));
+  info->set_queue_seconds(queue_seconds);
+  info->set_compute_seconds(compute_seconds);
+  info->set_model_seconds(model.seconds);
+  info->set_model_joules(model.joules);
+}
+
+// Counts a finished compute request and its modelled energy.
+void Account(const Core& core, Rpc rpc, Phase phase, mx::Format format, Clock::time_point arrival,
+             double queue_seconds, double flops, const fpga_model::GemmEstimate& model) {
+  core.metrics->RecordCompute({rpc, phase, format, Seconds(Clock::now() - arrival), queue_seconds,
+                               flops, model.bytes, model.seconds, model.joules});
+  core.ledger->Add("fpga_model", phase, UnixSeconds(), {model.joules, model.seconds, 1});
+}
+
+fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model::GemmEstimate& b) {
+  return {a.macs + b.macs, a.bytes + b.bytes, a.seconds + b.seconds, a.joules + b.joules};
+}
+
+// Rows of several matrices of one format and width, stacked.
+mx::QuantizedMatrix Stack(std::vector<mx::QuantizedMatrix>& parts) {
+  mx::QuantizedMatrix out;
+  out.format = parts.front().format;
+  out.cols = parts.front().cols;
+  for (auto& part : parts) {
+    out.rows += part.rows;
+    out.elements.insert(out.elements.end(), part.elements.begin(), part.elements.end());
+    out.block_scales.insert(out.block_scales.end(), part.block_scales.begin(),
+                            part.block_scales.end());
+    out.row_scales.insert(out.row_scales.end(), part.row_scales.begin(), part.row_scales.end());
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> WeightCopy(const Core& core,
+                                                                       const LayerWeights& weights,
+                                                                       mx::Format format,
+                                                                       WeightLayout layout) {
+  MX_ASSIGN_OR_RETURN(auto copy, weights.Get(format, layout, core.registry->budget()));
+  if (copy.created) {
+    core.metrics->RecordQuantization(format);
+    core.UpdateMemoryGauges();
+  }
+  return copy.matrix;
+}
+
+class ComputeItem : public WorkItem {
+ public:
+  ComputeItem(const Core& core, CallInfo call, Done done)
+      : core_(core), call_(call), done_(std::move(done)) {
+    arrival = call.arrival;
+    deadline = call.deadline;
+  }
+  bool Cancelled() const override { return call_.Cancelled(); }
+  void Fail(absl::Status status) override { done_(std::move(status)); }
+
+ protected:
+  const Core& core_;
+  CallInfo call_;
+  Done done_;
+};
+
+// ---------------------------------------------------------------------------
+// Gemm: C = A·B, B quantized per column (held transposed) or sent packed so.
+
+class GemmItem final : public ComputeItem {
+ public:
+  GemmItem(const Core& core, CallInfo call, Done done, Phase phase, Activation a, Activation b,
+           mx::QuantizeOptions options, v1::GemmResponse* response)
+      : ComputeItem(core, call, std::move(done)),
+        phase_(phase),
+        a_(std::move(a)),
+        b_(std::move(b)),
+        options_(options),
+        response_(response) {}
+
+  void Run(std::span<WorkItem* const>) override {
+    const double queue_seconds = Seconds(Clock::now() - arrival);
+    absl::StatusOr<mx::QuantizedMatrix> qa = a_.Take(options_);
+    if (!qa.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("a: ", qa.status().message())));
+    absl::StatusOr<mx::QuantizedMatrix> qb;
+    if (b_.packed) {
+      qb = *std::move(b_.packed);
+    } else {
+      // B arrives K×N; the backend wants its N columns as rows of K.
+      qb = mx::QuantizeColumns(ToFloat(*b_.dense), b_.rows, b_.cols, b_.format, options_);
+    }
+    if (!qb.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("b: ", qb.status().message())));
+    const int64_t m = qa->rows, k = qa->cols, n = qb->rows;
+    std::vector<float> c(static_cast<size_t>(m * n));
+    const auto start = Clock::now();
+    if (absl::Status s = core_.backend->Linear(*qa, *qb, {}, c); !s.ok()) return Fail(s);
+    const double compute_seconds = Seconds(Clock::now() - start);
+    EncodeMatrix(c, m, n, response_->mutable_c());
+    const auto model = fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
+    FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model,
+             response_->mutable_info());
+    Account(core_, Rpc::kGemm, phase_, qa->format, arrival, queue_seconds, 2.0 * m * n * k, model);
+    done_(absl::OkStatus());
+  }
+
+ private:
+  Phase phase_;
+  Activation a_, b_;
+  mx::QuantizeOptions options_;
+  v1::GemmResponse* response_;
+};
+
+// ---------------------------------------------------------------------------
+// LayerForward: Y = X·Wᵀ + bias, batched across requests of one key.
+
+class ForwardItem final : public ComputeItem {
+ public:
+  ForwardItem(const Core& core, CallInfo call, Done done, Phase phase, LayerView view,
+              mx::Format weight_format, Activation x, v1::LayerForwardResponse* response)
+      : ComputeItem(core, call, std::move(done)),
+        phase_(phase),
+        view_(std::move(view)),
+        weight_format_(weight_format),
+        x_(std::move(x)),
+        response_(response) {
+    // One GEMM serves a batch only when everything but the rows of X agrees. The
+    // LayerWeights address pins model, layer and weight version (it is alive while
+    // this item holds it).
+    batch_key = absl::StrCat("forward/", reinterpret_cast<uintptr_t>(view_.weights.get()), "/",
+                             static_cast<int>(x_.format), "/", static_cast<int>(weight_format_));
+  }
+
+  void Run(std::span<WorkItem* const> batch) override {
+    const auto started = Clock::now();
+    const LayerWeights& weights = *view_.weights;
+    absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> w =
+        WeightCopy(core_, weights, weight_format_, WeightLayout::kForward);
+    if (!w.ok()) {
+      for (WorkItem* item : batch) item->Fail(w.status());
+      return;
+    }
+    std::vector<ForwardItem*> members;
+    std::vector<mx::QuantizedMatrix> xs;
+    for (WorkItem* item : batch) {
+      auto* member = static_cast<ForwardItem*>(item);
+      absl::StatusOr<mx::QuantizedMatrix> x = member->x_.Take({});
+      if (!x.ok()) {
+        member->Fail(absl::InvalidArgumentError(absl::StrCat("input: ", x.status().message())));
+        continue;
+      }
+      members.push_back(member);
+      xs.push_back(*std::move(x));
+    }
+    if (members.empty()) return;
+    const mx::QuantizedMatrix stacked = xs.size() > 1 ? Stack(xs) : mx::QuantizedMatrix();
+    const mx::QuantizedMatrix& x = xs.size() > 1 ? stacked : xs.front();
+    const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
+    std::vector<float> y(static_cast<size_t>(x.rows * n));
+    const auto start = Clock::now();
+    absl::Status status = core_.backend->Linear(x, **w, weights.bias(), y);
+    const double compute_seconds = Seconds(Clock::now() - start);
+    core_.metrics->RecordBatch(static_cast<int>(members.size()));
+    int64_t row = 0;
+    for (ForwardItem* member : members) {
+      if (!status.ok()) {
+        member->Fail(status);
+        continue;
+      }
+      const int64_t m = member->x_.rows;
+      member->Answer(std::span<const float>(y).subspan(row * n, m * n), m, n, k, members.size(),
+                     Seconds(started - member->arrival), compute_seconds);
+      row += m;
+    }
+  }
+
+ private:
+  void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
+              double queue_seconds, double compute_seconds) {
+    EncodeMatrix(y, m, n, response_->mutable_output());
+    const auto model = fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
+    FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
+             compute_seconds, model, response_->mutable_info());
+    Account(core_, Rpc::kLayerForward, phase_, weight_format_, arrival, queue_seconds,
+            2.0 * m * n * k, model);
+    done_(absl::OkStatus());
+  }
+
+  Phase phase_;
+  LayerView view_;
+  mx::Format weight_format_;
+  Activation x_;
+  v1::LayerForwardResponse* response_;
+};
+
+// ---------------------------------------------------------------------------
+// LayerBackward: grad_input = dY·W, grad_weight = dYᵀ·X, grad_bias = Σ_rows dY.
+
+std::vector<float> Transpose(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  std::vector<float> out(values.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = values[r * cols + c];
+  }
+  return out;
+}
+
+class BackwardItem final : public ComputeItem {
+ public:
+  BackwardItem(const Core& core, CallInfo call, Done done, Phase phase, LayerView view,
+               mx::Format format, DenseMatrix grad_output, std::optional<DenseMatrix> input,
+               v1::LayerBackwardResponse* response)
+      : ComputeItem(core, call, std::move(done)),
+        phase_(phase),
+        view_(std::move(view)),
+        format_(format),
+        grad_output_(grad_output),
+        input_(input),
+        response_(response) {}
+
+  void Run(std::span<WorkItem* const>) override {
+    const double queue_seconds = Seconds(Clock::now() - arrival);
+    const LayerWeights& weights = *view_.weights;
+    const int64_t m = grad_output_.rows;
+    const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
+    absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> wt =
+        WeightCopy(core_, weights, format_, WeightLayout::kTransposed);
+    if (!wt.ok()) return Fail(wt.status());
+    absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});
+    if (!dy.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message())));
+    }
+    // grad_input [M, K]: dY (M×N, blocked along N) times W (N×K), W held as K rows of N.
+    std::vector<float> grad_input(static_cast<size_t>(m * k));
+    double compute_seconds = 0;
+    auto start = Clock::now();
+    if (absl::Status s = core_.backend->Linear(*dy, **wt, {}, grad_input); !s.ok()) return Fail(s);
+    compute_seconds += Seconds(Clock::now() - start);
+    auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
+    double flops = 2.0 * m * n * k;
+    EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
+
+    const std::vector<float> dy_values = ToFloat(grad_output_);
+    if (input_) {
+      // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): both blocked along M.
+      absl::StatusOr<mx::QuantizedMatrix> dyt =
+          mx::QuantizeRows(Transpose(dy_values, m, n), n, m, format_);
+      absl::StatusOr<mx::QuantizedMatrix> xt =
+          mx::QuantizeRows(Transpose(ToFloat(*input_), m, k), k, m, format_);
+      if (!dyt.ok() || !xt.ok()) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message())));
+      }
+      std::vector<float> grad_weight(static_cast<size_t>(n * k));
+      start = Clock::now();
+      if (absl::Status s = core_.backend->Linear(*dyt, *xt, {}, grad_weight); !s.ok()) {
+        return Fail(s);
+      }
+      compute_seconds += Seconds(Clock::now() - start);
+      model = Sum(model, fpga_model::EstimateGemm(core_.energy_model, format_, format_, n, k, m));
+      flops += 2.0 * m * n * k;
+      EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
+    }
+    if (weights.spec().bias) {
+      // Column sums of dY in FP32, rows in ascending order from +0.
+      std::vector<float> grad_bias(static_cast<size_t>(n), 0.0f);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = 0; c < n; ++c) grad_bias[c] += dy_values[r * n + c];
+      }
+      EncodeVector(grad_bias, response_->mutable_grad_bias());
+    }
+    FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
+             response_->mutable_info());
+    Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model);
+    done_(absl::OkStatus());
+  }
+
+ private:
+  Phase phase_;
+  LayerView view_;
+  mx::Format format_;
+  DenseMatrix grad_output_;
+  std::optional<DenseMatrix> input_;
+  v1::LayerBackwardResponse* response_;
+};
+
+}  // namespace
+
+absl::StatusOr<mx::Format> ResolveLayerFormat(const Core& core, const LayerView& view, Phase phase,
+                                              v1::Format requested) {
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> explicit_format, FromProto(requested, "format"));
+  if (explicit_format) return *explicit_format;
+  absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
+  if (!policy.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "format: unspecified, and the model's active policy cannot be used: ",
+        policy.status().message()));
+  }
+  return Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive).format;
+}
+
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const Core& core, const v1::GemmRequest& request,
+                                                      v1::GemmResponse* response, CallInfo call,
+                                                      Done done) {
+  MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_a, FromProto(request.format(), "format"));
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_b, FromProto(request.format_b(), "format_b"));
+  if (!format_a && !request.a().has_packed()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format: required for Gemm (it has no model, hence no policy); expected one of ",
+        mx::FormatNameList()));
+  }
+  MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(request.a(), "a", {}, format_a));
+  if (!format_b) format_b = a.format;
+  ExpectedShape b_shape;
+  const std::string k_what = "K, the columns of a";
+  if (request.b().has_packed()) {
+    b_shape.cols = a.cols;
+    b_shape.cols_what = k_what;
+  } else {
+    b_shape.rows = a.cols;
+    b_shape.rows_what = k_what;
+  }
+  MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(request.b(), "b", b_shape, format_b));
+  const int64_t n = b.packed ? b.rows : b.cols;
+  MX_RETURN_IF_ERROR(CheckOutputSize(core, a.rows, n, "b", "result C = A·B"));
+  mx::QuantizeOptions options;
+  options.rounding = FromProto(request.rounding());
+  return std::make_unique<GemmItem>(core, call, std::move(done), phase, std::move(a), std::move(b),
+                                    options, response);
+}
+
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const Core& core,
+                                                         const v1::LayerForwardRequest& request,
+                                                         v1::LayerForwardResponse* response,
+                                                         CallInfo call, Done done) {
+  MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
+  MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
+                                                            request.min_weight_version()));
+  MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
+  const LayerSpec& spec = view.weights->spec();
+  ExpectedShape shape;
+  shape.cols = spec.in_features;
+  shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
+  // A packed input brings its own format; the weight keeps the resolved one.
+  MX_ASSIGN_OR_RETURN(Activation x,
+                      DecodeActivation(request.input(), "input", shape,
+                                       request.input().has_packed() ? std::nullopt
+                                                                    : std::optional(format)));
+  MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output"));
+  return std::make_unique<ForwardItem>(core, call, std::move(done), phase, std::move(view), format,
+                                       std::move(x), response);
+}
+
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const Core& core,
+                                                          const v1::LayerBackwardRequest& request,
+                                                          v1::LayerBackwardResponse* response,
+                                                          CallInfo call, Done done) {
+  MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
+  MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
+                                                            request.min_weight_version()));
+  MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
+  const LayerSpec& spec = view.weights->spec();
+  ExpectedShape dy_shape;
+  dy_shape.cols = spec.out_features;
+  dy_shape.cols_what = absl::StrCat("out_features of layer '", spec.name, "'");
+  MX_ASSIGN_OR_RETURN(DenseMatrix grad_output,
+                      DecodeMatrix(request.grad_output(), "grad_output", dy_shape));
+  std::optional<DenseMatrix> input;
+  if (request.has_input()) {
+    ExpectedShape x_shape;
+    x_shape.rows = grad_output.rows;
+    x_shape.rows_what = "M, the rows of grad_output";
+    x_shape.cols = spec.in_features;
+    x_shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
+    MX_ASSIGN_OR_RETURN(input, DecodeMatrix(request.input(), "input", x_shape));
+    MX_RETURN_IF_ERROR(
+        CheckOutputSize(core, spec.out_features, spec.in_features, "input", "grad_weight"));
+  }
+  MX_RETURN_IF_ERROR(
+      CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input"));
+  return std::make_unique<BackwardItem>(core, call, std::move(done), phase, std::move(view), format,
+                                        grad_output, input, response);
+}
+
+}  // namespace mxserve

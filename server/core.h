@@ -1,0 +1,56 @@
+// What every service of the daemon shares: the registry, policies, scheduler,
+// backend, metrics and energy accounting, and the limits from the flags. Owned
+// by Daemon; services hold a reference.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "fpga/model/energy_model.h"
+#include "grpcpp/server_context.h"
+#include "server/backend.h"
+#include "server/energy_ledger.h"
+#include "server/metrics.h"
+#include "server/policy_store.h"
+#include "server/registry.h"
+#include "server/scheduler.h"
+
+namespace mxserve {
+
+struct Core {
+  Registry* registry = nullptr;
+  PolicyStore* policies = nullptr;
+  Scheduler* scheduler = nullptr;
+  Backend* backend = nullptr;
+  Metrics* metrics = nullptr;
+  EnergyLedger* ledger = nullptr;
+  fpga_model::EnergyModelParams energy_model;
+  std::string default_policy;
+  int64_t max_message_bytes = 0;
+
+  void UpdateMemoryGauges() const {
+    metrics->SetWeightBytes(static_cast<double>(registry->budget().used()));
+    metrics->SetModels(static_cast<double>(registry->model_count()));
+  }
+};
+
+// Unix time now, in seconds.
+double UnixSeconds();
+
+// When a call arrived, when it must be done by, and whether its client gave up.
+struct CallInfo {
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point deadline = Clock::time_point::max();
+  const grpc::CallbackServerContext* context = nullptr;  // null: never cancelled
+
+  static CallInfo From(const grpc::CallbackServerContext* context);
+  bool Cancelled() const { return context != nullptr && context->IsCancelled(); }
+};
+
+// Answers a request exactly once: status to the client, and the status counter.
+using Done = std::function<void(absl::Status)>;
+
+}  // namespace mxserve

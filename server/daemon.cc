@@ -1,0 +1,169 @@
+#include "server/daemon.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "mx/status_macros.h"
+#include "prometheus/exposer.h"
+#include "server/compute_service.h"
+#include "server/energy_model_default.h"
+#include "server/log.h"
+#include "server/models_service.h"
+#include "server/policies_service.h"
+#include "server/telemetry_service.h"
+
+namespace mxserve {
+
+struct Daemon::State {
+  DaemonOptions options;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<MemoryBudget> budget;
+  std::unique_ptr<Registry> registry;
+  std::unique_ptr<PolicyStore> policies;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<EnergyLedger> ledger;
+  std::unique_ptr<Scheduler> scheduler;
+  Core core;
+  std::unique_ptr<ComputeService> compute;
+  std::unique_ptr<ModelsService> models;
+  std::unique_ptr<PoliciesService> policies_service;
+  std::unique_ptr<TelemetryService> telemetry;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string grpc_address;
+  std::string metrics_address;
+  bool stopped = false;
+};
+
+namespace {
+
+// "host:port" with the port replaced.
+std::string WithPort(const std::string& address, int port) {
+  const size_t colon = address.rfind(':');
+  return absl::StrCat(address.substr(0, colon), ":", port);
+}
+
+absl::StatusOr<fpga_model::EnergyModelParams> LoadModel(const std::string& path) {
+  if (path.empty()) return fpga_model::ParseEnergyModel(kDefaultEnergyModelJson);
+  absl::StatusOr<fpga_model::EnergyModelParams> params = fpga_model::LoadEnergyModel(path);
+  if (!params.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--energy-model: ", params.status().message()));
+  }
+  return params;
+}
+
+constexpr const char* kServices[] = {"mxserve.v1.Compute", "mxserve.v1.Models",
+                                     "mxserve.v1.Policies", "mxserve.v1.Telemetry"};
+
+}  // namespace
+
+Daemon::Daemon(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+Daemon::~Daemon() { Shutdown(); }
+
+const std::string& Daemon::grpc_address() const { return state_->grpc_address; }
+const std::string& Daemon::metrics_address() const { return state_->metrics_address; }
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  auto s = std::make_unique<State>();
+  s->options = options;
+  MX_ASSIGN_OR_RETURN(s->backend, MakeBackend(options.backend));
+  MX_ASSIGN_OR_RETURN(s->core.energy_model, LoadModel(options.energy_model));
+  MX_ASSIGN_OR_RETURN(s->policies, PolicyStore::Create(options.policy_dir));
+  if (!s->policies->Get(options.default_policy).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--default-policy: no policy named '",
+                                                   options.default_policy, "'"));
+  }
+  s->budget = std::make_unique<MemoryBudget>(options.weight_memory_bytes);
+  s->registry = std::make_unique<Registry>(s->budget.get());
+  s->metrics = std::make_unique<Metrics>(options.backend);
+  s->ledger = std::make_unique<EnergyLedger>();
+  Scheduler::Options scheduler_options;
+  scheduler_options.workers =
+      options.workers > 0 ? options.workers
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  scheduler_options.queue_capacity = options.queue_size;
+  scheduler_options.batch_window = std::chrono::microseconds(options.batch_window_us);
+  scheduler_options.max_batch = options.max_batch;
+  Metrics* metrics = s->metrics.get();
+  s->scheduler = std::make_unique<Scheduler>(
+      scheduler_options, [metrics](size_t depth) { metrics->SetQueueDepth(double(depth)); });
+
+  s->core.registry = s->registry.get();
+  s->core.policies = s->policies.get();
+  s->core.scheduler = s->scheduler.get();
+  s->core.backend = s->backend.get();
+  s->core.metrics = s->metrics.get();
+  s->core.ledger = s->ledger.get();
+  s->core.default_policy = options.default_policy;
+  s->core.max_message_bytes = options.max_message_bytes;
+  s->core.UpdateMemoryGauges();
+
+  if (options.metrics_listen != "off") {
+    try {
+      s->exposer = std::make_unique<prometheus::Exposer>(options.metrics_listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("--metrics-listen: cannot listen on '",
+                                                 options.metrics_listen, "': ", e.what()));
+    }
+    s->exposer->RegisterCollectable(s->metrics->registry());
+    const std::vector<int> ports = s->exposer->GetListeningPorts();
+    s->metrics_address =
+        ports.empty() ? options.metrics_listen : WithPort(options.metrics_listen, ports.front());
+  }
+
+  s->compute = std::make_unique<ComputeService>(s->core);
+  s->models = std::make_unique<ModelsService>(s->core);
+  s->policies_service = std::make_unique<PoliciesService>(s->core);
+  s->telemetry = std::make_unique<TelemetryService>(s->core);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(s->compute.get());
+  builder.RegisterService(s->models.get());
+  builder.RegisterService(s->policies_service.get());
+  builder.RegisterService(s->telemetry.get());
+  s->server = builder.BuildAndStart();
+  if (!s->server || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot listen on '", options.listen, "' (address in use?)"));
+  }
+  s->grpc_address = WithPort(options.listen, port);
+  grpc::HealthCheckServiceInterface* health = s->server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  for (const char* service : kServices) health->SetServingStatus(service, false);
+  // The CPU and null backends are ready once constructed; an FPGA backend would
+  // report readiness after loading its xclbin.
+  health->SetServingStatus(true);
+  for (const char* service : kServices) health->SetServingStatus(service, true);
+  return std::unique_ptr<Daemon>(new Daemon(std::move(s)));
+}
+
+void Daemon::Shutdown() {
+  if (!state_ || state_->stopped) return;
+  state_->stopped = true;
+  if (grpc::HealthCheckServiceInterface* health = state_->server->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
+  const auto deadline =
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(state_->options.grace_seconds * 1000));
+  // Stops new calls, waits for those in flight (their work is in the scheduler,
+  // whose workers keep running), and cancels what is left at the deadline.
+  state_->server->Shutdown(deadline);
+  state_->scheduler->Shutdown();
+  state_->server->Wait();
+  state_->exposer.reset();
+}
+
+}  // namespace mxserve

@@ -1,0 +1,36 @@
+// The daemon assembled: backend, registry, policies, scheduler, metrics, the four
+// mxserve.v1 services, health and reflection on one gRPC server, and the
+// Prometheus exposer. main.cc adds flags and signals; tests could embed it too.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/options.h"
+
+namespace mxserve {
+
+class Daemon {
+ public:
+  // Builds everything and starts serving. Health says NOT_SERVING until the
+  // backend is ready, then SERVING.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();
+
+  // The addresses actually bound (port 0 resolved); metrics empty when off.
+  const std::string& grpc_address() const;
+  const std::string& metrics_address() const;
+
+  // Stops accepting calls, lets in-flight ones finish within the grace period,
+  // then stops the workers. Safe to call once; the destructor calls it.
+  void Shutdown();
+
+  struct State;
+
+ private:
+  explicit Daemon(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mxserve

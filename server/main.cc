@@ -1,0 +1,63 @@
+// mxserved: the mxserve daemon. See `mxserved --help` and server/README.md.
+//
+// SIGTERM and SIGINT are taken by a dedicated thread (sigwait), so the shutdown
+// runs as ordinary code, not in a signal handler.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/daemon.h"
+#include "server/log.h"
+#include "server/options.h"
+
+int main(int argc, char** argv) {
+  using mxserve::Log;
+  using mxserve::LogLevel;
+  absl::StatusOr<mxserve::ParsedCommandLine> parsed =
+      mxserve::ParseCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "mxserved: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->help) {
+    std::fputs(mxserve::HelpText().c_str(), stdout);
+    return 0;
+  }
+  if (parsed->version) {
+    std::printf("mxserved %s\n", MXSERVE_VERSION);
+    return 0;
+  }
+  const mxserve::DaemonOptions& options = parsed->options;
+
+  // Every thread made from here on inherits the blocked set.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  Log(LogLevel::kInfo, "starting",
+      {{"version", MXSERVE_VERSION}, {"backend", options.backend},
+       {"workers", absl::StrCat(options.workers)}, {"default_policy", options.default_policy}});
+  absl::StatusOr<std::unique_ptr<mxserve::Daemon>> daemon = mxserve::Daemon::Start(options);
+  if (!daemon.ok()) {
+    Log(LogLevel::kError, "start_failed", {{"message", std::string(daemon.status().message())}});
+    return 1;
+  }
+  Log(LogLevel::kInfo, "listening",
+      {{"grpc", (*daemon)->grpc_address()},
+       {"metrics", (*daemon)->metrics_address().empty() ? "off" : (*daemon)->metrics_address()}});
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  Log(LogLevel::kInfo, "stopping",
+      {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
+       {"grace_seconds", absl::StrCat(options.grace_seconds)}});
+  (*daemon)->Shutdown();
+  Log(LogLevel::kInfo, "stopped");
+  return 0;
+}

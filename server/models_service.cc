@@ -1,0 +1,462 @@
+#include "server/models_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "mx/element.h"
+#include "mx/status_macros.h"
+#include "server/log.h"
+#include "server/safetensors.h"
+#include "server/wire.h"
+
+namespace mxserve {
+namespace {
+
+void FillModelInfo(const ModelSummary& s, v1::ModelInfo* info) {
+  info->set_name(s.name);
+  info->set_policy(s.policy);
+  info->set_weight_version(s.version);
+  info->set_staged_tensors(s.staged_tensors);
+  info->set_weight_bytes(s.bytes);
+  for (const auto& layer : s.layers) {
+    v1::LayerInfo* out = info->add_layers();
+    out->mutable_spec()->set_name(layer.spec.name);
+    out->mutable_spec()->set_out_features(layer.spec.out_features);
+    out->mutable_spec()->set_in_features(layer.spec.in_features);
+    out->mutable_spec()->set_bias(layer.spec.bias);
+    for (mx::Format f : layer.cached_formats) out->add_cached_formats(ToProto(f));
+  }
+}
+
+// Finishes a unary call and counts its status.
+void FinishUnary(const Core& core, grpc::ServerUnaryReactor* reactor, Rpc rpc,
+                 const absl::Status& status) {
+  core.metrics->RecordStatus(rpc, status.code());
+  reactor->Finish(ToGrpc(status));
+}
+
+uint64_t TensorElements(const LayerSpec& spec, bool bias) {
+  return bias ? static_cast<uint64_t>(spec.out_features)
+              : static_cast<uint64_t>(spec.out_features) * static_cast<uint64_t>(spec.in_features);
+}
+
+std::string TensorName(const StagedTensorKey& key) {
+  return absl::StrCat(key.layer, key.is_bias ? ".bias" : ".weight");
+}
+
+// A worker-thread job: any function run once, failing cleanly when dropped.
+class FunctionItem final : public WorkItem {
+ public:
+  FunctionItem(CallInfo call, std::function<void()> run, std::function<void(absl::Status)> fail)
+      : call_(call), run_(std::move(run)), fail_(std::move(fail)) {
+    arrival = call.arrival;
+    deadline = call.deadline;
+  }
+  void Run(std::span<WorkItem* const>) override { run_(); }
+  void Fail(absl::Status status) override { fail_(std::move(status)); }
+  bool Cancelled() const override { return call_.Cancelled(); }
+
+ private:
+  CallInfo call_;
+  std::function<void()> run_;
+  std::function<void(absl::Status)> fail_;
+};
+
+// Submits `run` to the workers; `fail` answers when it cannot run.
+void RunOnWorker(const Core& core, CallInfo call, std::function<void()> run,
+                 std::function<void(absl::Status)> fail) {
+  auto item = std::make_unique<FunctionItem>(call, std::move(run), fail);
+  if (absl::Status s = core.scheduler->Submit(std::move(item)); !s.ok()) fail(s);
+}
+
+// ---------------------------------------------------------------------------
+// UploadWeights: a client stream of chunks filling whole tensors. Chunks of one
+// tensor may come in any order but must not overlap; nothing reaches the model's
+// staging area unless the stream completes with every touched tensor full.
+
+class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
+ public:
+  UploadReactor(const Core& core, grpc::CallbackServerContext* context,
+                v1::UploadWeightsResponse* response)
+      : core_(core), context_(context), response_(response) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Complete();
+    if (absl::Status s = Accept(); !s.ok()) return Done(s);
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Pending {
+    LayerSpec spec;
+    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+    StoredTensor tensor;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [offset, end) in elements
+  };
+
+  absl::Status Accept() {
+    const std::string field = absl::StrCat("chunks[", chunks_, "]");
+    ++chunks_;
+    if (chunks_ == 1) {
+      model_ = chunk_.model();
+      MX_RETURN_IF_ERROR(core_.registry->Describe(model_).status());
+    } else if (chunk_.model() != model_) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".model: every chunk of a stream must "
+                                                     "name the same model; expected '", model_,
+                                                     "', got '", chunk_.model(), "'"));
+    }
+    publish_ = publish_ || chunk_.publish();
+    if (chunk_.role() != v1::TENSOR_ROLE_WEIGHT && chunk_.role() != v1::TENSOR_ROLE_BIAS) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".role: expected TENSOR_ROLE_WEIGHT or TENSOR_ROLE_BIAS, got ",
+          static_cast<int>(chunk_.role())));
+    }
+    const StagedTensorKey key{chunk_.layer(), chunk_.role() == v1::TENSOR_ROLE_BIAS};
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      MX_ASSIGN_OR_RETURN(LayerSpec spec, core_.registry->FindLayer(model_, chunk_.layer(),
+                                                                    absl::StrCat(field, ".layer")));
+      if (key.is_bias && !spec.bias) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".role: layer '", spec.name, "' was registered without a bias"));
+      }
+      Pending pending;
+      pending.spec = spec;
+      const uint64_t elements = TensorElements(spec, key.is_bias);
+      MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), elements * sizeof(float),
+                                     absl::StrCat("tensor '", TensorName(key), "'"),
+                                     pending.tensor.reservation));
+      pending.tensor.values.resize(elements);
+      it = pending_.emplace(key, std::move(pending)).first;
+    }
+    Pending& pending = it->second;
+    size_t element_bytes;
+    switch (chunk_.dtype()) {
+      case v1::DTYPE_FP32:
+        element_bytes = 4;
+        break;
+      case v1::DTYPE_BF16:
+      case v1::DTYPE_FP16:
+        element_bytes = 2;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".dtype: expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16, got ",
+            static_cast<int>(chunk_.dtype())));
+    }
+    if (pending.dtype == v1::DTYPE_UNSPECIFIED) pending.dtype = chunk_.dtype();
+    if (chunk_.dtype() != pending.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".dtype: tensor '", TensorName(key), "' started as ", v1::DType_Name(pending.dtype),
+          ", this chunk is ", v1::DType_Name(chunk_.dtype())));
+    }
+    const std::string& data = chunk_.data();
+    if (data.empty() || data.size() % element_bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".data: expected a non-empty whole number of ", element_bytes,
+          "-byte elements, got ", data.size(), " bytes"));
+    }
+    const uint64_t count = data.size() / element_bytes;
+    const uint64_t total = pending.tensor.values.size();
+    const uint64_t offset = chunk_.offset_elements();
+    if (offset > total || count > total - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".offset_elements: elements [", offset, ", ", offset + count,
+          ") fall outside tensor '", TensorName(key), "' of ", total, " elements (",
+          key.is_bias ? absl::StrCat("[", pending.spec.out_features, "]")
+                      : absl::StrCat("[", pending.spec.out_features, ", ",
+                                     pending.spec.in_features, "]"),
+          ")"));
+    }
+    float* out = pending.tensor.values.data() + offset;
+    if (element_bytes == 4) {
+      std::memcpy(out, data.data(), data.size());
+    } else {
+      const bool bf16 = chunk_.dtype() == v1::DTYPE_BF16;
+      for (uint64_t i = 0; i < count; ++i) {
+        uint16_t code;
+        std::memcpy(&code, data.data() + 2 * i, 2);
+        out[i] = bf16 ? mx::Bf16ToFloat(code) : mx::Fp16ToFloat(code);
+      }
+    }
+    pending.ranges.emplace_back(offset, offset + count);
+    bytes_ += data.size();
+    return absl::OkStatus();
+  }
+
+  // The client half-closed (or went away): check, stage, maybe publish.
+  void Complete() {
+    if (context_->IsCancelled()) {
+      return Done(absl::CancelledError("the upload was cancelled; nothing was staged"));
+    }
+    if (chunks_ == 0) {
+      return Done(absl::InvalidArgumentError("chunks: the stream held no chunk; nothing staged"));
+    }
+    std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
+    for (auto& [key, pending] : pending_) {
+      std::sort(pending.ranges.begin(), pending.ranges.end());
+      uint64_t filled = 0;
+      for (const auto& [begin, end] : pending.ranges) {
+        if (begin < filled) {
+          return Done(absl::InvalidArgumentError(absl::StrCat(
+              "offset_elements: chunks of tensor '", TensorName(key), "' overlap at element ",
+              begin, "; nothing was staged")));
+        }
+        if (begin > filled) break;
+        filled = end;
+      }
+      if (filled != pending.tensor.values.size()) {
+        return Done(absl::InvalidArgumentError(absl::StrCat(
+            "data: tensor '", TensorName(key), "' is incomplete: elements from ", filled,
+            " of ", pending.tensor.values.size(),
+            " were not received (truncated stream?); nothing was staged")));
+      }
+      tensors.emplace_back(key, std::move(pending.tensor));
+    }
+    const uint64_t staged = tensors.size();
+    pending_.clear();
+    if (absl::Status s = core_.registry->Stage(model_, std::move(tensors)); !s.ok()) return Done(s);
+    core_.UpdateMemoryGauges();
+    response_->set_model(model_);
+    response_->set_tensors_staged(staged);
+    response_->set_bytes_received(bytes_);
+    Log(LogLevel::kInfo, "weights_staged",
+        {{"model", model_}, {"tensors", absl::StrCat(staged)}, {"bytes", absl::StrCat(bytes_)}});
+    if (!publish_) return Done(absl::OkStatus());
+    PublishAndWarm(core_, model_, CallInfo::From(context_),
+                   [this](absl::StatusOr<uint64_t> version) {
+                     if (version.ok()) response_->set_weight_version(*version);
+                     Done(version.status());
+                   });
+  }
+
+  void Done(const absl::Status& status) {
+    pending_.clear();  // releases the reservations of anything not staged
+    core_.metrics->RecordStatus(Rpc::kUploadWeights, status.code());
+    if (!status.ok()) {
+      Log(LogLevel::kWarning, "upload_failed",
+          {{"model", model_}, {"status", absl::StatusCodeToString(status.code())},
+           {"message", std::string(status.message())}});
+    }
+    Finish(ToGrpc(status));
+  }
+
+  const Core& core_;
+  grpc::CallbackServerContext* context_;
+  v1::UploadWeightsResponse* response_;
+  v1::WeightChunk chunk_;
+  std::string model_;
+  bool publish_ = false;
+  uint64_t chunks_ = 0;
+  uint64_t bytes_ = 0;
+  std::map<StagedTensorKey, Pending> pending_;
+};
+
+}  // namespace
+
+void PublishAndWarm(const Core& core, const std::string& model, CallInfo call,
+                    std::function<void(absl::StatusOr<uint64_t>)> done) {
+  absl::StatusOr<uint64_t> version = core.registry->Publish(model);
+  if (!version.ok()) return done(version.status());
+  Log(LogLevel::kInfo, "weights_published",
+      {{"model", model}, {"version", absl::StrCat(*version)}});
+  // Quantize, on a worker, what the active policy will ask for. A failure here is
+  // not the publish's: the request that needs the copy reports it.
+  call.deadline = Clock::time_point::max();
+  call.context = nullptr;  // warm even if the client stops waiting
+  const uint64_t published = *version;
+  RunOnWorker(
+      core, call,
+      [&core, model, published, done] {
+        absl::StatusOr<std::vector<LayerView>> layers = core.registry->PublishedLayers(model);
+        if (layers.ok()) {
+          for (const LayerView& view : *layers) {
+            if (view.weights->version() != published) continue;  // unchanged layers are warm
+            std::set<mx::Format> formats;
+            absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy);
+            if (!policy.ok()) break;
+            for (Phase phase : kAllPhases) {
+              formats.insert(
+                  Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive).format);
+            }
+            for (mx::Format format : formats) {
+              auto copy = view.weights->Get(format, WeightLayout::kForward, core.registry->budget());
+              if (copy.ok() && copy->created) core.metrics->RecordQuantization(format);
+              if (!copy.ok()) {
+                Log(LogLevel::kWarning, "warm_failed",
+                    {{"model", model}, {"layer", view.weights->spec().name},
+                     {"message", std::string(copy.status().message())}});
+              }
+            }
+          }
+        }
+        core.UpdateMemoryGauges();
+        done(published);
+      },
+      [done, published](absl::Status) { done(published); });
+}
+
+grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerContext* context,
+                                                       const v1::RegisterModelRequest* request,
+                                                       v1::ModelInfo* response) {
+  auto* reactor = context->DefaultReactor();
+  const std::string policy = request->policy().empty() ? core_.default_policy : request->policy();
+  absl::Status status = core_.policies->Get(policy, "policy").status();
+  if (status.ok()) {
+    std::vector<LayerSpec> layers;
+    for (const auto& layer : request->layers()) {
+      layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
+    }
+    status = core_.registry->Register(request->name(), std::move(layers), policy);
+  }
+  if (status.ok()) {
+    FillModelInfo(*core_.registry->Describe(request->name()), response);
+    core_.UpdateMemoryGauges();
+    Log(LogLevel::kInfo, "model_registered",
+        {{"model", request->name()}, {"layers", absl::StrCat(request->layers_size())},
+         {"policy", policy}});
+  }
+  FinishUnary(core_, reactor, Rpc::kRegisterModel, status);
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::WeightChunk>* ModelsService::UploadWeights(
+    grpc::CallbackServerContext* context, v1::UploadWeightsResponse* response) {
+  return new UploadReactor(core_, context, response);
+}
+
+grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerContext* context,
+                                                         const v1::LoadSafetensorsRequest* request,
+                                                         v1::UploadWeightsResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  const CallInfo call = CallInfo::From(context);
+  auto finish = [this, reactor](const absl::Status& status) {
+    FinishUnary(core_, reactor, Rpc::kLoadSafetensors, status);
+  };
+  // Reading and widening a file is real work: it runs on a worker.
+  RunOnWorker(
+      core_, call,
+      [this, request, response, call, finish] {
+        auto load = [&]() -> absl::Status {
+          MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request->model()));
+          absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(request->path());
+          if (!file.ok()) {
+            return absl::Status(file.status().code() == absl::StatusCode::kNotFound
+                                    ? absl::StatusCode::kNotFound
+                                    : absl::StatusCode::kInvalidArgument,
+                                absl::StrCat("path: ", file.status().message()));
+          }
+          std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
+          uint64_t bytes = 0;
+          for (const auto& layer : model.layers) {
+            for (bool bias : {false, true}) {
+              if (bias && !layer.spec.bias) continue;
+              const std::string name =
+                  absl::StrCat(request->prefix(), layer.spec.name, bias ? ".bias" : ".weight");
+              const SafetensorsTensor* t = file->Find(name);
+              if (t == nullptr) {
+                return absl::InvalidArgumentError(absl::StrCat(
+                    "path: '", request->path(), "' has no tensor '", name, "' for layer '",
+                    layer.spec.name, "' (prefix '", request->prefix(), "')"));
+              }
+              const std::vector<int64_t> want =
+                  bias ? std::vector<int64_t>{layer.spec.out_features}
+                       : std::vector<int64_t>{layer.spec.out_features, layer.spec.in_features};
+              if (t->shape != want) {
+                return absl::InvalidArgumentError(absl::StrCat(
+                    "path: tensor '", name, "' has shape [", absl::StrJoin(t->shape, ", "),
+                    "], layer '", layer.spec.name, "' expects [", absl::StrJoin(want, ", "), "]"));
+              }
+              StoredTensor stored;
+              const uint64_t size = TensorElements(layer.spec, bias) * sizeof(float);
+              MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), size,
+                                             absl::StrCat("tensor '", name, "'"),
+                                             stored.reservation));
+              MX_ASSIGN_OR_RETURN(stored.values, file->ReadFloat32(name));
+              bytes += t->end - t->begin;
+              tensors.emplace_back(StagedTensorKey{layer.spec.name, bias}, std::move(stored));
+            }
+          }
+          const uint64_t staged = tensors.size();
+          MX_RETURN_IF_ERROR(core_.registry->Stage(request->model(), std::move(tensors)));
+          core_.UpdateMemoryGauges();
+          response->set_model(request->model());
+          response->set_tensors_staged(staged);
+          response->set_bytes_received(bytes);
+          Log(LogLevel::kInfo, "weights_staged",
+              {{"model", request->model()}, {"tensors", absl::StrCat(staged)},
+               {"source", request->path()}});
+          return absl::OkStatus();
+        };
+        absl::Status status = load();
+        if (!status.ok() || !request->publish()) return finish(status);
+        PublishAndWarm(core_, request->model(), call,
+                       [response, finish](absl::StatusOr<uint64_t> version) {
+                         if (version.ok()) response->set_weight_version(*version);
+                         finish(version.status());
+                       });
+      },
+      finish);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerContext* context,
+                                                        const v1::PublishVersionRequest* request,
+                                                        v1::ModelInfo* response) {
+  auto* reactor = context->DefaultReactor();
+  PublishAndWarm(core_, request->model(), CallInfo::From(context),
+                 [this, reactor, request, response](absl::StatusOr<uint64_t> version) {
+                   absl::Status status = version.status();
+                   if (status.ok()) {
+                     absl::StatusOr<ModelSummary> summary = core_.registry->Describe(request->model());
+                     if (summary.ok()) FillModelInfo(*summary, response);
+                     status = summary.status();
+                   }
+                   FinishUnary(core_, reactor, Rpc::kPublishVersion, status);
+                 });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext* context,
+                                                    const v1::ListModelsRequest*,
+                                                    v1::ListModelsResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  for (const ModelSummary& s : core_.registry->List()) FillModelInfo(s, response->add_models());
+  FinishUnary(core_, reactor, Rpc::kListModels, absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ModelsService::DescribeModel(grpc::CallbackServerContext* context,
+                                                       const v1::DescribeModelRequest* request,
+                                                       v1::ModelInfo* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<ModelSummary> summary = core_.registry->Describe(request->name());
+  if (summary.ok()) FillModelInfo(*summary, response);
+  FinishUnary(core_, reactor, Rpc::kDescribeModel, summary.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext* context,
+                                                     const v1::DeleteModelRequest* request,
+                                                     v1::DeleteModelResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<uint64_t> freed = core_.registry->Delete(request->name());
+  if (freed.ok()) {
+    response->set_freed_bytes(*freed);
+    core_.UpdateMemoryGauges();
+    Log(LogLevel::kInfo, "model_deleted",
+        {{"model", request->name()}, {"freed_bytes", absl::StrCat(*freed)}});
+  }
+  FinishUnary(core_, reactor, Rpc::kDeleteModel, freed.status());
+  return reactor;
+}
+
+}  // namespace mxserve

@@ -1,0 +1,45 @@
+// mxserve.v1.Models: registering models, staging and publishing weights.
+#pragma once
+
+#include "mxserve/v1/models.grpc.pb.h"
+#include "server/core.h"
+
+namespace mxserve {
+
+class ModelsService final : public v1::Models::CallbackService {
+ public:
+  explicit ModelsService(const Core& core) : core_(core) {}
+
+  grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
+                                          const v1::RegisterModelRequest* request,
+                                          v1::ModelInfo* response) override;
+  grpc::ServerReadReactor<v1::WeightChunk>* UploadWeights(
+      grpc::CallbackServerContext* context, v1::UploadWeightsResponse* response) override;
+  grpc::ServerUnaryReactor* LoadSafetensors(grpc::CallbackServerContext* context,
+                                            const v1::LoadSafetensorsRequest* request,
+                                            v1::UploadWeightsResponse* response) override;
+  grpc::ServerUnaryReactor* PublishVersion(grpc::CallbackServerContext* context,
+                                           const v1::PublishVersionRequest* request,
+                                           v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* DescribeModel(grpc::CallbackServerContext* context,
+                                          const v1::DescribeModelRequest* request,
+                                          v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* DeleteModel(grpc::CallbackServerContext* context,
+                                        const v1::DeleteModelRequest* request,
+                                        v1::DeleteModelResponse* response) override;
+
+ private:
+  const Core& core_;
+};
+
+// Publishes the staged weights of `model` as a new version, then (on a worker)
+// quantizes every layer into the formats its active policy uses, and finally
+// calls `done` with the new version. Shared by PublishVersion and the publish
+// flag of uploads.
+void PublishAndWarm(const Core& core, const std::string& model, CallInfo call,
+                    std::function<void(absl::StatusOr<uint64_t>)> done);
+
+}  // namespace mxserve

@@ -1,0 +1,264 @@
+#include "server/options.h"
+
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "mx/status_macros.h"
+#include "server/backend.h"
+
+namespace mxserve {
+namespace {
+
+struct FlagSpec {
+  std::string name;
+  std::string value_name;  // empty for a boolean switch
+  std::string help;
+  std::function<std::string(const DaemonOptions&)> default_text;
+  std::function<absl::Status(const std::string&, DaemonOptions&)> set;
+};
+
+absl::Status FlagError(const std::string& name, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", what));
+}
+
+std::function<absl::Status(const std::string&, DaemonOptions&)> IntSetter(
+    std::string name, int DaemonOptions::*field, int min, int max) {
+  return [name, field, min, max](const std::string& text, DaemonOptions& o) {
+    int value;
+    if (!absl::SimpleAtoi(text, &value) || value < min || value > max) {
+      return FlagError(name, absl::StrCat("expected an integer in [", min, ", ", max, "], got '",
+                                          text, "'"));
+    }
+    o.*field = value;
+    return absl::OkStatus();
+  };
+}
+
+std::function<absl::Status(const std::string&, DaemonOptions&)> StringSetter(
+    std::string DaemonOptions::*field) {
+  return [field](const std::string& text, DaemonOptions& o) {
+    o.*field = text;
+    return absl::OkStatus();
+  };
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  if (bytes % (uint64_t{1} << 30) == 0) return absl::StrCat(bytes >> 30, "G");
+  if (bytes % (uint64_t{1} << 20) == 0) return absl::StrCat(bytes >> 20, "M");
+  return absl::StrCat(bytes);
+}
+
+const std::vector<FlagSpec>& Flags() {
+  static const auto* flags = new std::vector<FlagSpec>{
+      {"listen", "ADDR", "gRPC address; port 0 picks a free port (logged at start)",
+       [](const DaemonOptions& o) { return o.listen; }, StringSetter(&DaemonOptions::listen)},
+      {"metrics-listen", "ADDR",
+       "Prometheus /metrics address; port 0 picks a free port; 'off' disables it",
+       [](const DaemonOptions& o) { return o.metrics_listen; },
+       StringSetter(&DaemonOptions::metrics_listen)},
+      {"backend", "NAME", absl::StrCat("where GEMMs run: ", kBackendNames),
+       [](const DaemonOptions& o) { return o.backend; },
+       [](const std::string& text, DaemonOptions& o) {
+         MX_RETURN_IF_ERROR(MakeBackend(text).status());
+         o.backend = text;
+         return absl::OkStatus();
+       }},
+      {"workers", "N", "compute worker threads; 0 means one per hardware thread",
+       [](const DaemonOptions& o) { return absl::StrCat(o.workers); },
+       IntSetter("workers", &DaemonOptions::workers, 0, 1024)},
+      {"queue-size", "N",
+       "requests that may wait for a worker; beyond it calls fail RESOURCE_EXHAUSTED",
+       [](const DaemonOptions& o) { return absl::StrCat(o.queue_size); },
+       IntSetter("queue-size", &DaemonOptions::queue_size, 1, 1 << 20)},
+      {"batch-window-us", "US",
+       "how long a LayerForward waits for others of its (model, layer, format, version) to fuse "
+       "with; 0 fuses only requests already queued",
+       [](const DaemonOptions& o) { return absl::StrCat(o.batch_window_us); },
+       IntSetter("batch-window-us", &DaemonOptions::batch_window_us, 0, 10'000'000)},
+      {"max-batch", "N", "most LayerForward requests fused into one GEMM (1 disables batching)",
+       [](const DaemonOptions& o) { return absl::StrCat(o.max_batch); },
+       IntSetter("max-batch", &DaemonOptions::max_batch, 1, 4096)},
+      {"max-message-bytes", "BYTES",
+       "largest gRPC message received or sent (K/M/G suffixes, powers of 1024)",
+       [](const DaemonOptions& o) { return FormatBytes(o.max_message_bytes); },
+       [](const std::string& text, DaemonOptions& o) {
+         absl::StatusOr<uint64_t> bytes = ParseBytes(text);
+         if (!bytes.ok() || *bytes < 4096 || *bytes > (uint64_t{2} << 30) - 1) {
+           return FlagError("max-message-bytes",
+                            absl::StrCat("expected a size from 4K to 2G-1, got '", text, "'"));
+         }
+         o.max_message_bytes = static_cast<int64_t>(*bytes);
+         return absl::OkStatus();
+       }},
+      {"weight-memory-bytes", "BYTES",
+       "memory for weights: FP32 masters, staged uploads and quantized copies",
+       [](const DaemonOptions& o) { return FormatBytes(o.weight_memory_bytes); },
+       [](const std::string& text, DaemonOptions& o) {
+         absl::StatusOr<uint64_t> bytes = ParseBytes(text);
+         if (!bytes.ok()) return FlagError("weight-memory-bytes", bytes.status().message());
+         o.weight_memory_bytes = *bytes;
+         return absl::OkStatus();
+       }},
+      {"policy-dir", "DIR",
+       "where user policies persist as NAME.json (loaded at start); empty keeps them in memory",
+       [](const DaemonOptions& o) { return o.policy_dir.empty() ? "''" : o.policy_dir; },
+       StringSetter(&DaemonOptions::policy_dir)},
+      {"default-policy", "NAME", "active policy of models registered without one",
+       [](const DaemonOptions& o) { return o.default_policy; },
+       StringSetter(&DaemonOptions::default_policy)},
+      {"energy-model", "FILE",
+       "FPGA cycle and energy model parameters (fpga/model/energy_model.json); empty uses the "
+       "copy built in",
+       [](const DaemonOptions& o) { return o.energy_model.empty() ? "''" : o.energy_model; },
+       StringSetter(&DaemonOptions::energy_model)},
+      {"grace-seconds", "S",
+       "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
+       [](const DaemonOptions& o) { return absl::StrCat(o.grace_seconds); },
+       [](const std::string& text, DaemonOptions& o) {
+         double value;
+         if (!absl::SimpleAtod(text, &value) || !(value >= 0) || value > 3600) {
+           return FlagError("grace-seconds",
+                            absl::StrCat("expected seconds in [0, 3600], got '", text, "'"));
+         }
+         o.grace_seconds = value;
+         return absl::OkStatus();
+       }},
+  };
+  return *flags;
+}
+
+const FlagSpec* FindFlag(absl::string_view name) {
+  for (const FlagSpec& flag : Flags()) {
+    if (flag.name == name) return &flag;
+  }
+  return nullptr;
+}
+
+absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
+  std::ifstream in(path);
+  if (!in) return FlagError("config", absl::StrCat("cannot open '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return FlagError("config", absl::StrCat("'", path, "' is not a JSON object"));
+  }
+  for (const auto& [key, value] : json.items()) {
+    const FlagSpec* flag = FindFlag(key);
+    if (flag == nullptr) {
+      return FlagError("config", absl::StrCat("'", path, "': unknown setting '", key, "'"));
+    }
+    std::string text_value;
+    if (value.is_string()) {
+      text_value = value.get<std::string>();
+    } else if (value.is_number()) {
+      text_value = value.dump();
+    } else {
+      return FlagError("config",
+                       absl::StrCat("'", path, "': ", key, ": expected a string or a number"));
+    }
+    if (absl::Status s = flag->set(text_value, options); !s.ok()) {
+      return FlagError("config", absl::StrCat("'", path, "': ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
+  absl::string_view rest = absl::StripAsciiWhitespace(text);
+  uint64_t unit = 1;
+  absl::ConsumeSuffix(&rest, "B");
+  absl::ConsumeSuffix(&rest, "i");
+  if (absl::ConsumeSuffix(&rest, "K") || absl::ConsumeSuffix(&rest, "k")) {
+    unit = uint64_t{1} << 10;
+  } else if (absl::ConsumeSuffix(&rest, "M")) {
+    unit = uint64_t{1} << 20;
+  } else if (absl::ConsumeSuffix(&rest, "G")) {
+    unit = uint64_t{1} << 30;
+  } else if (absl::ConsumeSuffix(&rest, "T")) {
+    unit = uint64_t{1} << 40;
+  }
+  uint64_t value;
+  if (!absl::SimpleAtoi(rest, &value) || value > UINT64_MAX / unit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a byte size such as 512M or 8G, got '", text, "'"));
+  }
+  return value * unit;
+}
+
+absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string>& args) {
+  ParsedCommandLine parsed;
+  // name → value, in order; --config applies first so the command line wins.
+  std::vector<std::pair<std::string, std::string>> given;
+  std::string config;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      parsed.help = true;
+      continue;
+    }
+    if (arg == "--version") {
+      parsed.version = true;
+      continue;
+    }
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg, "'; flags look like --name=value"));
+    }
+    std::string name(arg), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (name != "config" && FindFlag(name) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": unknown flag (mxserved --help lists them)"));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) return FlagError(name, "missing value");
+      value = args[++i];
+    }
+    if (name == "config") {
+      config = value;
+    } else {
+      given.emplace_back(name, value);
+    }
+  }
+  if (!config.empty()) MX_RETURN_IF_ERROR(ApplyConfigFile(config, parsed.options));
+  for (const auto& [name, value] : given) {
+    MX_RETURN_IF_ERROR(FindFlag(name)->set(value, parsed.options));
+  }
+  return parsed;
+}
+
+std::string HelpText() {
+  const DaemonOptions defaults;
+  std::string text =
+      "usage: mxserved [flags]\n\n"
+      "mxserve's daemon: MX-format GEMMs and linear-layer passes over gRPC, tagged with\n"
+      "RLHF phase, formats chosen per (phase, layer) by policies, Prometheus metrics.\n\n"
+      "Flags (--name=value or --name value):\n";
+  for (const FlagSpec& flag : Flags()) {
+    absl::StrAppend(&text, "  --", flag.name, " ", flag.value_name, "\n      ", flag.help,
+                    "\n      default: ", flag.default_text(defaults), "\n");
+  }
+  absl::StrAppend(&text,
+                  "  --config FILE\n      a JSON object of the flags above, e.g. "
+                  "{\"workers\": 4}; command-line flags win\n"
+                  "  --help, --version\n\n"
+                  "Signals: SIGTERM or SIGINT stop accepting calls, let in-flight ones finish "
+                  "within\n--grace-seconds, and exit 0. Logs are logfmt lines on stderr.\n");
+  return text;
+}
+
+}  // namespace mxserve

@@ -1,0 +1,46 @@
+// mxserved's configuration: command-line flags and an optional JSON config file
+// holding the same names (`--config FILE`, {"workers": 4, "listen": "..."}).
+// Flags given on the command line win over the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mxserve {
+
+struct DaemonOptions {
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics_listen = "127.0.0.1:9464";  // "off" disables the exposer
+  std::string backend = "cpu";
+  int workers = 0;  // 0: one per hardware thread
+  int queue_size = 1024;
+  int batch_window_us = 0;
+  int max_batch = 16;
+  int64_t max_message_bytes = int64_t{64} << 20;
+  uint64_t weight_memory_bytes = uint64_t{8} << 30;
+  std::string policy_dir;
+  std::string default_policy = "D-phase-adaptive";
+  std::string energy_model;  // empty: the built-in copy of fpga/model/energy_model.json
+  double grace_seconds = 10;
+};
+
+struct ParsedCommandLine {
+  DaemonOptions options;
+  bool help = false;
+  bool version = false;
+};
+
+// Parses argv[1..]. Errors name the flag: "--workers: expected an integer in
+// [0, 1024], got 'x'".
+absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string>& args);
+
+// The --help text: every flag with its meaning and default.
+std::string HelpText();
+
+// "64M", "8G", "1Gi", "4096" → bytes (K/M/G are powers of 1024).
+absl::StatusOr<uint64_t> ParseBytes(const std::string& text);
+
+}  // namespace mxserve

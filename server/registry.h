@@ -1,0 +1,179 @@
+// The registry: models, their linear layers, weight versions and the quantized
+// copies of each weight.
+//
+// Weights move in two steps. Uploads stage FP32 tensors in a model's staging area;
+// Publish turns the staged tensors into weight version N+1 in one swap. Requests
+// read a published version through a shared pointer, so an update never changes
+// the weights under a running GEMM, and an old version is freed when its last
+// reader finishes.
+//
+// Each (layer, version, format, layout) is quantized at most once: LayerWeights
+// keeps the copies it made and hands them out to every later request. All bytes
+// held — FP32 masters, staged tensors, quantized copies — count against one
+// MemoryBudget.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mx/format.h"
+#include "mx/packed.h"
+#include "server/memory_budget.h"
+
+namespace mxserve {
+
+struct LayerSpec {
+  std::string name;
+  int64_t out_features = 0;  // N, rows of W
+  int64_t in_features = 0;   // K, columns of W
+  bool bias = false;
+};
+
+// An FP32 tensor and its share of the memory budget.
+struct StoredTensor {
+  std::vector<float> values;
+  Reservation reservation;
+};
+
+// How a weight is quantized: blocked along in_features (W as N×K, for the
+// forward pass) or along out_features (Wᵀ as K×N rows, for grad_input = dY·W).
+enum class WeightLayout { kForward, kTransposed };
+
+// One layer at one published version. Values are immutable; the cache grows.
+class LayerWeights {
+ public:
+  LayerWeights(LayerSpec spec, uint64_t version, std::shared_ptr<const StoredTensor> weight,
+               std::shared_ptr<const StoredTensor> bias)
+      : spec_(std::move(spec)),
+        version_(version),
+        weight_(std::move(weight)),
+        bias_(std::move(bias)) {}
+
+  const LayerSpec& spec() const { return spec_; }
+  uint64_t version() const { return version_; }
+  const std::vector<float>& weight() const { return weight_->values; }
+  // Empty for a layer without bias.
+  std::span<const float> bias() const {
+    return bias_ ? std::span<const float>(bias_->values) : std::span<const float>();
+  }
+
+  struct Quantized {
+    std::shared_ptr<const mx::QuantizedMatrix> matrix;
+    bool created = false;  // false: served from the cache
+  };
+  // The weight in `format` and `layout`, quantized on first use (under this
+  // layer's lock, so concurrent first users wait for one quantization).
+  absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget) const;
+
+  const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
+  const std::shared_ptr<const StoredTensor>& bias_tensor() const { return bias_; }
+
+  // Formats held in the forward layout.
+  std::vector<mx::Format> CachedFormats() const;
+  // FP32 masters (counted once even when shared with another version) + copies.
+  uint64_t Bytes() const;
+
+ private:
+  struct CachedCopy {
+    std::shared_ptr<const mx::QuantizedMatrix> matrix;
+    Reservation reservation;
+  };
+  const LayerSpec spec_;
+  const uint64_t version_;
+  const std::shared_ptr<const StoredTensor> weight_;
+  const std::shared_ptr<const StoredTensor> bias_;
+  mutable std::mutex mu_;
+  mutable std::map<std::pair<mx::Format, WeightLayout>, CachedCopy> cache_;
+};
+
+// A tensor an upload fills; committed to a model's staging area as a whole.
+struct StagedTensorKey {
+  std::string layer;
+  bool is_bias = false;
+  auto operator<=>(const StagedTensorKey&) const = default;
+};
+
+// What a request reads: the layer's published weights and how to resolve its
+// format.
+struct LayerView {
+  std::shared_ptr<const LayerWeights> weights;
+  bool sensitive = false;
+  std::string policy;  // the model's active policy
+};
+
+struct ModelSummary {
+  std::string name;
+  std::string policy;
+  uint64_t version = 0;
+  uint64_t staged_tensors = 0;
+  uint64_t bytes = 0;
+  struct Layer {
+    LayerSpec spec;
+    std::vector<mx::Format> cached_formats;
+    bool sensitive = false;
+  };
+  std::vector<Layer> layers;
+};
+
+class Registry {
+ public:
+  explicit Registry(MemoryBudget* budget) : budget_(budget) {}
+
+  MemoryBudget& budget() const { return *budget_; }
+
+  // ALREADY_EXISTS, or INVALID_ARGUMENT naming the field (name, layers[i].name, ...).
+  absl::Status Register(const std::string& name, std::vector<LayerSpec> layers,
+                        const std::string& policy);
+  // NOT_FOUND "model: ..." / "layer: ..."; FAILED_PRECONDITION before the first
+  // publish or below min_version.
+  absl::StatusOr<LayerView> Lookup(absl::string_view model, absl::string_view layer,
+                                   uint64_t min_version) const;
+  // The spec of a layer, for validating uploads (NOT_FOUND naming `field`).
+  absl::StatusOr<LayerSpec> FindLayer(absl::string_view model, absl::string_view layer,
+                                      absl::string_view field) const;
+  // Replaces staged tensors; all or none (the model must still exist).
+  absl::Status Stage(absl::string_view model,
+                     std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors);
+  // Makes the staged tensors version N+1; returns the new version's layers.
+  absl::StatusOr<uint64_t> Publish(absl::string_view model);
+  absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
+  std::vector<ModelSummary> List() const;
+  // Returns the bytes the model held.
+  absl::StatusOr<uint64_t> Delete(absl::string_view model);
+  // Returns the previous policy.
+  absl::StatusOr<std::string> SetPolicy(absl::string_view model, const std::string& policy);
+  bool PolicyInUse(absl::string_view policy) const;
+  // The published layers of a model (empty before the first publish).
+  absl::StatusOr<std::vector<LayerView>> PublishedLayers(absl::string_view model) const;
+  size_t model_count() const;
+
+ private:
+  struct Model {
+    std::string name;
+    std::vector<LayerSpec> layers;
+    std::vector<bool> sensitive;
+    std::map<std::string, int, std::less<>> index;
+    std::string policy;
+    uint64_t version = 0;
+    std::vector<std::shared_ptr<const LayerWeights>> published;  // per layer
+    std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>> staged;
+  };
+  absl::StatusOr<const Model*> FindModel(absl::string_view name) const;
+  ModelSummary Summarize(const Model& model) const;
+
+  MemoryBudget* budget_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Model>, std::less<>> models_;
+};
+
+// The model-name rule of RegisterModel: [A-Za-z0-9._-]+, at most 128 characters.
+bool ValidModelName(absl::string_view name);
+
+}  // namespace mxserve

@@ -1,0 +1,228 @@
+#include "server/wire.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "mx/element.h"
+
+namespace mxserve {
+namespace {
+
+constexpr int kFormatCount = 10;
+
+absl::Status FieldError(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string ExpectedText(const ExpectedShape& e) {
+  const std::string rows = e.rows >= 0 ? absl::StrCat(e.rows) : "M";
+  const std::string cols = e.cols >= 0 ? absl::StrCat(e.cols) : "K";
+  return absl::StrCat("[", rows, ", ", cols, "]");
+}
+
+absl::Status CheckDim(absl::string_view field, int64_t got, int64_t want, absl::string_view what,
+                      absl::string_view dim) {
+  if (want < 0 || got == want) return absl::OkStatus();
+  return FieldError(field, absl::StrCat("expected ", want, " ", dim, " (", what, "), got ", got));
+}
+
+}  // namespace
+
+v1::Format ToProto(mx::Format format) { return static_cast<v1::Format>(static_cast<int>(format) + 1); }
+
+absl::StatusOr<std::optional<mx::Format>> FromProto(v1::Format format, absl::string_view field) {
+  const int value = static_cast<int>(format);
+  if (value == 0) return std::optional<mx::Format>();
+  if (value < 0 || value > kFormatCount) {
+    return FieldError(field, absl::StrCat("unknown format value ", value, "; expected one of ",
+                                          mx::FormatNameList()));
+  }
+  return std::optional<mx::Format>(static_cast<mx::Format>(value - 1));
+}
+
+v1::Phase ToProto(Phase phase) { return static_cast<v1::Phase>(static_cast<int>(phase) + 1); }
+
+absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field) {
+  const int value = static_cast<int>(phase);
+  if (value == 0) {
+    return FieldError(field, "required; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE");
+  }
+  if (value < 0 || value > 3) {
+    return FieldError(field, absl::StrCat("unknown phase value ", value,
+                                          "; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE"));
+  }
+  return static_cast<Phase>(value - 1);
+}
+
+mx::Rounding FromProto(v1::Rounding rounding) {
+  return rounding == v1::ROUNDING_NEAREST_AWAY ? mx::Rounding::kNearestAway
+                                               : mx::Rounding::kNearestEven;
+}
+
+absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_view field,
+                                         const ExpectedShape& expected) {
+  DenseMatrix m;
+  switch (tensor.dtype()) {
+    case v1::DTYPE_FP32:
+      m.dtype = mx::Format::kFp32;
+      break;
+    case v1::DTYPE_BF16:
+      m.dtype = mx::Format::kBf16;
+      break;
+    case v1::DTYPE_FP16:
+      m.dtype = mx::Format::kFp16;
+      break;
+    default:
+      return FieldError(absl::StrCat(field, ".dtype"),
+                        absl::StrCat("expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16, got ",
+                                     v1::DType_Name(tensor.dtype()).empty()
+                                         ? absl::StrCat(static_cast<int>(tensor.dtype()))
+                                         : v1::DType_Name(tensor.dtype())));
+  }
+  const std::string shape_field = absl::StrCat(field, ".shape");
+  if (tensor.shape_size() != 2) {
+    return FieldError(shape_field, absl::StrCat("expected a matrix ", ExpectedText(expected),
+                                                ", got ", ShapeText(tensor.shape())));
+  }
+  m.rows = tensor.shape(0);
+  m.cols = tensor.shape(1);
+  if (m.rows <= 0 || m.cols <= 0 || m.rows > (int64_t{1} << 31) || m.cols > (int64_t{1} << 31)) {
+    return FieldError(shape_field, absl::StrCat("dimensions must be in [1, 2^31], got ",
+                                                ShapeText(tensor.shape())));
+  }
+  if (expected.rows >= 0 && m.rows != expected.rows) {
+    return FieldError(shape_field,
+                      absl::StrCat("expected ", ExpectedText(expected), " (rows: ",
+                                   expected.rows_what, "), got ", ShapeText(tensor.shape())));
+  }
+  if (expected.cols >= 0 && m.cols != expected.cols) {
+    return FieldError(shape_field,
+                      absl::StrCat("expected ", ExpectedText(expected), " (columns: ",
+                                   expected.cols_what, "), got ", ShapeText(tensor.shape())));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(m.rows) * static_cast<uint64_t>(m.cols) *
+                         (mx::Traits(m.dtype).element_bits / 8);
+  if (tensor.data().size() != bytes) {
+    return FieldError(absl::StrCat(field, ".data"),
+                      absl::StrCat("expected ", bytes, " bytes (", m.rows, " x ", m.cols, " ",
+                                   mx::FormatName(m.dtype), "), got ", tensor.data().size()));
+  }
+  m.data = &tensor.data();
+  return m;
+}
+
+std::vector<float> ToFloat(const DenseMatrix& matrix) {
+  const size_t n = static_cast<size_t>(matrix.rows * matrix.cols);
+  std::vector<float> out(n);
+  const char* raw = matrix.data->data();
+  if (matrix.dtype == mx::Format::kFp32) {
+    std::memcpy(out.data(), raw, n * sizeof(float));
+    return out;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t code;
+    std::memcpy(&code, raw + 2 * i, 2);
+    out[i] = matrix.dtype == mx::Format::kBf16 ? mx::Bf16ToFloat(code) : mx::Fp16ToFloat(code);
+  }
+  return out;
+}
+
+absl::StatusOr<mx::QuantizedMatrix> QuantizeDense(const DenseMatrix& matrix, mx::Format format,
+                                                  const mx::QuantizeOptions& options) {
+  const size_t n = static_cast<size_t>(matrix.rows * matrix.cols);
+  if (matrix.dtype == mx::Format::kFp32) {
+    std::span<const float> values(reinterpret_cast<const float*>(matrix.data->data()), n);
+    return mx::QuantizeRows(values, matrix.rows, matrix.cols, format, options);
+  }
+  std::span<const uint16_t> codes(reinterpret_cast<const uint16_t*>(matrix.data->data()), n);
+  return mx::QuantizeRows(codes, matrix.dtype, matrix.rows, matrix.cols, format, options);
+}
+
+absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed,
+                                                 absl::string_view field,
+                                                 const ExpectedShape& expected) {
+  auto format = FromProto(packed.format(), absl::StrCat(field, ".format"));
+  if (!format.ok()) return format.status();
+  if (!format->has_value()) {
+    return FieldError(absl::StrCat(field, ".format"), "required for a packed operand");
+  }
+  const std::string rows_field = absl::StrCat(field, ".rows");
+  const std::string cols_field = absl::StrCat(field, ".cols");
+  if (packed.rows() <= 0 || packed.cols() <= 0 || packed.rows() > (int64_t{1} << 31) ||
+      packed.cols() > (int64_t{1} << 31)) {
+    return FieldError(rows_field, absl::StrCat("rows and cols must be in [1, 2^31], got ",
+                                               packed.rows(), " x ", packed.cols()));
+  }
+  if (auto s = CheckDim(rows_field, packed.rows(), expected.rows, expected.rows_what, "rows");
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckDim(cols_field, packed.cols(), expected.cols, expected.cols_what, "cols");
+      !s.ok()) {
+    return s;
+  }
+  mx::QuantizedMatrix m;
+  m.format = **format;
+  m.rows = packed.rows();
+  m.cols = packed.cols();
+  const uint64_t want_elements = static_cast<uint64_t>(m.rows) * mx::RowBytes(m.format, m.cols);
+  if (packed.elements().size() != want_elements) {
+    return FieldError(absl::StrCat(field, ".elements"),
+                      absl::StrCat("expected ", want_elements, " bytes (", m.rows, " rows of ",
+                                   mx::RowBytes(m.format, m.cols), " bytes in ",
+                                   mx::FormatName(m.format), "), got ", packed.elements().size()));
+  }
+  m.elements.assign(packed.elements().begin(), packed.elements().end());
+  if (mx::IsMx(m.format)) {
+    const uint64_t want_scales = static_cast<uint64_t>(m.rows) * mx::BlocksPerRow(m.cols);
+    if (packed.block_scales().size() != want_scales) {
+      return FieldError(absl::StrCat(field, ".block_scales"),
+                        absl::StrCat("expected ", want_scales, " bytes (", m.rows, " rows x ",
+                                     mx::BlocksPerRow(m.cols), " blocks), got ",
+                                     packed.block_scales().size()));
+    }
+    m.block_scales.assign(packed.block_scales().begin(), packed.block_scales().end());
+  } else if (!packed.block_scales().empty()) {
+    return FieldError(absl::StrCat(field, ".block_scales"),
+                      absl::StrCat("must be empty for ", mx::FormatName(m.format)));
+  }
+  if (m.format == mx::Format::kInt8) {
+    if (packed.row_scales_size() != m.rows) {
+      return FieldError(absl::StrCat(field, ".row_scales"),
+                        absl::StrCat("expected ", m.rows, " values (one per row), got ",
+                                     packed.row_scales_size()));
+    }
+    m.row_scales.assign(packed.row_scales().begin(), packed.row_scales().end());
+  } else if (packed.row_scales_size() != 0) {
+    return FieldError(absl::StrCat(field, ".row_scales"),
+                      absl::StrCat("must be empty for ", mx::FormatName(m.format)));
+  }
+  if (absl::Status s = mx::ValidateLayout(m); !s.ok()) {
+    return FieldError(field, s.message());
+  }
+  return m;
+}
+
+void EncodeMatrix(std::span<const float> values, int64_t rows, int64_t cols, v1::Tensor* tensor) {
+  tensor->clear_shape();
+  tensor->add_shape(rows);
+  tensor->add_shape(cols);
+  tensor->set_dtype(v1::DTYPE_FP32);
+  tensor->mutable_data()->assign(reinterpret_cast<const char*>(values.data()),
+                                 values.size() * sizeof(float));
+}
+
+void EncodeVector(std::span<const float> values, v1::Tensor* tensor) {
+  tensor->clear_shape();
+  tensor->add_shape(static_cast<int64_t>(values.size()));
+  tensor->set_dtype(v1::DTYPE_FP32);
+  tensor->mutable_data()->assign(reinterpret_cast<const char*>(values.data()),
+                                 values.size() * sizeof(float));
+}
+
+}  // namespace mxserve
