@@ -21,9 +21,11 @@ void Submit(const Core& core, Done done, Prepare prepare) {
 }
 
 Done UnaryDone(const Core& core, grpc::ServerUnaryReactor* reactor, Rpc rpc) {
-  return [metrics = core.metrics, reactor, rpc](absl::Status status) {
+  core.calls->Begin();
+  return [metrics = core.metrics, calls = core.calls, reactor, rpc](absl::Status status) {
     metrics->RecordStatus(rpc, status.code());
     reactor->Finish(ToGrpc(status));
+    calls->End();
   };
 }
 
@@ -35,6 +37,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
  public:
   StreamReactor(const Core& core, grpc::CallbackServerContext* context)
       : core_(core), context_(context) {
+    core_.calls->Begin();
     StartRead(&incoming_);
   }
 
@@ -64,7 +67,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    core_.calls->End();
+    delete this;
+  }
 
  private:
   void Dispatch(std::shared_ptr<v1::StreamRequest> request) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -20,7 +22,33 @@
 
 namespace mxserve {
 
+// Counts the calls that have work outstanding, so shutdown can wait for them
+// and then close every connection at once instead of waiting out the grace
+// period for clients that keep their channel open.
+class CallTracker {
+ public:
+  void Begin() {
+    std::lock_guard lock(mu_);
+    ++active_;
+  }
+  void End() {
+    std::lock_guard lock(mu_);
+    if (--active_ == 0) idle_.notify_all();
+  }
+  // True when every call ended before `deadline`.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    return idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable idle_;
+  int64_t active_ = 0;
+};
+
 struct Core {
+  CallTracker* calls = nullptr;
   Registry* registry = nullptr;
   PolicyStore* policies = nullptr;
   Scheduler* scheduler = nullptr;

@@ -28,6 +28,7 @@ struct Daemon::State {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<EnergyLedger> ledger;
   std::unique_ptr<Scheduler> scheduler;
+  CallTracker calls;
   Core core;
   std::unique_ptr<ComputeService> compute;
   std::unique_ptr<ModelsService> models;
@@ -94,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->scheduler = std::make_unique<Scheduler>(
       scheduler_options, [metrics](size_t depth) { metrics->SetQueueDepth(double(depth)); });
 
+  s->core.calls = &s->calls;
   s->core.registry = s->registry.get();
   s->core.policies = s->policies.get();
   s->core.scheduler = s->scheduler.get();
@@ -156,14 +158,19 @@ void Daemon::Shutdown() {
     health->SetServingStatus(false);
   }
   const auto deadline =
-      std::chrono::system_clock::now() +
+      Clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(state_->options.grace_seconds * 1000));
-  // Stops new calls, waits for those in flight (their work is in the scheduler,
-  // whose workers keep running), and cancels what is left at the deadline.
-  state_->server->Shutdown(deadline);
+  // New work is refused (UNAVAILABLE) from here; queued work still runs.
   state_->scheduler->Shutdown();
+  // Calls still reading or writing (streams, uploads) get the grace period.
+  const bool drained = state_->calls.WaitIdle(deadline);
+  if (!drained) {
+    Log(LogLevel::kWarning, "grace_expired", {{"message", "cancelling the calls still open"}});
+  }
+  // Nothing is in flight (or the grace is over): close every connection now
+  // rather than wait for clients that keep idle channels open.
+  state_->server->Shutdown(std::chrono::system_clock::now());
   state_->server->Wait();
-  state_->exposer.reset();
 }
 
 }  // namespace mxserve

@@ -22,8 +22,9 @@ class Daemon {
   const std::string& grpc_address() const;
   const std::string& metrics_address() const;
 
-  // Stops accepting calls, lets in-flight ones finish within the grace period,
-  // then stops the workers. Safe to call once; the destructor calls it.
+  // Health turns NOT_SERVING; new compute work is refused (UNAVAILABLE); queued
+  // work runs; open calls (streams, uploads) get the grace period; then every
+  // connection closes. Safe to call twice; the destructor calls it.
   void Shutdown();
 
   struct State;

@@ -83,6 +83,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
   UploadReactor(const Core& core, grpc::CallbackServerContext* context,
                 v1::UploadWeightsResponse* response)
       : core_(core), context_(context), response_(response) {
+    core_.calls->Begin();
     StartRead(&chunk_);
   }
 
@@ -92,7 +93,10 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
     StartRead(&chunk_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    core_.calls->End();
+    delete this;
+  }
 
  private:
   struct Pending {
@@ -338,8 +342,10 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
                                                          v1::UploadWeightsResponse* response) {
   auto* reactor = context->DefaultReactor();
   const CallInfo call = CallInfo::From(context);
+  core_.calls->Begin();
   auto finish = [this, reactor](const absl::Status& status) {
     FinishUnary(core_, reactor, Rpc::kLoadSafetensors, status);
+    core_.calls->End();
   };
   // Reading and widening a file is real work: it runs on a worker.
   RunOnWorker(
@@ -412,6 +418,7 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
                                                         const v1::PublishVersionRequest* request,
                                                         v1::ModelInfo* response) {
   auto* reactor = context->DefaultReactor();
+  core_.calls->Begin();
   PublishAndWarm(core_, request->model(), CallInfo::From(context),
                  [this, reactor, request, response](absl::StatusOr<uint64_t> version) {
                    absl::Status status = version.status();
@@ -421,6 +428,7 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
                      status = summary.status();
                    }
                    FinishUnary(core_, reactor, Rpc::kPublishVersion, status);
+                   core_.calls->End();
                  });
   return reactor;
 }

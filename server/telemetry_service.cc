@@ -32,6 +32,7 @@ class PowerReactor final : public grpc::ServerReadReactor<v1::PowerSample> {
  public:
   PowerReactor(const Core& core, v1::ReportPowerResponse* response)
       : core_(core), response_(response) {
+    core_.calls->Begin();
     StartRead(&sample_);
   }
 
@@ -41,7 +42,10 @@ class PowerReactor final : public grpc::ServerReadReactor<v1::PowerSample> {
     StartRead(&sample_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    core_.calls->End();
+    delete this;
+  }
 
  private:
   absl::Status Accept() {

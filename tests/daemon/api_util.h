@@ -1,0 +1,140 @@
+// Small helpers for the daemon's integration tests: tensors to and from the
+// wire, deterministic test data, and registering a model with weights.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "mxserve/v1/compute.grpc.pb.h"
+#include "mxserve/v1/models.grpc.pb.h"
+#include "mxserve/v1/policies.grpc.pb.h"
+#include "mxserve/v1/telemetry.grpc.pb.h"
+
+namespace mx_test {
+
+namespace v1 = mxserve::v1;
+
+inline v1::Tensor Matrix(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  v1::Tensor t;
+  t.add_shape(rows);
+  t.add_shape(cols);
+  t.set_dtype(v1::DTYPE_FP32);
+  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  return t;
+}
+
+inline std::vector<float> Floats(const v1::Tensor& t) {
+  std::vector<float> out(t.data().size() / 4);
+  std::memcpy(out.data(), t.data().data(), out.size() * 4);
+  return out;
+}
+
+// Activation-like values: mostly small, some outliers, a spread of magnitudes.
+inline std::vector<float> TestValues(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = normal(rng) * scale;
+    if (i % 37 == 5) v[i] *= 20.0f;
+  }
+  return v;
+}
+
+// Bit-for-bit equality of two float vectors, with the first differing index.
+inline ::testing::AssertionResult SameBits(const std::vector<float>& got,
+                                           const std::vector<float>& want) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want[i], 4);
+    if (a != b) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got[i] << " (0x" << std::hex << a << "), want "
+             << want[i] << " (0x" << b << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct TestLayer {
+  std::string name;
+  int64_t out = 0, in = 0;
+  bool bias = false;
+  std::vector<float> weight, bias_values;
+};
+
+inline TestLayer MakeLayer(const std::string& name, int64_t out, int64_t in, bool bias,
+                           uint32_t seed) {
+  TestLayer l{name, out, in, bias, TestValues(static_cast<size_t>(out * in), seed, 0.05f), {}};
+  if (bias) l.bias_values = TestValues(static_cast<size_t>(out), seed + 1, 0.1f);
+  return l;
+}
+
+inline grpc::Status Register(grpc::Channel* channel, const std::string& model,
+                             const std::vector<TestLayer>& layers, const std::string& policy = "") {
+  v1::RegisterModelRequest request;
+  request.set_name(model);
+  request.set_policy(policy);
+  for (const auto& l : layers) {
+    auto* spec = request.add_layers();
+    spec->set_name(l.name);
+    spec->set_out_features(l.out);
+    spec->set_in_features(l.in);
+    spec->set_bias(l.bias);
+  }
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  return v1::Models::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}))
+      ->RegisterModel(&context, request, &info);
+}
+
+// Uploads every layer's tensors in chunks of `chunk` elements, optionally publishing.
+inline grpc::Status Upload(grpc::Channel* channel, const std::string& model,
+                           const std::vector<TestLayer>& layers, bool publish,
+                           v1::UploadWeightsResponse* response, size_t chunk = 1000) {
+  auto stub = v1::Models::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+  grpc::ClientContext context;
+  auto writer = stub->UploadWeights(&context, response);
+  auto send = [&](const TestLayer& l, const std::vector<float>& values, v1::TensorRole role) {
+    for (size_t at = 0; at < values.size(); at += chunk) {
+      const size_t n = std::min(chunk, values.size() - at);
+      v1::WeightChunk c;
+      c.set_model(model);
+      c.set_layer(l.name);
+      c.set_role(role);
+      c.set_dtype(v1::DTYPE_FP32);
+      c.set_offset_elements(at);
+      c.set_data(std::string(reinterpret_cast<const char*>(values.data() + at), n * 4));
+      c.set_publish(publish);
+      if (!writer->Write(c)) return;
+    }
+  };
+  for (const auto& l : layers) {
+    send(l, l.weight, v1::TENSOR_ROLE_WEIGHT);
+    if (l.bias) send(l, l.bias_values, v1::TENSOR_ROLE_BIAS);
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+inline grpc::Status RegisterAndPublish(grpc::Channel* channel, const std::string& model,
+                                       const std::vector<TestLayer>& layers,
+                                       const std::string& policy = "") {
+  grpc::Status s = Register(channel, model, layers, policy);
+  if (!s.ok()) return s;
+  v1::UploadWeightsResponse response;
+  return Upload(channel, model, layers, /*publish=*/true, &response);
+}
+
+inline v1::Format Wire(int mx_format) { return static_cast<v1::Format>(mx_format + 1); }
+
+}  // namespace mx_test

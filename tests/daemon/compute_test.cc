@@ -1,0 +1,251 @@
+// Compute results from the real daemon equal the mx/ reference bit for bit, for
+// every format, through unary calls and through Compute.Stream.
+#include <map>
+
+#include "mx/element.h"
+#include "mx/format.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
+#include "tests/daemon/api_util.h"
+#include "tests/daemon/daemon_process.h"
+
+namespace mx_test {
+namespace {
+
+constexpr int kFormats = 10;
+
+class ComputeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new DaemonProcess({"--workers", "2"});
+    ASSERT_TRUE(daemon_->ok());
+    layer_ = new TestLayer(MakeLayer("model.layers.0.mlp.up_proj", 12, 80, true, 7));
+    ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "m", {*layer_}).ok());
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(daemon_->Stop(), 0);
+    delete daemon_;
+    delete layer_;
+  }
+  std::unique_ptr<v1::Compute::Stub> Stub() { return v1::Compute::NewStub(daemon_->channel()); }
+
+  // The reference Y = X·Wᵀ + b in `format`.
+  static std::vector<float> ReferenceForward(const std::vector<float>& x, int64_t m,
+                                             mx::Format format) {
+    auto qx = mx::QuantizeRows(x, m, layer_->in, format);
+    auto qw = mx::QuantizeRows(layer_->weight, layer_->out, layer_->in, format);
+    return *mx::ReferenceLinear(*qx, *qw, layer_->bias_values);
+  }
+
+  static DaemonProcess* daemon_;
+  static TestLayer* layer_;
+};
+DaemonProcess* ComputeTest::daemon_ = nullptr;
+TestLayer* ComputeTest::layer_ = nullptr;
+
+TEST_F(ComputeTest, GemmEqualsReferenceForEveryFormat) {
+  const int64_t m = 5, k = 70, n = 9;  // K is not a multiple of 32
+  const auto a = TestValues(m * k, 1), b = TestValues(k * n, 2);
+  for (int f = 0; f < kFormats; ++f) {
+    const auto format = static_cast<mx::Format>(f);
+    SCOPED_TRACE(mx::FormatName(format));
+    v1::GemmRequest request;
+    request.set_phase(v1::PHASE_UPDATE);
+    request.set_format(Wire(f));
+    *request.mutable_a()->mutable_tensor() = Matrix(a, m, k);
+    *request.mutable_b()->mutable_tensor() = Matrix(b, k, n);
+    grpc::ClientContext context;
+    v1::GemmResponse response;
+    ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
+    EXPECT_TRUE(SameBits(Floats(response.c()), *mx::ReferenceGemm(a, format, b, format, m, k, n)));
+    EXPECT_EQ(response.c().shape(0), m);
+    EXPECT_EQ(response.c().shape(1), n);
+    EXPECT_EQ(response.info().format(), Wire(f));
+    EXPECT_EQ(response.info().backend(), "cpu");
+    EXPECT_GT(response.info().model_joules(), 0);
+    EXPECT_GT(response.info().model_seconds(), 0);
+  }
+}
+
+TEST_F(ComputeTest, GemmMixedFormatsAndRoundingAway) {
+  const int64_t m = 3, k = 64, n = 4;
+  const auto a = TestValues(m * k, 3), b = TestValues(k * n, 4);
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_ROLLOUT);
+  request.set_format(v1::FORMAT_MXFP4_E2M1);
+  request.set_format_b(v1::FORMAT_MXFP8_E4M3);
+  request.set_rounding(v1::ROUNDING_NEAREST_AWAY);
+  *request.mutable_a()->mutable_tensor() = Matrix(a, m, k);
+  *request.mutable_b()->mutable_tensor() = Matrix(b, k, n);
+  grpc::ClientContext context;
+  v1::GemmResponse response;
+  ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
+  mx::QuantizeOptions away;
+  away.rounding = mx::Rounding::kNearestAway;
+  EXPECT_TRUE(SameBits(Floats(response.c()),
+                       *mx::ReferenceGemm(a, mx::Format::kMxfp4E2m1, b, mx::Format::kMxfp8E4m3, m,
+                                          k, n, away)));
+  EXPECT_EQ(response.info().weight_format(), v1::FORMAT_MXFP8_E4M3);
+}
+
+TEST_F(ComputeTest, LayerForwardEqualsReferenceForEveryFormat) {
+  const int64_t m = 3;
+  const auto x = TestValues(m * layer_->in, 5);
+  for (int f = 0; f < kFormats; ++f) {
+    const auto format = static_cast<mx::Format>(f);
+    SCOPED_TRACE(mx::FormatName(format));
+    v1::LayerForwardRequest request;
+    request.set_model("m");
+    request.set_layer(layer_->name);
+    request.set_phase(v1::PHASE_ROLLOUT);
+    request.set_format(Wire(f));
+    *request.mutable_input()->mutable_tensor() = Matrix(x, m, layer_->in);
+    grpc::ClientContext context;
+    v1::LayerForwardResponse response;
+    ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
+    EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(x, m, format)));
+    EXPECT_EQ(response.info().weight_version(), 1u);
+    EXPECT_EQ(response.info().format(), Wire(f));
+    EXPECT_EQ(response.info().weight_format(), Wire(f));
+  }
+}
+
+TEST_F(ComputeTest, PackedAndBf16InputsGiveTheSameBitsAsFp32) {
+  const int64_t m = 2;
+  const auto x = TestValues(m * layer_->in, 6);
+  const auto packed = *mx::QuantizeRows(x, m, layer_->in, mx::Format::kMxfp4E2m1);
+  v1::LayerForwardRequest request;
+  request.set_model("m");
+  request.set_layer(layer_->name);
+  request.set_phase(v1::PHASE_ROLLOUT);
+  request.set_format(v1::FORMAT_MXFP4_E2M1);
+  auto* p = request.mutable_input()->mutable_packed();
+  p->set_format(v1::FORMAT_MXFP4_E2M1);
+  p->set_rows(m);
+  p->set_cols(layer_->in);
+  p->set_elements(std::string(packed.elements.begin(), packed.elements.end()));
+  p->set_block_scales(std::string(packed.block_scales.begin(), packed.block_scales.end()));
+  grpc::ClientContext context;
+  v1::LayerForwardResponse response;
+  ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
+  EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(x, m, mx::Format::kMxfp4E2m1)));
+
+  // BF16 input: the values widen exactly, so the result equals FP32 input of the
+  // same (BF16-representable) values.
+  std::vector<uint16_t> codes(x.size());
+  std::vector<float> widened(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    codes[i] = mx::FloatToBf16(x[i]);
+    widened[i] = mx::Bf16ToFloat(codes[i]);
+  }
+  v1::LayerForwardRequest bf16 = request;
+  auto* t = bf16.mutable_input()->mutable_tensor();
+  t->add_shape(m);
+  t->add_shape(layer_->in);
+  t->set_dtype(v1::DTYPE_BF16);
+  t->set_data(std::string(reinterpret_cast<const char*>(codes.data()), codes.size() * 2));
+  grpc::ClientContext context2;
+  ASSERT_TRUE(Stub()->LayerForward(&context2, bf16, &response).ok());
+  EXPECT_TRUE(
+      SameBits(Floats(response.output()), ReferenceForward(widened, m, mx::Format::kMxfp4E2m1)));
+}
+
+std::vector<float> Transpose(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> t(v.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
+  }
+  return t;
+}
+
+TEST_F(ComputeTest, LayerBackwardEqualsReference) {
+  const int64_t m = 4, n = layer_->out, k = layer_->in;
+  const auto dy = TestValues(m * n, 8), x = TestValues(m * k, 9);
+  for (auto format : {mx::Format::kMxfp8E4m3, mx::Format::kMxfp4E2m1, mx::Format::kMxint8,
+                      mx::Format::kInt8, mx::Format::kFp16, mx::Format::kFp32}) {
+    SCOPED_TRACE(mx::FormatName(format));
+    v1::LayerBackwardRequest request;
+    request.set_model("m");
+    request.set_layer(layer_->name);
+    request.set_phase(v1::PHASE_UPDATE);
+    request.set_format(Wire(static_cast<int>(format)));
+    *request.mutable_grad_output() = Matrix(dy, m, n);
+    *request.mutable_input() = Matrix(x, m, k);
+    grpc::ClientContext context;
+    v1::LayerBackwardResponse response;
+    ASSERT_TRUE(Stub()->LayerBackward(&context, request, &response).ok());
+    // grad_input = dY·W: C = A·B with A = dY (M×N), B = W (N×K).
+    EXPECT_TRUE(SameBits(Floats(response.grad_input()),
+                         *mx::ReferenceGemm(dy, format, layer_->weight, format, m, n, k)));
+    // grad_weight = dYᵀ·X: A = dYᵀ (N×M), B = X (M×K).
+    EXPECT_TRUE(SameBits(Floats(response.grad_weight()),
+                         *mx::ReferenceGemm(Transpose(dy, m, n), format, x, format, n, m, k)));
+    std::vector<float> bias(n, 0.0f);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) bias[c] += dy[r * n + c];
+    }
+    EXPECT_TRUE(SameBits(Floats(response.grad_bias()), bias));
+  }
+}
+
+TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
+  auto stub = Stub();
+  grpc::ClientContext context;
+  auto stream = stub->Stream(&context);
+  const int64_t m = 2, k = 40, n = 3;
+  const auto a = TestValues(m * k, 10), b = TestValues(k * n, 11);
+  const auto x = TestValues(m * layer_->in, 12);
+  std::map<uint64_t, int> format_of;
+  uint64_t id = 100;
+  for (int f = 0; f < kFormats; ++f) {
+    v1::StreamRequest gemm;
+    gemm.set_request_id(id);
+    format_of[id++] = f;
+    gemm.mutable_gemm()->set_phase(v1::PHASE_REWARD);
+    gemm.mutable_gemm()->set_format(Wire(f));
+    *gemm.mutable_gemm()->mutable_a()->mutable_tensor() = Matrix(a, m, k);
+    *gemm.mutable_gemm()->mutable_b()->mutable_tensor() = Matrix(b, k, n);
+    ASSERT_TRUE(stream->Write(gemm));
+    v1::StreamRequest forward;
+    forward.set_request_id(id);
+    format_of[id++] = f;
+    forward.mutable_forward()->set_model("m");
+    forward.mutable_forward()->set_layer(layer_->name);
+    forward.mutable_forward()->set_phase(v1::PHASE_ROLLOUT);
+    forward.mutable_forward()->set_format(Wire(f));
+    *forward.mutable_forward()->mutable_input()->mutable_tensor() = Matrix(x, m, layer_->in);
+    ASSERT_TRUE(stream->Write(forward));
+  }
+  v1::StreamRequest bad;  // one failing request answers alone
+  bad.set_request_id(999);
+  bad.mutable_forward()->set_model("nope");
+  bad.mutable_forward()->set_layer("x");
+  bad.mutable_forward()->set_phase(v1::PHASE_ROLLOUT);
+  ASSERT_TRUE(stream->Write(bad));
+  stream->WritesDone();
+  v1::StreamResponse response;
+  int answered = 0;
+  while (stream->Read(&response)) {
+    ++answered;
+    if (response.request_id() == 999) {
+      EXPECT_EQ(response.status_code(), grpc::StatusCode::NOT_FOUND);
+      EXPECT_NE(response.status_message().find("model: no model named 'nope'"), std::string::npos)
+          << response.status_message();
+      continue;
+    }
+    ASSERT_EQ(response.status_code(), 0) << response.status_message();
+    const auto format = static_cast<mx::Format>(format_of.at(response.request_id()));
+    if (response.has_gemm()) {
+      EXPECT_TRUE(SameBits(Floats(response.gemm().c()),
+                           *mx::ReferenceGemm(a, format, b, format, m, k, n)));
+    } else {
+      ASSERT_TRUE(response.has_forward());
+      EXPECT_TRUE(SameBits(Floats(response.forward().output()), ReferenceForward(x, m, format)));
+    }
+  }
+  EXPECT_EQ(answered, 2 * kFormats + 1);
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+}  // namespace
+}  // namespace mx_test

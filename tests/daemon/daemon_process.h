@@ -1,0 +1,58 @@
+// A real mxserved for integration tests: started as a child process on
+// 127.0.0.1 with port 0, its ports read from the `listening` log line, its
+// stderr kept (tests read the log), stopped with SIGTERM at the end.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "grpcpp/channel.h"
+
+namespace mx_test {
+
+class DaemonProcess {
+ public:
+  // Starts `MXSERVED_PATH --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 <flags>`
+  // and waits (up to 20 s) for it to listen. Fails the test (ADD_FAILURE) and
+  // leaves `ok()` false when it does not.
+  explicit DaemonProcess(std::vector<std::string> flags = {});
+  ~DaemonProcess();
+
+  bool ok() const { return !grpc_address_.empty(); }
+  const std::string& grpc_address() const { return grpc_address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  pid_t pid() const { return pid_; }
+
+  // Sends SIGTERM and waits up to `timeout_seconds`; returns the exit status
+  // (-1 when it had to be killed).
+  int Stop(double timeout_seconds = 20);
+  // Everything the daemon wrote to stderr so far.
+  std::string Log() const;
+
+ private:
+  void ReadLoop(int fd);
+  pid_t pid_ = -1;
+  std::thread reader_;
+  mutable std::mutex mu_;
+  std::string log_;
+  std::string grpc_address_;
+  std::string metrics_address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  bool stopped_ = false;
+};
+
+// GET http://ADDRESS/metrics over a plain socket; empty on failure.
+std::string ScrapeMetrics(const std::string& address);
+
+// The value of the sample line `series` (e.g. `mxserve_models` or
+// `mxserve_requests_total{backend="cpu",...}` with labels in exposition order),
+// or -1 when absent.
+double MetricValue(const std::string& exposition, const std::string& series);
+
+}  // namespace mx_test
