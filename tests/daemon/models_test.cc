@@ -1,0 +1,302 @@
+// Models and Policies through the real daemon: safetensors loading, weight
+// versions, quantize-once caching, the memory limit, policy resolution and
+// activation.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
+#include "tests/daemon/api_util.h"
+#include "tests/daemon/daemon_process.h"
+
+namespace mx_test {
+namespace {
+
+// A safetensors file of FP32 tensors: 8-byte little-endian header length, the
+// JSON header, then the data.
+std::string WriteSafetensors(const std::vector<std::pair<std::string, TestLayer>>& tensors) {
+  std::string header = R"({"__metadata__": {"format": "pt"})";
+  std::string data;
+  auto add = [&](const std::string& name, const std::vector<float>& values,
+                 const std::string& shape) {
+    const size_t begin = data.size();
+    data.append(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+    absl::StrAppend(&header, R"(, ")", name, R"(": {"dtype": "F32", "shape": )", shape,
+                    R"(, "data_offsets": [)", begin, ", ", data.size(), "]}");
+  };
+  for (const auto& [prefix, l] : tensors) {
+    add(absl::StrCat(prefix, l.name, ".weight"), l.weight, absl::StrCat("[", l.out, ", ", l.in, "]"));
+    if (l.bias) add(absl::StrCat(prefix, l.name, ".bias"), l.bias_values, absl::StrCat("[", l.out, "]"));
+  }
+  header += "}";
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/mxserve_models_test_", getpid(), ".safetensors");
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t length = header.size();
+  out.write(reinterpret_cast<const char*>(&length), 8);
+  out << header << data;
+  return path;
+}
+
+grpc::Status Forward(grpc::Channel* channel, const std::string& model, const std::string& layer,
+                     v1::Phase phase, v1::Format format, const std::vector<float>& x, int64_t m,
+                     int64_t k, v1::LayerForwardResponse* response, uint64_t min_version = 0) {
+  v1::LayerForwardRequest request;
+  request.set_model(model);
+  request.set_layer(layer);
+  request.set_phase(phase);
+  request.set_format(format);
+  request.set_min_weight_version(min_version);
+  *request.mutable_input()->mutable_tensor() = Matrix(x, m, k);
+  grpc::ClientContext context;
+  auto stub = v1::Compute::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+  return stub->LayerForward(&context, request, response);
+}
+
+std::vector<float> Reference(const TestLayer& layer, const std::vector<float>& x, int64_t m,
+                             mx::Format format) {
+  auto qx = mx::QuantizeRows(x, m, layer.in, format);
+  auto qw = mx::QuantizeRows(layer.weight, layer.out, layer.in, format);
+  return *mx::ReferenceLinear(*qx, *qw, layer.bias_values);
+}
+
+v1::ModelInfo Describe(grpc::Channel* channel, const std::string& name) {
+  auto stub = v1::Models::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
+  grpc::ClientContext context;
+  v1::DescribeModelRequest request;
+  request.set_name(name);
+  v1::ModelInfo info;
+  EXPECT_TRUE(stub->DescribeModel(&context, request, &info).ok());
+  return info;
+}
+
+class ModelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(daemon_.ok()); }
+  grpc::Channel* channel() { return daemon_.channel().get(); }
+  DaemonProcess daemon_{{"--workers", "2", "--weight-memory-bytes", "1M"}};
+};
+
+TEST_F(ModelsTest, SafetensorsLoadThenVersionBumpChangesResults) {
+  const TestLayer q = MakeLayer("model.layers.0.self_attn.q_proj", 32, 64, true, 41);
+  const TestLayer up = MakeLayer("model.layers.0.mlp.up_proj", 48, 64, false, 42);
+  ASSERT_TRUE(Register(channel(), "qwen", {q, up}).ok());
+  const std::string path = WriteSafetensors({{"model.", q}, {"model.", up}});
+  auto models = v1::Models::NewStub(daemon_.channel());
+  {
+    v1::LoadSafetensorsRequest request;
+    request.set_model("qwen");
+    request.set_path(path);
+    request.set_prefix("model.");
+    request.set_publish(true);
+    grpc::ClientContext context;
+    v1::UploadWeightsResponse response;
+    grpc::Status s = models->LoadSafetensors(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.tensors_staged(), 3u);
+    EXPECT_EQ(response.weight_version(), 1u);
+  }
+  // Publishing warmed the copies the active policy (D) uses for each layer.
+  const v1::ModelInfo info = Describe(channel(), "qwen");
+  EXPECT_EQ(info.weight_version(), 1u);
+  EXPECT_EQ(info.policy(), "D-phase-adaptive");
+  ASSERT_EQ(info.layers_size(), 2);
+  EXPECT_GT(info.layers(0).cached_formats_size(), 0);
+  EXPECT_GT(info.weight_bytes(), 0u);
+
+  const auto x = TestValues(3 * 64, 43);
+  v1::LayerForwardResponse r1;
+  ASSERT_TRUE(Forward(channel(), "qwen", up.name, v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, x, 3,
+                      64, &r1)
+                  .ok());
+  EXPECT_TRUE(SameBits(Floats(r1.output()), Reference(up, x, 3, mx::Format::kMxfp4E2m1)));
+
+  // Version 2 through a chunked upload: results change, old requirement fails.
+  const TestLayer up2 = MakeLayer(up.name, 48, 64, false, 44);
+  v1::UploadWeightsResponse uploaded;
+  ASSERT_TRUE(Upload(channel(), "qwen", {up2}, /*publish=*/true, &uploaded, 500).ok());
+  EXPECT_EQ(uploaded.weight_version(), 2u);
+  v1::LayerForwardResponse r2;
+  ASSERT_TRUE(Forward(channel(), "qwen", up.name, v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, x, 3,
+                      64, &r2, /*min_version=*/2)
+                  .ok());
+  EXPECT_EQ(r2.info().weight_version(), 2u);
+  EXPECT_TRUE(SameBits(Floats(r2.output()), Reference(up2, x, 3, mx::Format::kMxfp4E2m1)));
+  EXPECT_FALSE(SameBits(Floats(r2.output()), Floats(r1.output())));
+  // The unchanged layer kept its weights (and its version's copies).
+  v1::LayerForwardResponse rq;
+  ASSERT_TRUE(Forward(channel(), "qwen", q.name, v1::PHASE_REWARD, v1::FORMAT_MXFP8_E4M3, x, 3, 64,
+                      &rq)
+                  .ok());
+  EXPECT_TRUE(SameBits(Floats(rq.output()), Reference(q, x, 3, mx::Format::kMxfp8E4m3)));
+
+  v1::LayerForwardResponse r3;
+  grpc::Status too_new = Forward(channel(), "qwen", up.name, v1::PHASE_ROLLOUT,
+                                 v1::FORMAT_MXFP4_E2M1, x, 3, 64, &r3, /*min_version=*/3);
+  EXPECT_EQ(too_new.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(too_new.error_message().find("min_weight_version"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST_F(ModelsTest, MemoryLimitRejectsAndNothingIsHalfRegistered) {
+  // 1 MiB limit: a 1024×1024 FP32 model (4 MiB) cannot be registered at all.
+  const TestLayer big{"big", 1024, 1024, false, {}, {}};
+  grpc::Status s = Register(channel(), "big", {big});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("--weight-memory-bytes"), std::string::npos);
+  // "two" (2 × 320 KB) registers while memory is free ...
+  const TestLayer a = MakeLayer("a", 200, 400, false, 1), b = MakeLayer("b", 200, 400, false, 2);
+  ASSERT_TRUE(Register(channel(), "two", {a, b}, "fp16-baseline").ok());
+  // ... then "one" takes 320 KB + its 160 KB FP16 copy ...
+  const TestLayer one = MakeLayer("a", 200, 400, false, 3);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "one", {one}, "fp16-baseline").ok());
+  // ... so the upload of "two" fails at its second tensor and stages nothing.
+  v1::UploadWeightsResponse response;
+  s = Upload(channel(), "two", {a, b}, true, &response, 40000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("tensor 'b.weight'"), std::string::npos) << s.error_message();
+  v1::ModelInfo info = Describe(channel(), "two");
+  EXPECT_EQ(info.staged_tensors(), 0u);
+  EXPECT_EQ(info.weight_version(), 0u);
+  EXPECT_EQ(info.weight_bytes(), 0u);
+  // "one" is untouched and still answers.
+  const auto x = TestValues(400, 4);
+  v1::LayerForwardResponse r;
+  ASSERT_TRUE(Forward(channel(), "one", "a", v1::PHASE_ROLLOUT, v1::FORMAT_FP16, x, 1, 400, &r).ok());
+  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(one, x, 1, mx::Format::kFp16)));
+  // Deleting "one" frees its bytes, and the upload of "two" now fits.
+  auto models = v1::Models::NewStub(daemon_.channel());
+  grpc::ClientContext context;
+  v1::DeleteModelRequest del;
+  del.set_name("one");
+  v1::DeleteModelResponse deleted;
+  ASSERT_TRUE(models->DeleteModel(&context, del, &deleted).ok());
+  EXPECT_EQ(deleted.freed_bytes(), 200u * 400 * 4 + 200u * 400 * 2);
+  s = Upload(channel(), "two", {a, b}, true, &response, 40000);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.weight_version(), 1u);
+}
+
+TEST_F(ModelsTest, QuantizedCopiesAreMadeOncePerFormat) {
+  const TestLayer l = MakeLayer("fc", 16, 64, false, 51);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "m", {l}, "fp16-baseline").ok());
+  const auto x = TestValues(64, 52);
+  v1::LayerForwardResponse r;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        Forward(channel(), "m", "fc", v1::PHASE_ROLLOUT, v1::FORMAT_MXFP6_E2M3, x, 1, 64, &r).ok());
+  }
+  const std::string metrics = ScrapeMetrics(daemon_.metrics_address());
+  EXPECT_EQ(MetricValue(metrics, "mxserve_weight_quantizations_total{format=\"MXFP6_E2M3\"}"), 1)
+      << metrics;
+  const v1::ModelInfo info = Describe(channel(), "m");
+  std::set<int> cached(info.layers(0).cached_formats().begin(), info.layers(0).cached_formats().end());
+  EXPECT_EQ(cached, (std::set<int>{v1::FORMAT_MXFP6_E2M3, v1::FORMAT_FP16}));
+}
+
+class PoliciesTest : public ModelsTest {};
+
+std::map<std::pair<int, std::string>, int> Table(const v1::ResolvePolicyResponse& r) {
+  std::map<std::pair<int, std::string>, int> t;
+  for (const auto& e : r.entries()) t[{e.phase(), e.layer()}] = e.format();
+  return t;
+}
+
+TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
+  const TestLayer q = MakeLayer("model.layers.0.self_attn.q_proj", 8, 32, false, 61);
+  const TestLayer mid = MakeLayer("model.layers.5.mlp.up_proj", 8, 32, false, 62);
+  const TestLayer last = MakeLayer("model.layers.9.mlp.up_proj", 8, 32, false, 63);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "m", {q, mid, last}).ok());
+  auto policies = v1::Policies::NewStub(daemon_.channel());
+
+  // D, the default: rollout MXFP4 on tolerant layers, MXFP8 on sensitive ones.
+  grpc::ClientContext c1;
+  v1::ResolvePolicyRequest resolve;
+  resolve.set_model("m");
+  v1::ResolvePolicyResponse table;
+  ASSERT_TRUE(policies->ResolvePolicy(&c1, resolve, &table).ok());
+  EXPECT_EQ(table.policy(), "D-phase-adaptive");
+  auto t = Table(table);
+  EXPECT_EQ(table.entries_size(), 9);
+  EXPECT_EQ((t[{v1::PHASE_ROLLOUT, mid.name}]), v1::FORMAT_MXFP4_E2M1);
+  EXPECT_EQ((t[{v1::PHASE_ROLLOUT, q.name}]), v1::FORMAT_MXFP8_E4M3);
+  EXPECT_EQ((t[{v1::PHASE_UPDATE, mid.name}]), v1::FORMAT_FP16);
+
+  // A forward without a format runs in the resolved one.
+  const auto x = TestValues(32, 64);
+  v1::LayerForwardResponse r;
+  ASSERT_TRUE(Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 1, 32,
+                      &r)
+                  .ok());
+  EXPECT_EQ(r.info().format(), v1::FORMAT_MXFP4_E2M1);
+  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(mid, x, 1, mx::Format::kMxfp4E2m1)));
+  // An explicit format overrides the policy.
+  ASSERT_TRUE(
+      Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_BF16, x, 1, 32, &r).ok());
+  EXPECT_EQ(r.info().format(), v1::FORMAT_BF16);
+
+  // A user policy with a glob rule, first match wins, then activated for the model.
+  grpc::ClientContext c2;
+  v1::PutPolicyRequest put;
+  put.set_json(R"({"name": "mlp-int", "description": "test",
+    "defaults": {"rollout": "MXFP8", "reward": "MXFP8", "update": "BF16"},
+    "rules": [{"phase": "rollout", "layers": "*.mlp.*", "format": "MXINT8"},
+              {"phase": "*", "layers": "*.mlp.*", "format": "MXFP6_E3M2"}]})");
+  v1::PolicyInfo stored;
+  ASSERT_TRUE(policies->PutPolicy(&c2, put, &stored).ok());
+  EXPECT_FALSE(stored.builtin());
+  grpc::ClientContext c3;
+  v1::SetActivePolicyRequest activate;
+  activate.set_model("m");
+  activate.set_policy("mlp-int");
+  v1::SetActivePolicyResponse activated;
+  ASSERT_TRUE(policies->SetActivePolicy(&c3, activate, &activated).ok());
+  EXPECT_EQ(activated.previous_policy(), "D-phase-adaptive");
+  ASSERT_TRUE(Forward(channel(), "m", last.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 1,
+                      32, &r)
+                  .ok());
+  EXPECT_EQ(r.info().format(), v1::FORMAT_MXINT8);
+  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(last, x, 1, mx::Format::kMxint8)));
+  ASSERT_TRUE(Forward(channel(), "m", last.name, v1::PHASE_REWARD, v1::FORMAT_UNSPECIFIED, x, 1, 32,
+                      &r)
+                  .ok());
+  EXPECT_EQ(r.info().format(), v1::FORMAT_MXFP6_E3M2);
+  ASSERT_TRUE(Forward(channel(), "m", q.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 1, 32,
+                      &r)
+                  .ok());
+  EXPECT_EQ(r.info().format(), v1::FORMAT_BF16);
+  grpc::ClientContext c4;
+  v1::ResolvePolicyResponse resolved;
+  ASSERT_TRUE(policies->ResolvePolicy(&c4, resolve, &resolved).ok());
+  for (const auto& e : resolved.entries()) {
+    if (e.layer() == q.name) {
+      EXPECT_EQ(e.rule(), -1);
+    } else {
+      EXPECT_EQ(e.rule(), e.phase() == v1::PHASE_ROLLOUT ? 0 : 1);
+    }
+  }
+
+  // In use: cannot be deleted; built-ins can never be.
+  grpc::ClientContext c5;
+  v1::DeletePolicyRequest del;
+  del.set_name("mlp-int");
+  v1::DeletePolicyResponse deleted;
+  grpc::Status s = policies->DeletePolicy(&c5, del, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  grpc::ClientContext c6;
+  del.set_name("C-aggressive");
+  s = policies->DeletePolicy(&c6, del, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("built-in"), std::string::npos);
+
+  grpc::ClientContext c7;
+  v1::ListPoliciesResponse list;
+  ASSERT_TRUE(policies->ListPolicies(&c7, {}, &list).ok());
+  EXPECT_EQ(list.policies_size(), 6);
+}
+
+}  // namespace
+}  // namespace mx_test
