@@ -1,0 +1,148 @@
+// Metrics scraped over HTTP and energy accounting: request counts per phase and
+// format equal what was sent; power samples integrate by the trapezoid rule into
+// the phase of the later sample; the FPGA model's energy adds up per phase.
+#include <cmath>
+
+#include "tests/daemon/api_util.h"
+#include "tests/daemon/daemon_process.h"
+
+namespace mx_test {
+namespace {
+
+class TelemetryTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(daemon_.ok()); }
+  DaemonProcess daemon_{{"--workers", "2"}};
+};
+
+
+const v1::EnergyEntry* Entry(const v1::EnergyReport& report, const std::string& source,
+                             v1::Phase phase) {
+  for (const auto& e : report.entries()) {
+    if (e.source() == source && e.phase() == phase) return &e;
+  }
+  return nullptr;
+}
+
+TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
+  // Block 3 of 0..9 is neither first nor last: a tolerant layer for policy D.
+  const TestLayer first = MakeLayer("model.layers.0.mlp.gate_proj", 64, 128, false, 80);
+  const TestLayer layer = MakeLayer("model.layers.3.mlp.gate_proj", 64, 128, false, 81);
+  const TestLayer last = MakeLayer("model.layers.9.mlp.gate_proj", 64, 128, false, 82);
+  ASSERT_TRUE(RegisterAndPublish(daemon_.channel().get(), "m", {first, layer, last}).ok());
+  auto stub = v1::Compute::NewStub(daemon_.channel());
+  const auto x = TestValues(4 * 128, 82);
+  struct Sent {
+    v1::Phase phase;
+    v1::Format format;
+    int count;
+  } plan[] = {{v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, 5},
+              {v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, 2},  // D: MXFP4 on this layer
+              {v1::PHASE_REWARD, v1::FORMAT_MXFP8_E4M3, 3},
+              {v1::PHASE_UPDATE, v1::FORMAT_FP16, 1}};
+  double model_joules[4] = {0, 0, 0, 0};
+  for (const auto& p : plan) {
+    for (int i = 0; i < p.count; ++i) {
+      v1::LayerForwardRequest r;
+      r.set_model("m");
+      r.set_layer(layer.name);
+      r.set_phase(p.phase);
+      r.set_format(p.format);
+      *r.mutable_input()->mutable_tensor() = Matrix(x, 4, 128);
+      grpc::ClientContext context;
+      v1::LayerForwardResponse response;
+      ASSERT_TRUE(stub->LayerForward(&context, r, &response).ok());
+      model_joules[p.phase] += response.info().model_joules();
+    }
+  }
+  const std::string m = ScrapeMetrics(daemon_.metrics_address());
+  ASSERT_FALSE(m.empty());
+  auto requests = [&](const char* format, const char* phase) {
+    return MetricValue(m, std::string("mxserve_requests_total{backend=\"cpu\",format=\"") + format +
+                              "\",phase=\"" + phase + "\",rpc=\"LayerForward\"}");
+  };
+  EXPECT_EQ(requests("MXFP4_E2M1", "rollout"), 7) << m;
+  EXPECT_EQ(requests("MXFP8_E4M3", "reward"), 3);
+  EXPECT_EQ(requests("FP16", "update"), 1);
+  EXPECT_EQ(requests("MXFP8_E4M3", "rollout"), -1);  // never sent: no series
+  EXPECT_EQ(MetricValue(m, "mxserve_request_duration_seconds_count{backend=\"cpu\",format=\"MXFP4_E2M1\","
+                           "phase=\"rollout\",rpc=\"LayerForward\"}"),
+            7);
+  EXPECT_EQ(MetricValue(m, "mxserve_flops_total{format=\"MXFP8_E4M3\",phase=\"reward\"}"),
+            3 * 2.0 * 4 * 64 * 128);
+  EXPECT_EQ(MetricValue(m, "mxserve_rpc_completed_total{code=\"OK\",rpc=\"LayerForward\"}"), 11);
+  EXPECT_EQ(MetricValue(m, "mxserve_models"), 1);
+  EXPECT_GT(MetricValue(m, "mxserve_weight_bytes"), 64 * 128 * 4);
+  EXPECT_NEAR(MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"fpga_model\"}"),
+              model_joules[v1::PHASE_ROLLOUT], 1e-12);
+  EXPECT_NE(m.find("mxserve_build_info{backend=\"cpu\",version=\""), std::string::npos);
+
+  auto telemetry = v1::Telemetry::NewStub(daemon_.channel());
+  grpc::ClientContext context;
+  v1::EnergyReport report;
+  ASSERT_TRUE(telemetry->GetEnergyReport(&context, {}, &report).ok());
+  const v1::EnergyEntry* reward = Entry(report, "fpga_model", v1::PHASE_REWARD);
+  ASSERT_NE(reward, nullptr);
+  EXPECT_EQ(reward->requests(), 3u);
+  EXPECT_NEAR(reward->joules(), model_joules[v1::PHASE_REWARD], 1e-12);
+  EXPECT_GT(reward->busy_seconds(), 0);
+}
+
+TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
+  auto telemetry = v1::Telemetry::NewStub(daemon_.channel());
+  grpc::ClientContext context;
+  v1::ReportPowerResponse response;
+  auto writer = telemetry->ReportPower(&context, &response);
+  const double t0 = 1.9e9;  // a Unix time in the future of every other entry
+  // cuda:0: 100 W → 200 W over 1 s (rollout) = 150 J, then 200 W → 200 W over 0.5 s
+  // (update) = 100 J. cuda:1 independently: 50 W flat for 2 s (rollout) = 100 J.
+  struct S {
+    const char* device;
+    v1::Phase phase;
+    double t, w;
+  } samples[] = {{"cuda:0", v1::PHASE_ROLLOUT, t0, 100},
+                 {"cuda:1", v1::PHASE_ROLLOUT, t0, 50},
+                 {"cuda:0", v1::PHASE_ROLLOUT, t0 + 1, 200},
+                 {"cuda:0", v1::PHASE_UPDATE, t0 + 1.5, 200},
+                 {"cuda:1", v1::PHASE_ROLLOUT, t0 + 2, 50}};
+  for (const auto& s : samples) {
+    v1::PowerSample sample;
+    sample.set_source("gpu_baseline");
+    sample.set_device(s.device);
+    sample.set_phase(s.phase);
+    sample.set_timestamp_seconds(s.t);
+    sample.set_watts(s.w);
+    ASSERT_TRUE(writer->Write(sample));
+  }
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
+  EXPECT_EQ(response.samples_accepted(), 5u);
+  EXPECT_DOUBLE_EQ(response.joules_added(), 350);
+
+  grpc::ClientContext c2;
+  v1::GetEnergyReportRequest since;
+  since.set_since_seconds(t0 - 10);
+  v1::EnergyReport report;
+  ASSERT_TRUE(telemetry->GetEnergyReport(&c2, since, &report).ok());
+  const v1::EnergyEntry* rollout = Entry(report, "gpu_baseline", v1::PHASE_ROLLOUT);
+  const v1::EnergyEntry* update = Entry(report, "gpu_baseline", v1::PHASE_UPDATE);
+  ASSERT_NE(rollout, nullptr);
+  ASSERT_NE(update, nullptr);
+  EXPECT_DOUBLE_EQ(rollout->joules(), 250);
+  EXPECT_DOUBLE_EQ(rollout->busy_seconds(), 3);
+  EXPECT_DOUBLE_EQ(update->joules(), 100);
+  EXPECT_DOUBLE_EQ(update->busy_seconds(), 0.5);
+  // A start after the samples sees none of them.
+  grpc::ClientContext c3;
+  since.set_since_seconds(t0 + 100);
+  ASSERT_TRUE(telemetry->GetEnergyReport(&c3, since, &report).ok());
+  for (const auto& e : report.entries()) EXPECT_EQ(e.joules(), 0) << e.source();
+
+  const std::string m = ScrapeMetrics(daemon_.metrics_address());
+  EXPECT_EQ(MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"gpu_baseline\"}"),
+            250);
+  EXPECT_EQ(MetricValue(m, "mxserve_power_watts{device=\"cuda:1\",source=\"gpu_baseline\"}"), 50);
+}
+
+}  // namespace
+}  // namespace mx_test
