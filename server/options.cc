@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "mx/status_macros.h"
 #include "server/backend.h"
@@ -241,6 +242,20 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
   return parsed;
 }
 
+// Breaks `text` into lines of at most `width` columns, each starting with `indent`.
+std::string Wrap(const std::string& text, size_t width, const std::string& indent) {
+  std::string out, line;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && indent.size() + line.size() + 1 + word.size() > width) {
+      absl::StrAppend(&out, indent, line, "\n");
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
+  }
+  if (!line.empty()) absl::StrAppend(&out, indent, line, "\n");
+  return out;
+}
+
 std::string HelpText() {
   const DaemonOptions defaults;
   std::string text =
@@ -249,15 +264,17 @@ std::string HelpText() {
       "RLHF phase, formats chosen per (phase, layer) by policies, Prometheus metrics.\n\n"
       "Flags (--name=value or --name value):\n";
   for (const FlagSpec& flag : Flags()) {
-    absl::StrAppend(&text, "  --", flag.name, " ", flag.value_name, "\n      ", flag.help,
-                    "\n      default: ", flag.default_text(defaults), "\n");
+    absl::StrAppend(&text, "  --", flag.name, " ", flag.value_name, "\n",
+                    Wrap(flag.help, 80, "      "), "      default: ", flag.default_text(defaults),
+                    "\n");
   }
   absl::StrAppend(&text,
                   "  --config FILE\n      a JSON object of the flags above, e.g. "
-                  "{\"workers\": 4}; command-line flags win\n"
+                  "{\"workers\": 4};\n      command-line flags win\n"
                   "  --help, --version\n\n"
-                  "Signals: SIGTERM or SIGINT stop accepting calls, let in-flight ones finish "
-                  "within\n--grace-seconds, and exit 0. Logs are logfmt lines on stderr.\n");
+                  "Signals: SIGTERM or SIGINT stop accepting calls, let in-flight ones "
+                  "finish\nwithin --grace-seconds, and exit 0. Logs are logfmt lines on "
+                  "stderr.\n");
   return text;
 }
 

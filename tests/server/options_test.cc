@@ -1,0 +1,84 @@
+// mxserved's flags: parsing, errors that name the flag, the config file, --help.
+#include "server/options.h"
+
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace mxserve {
+namespace {
+
+TEST(Options, DefaultsBindToLoopback) {
+  auto parsed = ParseCommandLine({});
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->options.listen, "127.0.0.1:50051");
+  EXPECT_EQ(parsed->options.metrics_listen, "127.0.0.1:9464");
+  EXPECT_EQ(parsed->options.default_policy, "D-phase-adaptive");
+  EXPECT_EQ(parsed->options.backend, "cpu");
+}
+
+TEST(Options, BothSpellingsAndSizes) {
+  auto parsed = ParseCommandLine({"--workers=3", "--backend", "null", "--max-message-bytes",
+                                  "16M", "--weight-memory-bytes=2GiB", "--grace-seconds", "0.5"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.workers, 3);
+  EXPECT_EQ(parsed->options.backend, "null");
+  EXPECT_EQ(parsed->options.max_message_bytes, 16 << 20);
+  EXPECT_EQ(parsed->options.weight_memory_bytes, uint64_t{2} << 30);
+  EXPECT_EQ(parsed->options.grace_seconds, 0.5);
+  EXPECT_EQ(*ParseBytes("4096"), 4096u);
+  EXPECT_EQ(*ParseBytes("3K"), 3072u);
+}
+
+TEST(Options, ErrorsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"--workers", "many"}, "--workers: expected an integer in [0, 1024], got 'many'"},
+      {{"--backend=gpu"}, "--backend: unknown backend 'gpu'; expected one of cpu, null"},
+      {{"--queue-size"}, "--queue-size: missing value"},
+      {{"--colour=red"}, "--colour: unknown flag (mxserved --help lists them)"},
+      {{"serve"}, "unexpected argument 'serve'"},
+      {{"--max-message-bytes=1"}, "--max-message-bytes: expected a size from 4K to 2G-1"},
+      {{"--weight-memory-bytes=lots"}, "--weight-memory-bytes: expected a byte size"},
+      {{"--config=/nonexistent.json"}, "--config: cannot open '/nonexistent.json'"},
+  };
+  for (const auto& c : cases) {
+    auto parsed = ParseCommandLine(c.args);
+    ASSERT_FALSE(parsed.ok()) << c.message;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(c.message), absl::string_view::npos)
+        << parsed.status().message();
+  }
+}
+
+TEST(Options, ConfigFileThenCommandLine) {
+  const std::string path = ::testing::TempDir() + "/mxserved_options_test.json";
+  std::ofstream(path) << R"({"workers": 4, "listen": "127.0.0.1:6000", "max-batch": 8})";
+  auto parsed = ParseCommandLine({"--workers=2", "--config", path});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.workers, 2);  // the command line wins, wherever it stands
+  EXPECT_EQ(parsed->options.listen, "127.0.0.1:6000");
+  EXPECT_EQ(parsed->options.max_batch, 8);
+  std::ofstream(path) << R"({"workerz": 4})";
+  auto bad = ParseCommandLine({"--config", path});
+  EXPECT_NE(bad.status().message().find("unknown setting 'workerz'"), absl::string_view::npos);
+}
+
+TEST(Options, HelpListsEveryFlagWithItsDefault) {
+  const std::string help = HelpText();
+  for (const char* line : {"--listen ADDR", "default: 127.0.0.1:50051", "--metrics-listen ADDR",
+                           "--backend NAME", "--workers N", "--queue-size N", "default: 1024",
+                           "--batch-window-us US", "--max-batch N", "--max-message-bytes BYTES",
+                           "default: 64M", "--weight-memory-bytes BYTES", "default: 8G",
+                           "--policy-dir DIR", "--default-policy NAME", "--energy-model FILE",
+                           "--grace-seconds S", "--config FILE"}) {
+    EXPECT_NE(help.find(line), std::string::npos) << line;
+  }
+  std::istringstream lines(help);
+  for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 80u) << l;
+}
+
+}  // namespace
+}  // namespace mxserve
