@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
 class NullBackend final : public Backend {
  public:
   absl::string_view name() const override { return "null"; }
+  bool computes() const override { return false; }
   absl::Status Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                       std::span<const float> bias, std::span<float> y) override {
     if (absl::Status s = CheckShapes(x, w, bias, y); !s.ok()) return s;

@@ -24,6 +24,10 @@ class Backend {
   virtual ~Backend() = default;
   // "cpu", "null", ...; the `backend` label of metrics and ExecutionInfo.
   virtual absl::string_view name() const = 0;
+  // False for `null`: the daemon then skips quantizing operands as well, so what
+  // is left to measure is its own overhead (validation, scheduling, batching,
+  // serialization), and answers zeros of the right shape.
+  virtual bool computes() const { return true; }
   // Y (x.rows × w.rows, row-major) = X·Wᵀ + bias. x.cols == w.cols, bias empty or
   // w.rows values, y sized x.rows · w.rows. Bits follow the numerics contract.
   virtual absl::Status Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,

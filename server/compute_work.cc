@@ -88,6 +88,15 @@ void Account(const Core& core, Rpc rpc, Phase phase, mx::Format format, Clock::t
   core.ledger->Add("fpga_model", phase, UnixSeconds(), {model.joules, model.seconds, 1});
 }
 
+// An FP32 [rows, cols] tensor of zeros: the null backend's answer.
+void ZeroMatrix(int64_t rows, int64_t cols, v1::Tensor* tensor) {
+  tensor->clear_shape();
+  tensor->add_shape(rows);
+  tensor->add_shape(cols);
+  tensor->set_dtype(v1::DTYPE_FP32);
+  tensor->mutable_data()->assign(static_cast<size_t>(rows * cols) * sizeof(float), '\0');
+}
+
 fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model::GemmEstimate& b) {
   return {a.macs + b.macs, a.bytes + b.bytes, a.seconds + b.seconds, a.joules + b.joules};
 }
@@ -151,6 +160,16 @@ class GemmItem final : public ComputeItem {
 
   void Run(std::span<WorkItem* const>) override {
     const double queue_seconds = Seconds(Clock::now() - arrival);
+    if (!core_.backend->computes()) {
+      const int64_t n = b_.packed ? b_.rows : b_.cols;
+      ZeroMatrix(a_.rows, n, response_->mutable_c());
+      const auto model =
+          fpga_model::EstimateGemm(core_.energy_model, a_.format, b_.format, a_.rows, n, a_.cols);
+      FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, response_->mutable_info());
+      Account(core_, Rpc::kGemm, phase_, a_.format, arrival, queue_seconds,
+              2.0 * a_.rows * n * a_.cols, model);
+      return done_(absl::OkStatus());
+    }
     absl::StatusOr<mx::QuantizedMatrix> qa = a_.Take(options_);
     if (!qa.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("a: ", qa.status().message())));
     absl::StatusOr<mx::QuantizedMatrix> qb;
@@ -204,6 +223,17 @@ class ForwardItem final : public ComputeItem {
   void Run(std::span<WorkItem* const> batch) override {
     const auto started = Clock::now();
     const LayerWeights& weights = *view_.weights;
+    const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
+    if (!core_.backend->computes()) {
+      core_.metrics->RecordBatch(static_cast<int>(batch.size()));
+      for (WorkItem* item : batch) {
+        auto* member = static_cast<ForwardItem*>(item);
+        ZeroMatrix(member->x_.rows, n, member->response_->mutable_output());
+        member->Answer({}, member->x_.rows, n, k, batch.size(),
+                       Seconds(started - member->arrival), 0);
+      }
+      return;
+    }
     absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> w =
         WeightCopy(core_, weights, weight_format_, WeightLayout::kForward);
     if (!w.ok()) {
@@ -225,7 +255,6 @@ class ForwardItem final : public ComputeItem {
     if (members.empty()) return;
     const mx::QuantizedMatrix stacked = xs.size() > 1 ? Stack(xs) : mx::QuantizedMatrix();
     const mx::QuantizedMatrix& x = xs.size() > 1 ? stacked : xs.front();
-    const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
     std::vector<float> y(static_cast<size_t>(x.rows * n));
     const auto start = Clock::now();
     absl::Status status = core_.backend->Linear(x, **w, weights.bias(), y);
@@ -245,9 +274,10 @@ class ForwardItem final : public ComputeItem {
   }
 
  private:
+  // `y` empty: the output is already in the response.
   void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
               double queue_seconds, double compute_seconds) {
-    EncodeMatrix(y, m, n, response_->mutable_output());
+    if (!y.empty()) EncodeMatrix(y, m, n, response_->mutable_output());
     const auto model = fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
              compute_seconds, model, response_->mutable_info());
@@ -292,6 +322,20 @@ class BackwardItem final : public ComputeItem {
     const LayerWeights& weights = *view_.weights;
     const int64_t m = grad_output_.rows;
     const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
+    if (!core_.backend->computes()) {
+      ZeroMatrix(m, k, response_->mutable_grad_input());
+      if (input_) ZeroMatrix(n, k, response_->mutable_grad_weight());
+      if (weights.spec().bias) {
+        EncodeVector(std::vector<float>(static_cast<size_t>(n), 0.0f),
+                     response_->mutable_grad_bias());
+      }
+      auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
+      FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model,
+               response_->mutable_info());
+      Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds,
+              2.0 * m * n * k, model);
+      return done_(absl::OkStatus());
+    }
     absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> wt =
         WeightCopy(core_, weights, format_, WeightLayout::kTransposed);
     if (!wt.ok()) return Fail(wt.status());

@@ -249,3 +249,43 @@ TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
 
 }  // namespace
 }  // namespace mx_test
+
+namespace mx_test {
+namespace {
+
+TEST(NullBackendTest, AnswersZerosOfTheRightShapeWithoutComputing) {
+  DaemonProcess daemon({"--backend", "null", "--workers", "1"});
+  ASSERT_TRUE(daemon.ok());
+  const TestLayer layer = MakeLayer("fc", 40, 64, true, 3);
+  ASSERT_TRUE(RegisterAndPublish(daemon.channel().get(), "m", {layer}, "fp16-baseline").ok());
+  auto stub = v1::Compute::NewStub(daemon.channel());
+  v1::LayerForwardRequest forward;
+  forward.set_model("m");
+  forward.set_layer("fc");
+  forward.set_phase(v1::PHASE_ROLLOUT);
+  forward.set_format(v1::FORMAT_MXFP4_E2M1);
+  *forward.mutable_input()->mutable_tensor() = Matrix(TestValues(3 * 64, 4), 3, 64);
+  grpc::ClientContext c1;
+  v1::LayerForwardResponse response;
+  ASSERT_TRUE(stub->LayerForward(&c1, forward, &response).ok());
+  EXPECT_EQ(response.output().shape(0), 3);
+  EXPECT_EQ(response.output().shape(1), 40);
+  EXPECT_EQ(Floats(response.output()), std::vector<float>(3 * 40, 0.0f));
+  EXPECT_EQ(response.info().backend(), "null");
+  EXPECT_EQ(response.info().compute_seconds(), 0);
+  EXPECT_GT(response.info().model_joules(), 0);  // the FPGA model still says what it would cost
+  // Validation is the same as with a real backend.
+  forward.mutable_input()->mutable_tensor()->set_shape(1, 32);
+  grpc::ClientContext c2;
+  EXPECT_EQ(stub->LayerForward(&c2, forward, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // Nothing was quantized: no weight copy beyond the policy's warm FP16 one.
+  const std::string m = ScrapeMetrics(daemon.metrics_address());
+  EXPECT_EQ(MetricValue(m, "mxserve_weight_quantizations_total{format=\"MXFP4_E2M1\"}"), -1);
+  EXPECT_EQ(MetricValue(m, "mxserve_requests_total{backend=\"null\",format=\"MXFP4_E2M1\","
+                           "phase=\"rollout\",rpc=\"LayerForward\"}"),
+            1);
+}
+
+}  // namespace
+}  // namespace mx_test
