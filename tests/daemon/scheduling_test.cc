@@ -186,6 +186,31 @@ TEST(SchedulingTest, FullQueueAnswersResourceExhaustedAndExpiredWorkIsDropped) {
   EXPECT_EQ(MetricValue(after, series), served_before + 1) << after;
 }
 
+TEST(SchedulingTest, CancelledWorkIsNotComputed) {
+  DaemonProcess daemon({"--workers", "1"});
+  ASSERT_TRUE(daemon.ok());
+  auto stub = v1::Compute::NewStub(daemon.channel());
+  const v1::GemmRequest slow = SlowGemm();
+  auto blocker = StartGemm(stub.get(), slow);
+  auto doomed = StartGemm(stub.get(), slow);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  doomed->context.TryCancel();
+  EXPECT_EQ(doomed->done.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(blocker->done.get_future().get().ok());
+  const std::string served =
+      "mxserve_requests_total{backend=\"cpu\",format=\"FP32\",phase=\"update\",rpc=\"Gemm\"}";
+  const std::string cancelled = "mxserve_rpc_completed_total{code=\"CANCELLED\",rpc=\"Gemm\"}";
+  std::string m;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < until) {
+    m = ScrapeMetrics(daemon.metrics_address());
+    if (MetricValue(m, cancelled) == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(MetricValue(m, cancelled), 1) << m;
+  EXPECT_EQ(MetricValue(m, served), 1) << "the cancelled Gemm was computed";
+}
+
 TEST(SchedulingTest, ShutdownFinishesInFlightRequests) {
   DaemonProcess daemon({"--workers", "1"});
   ASSERT_TRUE(daemon.ok());
