@@ -1,14 +1,26 @@
 #include "clients/cpp/flags.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace mxctl {
+namespace {
+
+bool Contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+}  // namespace
 
 absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args,
                                    const std::vector<std::string>& known) {
+  return Parse(args, FlagSpec{.values = known});
+}
+
+absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args, const FlagSpec& spec) {
   Flags flags;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -21,18 +33,28 @@ absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args,
       value = name.substr(eq + 1);
       name.resize(eq);
     }
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
+    const bool is_switch = Contains(spec.switches, name);
+    const bool is_repeatable = Contains(spec.repeatable, name);
+    if (!is_switch && !is_repeatable && !Contains(spec.values, name)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
     }
-    if (!value) {
+    if (is_switch) {
+      if (value && *value != "true" && *value != "false") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", name, ": a switch takes no value (or =true/=false), got '", *value, "'"));
+      }
+      if (!value) value = "true";
+    } else if (!value) {
       if (i + 1 >= args.size()) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
       }
       value = args[++i];
     }
-    if (!flags.values_.emplace(name, *value).second) {
+    std::vector<std::string>& slot = flags.values_[name];
+    if (!slot.empty() && !is_repeatable) {
       return absl::InvalidArgumentError(absl::StrCat("flag --", name, " given twice"));
     }
+    slot.push_back(*value);
   }
   return flags;
 }
@@ -40,8 +62,16 @@ absl::StatusOr<Flags> Flags::Parse(const std::vector<std::string>& args,
 std::optional<std::string> Flags::Get(const std::string& name) const {
   const auto it = values_.find(name);
   if (it == values_.end()) return std::nullopt;
+  return it->second.back();
+}
+
+std::vector<std::string> Flags::GetAll(const std::string& name) const {
+  const auto it = values_.find(name);
+  if (it == values_.end()) return {};
   return it->second;
 }
+
+bool Flags::Switch(const std::string& name) const { return Get(name).value_or("false") == "true"; }
 
 absl::StatusOr<std::string> Flags::Require(const std::string& name) const {
   std::optional<std::string> value = Get(name);
@@ -58,6 +88,37 @@ absl::StatusOr<int64_t> Flags::RequireInt(const std::string& name, int64_t min, 
                                                    ", ", max, "], got '", *text, "'"));
   }
   return value;
+}
+
+absl::StatusOr<int64_t> Flags::IntOr(const std::string& name, int64_t fallback, int64_t min,
+                                     int64_t max) const {
+  if (!Has(name)) return fallback;
+  return RequireInt(name, min, max);
+}
+
+absl::StatusOr<absl::Duration> Flags::DurationOr(const std::string& name,
+                                                 absl::Duration fallback) const {
+  const std::optional<std::string> text = Get(name);
+  if (!text) return fallback;
+  absl::Duration duration;
+  double seconds = 0;
+  if (absl::SimpleAtod(*text, &seconds)) {
+    duration = std::isfinite(seconds) ? absl::Seconds(seconds) : -absl::InfiniteDuration();
+  } else if (!absl::ParseDuration(*text, &duration)) {
+    duration = -absl::InfiniteDuration();  // rejected below
+  }
+  if (duration < absl::ZeroDuration() || duration == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, ": expected a duration such as 10s, 500ms or 2.5, got '", *text, "'"));
+  }
+  return duration;
+}
+
+std::optional<std::string> TakeWord(std::vector<std::string>& args) {
+  if (args.empty() || args.front().rfind("--", 0) == 0) return std::nullopt;
+  std::string word = std::move(args.front());
+  args.erase(args.begin());
+  return word;
 }
 
 }  // namespace mxctl
