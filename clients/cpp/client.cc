@@ -1,0 +1,295 @@
+#include "clients/cpp/client.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "clients/cpp/compute_stream.h"
+#include "clients/cpp/grpc_status.h"
+
+namespace mxclient {
+namespace {
+
+// A synchronous unary call through a generated stub method.
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<Response> Unary(Stub* stub,
+                               grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                            Response*),
+                               grpc::ClientContext* context, const Request& request) {
+  Response response;
+  const grpc::Status status = (stub->*method)(context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+// Everything a callback LayerForward needs until its reaction has run.
+struct AsyncForwardCall {
+  grpc::ClientContext context;
+  std::shared_ptr<const v1::LayerForwardRequest> request;
+  v1::LayerForwardResponse response;
+  std::function<void(absl::StatusOr<v1::LayerForwardResponse>)> done;
+};
+
+}  // namespace
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  args.SetMaxSendMessageSize(options_.max_message_bytes);
+  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  health_ = grpc::health::v1::Health::NewStub(channel_);
+  compute_ = v1::Compute::NewStub(channel_);
+  models_ = v1::Models::NewStub(channel_);
+  policies_ = v1::Policies::NewStub(channel_);
+  telemetry_ = v1::Telemetry::NewStub(channel_);
+}
+
+Client::~Client() {
+  std::unique_lock lock(async_mu_);
+  async_cv_.wait(lock, [this] { return async_in_flight_ == 0; });
+}
+
+std::unique_ptr<grpc::ClientContext> Client::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  if (options_.timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  }
+  return context;
+}
+
+absl::Status Client::WaitForConnected(absl::Duration timeout) {
+  if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat("cannot connect to ", options_.address, " within ",
+                                             absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::CheckHealth(
+    const std::string& service) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  auto context = NewContext();
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> response =
+      Unary(health_.get(), &grpc::health::v1::Health::Stub::Check, context.get(), request);
+  if (!response.ok()) return response.status();
+  return response->status();
+}
+
+absl::StatusOr<v1::GemmResponse> Client::Gemm(const v1::GemmRequest& request) {
+  auto context = NewContext();
+  return Unary(compute_.get(), &v1::Compute::Stub::Gemm, context.get(), request);
+}
+
+absl::StatusOr<v1::LayerForwardResponse> Client::LayerForward(
+    const v1::LayerForwardRequest& request) {
+  auto context = NewContext();
+  return Unary(compute_.get(), &v1::Compute::Stub::LayerForward, context.get(), request);
+}
+
+absl::StatusOr<v1::LayerBackwardResponse> Client::LayerBackward(
+    const v1::LayerBackwardRequest& request) {
+  auto context = NewContext();
+  return Unary(compute_.get(), &v1::Compute::Stub::LayerBackward, context.get(), request);
+}
+
+void Client::LayerForwardAsync(std::shared_ptr<const v1::LayerForwardRequest> request,
+                               std::function<void(absl::StatusOr<v1::LayerForwardResponse>)> done) {
+  auto* call = new AsyncForwardCall;
+  call->request = std::move(request);
+  call->done = std::move(done);
+  if (options_.timeout != absl::InfiniteDuration()) {
+    call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  }
+  {
+    std::lock_guard lock(async_mu_);
+    ++async_in_flight_;
+  }
+  compute_->async()->LayerForward(&call->context, call->request.get(), &call->response,
+                                  [this, call](grpc::Status status) {
+                                    {
+                                      std::unique_ptr<AsyncForwardCall> owned(call);
+                                      if (status.ok()) {
+                                        owned->done(std::move(owned->response));
+                                      } else {
+                                        owned->done(FromGrpcStatus(status));
+                                      }
+                                    }  // the context, and its channel reference, are gone
+                                    std::lock_guard lock(async_mu_);
+                                    if (--async_in_flight_ == 0) async_cv_.notify_all();
+                                  });
+}
+
+absl::StatusOr<std::unique_ptr<ComputeStream>> Client::OpenStream() {
+  return ComputeStream::Open(compute_.get());
+}
+
+absl::StatusOr<v1::ModelInfo> Client::RegisterModel(const v1::RegisterModelRequest& request) {
+  auto context = NewContext();
+  return Unary(models_.get(), &v1::Models::Stub::RegisterModel, context.get(), request);
+}
+
+absl::StatusOr<v1::UploadWeightsResponse> Client::UploadWeights(
+    const std::string& model, std::span<const WeightTensor> tensors, bool publish,
+    size_t max_chunk_bytes) {
+  if (tensors.empty()) {
+    return absl::InvalidArgumentError("UploadWeights: no tensors to upload");
+  }
+  const size_t chunk_elements = std::max<size_t>(1, max_chunk_bytes / sizeof(float));
+  auto context = NewContext();
+  v1::UploadWeightsResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::WeightChunk>> writer =
+      models_->UploadWeights(context.get(), &response);
+  v1::WeightChunk chunk;
+  bool stream_open = true;
+  for (const WeightTensor& tensor : tensors) {
+    // An empty tensor still sends one (empty) chunk, so the daemon sees it.
+    size_t offset = 0;
+    do {
+      const size_t count = std::min(chunk_elements, tensor.values.size() - offset);
+      chunk.set_model(model);
+      chunk.set_layer(tensor.layer);
+      chunk.set_role(tensor.role);
+      chunk.set_dtype(v1::DTYPE_FP32);
+      chunk.set_offset_elements(offset);
+      chunk.set_data(reinterpret_cast<const char*>(tensor.values.data() + offset),
+                     count * sizeof(float));
+      chunk.set_publish(publish);
+      // A failed write means the daemon ended the call; Finish says why.
+      stream_open = writer->Write(chunk);
+      offset += count;
+    } while (stream_open && offset < tensor.values.size());
+    if (!stream_open) break;
+  }
+  if (stream_open) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::UploadWeightsResponse> Client::UploadWeightChunks(
+    std::span<const v1::WeightChunk> chunks) {
+  auto context = NewContext();
+  v1::UploadWeightsResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::WeightChunk>> writer =
+      models_->UploadWeights(context.get(), &response);
+  bool stream_open = true;
+  for (const v1::WeightChunk& chunk : chunks) {
+    if (!(stream_open = writer->Write(chunk))) break;
+  }
+  if (stream_open) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::UploadWeightsResponse> Client::LoadSafetensors(
+    const v1::LoadSafetensorsRequest& request) {
+  auto context = NewContext();
+  return Unary(models_.get(), &v1::Models::Stub::LoadSafetensors, context.get(), request);
+}
+
+absl::StatusOr<v1::ModelInfo> Client::PublishVersion(const std::string& model) {
+  v1::PublishVersionRequest request;
+  request.set_model(model);
+  auto context = NewContext();
+  return Unary(models_.get(), &v1::Models::Stub::PublishVersion, context.get(), request);
+}
+
+absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
+  auto context = NewContext();
+  return Unary(models_.get(), &v1::Models::Stub::ListModels, context.get(),
+               v1::ListModelsRequest());
+}
+
+absl::StatusOr<v1::ModelInfo> Client::DescribeModel(const std::string& model) {
+  v1::DescribeModelRequest request;
+  request.set_name(model);
+  auto context = NewContext();
+  return Unary(models_.get(), &v1::Models::Stub::DescribeModel, context.get(), request);
+}
+
+absl::StatusOr<v1::DeleteModelResponse> Client::DeleteModel(const std::string& model) {
+  v1::DeleteModelRequest request;
+  request.set_name(model);
+  auto context = NewContext();
+  return Unary(models_.get(), &v1::Models::Stub::DeleteModel, context.get(), request);
+}
+
+absl::StatusOr<v1::PolicyInfo> Client::PutPolicy(const std::string& json) {
+  v1::PutPolicyRequest request;
+  request.set_json(json);
+  auto context = NewContext();
+  return Unary(policies_.get(), &v1::Policies::Stub::PutPolicy, context.get(), request);
+}
+
+absl::StatusOr<v1::PolicyInfo> Client::GetPolicy(const std::string& name) {
+  v1::GetPolicyRequest request;
+  request.set_name(name);
+  auto context = NewContext();
+  return Unary(policies_.get(), &v1::Policies::Stub::GetPolicy, context.get(), request);
+}
+
+absl::StatusOr<v1::ListPoliciesResponse> Client::ListPolicies() {
+  auto context = NewContext();
+  return Unary(policies_.get(), &v1::Policies::Stub::ListPolicies, context.get(),
+               v1::ListPoliciesRequest());
+}
+
+absl::Status Client::DeletePolicy(const std::string& name) {
+  v1::DeletePolicyRequest request;
+  request.set_name(name);
+  auto context = NewContext();
+  return Unary(policies_.get(), &v1::Policies::Stub::DeletePolicy, context.get(), request).status();
+}
+
+absl::StatusOr<std::string> Client::SetActivePolicy(const std::string& model,
+                                                    const std::string& policy) {
+  v1::SetActivePolicyRequest request;
+  request.set_model(model);
+  request.set_policy(policy);
+  auto context = NewContext();
+  absl::StatusOr<v1::SetActivePolicyResponse> response =
+      Unary(policies_.get(), &v1::Policies::Stub::SetActivePolicy, context.get(), request);
+  if (!response.ok()) return response.status();
+  return response->previous_policy();
+}
+
+absl::StatusOr<v1::ResolvePolicyResponse> Client::ResolvePolicy(const std::string& model,
+                                                                const std::string& policy) {
+  v1::ResolvePolicyRequest request;
+  request.set_model(model);
+  request.set_policy(policy);
+  auto context = NewContext();
+  return Unary(policies_.get(), &v1::Policies::Stub::ResolvePolicy, context.get(), request);
+}
+
+absl::StatusOr<v1::ReportPowerResponse> Client::ReportPower(
+    std::span<const v1::PowerSample> samples) {
+  auto context = NewContext();
+  v1::ReportPowerResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::PowerSample>> writer =
+      telemetry_->ReportPower(context.get(), &response);
+  bool stream_open = true;
+  for (const v1::PowerSample& sample : samples) {
+    if (!(stream_open = writer->Write(sample))) break;
+  }
+  if (stream_open) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::EnergyReport> Client::GetEnergyReport(double since_unix_seconds) {
+  v1::GetEnergyReportRequest request;
+  request.set_since_seconds(since_unix_seconds);
+  auto context = NewContext();
+  return Unary(telemetry_.get(), &v1::Telemetry::Stub::GetEnergyReport, context.get(), request);
+}
+
+}  // namespace mxclient

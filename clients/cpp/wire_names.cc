@@ -1,0 +1,61 @@
+#include "clients/cpp/wire_names.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace mxclient {
+
+absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name) {
+  std::string lower = absl::AsciiStrToLower(name);
+  if (absl::StartsWith(lower, "phase_")) lower.erase(0, 6);
+  if (lower == "rollout") return v1::PHASE_ROLLOUT;
+  if (lower == "reward") return v1::PHASE_REWARD;
+  if (lower == "update") return v1::PHASE_UPDATE;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown phase '", name, "'; expected rollout, reward or update"));
+}
+
+std::string PhaseName(v1::Phase phase) {
+  switch (phase) {
+    case v1::PHASE_ROLLOUT:
+      return "rollout";
+    case v1::PHASE_REWARD:
+      return "reward";
+    case v1::PHASE_UPDATE:
+      return "update";
+    default:
+      return phase == v1::PHASE_UNSPECIFIED ? "unspecified" : absl::StrCat("phase#", phase);
+  }
+}
+
+v1::Format ToWireFormat(mx::Format format) {
+  return static_cast<v1::Format>(static_cast<int>(format) + 1);
+}
+
+absl::StatusOr<mx::Format> FromWireFormat(v1::Format format) {
+  const int index = static_cast<int>(format) - 1;
+  if (index < 0 || index >= static_cast<int>(mx::AllFormats().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no concrete format for wire value ", format));
+  }
+  return static_cast<mx::Format>(index);
+}
+
+absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "policy" || lower == "auto") return v1::FORMAT_UNSPECIFIED;
+  absl::string_view bare = name;
+  if (absl::StartsWithIgnoreCase(bare, "format_")) bare.remove_prefix(7);
+  absl::StatusOr<mx::Format> format = mx::ParseFormat(bare);
+  if (!format.ok()) return format.status();
+  return ToWireFormat(*format);
+}
+
+std::string WireFormatName(v1::Format format) {
+  if (format == v1::FORMAT_UNSPECIFIED) return "policy";
+  absl::StatusOr<mx::Format> mx_format = FromWireFormat(format);
+  if (!mx_format.ok()) return absl::StrCat("format#", static_cast<int>(format));
+  return std::string(mx::FormatName(*mx_format));
+}
+
+}  // namespace mxclient

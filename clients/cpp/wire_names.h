@@ -1,0 +1,31 @@
+// Names of the wire enums (Phase, Format) as people type and read them, and the
+// mapping between the wire Format and mx::Format (wire = mx + 1, checked by
+// tests/proto_test.cc).
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mx/format.h"
+#include "mxserve/v1/common.pb.h"
+
+namespace mxclient {
+
+namespace v1 = ::mxserve::v1;
+
+// "rollout", "reward", "update" (any case), or the wire names "PHASE_ROLLOUT", ….
+absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name);
+// "rollout", "reward", "update"; "unspecified" for PHASE_UNSPECIFIED.
+std::string PhaseName(v1::Phase phase);
+
+v1::Format ToWireFormat(mx::Format format);
+// Fails for FORMAT_UNSPECIFIED and values outside the enum.
+absl::StatusOr<mx::Format> FromWireFormat(v1::Format format);
+// A format name as mxctl accepts it (mx::ParseFormat), or "policy"/"auto" for
+// FORMAT_UNSPECIFIED (let the model's active policy choose).
+absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name);
+// "MXFP4_E2M1", …; "policy" for FORMAT_UNSPECIFIED.
+std::string WireFormatName(v1::Format format);
+
+}  // namespace mxclient
