@@ -1,27 +1,26 @@
-// mxctl: the mxserve command line. Local subcommands (no server) quantize tensors
-// and run the reference GEMM on raw float32 files; `demo` shows each format's error.
+// mxctl: the mxserve command line. Local subcommands quantize tensors and run the
+// reference GEMM on raw float32 files; remote ones talk to the daemon (mxserved)
+// at --server: health, models, policies, energy, GEMMs and layer passes, and a
+// load generator.
 //
-// Exit status: 0 on success, 2 on a usage or input error (one line on stderr).
+// Exit status: 0 on success; 1 when the daemon (or the RPC) failed; 2 on a usage
+// or input error. Errors are one line on stderr, `mxctl: error: ...`.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "clients/cpp/cli_status.h"
+#include "clients/cpp/commands.h"
 #include "clients/cpp/demo.h"
-#include "clients/cpp/flags.h"
-#include "clients/cpp/raw_io.h"
 #include "mx/format.h"
-#include "mx/packed.h"
-#include "mx/reference_gemm.h"
-#include "mx/status_macros.h"
 
 namespace mxctl {
 namespace {
 
-constexpr int kUsageError = 2;
-
-constexpr char kUsage[] = R"(usage: mxctl <command> [flags]
+constexpr char kUsage[] = R"(usage: mxctl <command> [flags] [--server ADDR] [--timeout T]
 
 Commands (local, no server):
   quantize   quantize a raw float32 file to a format and back
@@ -30,106 +29,84 @@ Commands (local, no server):
       Blocks are 32 consecutive values; a short last block is padded with zeros.
       OUT is the dequantized result; SCALES one E8M0 byte per block (MX formats);
       CODES one element code per byte, in the low bits (formats of <= 8 bits).
-  gemm       C = A·B with the reference GEMM (the numerics contract)
+  gemm       C = A·B with the reference GEMM (the numerics contract), or on the
+             daemon (Compute.Gemm) when --server is given; the same C either way
       --format F [--format-b F2] [--rounding even|away] [--scale-rule floor|nosat]
-      --a A.f32 --b B.f32 --m M --k K --n N --output C.f32
+      --a A.f32 --b B.f32 --m M --k K --n N --output C.f32 [--phase P]
       A is MxK and B is KxN, row-major float32; both are quantized along K
-      (A per row, B per column), A to F and B to F2 (default F).
+      (A per row, B per column), A to F and B to F2 (default F). --phase
+      (default rollout) tags the daemon's request; the daemon has no nosat rule.
   demo       quantize a tensor and run a GEMM in every format; print the errors
   formats    list the formats and their traits
   help       this text
 
+Commands (on the daemon at --server, default 127.0.0.1:50051):
+  health     grpc.health.v1 check; prints SERVING or NOT_SERVING (exit 0 only
+             when serving)   [--service NAME]
+  models list
+  models register --name M (--layer NAME:OUTxIN[:bias] ... | --layers-json FILE)
+             [--policy P]      FILE: [{"name", "out_features", "in_features", "bias"}]
+  models upload --model M --layer L --weight W.f32 [--bias B.f32] [--publish]
+             W is OUTxIN row-major float32, sent in chunks of at most 1 MiB
+  models load --model M --path FILE.safetensors [--prefix P] [--publish]
+             FILE is read by the daemon on its host
+  models publish|describe|delete M        (or --model M)
+  policy put --file P.json | get NAME | list | delete NAME
+  policy activate --model M --policy P
+  policy resolve --model M [--policy P]   the phase x layer format table
+  energy     joules, busy seconds and requests per source and phase
+      [--since SECONDS]   only the last SECONDS (default: since the daemon started)
+  forward    Y = X·Wᵀ (+ bias) for a registered layer; prints how it ran
+      --model M --layer L --phase P [--format F|policy] --input X.f32 --m M
+      --output Y.f32 [--min-weight-version V]     X is MxK, Y is MxOUT
+  bench      load generator: a throwaway model with one NxK layer, C requests
+             of an MxK input kept in flight, then requests/s, GFLOP/s and
+             p50/p90/p99 latency
+      --m M --k K --n N [--phase P] [--format F|policy] [--concurrency C]
+      [--duration 10s] [--warmup 1s] [--stream] [--json]
+
+Global flags, before or after the command:
+  --server ADDR   the daemon's address (host:port)
+  --timeout T     deadline of each RPC (default 60s; e.g. 500ms, 2m)
+
+Phases: rollout, reward, update. Files are raw little-endian float32.
+Exit status: 0 ok, 1 the daemon or the RPC failed, 2 usage or input error.
+
 Formats (case-insensitive): )";
 
-absl::Status UsageError(std::string message) { return absl::InvalidArgumentError(message); }
-
-absl::StatusOr<mx::QuantizeOptions> ParseOptions(const Flags& flags) {
-  mx::QuantizeOptions options;
-  const std::string rounding = flags.Get("rounding").value_or("even");
-  if (rounding == "away") {
-    options.rounding = mx::Rounding::kNearestAway;
-  } else if (rounding != "even") {
-    return UsageError(absl::StrCat("--rounding: expected 'even' or 'away', got '", rounding, "'"));
+// Takes --server and --timeout out of the command line, wherever they are.
+absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
+  RemoteContext context;
+  std::vector<std::string> rest;
+  std::vector<std::string> globals;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    bool global = false;
+    for (const char* name : {"--server", "--timeout"}) {
+      if (arg != name && arg.rfind(absl::StrCat(name, "="), 0) != 0) continue;
+      global = true;
+      globals.push_back(arg);
+      if (arg == name) {
+        if (i + 1 >= args.size()) return UsageError(absl::StrCat("flag ", name, " needs a value"));
+        globals.push_back(args[++i]);
+      }
+      break;
+    }
+    if (!global) rest.push_back(arg);
   }
-  const std::string rule = flags.Get("scale-rule").value_or("floor");
-  if (rule == "nosat") {
-    options.scale_rule = mx::ScaleRule::kNoSaturation;
-  } else if (rule != "floor") {
-    return UsageError(absl::StrCat("--scale-rule: expected 'floor' or 'nosat', got '", rule, "'"));
+  absl::StatusOr<Flags> flags = Flags::Parse(globals, {"server", "timeout"});
+  if (!flags.ok()) return flags.status();
+  if (auto server = flags->Get("server")) {
+    if (server->empty()) return UsageError("--server: expected host:port, got ''");
+    context.server = *server;
+    context.server_given = true;
   }
-  return options;
-}
-
-absl::StatusOr<mx::Format> FormatFlag(const Flags& flags, const std::string& name) {
-  absl::StatusOr<std::string> text = flags.Require(name);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<mx::Format> format = mx::ParseFormat(*text);
-  if (!format.ok()) return UsageError(absl::StrCat("--", name, ": ", format.status().message()));
-  return format;
-}
-
-absl::Status Quantize(const std::vector<std::string>& args) {
-  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"format", "rounding", "scale-rule", "input",
-                                                      "output", "scales", "codes"}));
-  MX_ASSIGN_OR_RETURN(auto format, FormatFlag(flags, "format"));
-  MX_ASSIGN_OR_RETURN(auto options, ParseOptions(flags));
-  MX_ASSIGN_OR_RETURN(auto input_path, flags.Require("input"));
-  MX_ASSIGN_OR_RETURN(auto output_path, flags.Require("output"));
-  if (flags.Has("scales") && !mx::IsMx(format)) {
-    return UsageError(absl::StrCat("--scales: ", mx::FormatName(format),
-                                   " has no block scales (only MX formats do)"));
-  }
-  if (flags.Has("codes") && mx::Traits(format).element_bits > 8) {
-    return UsageError(
-        absl::StrCat("--codes: ", mx::FormatName(format), " elements do not fit one byte"));
-  }
-  MX_ASSIGN_OR_RETURN(auto values, ReadFloat32File(input_path, "--input"));
-
-  // The whole file is one row: MX blocks along it, or one INT8 scale for it.
-  const int64_t n = static_cast<int64_t>(values.size());
-  MX_ASSIGN_OR_RETURN(auto quantized, mx::QuantizeRows(values, 1, n, format, options));
-  MX_RETURN_IF_ERROR(WriteFloat32File(output_path, mx::Dequantize(quantized)));
-  if (auto path = flags.Get("scales")) {
-    MX_RETURN_IF_ERROR(WriteBytesFile(*path, quantized.block_scales));
-  }
-  if (auto path = flags.Get("codes")) {
-    std::vector<uint8_t> codes(n);
-    for (int64_t i = 0; i < n; ++i)
-      codes[i] = static_cast<uint8_t>(mx::ElementCode(quantized, 0, i));
-    MX_RETURN_IF_ERROR(WriteBytesFile(*path, codes));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Gemm(const std::vector<std::string>& args) {
-  MX_ASSIGN_OR_RETURN(
-      auto flags, Flags::Parse(args, {"format", "format-b", "rounding", "scale-rule", "a", "b", "m",
-                                      "k", "n", "output"}));
-  MX_ASSIGN_OR_RETURN(auto format_a, FormatFlag(flags, "format"));
-  mx::Format format_b = format_a;
-  if (flags.Has("format-b")) {
-    MX_ASSIGN_OR_RETURN(format_b, FormatFlag(flags, "format-b"));
-  }
-  MX_ASSIGN_OR_RETURN(auto options, ParseOptions(flags));
-  constexpr int64_t kMaxDim = int64_t{1} << 20;
-  MX_ASSIGN_OR_RETURN(auto m, flags.RequireInt("m", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto k, flags.RequireInt("k", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto n, flags.RequireInt("n", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto a_path, flags.Require("a"));
-  MX_ASSIGN_OR_RETURN(auto b_path, flags.Require("b"));
-  MX_ASSIGN_OR_RETURN(auto output_path, flags.Require("output"));
-  MX_ASSIGN_OR_RETURN(auto a, ReadFloat32File(a_path, "--a"));
-  MX_ASSIGN_OR_RETURN(auto b, ReadFloat32File(b_path, "--b"));
-  if (static_cast<int64_t>(a.size()) != m * k) {
-    return UsageError(absl::StrCat("--a: '", a_path, "' holds ", a.size(),
-                                   " floats, expected M*K = ", m, "*", k, " = ", m * k));
-  }
-  if (static_cast<int64_t>(b.size()) != k * n) {
-    return UsageError(absl::StrCat("--b: '", b_path, "' holds ", b.size(),
-                                   " floats, expected K*N = ", k, "*", n, " = ", k * n));
-  }
-  MX_ASSIGN_OR_RETURN(auto c, mx::ReferenceGemm(a, format_a, b, format_b, m, k, n, options));
-  return WriteFloat32File(output_path, c);
+  absl::StatusOr<absl::Duration> timeout = flags->DurationOr("timeout", context.timeout);
+  if (!timeout.ok()) return timeout.status();
+  if (*timeout <= absl::ZeroDuration()) return UsageError("--timeout: must be positive");
+  context.timeout = *timeout;
+  args = std::move(rest);
+  return context;
 }
 
 void PrintFormats() {
@@ -142,9 +119,8 @@ void PrintFormats() {
   }
 }
 
-int Main(int argc, char** argv) {
-  const std::string command = argc > 1 ? argv[1] : "help";
-  const std::vector<std::string> args(argv + (argc > 1 ? 2 : 1), argv + argc);
+absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& remote,
+                             const Args& args) {
   if (command == "help" || command == "--help" || command == "-h") {
     std::printf("%s%s\n", kUsage, std::string(mx::FormatNameList()).c_str());
     return 0;
@@ -154,19 +130,48 @@ int Main(int argc, char** argv) {
     PrintFormats();
     return 0;
   }
+  if (command == "health") return RunHealth(remote, args);
   absl::Status status;
   if (command == "quantize") {
-    status = Quantize(args);
+    status = RunQuantize(args);
   } else if (command == "gemm") {
-    status = Gemm(args);
+    status = RunGemm(remote, args);
+  } else if (command == "models") {
+    status = RunModels(remote, args);
+  } else if (command == "policy") {
+    status = RunPolicy(remote, args);
+  } else if (command == "energy") {
+    status = RunEnergy(remote, args);
+  } else if (command == "forward") {
+    status = RunForward(remote, args);
+  } else if (command == "bench") {
+    status = RunBench(remote, args);
   } else {
     status = UsageError(absl::StrCat("unknown command '", command, "' (try 'mxctl help')"));
   }
-  if (!status.ok()) {
-    std::fprintf(stderr, "mxctl: error: %s\n", std::string(status.message()).c_str());
-    return kUsageError;
-  }
+  if (!status.ok()) return status;
   return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<RemoteContext> remote = TakeGlobalFlags(args);
+  absl::StatusOr<int> exit_code = 0;
+  if (!remote.ok()) {
+    exit_code = remote.status();
+  } else {
+    const std::string command = args.empty() ? "help" : args.front();
+    if (!args.empty()) args.erase(args.begin());
+    exit_code = Dispatch(command, *remote, args);
+  }
+  if (!exit_code.ok()) {
+    // One line, whatever the daemon's message holds.
+    const std::string message =
+        absl::StrReplaceAll(exit_code.status().message(), {{"\r", " "}, {"\n", " "}});
+    std::fprintf(stderr, "mxctl: error: %s\n", message.c_str());
+    return ExitCodeFor(exit_code.status());
+  }
+  return *exit_code;
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+#include "clients/cpp/common_flags.h"
+
+#include "absl/strings/str_cat.h"
+#include "clients/cpp/cli_status.h"
+#include "clients/cpp/wire_names.h"
+
+namespace mxctl {
+
+absl::StatusOr<mx::QuantizeOptions> QuantizeOptionsFromFlags(const Flags& flags) {
+  mx::QuantizeOptions options;
+  const std::string rounding = flags.Get("rounding").value_or("even");
+  if (rounding == "away") {
+    options.rounding = mx::Rounding::kNearestAway;
+  } else if (rounding != "even") {
+    return UsageError(absl::StrCat("--rounding: expected 'even' or 'away', got '", rounding, "'"));
+  }
+  const std::string rule = flags.Get("scale-rule").value_or("floor");
+  if (rule == "nosat") {
+    options.scale_rule = mx::ScaleRule::kNoSaturation;
+  } else if (rule != "floor") {
+    return UsageError(absl::StrCat("--scale-rule: expected 'floor' or 'nosat', got '", rule, "'"));
+  }
+  return options;
+}
+
+absl::StatusOr<mx::Format> FormatFlag(const Flags& flags, const std::string& name) {
+  absl::StatusOr<std::string> text = flags.Require(name);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<mx::Format> format = mx::ParseFormat(*text);
+  if (!format.ok()) return UsageError(absl::StrCat("--", name, ": ", format.status().message()));
+  return format;
+}
+
+absl::StatusOr<mxserve::v1::Format> WireFormatFlag(const Flags& flags, const std::string& name) {
+  const std::optional<std::string> text = flags.Get(name);
+  if (!text) return mxserve::v1::FORMAT_UNSPECIFIED;
+  absl::StatusOr<mxserve::v1::Format> format = mxclient::ParseWireFormat(*text);
+  if (!format.ok()) {
+    return UsageError(absl::StrCat("--", name, ": ", format.status().message(), ", or 'policy'"));
+  }
+  return format;
+}
+
+absl::StatusOr<mxserve::v1::Phase> PhaseFlag(const Flags& flags, mxserve::v1::Phase fallback) {
+  const std::optional<std::string> text = flags.Get("phase");
+  if (!text) return fallback;
+  absl::StatusOr<mxserve::v1::Phase> phase = mxclient::ParsePhase(*text);
+  if (!phase.ok()) return UsageError(absl::StrCat("--phase: ", phase.status().message()));
+  return phase;
+}
+
+}  // namespace mxctl

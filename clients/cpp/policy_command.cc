@@ -1,0 +1,148 @@
+// `mxctl policy put|get|list|delete|activate|resolve`: format policies on the
+// daemon (Policies service); `resolve` prints the phase × layer table a policy
+// gives a model.
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "clients/cpp/cli_status.h"
+#include "clients/cpp/commands.h"
+#include "clients/cpp/table.h"
+#include "clients/cpp/wire_names.h"
+#include "mx/status_macros.h"
+
+namespace mxctl {
+namespace {
+
+namespace v1 = ::mxserve::v1;
+
+// A policy's description, from its JSON document ("" when absent or unreadable).
+std::string Description(const std::string& json) {
+  const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_object() && doc.contains("description") && doc["description"].is_string()) {
+    return doc["description"].get<std::string>();
+  }
+  return "";
+}
+
+// `policy <verb> NAME` or `--name NAME`.
+absl::StatusOr<std::string> NameOperand(Args args, const char* verb) {
+  std::optional<std::string> word = TakeWord(args);
+  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"name"}));
+  if (word && flags.Has("name")) {
+    return UsageError(absl::StrCat("policy ", verb, ": give the name once (NAME or --name NAME)"));
+  }
+  if (word) return *word;
+  if (!flags.Has("name")) {
+    return UsageError(absl::StrCat("policy ", verb, ": missing the policy name"));
+  }
+  return *flags.Get("name");
+}
+
+absl::Status Put(mxclient::Client& client, const Args& args) {
+  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"file"}));
+  MX_ASSIGN_OR_RETURN(auto path, flags.Require("file"));
+  std::ifstream in(path);
+  if (!in) return UsageError(absl::StrCat("--file: cannot read '", path, "'"));
+  std::stringstream json;
+  json << in.rdbuf();
+  absl::StatusOr<v1::PolicyInfo> info = client.PutPolicy(json.str());
+  if (!info.ok()) return ServerError("Policies.PutPolicy", info.status());
+  std::printf("stored policy %s\n", info->name().c_str());
+  return absl::OkStatus();
+}
+
+absl::Status List(mxclient::Client& client, const Args& args) {
+  MX_RETURN_IF_ERROR(Flags::Parse(args, std::vector<std::string>{}).status());
+  absl::StatusOr<v1::ListPoliciesResponse> response = client.ListPolicies();
+  if (!response.ok()) return ServerError("Policies.ListPolicies", response.status());
+  std::vector<std::vector<std::string>> rows = {{"policy", "kind", "description"}};
+  for (const v1::PolicyInfo& policy : response->policies()) {
+    rows.push_back(
+        {policy.name(), policy.builtin() ? "builtin" : "user", Description(policy.json())});
+  }
+  std::fputs(FormatTable(rows).c_str(), stdout);
+  return absl::OkStatus();
+}
+
+absl::Status Activate(mxclient::Client& client, const Args& args) {
+  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"model", "policy"}));
+  MX_ASSIGN_OR_RETURN(auto model, flags.Require("model"));
+  MX_ASSIGN_OR_RETURN(auto policy, flags.Require("policy"));
+  absl::StatusOr<std::string> previous = client.SetActivePolicy(model, policy);
+  if (!previous.ok()) return ServerError("Policies.SetActivePolicy", previous.status());
+  std::printf("model %s: active policy %s (was %s)\n", model.c_str(), policy.c_str(),
+              previous->empty() ? "the default" : previous->c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Resolve(mxclient::Client& client, const Args& args) {
+  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"model", "policy"}));
+  MX_ASSIGN_OR_RETURN(auto model, flags.Require("model"));
+  absl::StatusOr<v1::ResolvePolicyResponse> response =
+      client.ResolvePolicy(model, flags.Get("policy").value_or(""));
+  if (!response.ok()) return ServerError("Policies.ResolvePolicy", response.status());
+  // One row per layer (registration order), one column per phase; a cell names
+  // the format and, when a rule rather than the phase default chose it, the rule.
+  const v1::Phase phases[] = {v1::PHASE_ROLLOUT, v1::PHASE_REWARD, v1::PHASE_UPDATE};
+  std::vector<std::string> layers;
+  std::map<std::pair<std::string, int>, std::string> cells;
+  for (const v1::ResolvedFormat& entry : response->entries()) {
+    if (std::find(layers.begin(), layers.end(), entry.layer()) == layers.end()) {
+      layers.push_back(entry.layer());
+    }
+    std::string cell = mxclient::WireFormatName(entry.format());
+    if (entry.rule() >= 0) absl::StrAppend(&cell, " (rule ", entry.rule(), ")");
+    cells[{entry.layer(), entry.phase()}] = cell;
+  }
+  std::vector<std::vector<std::string>> rows = {{"layer"}};
+  for (const v1::Phase phase : phases) rows[0].push_back(mxclient::PhaseName(phase));
+  for (const std::string& layer : layers) {
+    std::vector<std::string> row = {layer};
+    for (const v1::Phase phase : phases) {
+      const auto it = cells.find({layer, phase});
+      row.push_back(it == cells.end() ? "-" : it->second);
+    }
+    rows.push_back(std::move(row));
+  }
+  std::printf("model %s, policy %s\n", model.c_str(), response->policy().c_str());
+  std::fputs(FormatTable(rows).c_str(), stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunPolicy(const RemoteContext& remote, const Args& all_args) {
+  Args args = all_args;
+  const std::optional<std::string> verb = TakeWord(args);
+  constexpr char kVerbs[] = "put, get, list, delete, activate or resolve";
+  if (!verb) return UsageError(absl::StrCat("policy: expected ", kVerbs));
+  const auto client = MakeClient(remote);
+  if (*verb == "put") return Put(*client, args);
+  if (*verb == "list") return List(*client, args);
+  if (*verb == "activate") return Activate(*client, args);
+  if (*verb == "resolve") return Resolve(*client, args);
+  if (*verb == "get") {
+    MX_ASSIGN_OR_RETURN(auto name, NameOperand(args, "get"));
+    absl::StatusOr<v1::PolicyInfo> info = client->GetPolicy(name);
+    if (!info.ok()) return ServerError("Policies.GetPolicy", info.status());
+    // Pretty-printed when it parses; the daemon's text otherwise.
+    const nlohmann::json doc =
+        nlohmann::json::parse(info->json(), nullptr, /*allow_exceptions=*/false);
+    std::printf("%s\n", doc.is_discarded() ? info->json().c_str() : doc.dump(2).c_str());
+    return absl::OkStatus();
+  }
+  if (*verb == "delete") {
+    MX_ASSIGN_OR_RETURN(auto name, NameOperand(args, "delete"));
+    const absl::Status status = client->DeletePolicy(name);
+    if (!status.ok()) return ServerError("Policies.DeletePolicy", status);
+    std::printf("deleted policy %s\n", name.c_str());
+    return absl::OkStatus();
+  }
+  return UsageError(absl::StrCat("policy: unknown subcommand '", *verb, "'; expected ", kVerbs));
+}
+
+}  // namespace mxctl

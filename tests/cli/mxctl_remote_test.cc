@@ -1,0 +1,374 @@
+// mxctl's remote subcommands against a real mxserved (tests/daemon/daemon_process.h
+// starts it on 127.0.0.1, port 0, and stops it with SIGTERM): the binaries a user
+// runs, real files, exit codes and messages. Numerics: the daemon's forward and
+// GEMM must give the local reference GEMM's bits.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include "tests/daemon/daemon_process.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code;
+  std::string out;
+  std::string err;
+};
+
+std::vector<float> RandomFloats(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+// W (rows × cols) → Wᵀ, so that X·Wᵀ is the local `gemm` of X and B = Wᵀ.
+std::vector<float> Transpose(const std::vector<float>& w, int64_t rows, int64_t cols) {
+  std::vector<float> t(w.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = w[r * cols + c];
+  }
+  return t;
+}
+
+// Table checks by pattern: column widths are the printer's business.
+bool Contains(const std::string& text, const std::string& pattern) {
+  return std::regex_search(text, std::regex(pattern));
+}
+
+class MxctlRemote : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new mx_test::DaemonProcess({"--backend", "cpu", "--workers", "2"});
+  }
+  static void TearDownTestSuite() {
+    if (daemon_->ok()) {
+      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+    }
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(daemon_->ok());
+    std::string pattern = (fs::temp_directory_path() / "mxctl_remote_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // mxctl ARGS --server ADDRESS (unless `with_server` is false).
+  Result Run(const std::string& args, bool with_server = true) const {
+    std::string command = MXCTL_PATH;
+    command.append(" ").append(args);
+    if (with_server) command.append(" --server ").append(daemon_->grpc_address());
+    command.append(" >").append(Path("stdout")).append(" 2>").append(Path("stderr"));
+    const int status = std::system(command.c_str());
+    const auto slurp = [](const std::string& p) {
+      std::ifstream in(p);
+      std::stringstream s;
+      s << in.rdbuf();
+      return s.str();
+    };
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(Path("stdout")),
+            slurp(Path("stderr"))};
+  }
+
+  // Runs and expects success, returning stdout.
+  std::string Ok(const std::string& args) const {
+    const Result r = Run(args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+    return r.out;
+  }
+
+  void WriteFloats(const std::string& name, const std::vector<float>& values) const {
+    std::ofstream out(Path(name), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(values.data()),
+              static_cast<std::streamsize>(values.size() * sizeof(float)));
+  }
+  std::vector<float> ReadFloats(const std::string& name) const {
+    std::ifstream in(Path(name), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<float> values(bytes.size() / 4);
+    std::memcpy(values.data(), bytes.data(), values.size() * 4);
+    return values;
+  }
+
+  // Registers `model` with one layer `layer` of out×in (no bias), uploads seeded
+  // weights (written to W.f32) and publishes them.
+  void RegisterWithWeights(const std::string& model, const std::string& layer, int64_t out,
+                           int64_t in) {
+    Ok("models register --name " + model + " --layer " + layer + ":" + std::to_string(out) + "x" +
+       std::to_string(in));
+    WriteFloats("W.f32", RandomFloats(static_cast<size_t>(out * in), 11));
+    const std::string upload = Ok("models upload --model " + model + " --layer " + layer +
+                                  " --weight " + Path("W.f32") + " --publish");
+    EXPECT_NE(upload.find("published weight version 1"), std::string::npos) << upload;
+  }
+
+  static void ExpectOneErrorLine(const Result& r, int exit_code, const std::string& message) {
+    EXPECT_EQ(r.exit_code, exit_code) << r.err;
+    EXPECT_EQ(r.err.rfind("mxctl: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+
+  static mx_test::DaemonProcess* daemon_;
+  fs::path dir_;
+};
+
+mx_test::DaemonProcess* MxctlRemote::daemon_ = nullptr;
+
+TEST_F(MxctlRemote, HealthReportsServing) {
+  Result r = Run("health");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "SERVING\n");
+  // --server before the subcommand works as well as after it.
+  r = Run("--server " + daemon_->grpc_address() + " health --service mxserve.v1.Compute",
+          /*with_server=*/false);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "SERVING\n");
+  ExpectOneErrorLine(Run("health --service no.such.Service"), 1,
+                     "grpc.health.v1.Health.Check: NOT_FOUND");
+}
+
+TEST_F(MxctlRemote, ModelsRegisterUploadListDescribeDelete) {
+  std::string out =
+      Ok("models register --name lifecycle --layer q_proj:64x96 "
+         "--layer out:32x64:bias --policy C-aggressive");
+  EXPECT_NE(out.find("C-aggressive"), std::string::npos) << out;
+  EXPECT_NE(out.find("q_proj"), std::string::npos) << out;
+
+  WriteFloats("q.f32", RandomFloats(64 * 96, 1));
+  WriteFloats("o.f32", RandomFloats(32 * 64, 2));
+  WriteFloats("b.f32", RandomFloats(32, 3));
+  out = Ok("models upload --model lifecycle --layer q_proj --weight " + Path("q.f32"));
+  EXPECT_NE(out.find("staged 1 tensors"), std::string::npos) << out;
+  out = Ok("models upload --model lifecycle --layer out --weight " + Path("o.f32") + " --bias " +
+           Path("b.f32"));
+  EXPECT_NE(out.find("staged 2 tensors"), std::string::npos) << out;
+  out = Ok("models publish --model lifecycle");
+  EXPECT_NE(out.find("weight_version  1"), std::string::npos) << out;
+
+  out = Ok("models list");
+  EXPECT_NE(out.find("lifecycle"), std::string::npos) << out;
+  out = Ok("models describe lifecycle");
+  for (const char* expected : {"model           lifecycle", "policy          C-aggressive",
+                               "weight_version  1", "q_proj", "out"}) {
+    EXPECT_NE(out.find(expected), std::string::npos) << expected << "\n" << out;
+  }
+
+  // A weight file of the wrong size is caught before anything is sent.
+  ExpectOneErrorLine(
+      Run("models upload --model lifecycle --layer out --weight " + Path("q.f32")), 2,
+      "--weight: '" + Path("q.f32") + "' holds 6144 floats, layer 'out' needs OUT*IN = 32*64");
+
+  out = Ok("models delete lifecycle");
+  EXPECT_NE(out.find("deleted model lifecycle"), std::string::npos) << out;
+  EXPECT_EQ(Ok("models list").find("lifecycle"), std::string::npos);
+  ExpectOneErrorLine(Run("models describe --model lifecycle"), 1,
+                     "Models.DescribeModel: NOT_FOUND");
+}
+
+TEST_F(MxctlRemote, ModelsRegisterFromLayersJson) {
+  std::ofstream(Path("layers.json"))
+      << R"({"layers": [{"name": "a", "out_features": 8, "in_features": 32},
+                        {"name": "b", "out_features": 4, "in_features": 8, "bias": true}]})";
+  const std::string out =
+      Ok("models register --name from-json --layers-json " + Path("layers.json"));
+  EXPECT_TRUE(Contains(out, R"(\na +8 +32 +no)")) << out;
+  EXPECT_TRUE(Contains(out, R"(\nb +4 +8 +yes)")) << out;
+  Ok("models delete from-json");
+}
+
+TEST_F(MxctlRemote, PolicyPutListGetActivateResolveDelete) {
+  std::ofstream(Path("policy.json")) << R"({
+    "name": "test-policy", "description": "q in FP16, the rest MXFP4",
+    "defaults": {"rollout": "MXFP4", "reward": "MXFP6_E2M3", "update": "BF16"},
+    "rules": [{"phase": "*", "layers": "*.q_proj", "format": "FP16"}]})";
+  std::string out = Ok("policy put --file " + Path("policy.json"));
+  EXPECT_NE(out.find("stored policy test-policy"), std::string::npos) << out;
+  out = Ok("policy list");
+  EXPECT_NE(out.find("test-policy"), std::string::npos) << out;
+  EXPECT_TRUE(Contains(out, R"(\nD-phase-adaptive +builtin)")) << out;
+  out = Ok("policy get test-policy");
+  EXPECT_NE(out.find("\"name\": \"test-policy\""), std::string::npos) << out;
+
+  Ok("models register --name policed --layer layers.0.q_proj:8x32 --layer layers.0.mlp:8x32");
+  out = Ok("policy activate --model policed --policy test-policy");
+  EXPECT_NE(out.find("model policed: active policy test-policy"), std::string::npos) << out;
+  out = Ok("policy resolve --model policed");
+  EXPECT_NE(out.find("policy test-policy"), std::string::npos) << out;
+  EXPECT_TRUE(Contains(out, R"(\nlayer +rollout +reward +update\n)")) << out;
+  EXPECT_TRUE(
+      Contains(out, R"(\nlayers\.0\.q_proj +FP16 \(rule 0\) +FP16 \(rule 0\) +FP16 \(rule 0\)\n)"))
+      << out;
+  EXPECT_TRUE(Contains(out, R"(\nlayers\.0\.mlp +MXFP4_E2M1 +MXFP6_E2M3 +BF16\n)")) << out;
+  out = Ok("policy resolve --model policed --policy fp16-baseline");
+  EXPECT_TRUE(Contains(out, R"(\nlayers\.0\.mlp +FP16 +FP16 +FP16\n)")) << out;
+
+  // In use: the daemon refuses, and says so.
+  ExpectOneErrorLine(Run("policy delete test-policy"), 1,
+                     "Policies.DeletePolicy: FAILED_PRECONDITION");
+  Ok("models delete policed");
+  out = Ok("policy delete test-policy");
+  EXPECT_NE(out.find("deleted policy test-policy"), std::string::npos) << out;
+  ExpectOneErrorLine(Run("policy get test-policy"), 1, "Policies.GetPolicy: NOT_FOUND");
+}
+
+TEST_F(MxctlRemote, ForwardEqualsLocalGemmOfTheTransposedWeights) {
+  constexpr int64_t kM = 5, kK = 96, kN = 40;
+  RegisterWithWeights("fwd", "proj", kN, kK);
+  WriteFloats("Wt.f32", Transpose(ReadFloats("W.f32"), kN, kK));
+  WriteFloats("X.f32", RandomFloats(kM * kK, 5));
+  for (const char* format :
+       {"MXFP4_E2M1", "MXFP8_E4M3", "MXFP6_E3M2", "MXINT8", "INT8", "BF16", "FP32"}) {
+    SCOPED_TRACE(format);
+    const std::string out =
+        Ok(std::string("forward --model fwd --layer proj --phase rollout --format ") + format +
+           " --input " + Path("X.f32") + " --m 5 --output " + Path("Y.f32"));
+    EXPECT_NE(out.find(std::string("format          ") + format + "\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("backend         cpu"), std::string::npos) << out;
+    EXPECT_NE(out.find("weight_version  1"), std::string::npos) << out;
+    const Result local =
+        Run(std::string("gemm --format ") + format + " --a " + Path("X.f32") + " --b " +
+                Path("Wt.f32") + " --m 5 --k 96 --n 40 --output " + Path("C.f32"),
+            /*with_server=*/false);
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    const std::vector<float> y = ReadFloats("Y.f32");
+    ASSERT_EQ(y.size(), static_cast<size_t>(kM * kN));
+    EXPECT_EQ(std::memcmp(y.data(), ReadFloats("C.f32").data(), y.size() * 4), 0);
+  }
+  // No --format: the model's active policy chooses (D-phase-adaptive by default).
+  const std::string out = Ok("forward --model fwd --layer proj --phase update --input " +
+                             Path("X.f32") + " --m 5 --output " + Path("Y.f32"));
+  EXPECT_NE(out.find("output  [5, 40]"), std::string::npos) << out;
+  Ok("models delete fwd");
+}
+
+TEST_F(MxctlRemote, RemoteGemmEqualsLocalGemm) {
+  WriteFloats("A.f32", RandomFloats(3 * 70, 21));
+  WriteFloats("B.f32", RandomFloats(70 * 9, 22));
+  const std::string io = " --a " + Path("A.f32") + " --b " + Path("B.f32") + " --m 3 --k 70 --n 9";
+  for (const char* formats :
+       {"--format mxfp4", "--format MXFP8_E5M2 --format-b mxfp6", "--format mxint8 --rounding away",
+        "--format fp16 --phase reward", "--format int8"}) {
+    SCOPED_TRACE(formats);
+    const Result local =
+        Run(std::string("gemm ") + formats + io + " --output " + Path("local.f32"), false);
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    Ok(std::string("gemm ") + formats + io + " --output " + Path("remote.f32"));
+    const std::vector<float> expected = ReadFloats("local.f32");
+    const std::vector<float> got = ReadFloats("remote.f32");
+    ASSERT_EQ(got.size(), 27u);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * 4), 0);
+  }
+  // The daemon has no "nosat" scale rule: refused before sending.
+  ExpectOneErrorLine(
+      Run("gemm --format mxfp4 --scale-rule nosat" + io + " --output " + Path("c.f32")), 2,
+      "--scale-rule");
+}
+
+TEST_F(MxctlRemote, EnergyPrintsATablePerSourceAndPhase) {
+  RegisterWithWeights("watts", "proj", 16, 64);
+  WriteFloats("X.f32", RandomFloats(2 * 64, 9));
+  Ok("forward --model watts --layer proj --phase reward --format mxfp8 --input " + Path("X.f32") +
+     " --m 2 --output " + Path("Y.f32"));
+  std::string out = Ok("energy");
+  EXPECT_NE(out.find("energy since the daemon started"), std::string::npos) << out;
+  EXPECT_TRUE(Contains(out, R"(\nsource +phase +joules +busy_s +requests)")) << out;
+  EXPECT_TRUE(Contains(out, R"(\nfpga_model +reward +[0-9.e+-]+ +[0-9.e+-]+ +[1-9])")) << out;
+  out = Ok("energy --since 3600");
+  EXPECT_NE(out.find("energy from "), std::string::npos) << out;
+  EXPECT_NE(out.find("(3600.0 s)"), std::string::npos) << out;
+  Ok("models delete watts");
+}
+
+TEST_F(MxctlRemote, BenchJsonCountsRequestsAndCleansUp) {
+  for (const char* mode : {"", " --stream"}) {
+    SCOPED_TRACE(mode);
+    const std::string out =
+        Ok(std::string("bench --phase rollout --format mxfp4 --m 4 --k 64 --n 32 --concurrency 3 "
+                       "--duration 1s --warmup 0s --json") +
+           mode);
+    const nlohmann::json json = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_TRUE(json.is_object()) << out;
+    for (const char* key :
+         {"requests", "seconds", "requests_per_second", "gflops", "p50_ms", "p90_ms", "p99_ms",
+          "errors", "concurrency", "m", "n", "k", "format", "phase", "stream"}) {
+      EXPECT_TRUE(json.contains(key)) << key;
+    }
+    EXPECT_GT(json["requests"].get<int64_t>(), 0);
+    EXPECT_EQ(json["errors"].get<int64_t>(), 0);
+    EXPECT_NEAR(json["seconds"].get<double>(), 1.0, 0.5);
+    EXPECT_LE(json["p50_ms"].get<double>(), json["p99_ms"].get<double>());
+    EXPECT_EQ(json["concurrency"], 3);
+    EXPECT_EQ(json["format"], "MXFP4_E2M1");
+    EXPECT_EQ(json["phase"], "rollout");
+    EXPECT_EQ(json["stream"], *mode != '\0');
+  }
+  // The throwaway models are gone.
+  EXPECT_EQ(Ok("models list").find("mxctl-bench-"), std::string::npos);
+}
+
+TEST_F(MxctlRemote, ErrorsNameTheProblemAndExitOneOrTwo) {
+  WriteFloats("X.f32", RandomFloats(2 * 8, 1));
+  // The daemon's errors: exit 1, the RPC, the code and the daemon's message.
+  ExpectOneErrorLine(Run("forward --model no-such-model --layer l --phase rollout --input " +
+                         Path("X.f32") + " --m 2 --output " + Path("Y.f32")),
+                     1, "Compute.LayerForward: NOT_FOUND");
+  EXPECT_NE(Run("forward --model no-such-model --layer l --phase rollout --input " + Path("X.f32") +
+                " --m 2 --output " + Path("Y.f32"))
+                .err.find("no-such-model"),
+            std::string::npos);
+  ExpectOneErrorLine(Run("models delete no-such-model"), 1, "no-such-model");
+  Ok("models register --name dup --layer a:4x4");
+  ExpectOneErrorLine(Run("models register --name dup --layer a:4x4"), 1,
+                     "Models.RegisterModel: ALREADY_EXISTS");
+  Ok("models delete dup");
+  // Nothing listens on port 1: the RPC fails, and that is exit 1 too.
+  ExpectOneErrorLine(Run("--server 127.0.0.1:1 health", /*with_server=*/false), 1,
+                     "grpc.health.v1.Health.Check: UNAVAILABLE");
+
+  // The command line's errors: exit 2, before any RPC.
+  const std::pair<std::string, std::string> usage_errors[] = {
+      {"models register --name x", "give the layers with --layer"},
+      {"models register --name x --layer a:4by4", "--layer: expected name:OUTxIN"},
+      {"models frobnicate", "models: unknown subcommand 'frobnicate'"},
+      {"models describe", "missing the model"},
+      {"policy", "policy: expected put, get"},
+      {"policy put", "missing required flag --file"},
+      {"forward --model m --layer l --input x --m 1 --output y", "missing required flag --phase"},
+      {"forward --model m --layer l --phase sideways --input x --m 1 --output y",
+       "--phase: unknown phase 'sideways'"},
+      {"forward --model m --layer l --phase rollout --format mxfp5 --input x --m 1 --output y",
+       "--format: unknown format 'mxfp5'"},
+      {"bench --m 0 --k 4 --n 4", "--m: expected an integer in [1, 65536], got '0'"},
+      {"bench --m 1 --k 4 --n 4 --duration forever", "--duration: expected a duration"},
+      {"bench --m 1 --k 4 --n 4 --json=maybe", "--json: a switch takes no value"},
+      {"energy --since yesterday", "--since: expected a duration"},
+      {"health --timeout 0s", "--timeout: must be positive"},
+  };
+  for (const auto& [args, message] : usage_errors) {
+    SCOPED_TRACE(args);
+    ExpectOneErrorLine(Run(args), 2, message);
+  }
+  ExpectOneErrorLine(Run("health --server", false), 2, "flag --server needs a value");
+}
+
+}  // namespace

@@ -1,0 +1,196 @@
+// The C++ client library against a real mxserved on 127.0.0.1 (started and
+// stopped by tests/daemon/daemon_process.h): status codes, chunked uploads, sync
+// and async LayerForward, Compute.Stream sessions, deadlines.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "clients/cpp/client.h"
+#include "clients/cpp/compute_stream.h"
+#include "clients/cpp/tensor.h"
+#include "tests/daemon/daemon_process.h"
+
+namespace {
+
+namespace v1 = ::mxserve::v1;
+
+std::vector<float> RandomFloats(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+class ClientAgainstDaemon : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new mx_test::DaemonProcess({"--backend", "cpu", "--workers", "2"});
+  }
+  static void TearDownTestSuite() {
+    if (daemon_->ok()) {
+      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+    }
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(daemon_->ok());
+    client_ = std::make_unique<mxclient::Client>(
+        mxclient::ClientOptions{.address = daemon_->grpc_address()});
+  }
+
+  // A model with one layer `proj` of out×in, seeded weights, published.
+  std::vector<float> RegisterWithWeights(const std::string& model, int64_t out, int64_t in) {
+    v1::RegisterModelRequest request;
+    request.set_name(model);
+    v1::LayerSpec* layer = request.add_layers();
+    layer->set_name("proj");
+    layer->set_out_features(out);
+    layer->set_in_features(in);
+    EXPECT_TRUE(client_->RegisterModel(request).ok());
+    std::vector<float> weight = RandomFloats(static_cast<size_t>(out * in), 3);
+    const mxclient::WeightTensor tensors[] = {{.layer = "proj", .values = weight}};
+    absl::StatusOr<v1::UploadWeightsResponse> upload =
+        client_->UploadWeights(model, tensors, /*publish=*/true);
+    EXPECT_TRUE(upload.ok()) << upload.status();
+    if (upload.ok()) {
+      EXPECT_EQ(upload->weight_version(), 1u);
+    }
+    return weight;
+  }
+
+  static v1::LayerForwardRequest Forward(const std::string& model, const std::string& layer,
+                                         const std::vector<float>& x, int64_t m, int64_t k) {
+    v1::LayerForwardRequest request;
+    request.set_model(model);
+    request.set_layer(layer);
+    request.set_phase(v1::PHASE_ROLLOUT);
+    request.set_format(v1::FORMAT_MXFP4_E2M1);
+    *request.mutable_input()->mutable_tensor() = mxclient::MakeFloat32Tensor(x, {m, k}).value();
+    return request;
+  }
+
+  static mx_test::DaemonProcess* daemon_;
+  std::unique_ptr<mxclient::Client> client_;
+};
+
+mx_test::DaemonProcess* ClientAgainstDaemon::daemon_ = nullptr;
+
+TEST_F(ClientAgainstDaemon, HealthAndStatusCodes) {
+  EXPECT_EQ(client_->CheckHealth().value(), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(client_->CheckHealth("mxserve.v1.Models").value(),
+            grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(client_->CheckHealth("nope").status().code(), absl::StatusCode::kNotFound);
+  const absl::Status missing = client_->DescribeModel("no-such-model").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("no-such-model"), std::string::npos) << missing;
+
+  mxclient::Client unreachable({.address = "127.0.0.1:1", .timeout = absl::Seconds(5)});
+  EXPECT_EQ(unreachable.ListModels().status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ClientAgainstDaemon, UploadInChunksThenForwardSyncAndAsyncAgree) {
+  // 600 × 512 FP32 is 1.2 MB: two chunks of at most 1 MiB.
+  const std::vector<float> weight = RegisterWithWeights("chunky", 600, 512);
+  const v1::ModelInfo info = client_->DescribeModel("chunky").value();
+  EXPECT_EQ(info.weight_version(), 1u);
+
+  const std::vector<float> x = RandomFloats(3 * 512, 4);
+  const v1::LayerForwardRequest request = Forward("chunky", "proj", x, 3, 512);
+  absl::StatusOr<v1::LayerForwardResponse> sync = client_->LayerForward(request);
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  EXPECT_EQ(sync->info().format(), v1::FORMAT_MXFP4_E2M1);
+  const std::vector<float> y = mxclient::TensorToFloats(sync->output(), {3, 600}).value();
+
+  std::promise<absl::StatusOr<v1::LayerForwardResponse>> async_result;
+  client_->LayerForwardAsync(std::make_shared<const v1::LayerForwardRequest>(request),
+                             [&](absl::StatusOr<v1::LayerForwardResponse> response) {
+                               async_result.set_value(std::move(response));
+                             });
+  absl::StatusOr<v1::LayerForwardResponse> async = async_result.get_future().get();
+  ASSERT_TRUE(async.ok()) << async.status();
+  EXPECT_EQ(mxclient::TensorToFloats(async->output(), {3, 600}).value(), y);
+  EXPECT_TRUE(client_->DeleteModel("chunky").ok());
+}
+
+TEST_F(ClientAgainstDaemon, StreamAnswersEveryRequestByIdErrorsIncluded) {
+  RegisterWithWeights("streamed", 64, 96);
+  const std::vector<float> x = RandomFloats(2 * 96, 5);
+  const v1::LayerForwardResponse expected =
+      client_->LayerForward(Forward("streamed", "proj", x, 2, 96)).value();
+
+  std::unique_ptr<mxclient::ComputeStream> stream = client_->OpenStream().value();
+  std::mutex mu;
+  std::map<uint64_t, absl::StatusOr<v1::StreamResponse>> outcomes;
+  std::vector<uint64_t> good_ids;
+  uint64_t bad_id = 0;
+  for (int i = 0; i < 20; ++i) {
+    v1::StreamRequest request;
+    const bool bad = i == 7;
+    *request.mutable_forward() = Forward("streamed", bad ? "no_such_layer" : "proj", x, 2, 96);
+    absl::StatusOr<uint64_t> id =
+        stream->Submit(request, [&mu, &outcomes](absl::StatusOr<v1::StreamResponse> r) {
+          std::lock_guard lock(mu);
+          const uint64_t key = r.ok() ? r->request_id() : 0;
+          outcomes.emplace(key == 0 ? 1000 + outcomes.size() : key, std::move(r));
+        });
+    ASSERT_TRUE(id.ok()) << id.status();
+    (bad ? bad_id : good_ids.emplace_back()) = *id;
+  }
+  // A caller-chosen id, and a blocking call on the same stream.
+  v1::StreamRequest chosen;
+  chosen.set_request_id(424242);
+  *chosen.mutable_forward() = Forward("streamed", "proj", x, 2, 96);
+  absl::StatusOr<v1::StreamResponse> call = stream->Call(chosen);
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request_id(), 424242u);
+
+  EXPECT_TRUE(stream->Close().ok());
+  EXPECT_EQ(stream->InFlight(), 0u);
+  EXPECT_EQ(outcomes.size(), 20u);
+  for (const uint64_t id : good_ids) {
+    ASSERT_TRUE(outcomes.contains(id)) << id;
+    ASSERT_TRUE(outcomes.at(id).ok()) << outcomes.at(id).status();
+    EXPECT_EQ(outcomes.at(id)->forward().output().data(), expected.output().data());
+  }
+  EXPECT_FALSE(outcomes.contains(bad_id));
+  int failures = 0;
+  for (const auto& [key, outcome] : outcomes) {
+    if (!outcome.ok()) {
+      ++failures;
+      EXPECT_EQ(outcome.status().code(), absl::StatusCode::kNotFound) << outcome.status();
+      EXPECT_NE(outcome.status().message().find("no_such_layer"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(failures, 1);
+  // Closed: no more submissions.
+  EXPECT_EQ(stream->Submit(chosen, [](auto) {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(client_->DeleteModel("streamed").ok());
+}
+
+TEST_F(ClientAgainstDaemon, DestroyingAnOpenStreamCancelsIt) {
+  std::unique_ptr<mxclient::ComputeStream> stream = client_->OpenStream().value();
+  stream.reset();  // must neither hang nor crash
+  SUCCEED();
+}
+
+TEST_F(ClientAgainstDaemon, DeadlinesComeBackAsDeadlineExceeded) {
+  // 17 MB of operands and a 0.5 GFLOP GEMM cannot make a 1 ms deadline.
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_UPDATE);
+  request.set_format(v1::FORMAT_FP32);
+  *request.mutable_a()->mutable_tensor() =
+      mxclient::MakeFloat32Tensor(RandomFloats(64 * 4096, 1), {64, 4096}).value();
+  *request.mutable_b()->mutable_tensor() =
+      mxclient::MakeFloat32Tensor(RandomFloats(4096 * 1024, 2), {4096, 1024}).value();
+  mxclient::Client hurried({.address = daemon_->grpc_address(), .timeout = absl::Milliseconds(1)});
+  EXPECT_EQ(hurried.Gemm(request).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
