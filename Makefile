@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= 2
 
-.PHONY: all deps configure build test run bench format clean
+.PHONY: all deps configure build test run bench bench-overhead format clean
 
 all: build
 
@@ -24,6 +24,10 @@ run: build
 
 bench: build
 	@$(BUILD_DIR)/bin/mx_bench
+
+# mxserved (null backend) against a bare gRPC server: p50 and throughput ratios.
+bench-overhead: build
+	@BUILD_DIR=$(abspath $(BUILD_DIR)) bash bench/overhead.sh
 
 format:
 	@git ls-files '*.h' '*.cc' | xargs clang-format -i
