@@ -67,6 +67,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     }
   }
 
+  void OnCancel() override { cancelled_->store(true, std::memory_order_relaxed); }
+
   void OnDone() override {
     core_.calls->End();
     delete this;
@@ -90,7 +92,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
         return;
       }
     }
-    const CallInfo call = CallInfo::From(context_);
+    const CallInfo call = CallInfo::From(context_, cancelled_);
     // The request and response live until `done` runs: the closure holds both.
     auto make_done = [this, request, response](Rpc op) {
       return Done([this, request, response, op](absl::Status status) {
@@ -159,6 +161,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 
   const Core& core_;
   grpc::CallbackServerContext* context_;
+  CancelFlag cancelled_ = std::make_shared<std::atomic<bool>>(false);
   v1::StreamRequest incoming_;
   std::mutex mu_;
   std::deque<std::shared_ptr<v1::StreamResponse>> outgoing_;  // front is being written
@@ -175,9 +178,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
 grpc::ServerUnaryReactor* ComputeService::Gemm(grpc::CallbackServerContext* context,
                                                const v1::GemmRequest* request,
                                                v1::GemmResponse* response) {
-  auto* reactor = context->DefaultReactor();
+  auto* reactor = new CancellableReactor;
   Submit(core_, UnaryDone(core_, reactor, Rpc::kGemm), [&](Done done) {
-    return PrepareGemm(core_, *request, response, CallInfo::From(context), done);
+    return PrepareGemm(core_, *request, response, CallInfo::From(context, reactor->cancelled()),
+                       done);
   });
   return reactor;
 }
@@ -185,9 +189,10 @@ grpc::ServerUnaryReactor* ComputeService::Gemm(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* ComputeService::LayerForward(grpc::CallbackServerContext* context,
                                                        const v1::LayerForwardRequest* request,
                                                        v1::LayerForwardResponse* response) {
-  auto* reactor = context->DefaultReactor();
+  auto* reactor = new CancellableReactor;
   Submit(core_, UnaryDone(core_, reactor, Rpc::kLayerForward), [&](Done done) {
-    return PrepareForward(core_, *request, response, CallInfo::From(context), done);
+    return PrepareForward(core_, *request, response,
+                          CallInfo::From(context, reactor->cancelled()), done);
   });
   return reactor;
 }
@@ -195,9 +200,10 @@ grpc::ServerUnaryReactor* ComputeService::LayerForward(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* ComputeService::LayerBackward(grpc::CallbackServerContext* context,
                                                         const v1::LayerBackwardRequest* request,
                                                         v1::LayerBackwardResponse* response) {
-  auto* reactor = context->DefaultReactor();
+  auto* reactor = new CancellableReactor;
   Submit(core_, UnaryDone(core_, reactor, Rpc::kLayerBackward), [&](Done done) {
-    return PrepareBackward(core_, *request, response, CallInfo::From(context), done);
+    return PrepareBackward(core_, *request, response,
+                           CallInfo::From(context, reactor->cancelled()), done);
   });
   return reactor;
 }

@@ -7,9 +7,9 @@ double UnixSeconds() {
       .count();
 }
 
-CallInfo CallInfo::From(const grpc::CallbackServerContext* context) {
+CallInfo CallInfo::From(const grpc::CallbackServerContext* context, CancelFlag cancelled) {
   CallInfo call;
-  call.context = context;
+  call.cancelled = std::move(cancelled);
   const auto deadline = context->deadline();
   const auto system_now = std::chrono::system_clock::now();
   // gRPC reports "no deadline" as a time far in the future.

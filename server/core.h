@@ -3,7 +3,9 @@
 // by Daemon; services hold a reference.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <condition_variable>
 #include <mutex>
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include "absl/status/status.h"
 #include "fpga/model/energy_model.h"
 #include "grpcpp/server_context.h"
+#include "grpcpp/support/server_callback.h"
 #include "server/backend.h"
 #include "server/energy_ledger.h"
 #include "server/metrics.h"
@@ -68,14 +71,30 @@ struct Core {
 // Unix time now, in seconds.
 double UnixSeconds();
 
+// Set by a reactor's OnCancel, the callback API's notice that the client
+// cancelled, its deadline passed, or the connection broke.
+using CancelFlag = std::shared_ptr<std::atomic<bool>>;
+
 // When a call arrived, when it must be done by, and whether its client gave up.
 struct CallInfo {
   Clock::time_point arrival = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();
-  const grpc::CallbackServerContext* context = nullptr;  // null: never cancelled
+  CancelFlag cancelled;  // null: never cancelled
 
-  static CallInfo From(const grpc::CallbackServerContext* context);
-  bool Cancelled() const { return context != nullptr && context->IsCancelled(); }
+  static CallInfo From(const grpc::CallbackServerContext* context, CancelFlag cancelled);
+  bool Cancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
+};
+
+// A unary reactor that notices cancellation, for calls answered later by a
+// worker. Deletes itself when the call is done.
+class CancellableReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void OnCancel() override { cancelled_->store(true, std::memory_order_relaxed); }
+  void OnDone() override { delete this; }
+  const CancelFlag& cancelled() const { return cancelled_; }
+
+ private:
+  CancelFlag cancelled_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 // Answers a request exactly once: status to the client, and the status counter.

@@ -235,7 +235,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
     Log(LogLevel::kInfo, "weights_staged",
         {{"model", model_}, {"tensors", absl::StrCat(staged)}, {"bytes", absl::StrCat(bytes_)}});
     if (!publish_) return Done(absl::OkStatus());
-    PublishAndWarm(core_, model_, CallInfo::From(context_),
+    PublishAndWarm(core_, model_, CallInfo::From(context_, nullptr),
                    [this](absl::StatusOr<uint64_t> version) {
                      if (version.ok()) response_->set_weight_version(*version);
                      Done(version.status());
@@ -275,7 +275,7 @@ void PublishAndWarm(const Core& core, const std::string& model, CallInfo call,
   // Quantize, on a worker, what the active policy will ask for. A failure here is
   // not the publish's: the request that needs the copy reports it.
   call.deadline = Clock::time_point::max();
-  call.context = nullptr;  // warm even if the client stops waiting
+  call.cancelled = nullptr;  // warm even if the client stops waiting
   const uint64_t published = *version;
   RunOnWorker(
       core, call,
@@ -340,8 +340,8 @@ grpc::ServerReadReactor<v1::WeightChunk>* ModelsService::UploadWeights(
 grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerContext* context,
                                                          const v1::LoadSafetensorsRequest* request,
                                                          v1::UploadWeightsResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  const CallInfo call = CallInfo::From(context);
+  auto* reactor = new CancellableReactor;
+  const CallInfo call = CallInfo::From(context, reactor->cancelled());
   core_.calls->Begin();
   auto finish = [this, reactor](const absl::Status& status) {
     FinishUnary(core_, reactor, Rpc::kLoadSafetensors, status);
@@ -419,7 +419,7 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
                                                         v1::ModelInfo* response) {
   auto* reactor = context->DefaultReactor();
   core_.calls->Begin();
-  PublishAndWarm(core_, request->model(), CallInfo::From(context),
+  PublishAndWarm(core_, request->model(), CallInfo::From(context, nullptr),
                  [this, reactor, request, response](absl::StatusOr<uint64_t> version) {
                    absl::Status status = version.status();
                    if (status.ok()) {

@@ -108,9 +108,10 @@ TEST(SchedulingTest, BatchesNeverMixWeightVersions) {
                        Reference(v2_layer, x, 2, mx::Format::kMxfp8E4m3)));
 }
 
-// A Gemm big enough to keep the single reference worker busy for a while.
-v1::GemmRequest SlowGemm() {
-  const int64_t m = 256, k = 512, n = 256;
+// A Gemm big enough to keep the single reference worker busy for a while
+// (about 0.15 s here; `m` rows more make it longer).
+v1::GemmRequest SlowGemm(int64_t m = 256) {
+  const int64_t k = 512, n = 256;
   v1::GemmRequest request;
   request.set_phase(v1::PHASE_UPDATE);
   request.set_format(v1::FORMAT_FP32);
@@ -166,8 +167,9 @@ TEST(SchedulingTest, FullQueueAnswersResourceExhaustedAndExpiredWorkIsDropped) {
   const std::string before = ScrapeMetrics(daemon.metrics_address());
   const std::string series =
       "mxserve_requests_total{backend=\"cpu\",format=\"FP32\",phase=\"update\",rpc=\"Gemm\"}";
-  const double served_before = MetricValue(before, series);
-  auto blocker = StartGemm(stub.get(), slow);
+  const double served_before = std::max(0.0, MetricValue(before, series));
+  auto blocker = StartGemm(stub.get(), SlowGemm(1024));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the blocker runs first
   auto hurried = StartGemm(stub.get(), slow, /*timeout_seconds=*/0.05);
   EXPECT_EQ(hurried->done.get_future().get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   ASSERT_TRUE(blocker->done.get_future().get().ok());
@@ -191,9 +193,11 @@ TEST(SchedulingTest, CancelledWorkIsNotComputed) {
   ASSERT_TRUE(daemon.ok());
   auto stub = v1::Compute::NewStub(daemon.channel());
   const v1::GemmRequest slow = SlowGemm();
-  auto blocker = StartGemm(stub.get(), slow);
+  // The blocker (about 0.6 s) surely runs before the doomed request arrives.
+  auto blocker = StartGemm(stub.get(), SlowGemm(1024));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
   auto doomed = StartGemm(stub.get(), slow);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   doomed->context.TryCancel();
   EXPECT_EQ(doomed->done.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
   ASSERT_TRUE(blocker->done.get_future().get().ok());
