@@ -227,7 +227,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
     }
     const uint64_t staged = tensors.size();
     pending_.clear();
-    if (absl::Status s = core_.registry->Stage(model_, std::move(tensors)); !s.ok()) return Done(s);
+    absl::StatusOr<uint64_t> version = core_.registry->Stage(model_, std::move(tensors), publish_);
+    if (!version.ok()) return Done(version.status());
     core_.UpdateMemoryGauges();
     response_->set_model(model_);
     response_->set_tensors_staged(staged);
@@ -235,11 +236,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
     Log(LogLevel::kInfo, "weights_staged",
         {{"model", model_}, {"tensors", absl::StrCat(staged)}, {"bytes", absl::StrCat(bytes_)}});
     if (!publish_) return Done(absl::OkStatus());
-    PublishAndWarm(core_, model_, CallInfo::From(context_, nullptr),
-                   [this](absl::StatusOr<uint64_t> version) {
-                     if (version.ok()) response_->set_weight_version(*version);
-                     Done(version.status());
-                   });
+    response_->set_weight_version(*version);
+    Warm(core_, model_, *version, [this](uint64_t) { Done(absl::OkStatus()); });
   }
 
   void Done(const absl::Status& status) {
@@ -266,17 +264,21 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
 
 }  // namespace
 
-void PublishAndWarm(const Core& core, const std::string& model, CallInfo call,
+void PublishAndWarm(const Core& core, const std::string& model,
                     std::function<void(absl::StatusOr<uint64_t>)> done) {
   absl::StatusOr<uint64_t> version = core.registry->Publish(model);
   if (!version.ok()) return done(version.status());
+  Warm(core, model, *version, [done](uint64_t published) { done(published); });
+}
+
+void Warm(const Core& core, const std::string& model, uint64_t published,
+          std::function<void(uint64_t)> done) {
   Log(LogLevel::kInfo, "weights_published",
-      {{"model", model}, {"version", absl::StrCat(*version)}});
+      {{"model", model}, {"version", absl::StrCat(published)}});
   // Quantize, on a worker, what the active policy will ask for. A failure here is
-  // not the publish's: the request that needs the copy reports it.
-  call.deadline = Clock::time_point::max();
-  call.cancelled = nullptr;  // warm even if the client stops waiting
-  const uint64_t published = *version;
+  // not the publish's: the request that needs the copy reports it. The warm-up
+  // runs even if the client stops waiting.
+  CallInfo call;
   RunOnWorker(
       core, call,
       [&core, model, published, done] {
@@ -350,7 +352,7 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
   // Reading and widening a file is real work: it runs on a worker.
   RunOnWorker(
       core_, call,
-      [this, request, response, call, finish] {
+      [this, request, response, finish] {
         auto load = [&]() -> absl::Status {
           MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request->model()));
           absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(request->path());
@@ -392,11 +394,14 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
             }
           }
           const uint64_t staged = tensors.size();
-          MX_RETURN_IF_ERROR(core_.registry->Stage(request->model(), std::move(tensors)));
+          MX_ASSIGN_OR_RETURN(const uint64_t version,
+                              core_.registry->Stage(request->model(), std::move(tensors),
+                                                    request->publish()));
           core_.UpdateMemoryGauges();
           response->set_model(request->model());
           response->set_tensors_staged(staged);
           response->set_bytes_received(bytes);
+          response->set_weight_version(version);
           Log(LogLevel::kInfo, "weights_staged",
               {{"model", request->model()}, {"tensors", absl::StrCat(staged)},
                {"source", request->path()}});
@@ -404,11 +409,8 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
         };
         absl::Status status = load();
         if (!status.ok() || !request->publish()) return finish(status);
-        PublishAndWarm(core_, request->model(), call,
-                       [response, finish](absl::StatusOr<uint64_t> version) {
-                         if (version.ok()) response->set_weight_version(*version);
-                         finish(version.status());
-                       });
+        Warm(core_, request->model(), response->weight_version(),
+             [finish](uint64_t) { finish(absl::OkStatus()); });
       },
       finish);
   return reactor;
@@ -419,7 +421,7 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
                                                         v1::ModelInfo* response) {
   auto* reactor = context->DefaultReactor();
   core_.calls->Begin();
-  PublishAndWarm(core_, request->model(), CallInfo::From(context, nullptr),
+  PublishAndWarm(core_, request->model(),
                  [this, reactor, request, response](absl::StatusOr<uint64_t> version) {
                    absl::Status status = version.status();
                    if (status.ok()) {

@@ -35,11 +35,14 @@ class ModelsService final : public v1::Models::CallbackService {
   const Core& core_;
 };
 
-// Publishes the staged weights of `model` as a new version, then (on a worker)
-// quantizes every layer into the formats its active policy uses, and finally
-// calls `done` with the new version. Shared by PublishVersion and the publish
-// flag of uploads.
-void PublishAndWarm(const Core& core, const std::string& model, CallInfo call,
+// Publishes the staged weights of `model` as a new version, then warms it.
+void PublishAndWarm(const Core& core, const std::string& model,
                     std::function<void(absl::StatusOr<uint64_t>)> done);
+
+// On a worker, quantizes every layer that changed in version `published` into
+// the formats its active policy uses; then calls `done(published)`. Shared by
+// PublishVersion and the publish flag of uploads and safetensors loads.
+void Warm(const Core& core, const std::string& model, uint64_t published,
+          std::function<void(uint64_t)> done);
 
 }  // namespace mxserve

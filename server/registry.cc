@@ -165,39 +165,16 @@ absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name,
   return (*model)->layers[it->second];
 }
 
-absl::Status Registry::Stage(absl::string_view model_name,
-                             std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors) {
-  std::lock_guard lock(mu_);
-  auto it = models_.find(model_name);
-  if (it == models_.end()) return ModelNotFound(model_name);
-  Model& model = *it->second;
-  for (auto& [key, tensor] : tensors) {
-    if (!model.index.contains(key.layer)) {
-      return absl::NotFoundError(absl::StrCat("layer: model '", model_name,
-                                              "' has no layer '", key.layer, "'"));
-    }
-  }
-  for (auto& [key, tensor] : tensors) {
-    model.staged[key] = std::make_shared<const StoredTensor>(std::move(tensor));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
-  std::lock_guard lock(mu_);
-  auto it = models_.find(model_name);
-  if (it == models_.end()) return ModelNotFound(model_name);
-  Model& model = *it->second;
-  if (model.staged.empty()) {
+absl::Status Registry::CheckPublishable(const Model& model, const StagedMap& staged) const {
+  if (staged.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("model: '", model_name, "' has nothing staged to publish"));
+        absl::StrCat("model: '", model.name, "' has nothing staged to publish"));
   }
-  // Check everything first: a publish either happens whole or not at all.
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const LayerSpec& spec = model.layers[i];
-    const bool has_weight = model.published[i] || model.staged.contains({spec.name, false});
-    const bool bias_staged = model.staged.contains({spec.name, true});
-    const bool has_bias = bias_staged || (model.published[i] && !model.published[i]->bias().empty());
+    const bool has_weight = model.published[i] || staged.contains({spec.name, false});
+    const bool has_bias = staged.contains({spec.name, true}) ||
+                          (model.published[i] && !model.published[i]->bias().empty());
     if (!has_weight) {
       return absl::FailedPreconditionError(
           absl::StrCat("layer: '", spec.name, "' has no weight staged or published"));
@@ -207,6 +184,10 @@ absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
           absl::StrCat("layer: '", spec.name, "' is declared with a bias, but none is staged"));
     }
   }
+  return absl::OkStatus();
+}
+
+uint64_t Registry::PublishLocked(Model& model) {
   const uint64_t version = model.version + 1;
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const LayerSpec& spec = model.layers[i];
@@ -223,6 +204,38 @@ absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
   model.staged.clear();
   model.version = version;
   return version;
+}
+
+absl::StatusOr<uint64_t> Registry::Stage(
+    absl::string_view model_name, std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
+    bool publish) {
+  std::lock_guard lock(mu_);
+  auto it = models_.find(model_name);
+  if (it == models_.end()) return ModelNotFound(model_name);
+  Model& model = *it->second;
+  StagedMap staged = model.staged;
+  for (auto& [key, tensor] : tensors) {
+    if (!model.index.contains(key.layer)) {
+      return absl::NotFoundError(absl::StrCat("layer: model '", model_name,
+                                              "' has no layer '", key.layer, "'"));
+    }
+    staged[key] = std::make_shared<const StoredTensor>(std::move(tensor));
+  }
+  // With publish, the tensors are staged only if the publish can happen too.
+  if (publish) {
+    if (absl::Status s = CheckPublishable(model, staged); !s.ok()) return s;
+  }
+  model.staged = std::move(staged);
+  return publish ? PublishLocked(model) : 0;
+}
+
+absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
+  std::lock_guard lock(mu_);
+  auto it = models_.find(model_name);
+  if (it == models_.end()) return ModelNotFound(model_name);
+  Model& model = *it->second;
+  if (absl::Status s = CheckPublishable(model, model.staged); !s.ok()) return s;
+  return PublishLocked(model);
 }
 
 ModelSummary Registry::Summarize(const Model& model) const {

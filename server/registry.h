@@ -138,9 +138,12 @@ class Registry {
   // The spec of a layer, for validating uploads (NOT_FOUND naming `field`).
   absl::StatusOr<LayerSpec> FindLayer(absl::string_view model, absl::string_view layer,
                                       absl::string_view field) const;
-  // Replaces staged tensors; all or none (the model must still exist).
-  absl::Status Stage(absl::string_view model,
-                     std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors);
+  // Replaces staged tensors, all or none. With `publish`, also makes them the
+  // next version, and stages nothing unless that publish succeeds; returns the
+  // new version (0 without publish).
+  absl::StatusOr<uint64_t> Stage(absl::string_view model,
+                                 std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
+                                 bool publish);
   // Makes the staged tensors version N+1; returns the new version's layers.
   absl::StatusOr<uint64_t> Publish(absl::string_view model);
   absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
@@ -165,7 +168,11 @@ class Registry {
     std::vector<std::shared_ptr<const LayerWeights>> published;  // per layer
     std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>> staged;
   };
+  using StagedMap = std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>>;
   absl::StatusOr<const Model*> FindModel(absl::string_view name) const;
+  // FAILED_PRECONDITION unless every layer would have its weight (and bias).
+  absl::Status CheckPublishable(const Model& model, const StagedMap& staged) const;
+  uint64_t PublishLocked(Model& model);
   ModelSummary Summarize(const Model& model) const;
 
   MemoryBudget* budget_;

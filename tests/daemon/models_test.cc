@@ -180,6 +180,36 @@ TEST_F(ModelsTest, MemoryLimitRejectsAndNothingIsHalfRegistered) {
   EXPECT_EQ(response.weight_version(), 1u);
 }
 
+TEST_F(ModelsTest, AnUploadWhosePublishFailsStagesNothing) {
+  const TestLayer a = MakeLayer("a", 8, 32, false, 5), b = MakeLayer("b", 8, 32, true, 6);
+  ASSERT_TRUE(Register(channel(), "half", {a, b}).ok());
+  v1::UploadWeightsResponse response;
+  grpc::Status s = Upload(channel(), "half", {a}, /*publish=*/true, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("layer: 'b' has no weight staged or published"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(Describe(channel(), "half").staged_tensors(), 0u);
+  // Without publish it stages; publishing then names the missing bias.
+  ASSERT_TRUE(Upload(channel(), "half", {a}, /*publish=*/false, &response).ok());
+  TestLayer b_weight_only = b;
+  b_weight_only.bias = false;
+  ASSERT_TRUE(Upload(channel(), "half", {b_weight_only}, false, &response).ok());
+  EXPECT_EQ(Describe(channel(), "half").staged_tensors(), 2u);
+  auto models = v1::Models::NewStub(daemon_.channel());
+  grpc::ClientContext context;
+  v1::PublishVersionRequest publish;
+  publish.set_model("half");
+  v1::ModelInfo info;
+  s = models->PublishVersion(&context, publish, &info);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("'b' is declared with a bias, but none is staged"),
+            std::string::npos);
+  ASSERT_TRUE(Upload(channel(), "half", {b}, true, &response).ok());
+  EXPECT_EQ(response.weight_version(), 1u);
+  EXPECT_EQ(Describe(channel(), "half").staged_tensors(), 0u);
+}
+
 TEST_F(ModelsTest, QuantizedCopiesAreMadeOncePerFormat) {
   const TestLayer l = MakeLayer("fc", 16, 64, false, 51);
   ASSERT_TRUE(RegisterAndPublish(channel(), "m", {l}, "fp16-baseline").ok());
