@@ -55,8 +55,9 @@ grpc::ServerUnaryReactor* PoliciesService::ListPolicies(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* PoliciesService::DeletePolicy(grpc::CallbackServerContext* context,
                                                         const v1::DeletePolicyRequest* request,
                                                         v1::DeletePolicyResponse*) {
-  absl::Status status = core_.policies->Delete(
-      request->name(), [this](absl::string_view name) { return core_.registry->PolicyInUse(name); });
+  absl::Status status = core_.policies->Delete(request->name(), [this](absl::string_view name) {
+    return name == core_.default_policy || core_.registry->PolicyInUse(name);
+  });
   if (status.ok()) Log(LogLevel::kInfo, "policy_deleted", {{"policy", request->name()}});
   return Answer(context, Rpc::kDeletePolicy, status);
 }

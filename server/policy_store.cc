@@ -115,7 +115,8 @@ absl::Status PolicyStore::Delete(absl::string_view name,
   }
   if (in_use(name)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "name: policy '", name, "' is active for a model; activate another policy first"));
+        "name: policy '", name,
+        "' is in use (a model's active policy, or the daemon's --default-policy)"));
   }
   if (!dir_.empty()) {
     std::error_code error;

@@ -328,5 +328,43 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   EXPECT_EQ(list.policies_size(), 6);
 }
 
+TEST(PolicyDirTest, UserPoliciesSurviveARestart) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/mxserve_policies_", getpid());
+  std::filesystem::remove_all(dir);
+  const std::string json = R"({"name": "kept", "defaults": {"rollout": "MXFP6_E2M3",
+      "reward": "MXFP8", "update": "BF16"}})";
+  {
+    DaemonProcess daemon({"--policy-dir", dir});
+    ASSERT_TRUE(daemon.ok());
+    grpc::ClientContext context;
+    v1::PutPolicyRequest put;
+    put.set_json(json);
+    v1::PolicyInfo info;
+    ASSERT_TRUE(v1::Policies::NewStub(daemon.channel())->PutPolicy(&context, put, &info).ok());
+    EXPECT_EQ(daemon.Stop(), 0);
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir + "/kept.json"));
+  DaemonProcess daemon({"--policy-dir", dir, "--default-policy", "kept"});
+  ASSERT_TRUE(daemon.ok()) << daemon.Log();
+  auto policies = v1::Policies::NewStub(daemon.channel());
+  grpc::ClientContext c1;
+  v1::GetPolicyRequest get;
+  get.set_name("kept");
+  v1::PolicyInfo info;
+  ASSERT_TRUE(policies->GetPolicy(&c1, get, &info).ok());
+  EXPECT_FALSE(info.builtin());
+  EXPECT_NE(info.json().find("MXFP6_E2M3"), std::string::npos) << info.json();
+  // The daemon's default policy cannot be deleted under it.
+  grpc::ClientContext c2;
+  v1::DeletePolicyRequest del;
+  del.set_name("kept");
+  v1::DeletePolicyResponse deleted;
+  grpc::Status s = policies->DeletePolicy(&c2, del, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("--default-policy"), std::string::npos) << s.error_message();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/kept.json"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mx_test
