@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace mx {
 namespace {
@@ -224,5 +225,18 @@ uint16_t FloatToFp16(float v) {
       EncodeMinifloat(MinifloatOf(Format::kFp16), v, Rounding::kNearestEven, 0).code);
 }
 float Fp16ToFloat(uint16_t bits) { return DecodeMinifloat(MinifloatOf(Format::kFp16), bits); }
+
+void WidenToFloat(Format source, const void* raw, size_t count, float* out) {
+  const auto* bytes = static_cast<const unsigned char*>(raw);
+  if (source == Format::kFp32) {
+    std::memcpy(out, bytes, count * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    uint16_t code;
+    std::memcpy(&code, bytes + 2 * i, 2);
+    out[i] = source == Format::kBf16 ? Bf16ToFloat(code) : Fp16ToFloat(code);
+  }
+}
 
 }  // namespace mx

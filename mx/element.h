@@ -4,6 +4,7 @@
 // division, so a value scaled by a block's power of two rounds exactly once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "mx/format.h"
@@ -60,5 +61,10 @@ uint16_t FloatToBf16(float v);
 float Bf16ToFloat(uint16_t bits);
 uint16_t FloatToFp16(float v);
 float Fp16ToFloat(uint16_t bits);
+
+// `count` little-endian values of `source` (kFp32, kBf16 or kFp16) read from
+// `raw` (no alignment needed), widened exactly to FP32 into `out`. The one
+// decoder of dense tensors from the wire, uploads and safetensors files.
+void WidenToFloat(Format source, const void* raw, size_t count, float* out);
 
 }  // namespace mx

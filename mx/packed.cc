@@ -143,9 +143,7 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
         absl::StrCat("source: expected BF16 or FP16, got ", FormatName(source)));
   }
   std::vector<float> widened(values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    widened[i] = source == Format::kBf16 ? Bf16ToFloat(values[i]) : Fp16ToFloat(values[i]);
-  }
+  WidenToFloat(source, values.data(), values.size(), widened.data());
   return QuantizeRows(widened, rows, cols, format, options);
 }
 

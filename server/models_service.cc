@@ -142,20 +142,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
       it = pending_.emplace(key, std::move(pending)).first;
     }
     Pending& pending = it->second;
-    size_t element_bytes;
-    switch (chunk_.dtype()) {
-      case v1::DTYPE_FP32:
-        element_bytes = 4;
-        break;
-      case v1::DTYPE_BF16:
-      case v1::DTYPE_FP16:
-        element_bytes = 2;
-        break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".dtype: expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16, got ",
-            static_cast<int>(chunk_.dtype())));
-    }
+    MX_ASSIGN_OR_RETURN(const mx::Format dtype,
+                        FromProto(chunk_.dtype(), absl::StrCat(field, ".dtype")));
+    const size_t element_bytes = mx::Traits(dtype).element_bits / 8;
     if (pending.dtype == v1::DTYPE_UNSPECIFIED) pending.dtype = chunk_.dtype();
     if (chunk_.dtype() != pending.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -180,17 +169,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
                                      pending.spec.in_features, "]"),
           ")"));
     }
-    float* out = pending.tensor.values.data() + offset;
-    if (element_bytes == 4) {
-      std::memcpy(out, data.data(), data.size());
-    } else {
-      const bool bf16 = chunk_.dtype() == v1::DTYPE_BF16;
-      for (uint64_t i = 0; i < count; ++i) {
-        uint16_t code;
-        std::memcpy(&code, data.data() + 2 * i, 2);
-        out[i] = bf16 ? mx::Bf16ToFloat(code) : mx::Fp16ToFloat(code);
-      }
-    }
+    mx::WidenToFloat(dtype, data.data(), count, pending.tensor.values.data() + offset);
     pending.ranges.emplace_back(offset, offset + count);
     bytes_ += data.size();
     return absl::OkStatus();

@@ -121,16 +121,7 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(absl::string_vie
   }
   const int width = ElementBytes(tensor->dtype);
   std::vector<float> values(bytes.size() / width);
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (width == 4) {
-      std::memcpy(&values[i], bytes.data() + 4 * i, 4);
-    } else {
-      uint16_t code;
-      std::memcpy(&code, bytes.data() + 2 * i, 2);
-      values[i] =
-          tensor->dtype == mx::Format::kBf16 ? mx::Bf16ToFloat(code) : mx::Fp16ToFloat(code);
-    }
-  }
+  mx::WidenToFloat(tensor->dtype, bytes.data(), values.size(), values.data());
   return values;
 }
 

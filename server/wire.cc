@@ -64,26 +64,28 @@ mx::Rounding FromProto(v1::Rounding rounding) {
                                                : mx::Rounding::kNearestEven;
 }
 
+absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
+  switch (dtype) {
+    case v1::DTYPE_FP32:
+      return mx::Format::kFp32;
+    case v1::DTYPE_BF16:
+      return mx::Format::kBf16;
+    case v1::DTYPE_FP16:
+      return mx::Format::kFp16;
+    default: {
+      const std::string name = v1::DType_Name(dtype);
+      return FieldError(field, absl::StrCat("expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16, got ",
+                                            name.empty() ? absl::StrCat(int{dtype}) : name));
+    }
+  }
+}
+
 absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_view field,
                                          const ExpectedShape& expected) {
   DenseMatrix m;
-  switch (tensor.dtype()) {
-    case v1::DTYPE_FP32:
-      m.dtype = mx::Format::kFp32;
-      break;
-    case v1::DTYPE_BF16:
-      m.dtype = mx::Format::kBf16;
-      break;
-    case v1::DTYPE_FP16:
-      m.dtype = mx::Format::kFp16;
-      break;
-    default:
-      return FieldError(absl::StrCat(field, ".dtype"),
-                        absl::StrCat("expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16, got ",
-                                     v1::DType_Name(tensor.dtype()).empty()
-                                         ? absl::StrCat(static_cast<int>(tensor.dtype()))
-                                         : v1::DType_Name(tensor.dtype())));
-  }
+  absl::StatusOr<mx::Format> dtype = FromProto(tensor.dtype(), absl::StrCat(field, ".dtype"));
+  if (!dtype.ok()) return dtype.status();
+  m.dtype = *dtype;
   const std::string shape_field = absl::StrCat(field, ".shape");
   if (tensor.shape_size() != 2) {
     return FieldError(shape_field, absl::StrCat("expected a matrix ", ExpectedText(expected),
@@ -119,16 +121,7 @@ absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_
 std::vector<float> ToFloat(const DenseMatrix& matrix) {
   const size_t n = static_cast<size_t>(matrix.rows * matrix.cols);
   std::vector<float> out(n);
-  const char* raw = matrix.data->data();
-  if (matrix.dtype == mx::Format::kFp32) {
-    std::memcpy(out.data(), raw, n * sizeof(float));
-    return out;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t code;
-    std::memcpy(&code, raw + 2 * i, 2);
-    out[i] = matrix.dtype == mx::Format::kBf16 ? mx::Bf16ToFloat(code) : mx::Fp16ToFloat(code);
-  }
+  mx::WidenToFloat(matrix.dtype, matrix.data->data(), n, out.data());
   return out;
 }
 

@@ -37,6 +37,10 @@ absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field);
 
 mx::Rounding FromProto(v1::Rounding rounding);
 
+// DTYPE_FP32/BF16/FP16 as mx::Format::kFp32/kBf16/kFp16; anything else is
+// INVALID_ARGUMENT naming `field`.
+absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field);
+
 // A dense matrix in FP32, or in BF16/FP16 as raw 16-bit codes (quantizing from
 // those widens exactly, so no FP32 copy is made).
 struct DenseMatrix {

@@ -81,15 +81,10 @@ absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor,
                      data.size(), " bytes, expected ", *count * element_bytes));
   }
   std::vector<float> values(*count);
-  if (tensor.dtype() == v1::DTYPE_FP32) {
-    std::memcpy(values.data(), data.data(), data.size());
-    return values;
-  }
-  for (int64_t i = 0; i < *count; ++i) {
-    uint16_t bits = 0;
-    std::memcpy(&bits, data.data() + 2 * i, 2);
-    values[i] = tensor.dtype() == v1::DTYPE_BF16 ? mx::Bf16ToFloat(bits) : mx::Fp16ToFloat(bits);
-  }
+  const mx::Format source = tensor.dtype() == v1::DTYPE_FP32   ? mx::Format::kFp32
+                            : tensor.dtype() == v1::DTYPE_BF16 ? mx::Format::kBf16
+                                                               : mx::Format::kFp16;
+  mx::WidenToFloat(source, data.data(), values.size(), values.data());
   return values;
 }
 
