@@ -36,9 +36,9 @@ absl::StatusOr<Activation> DecodeActivation(const v1::Operand& operand, absl::st
     a.cols = a.packed->cols;
     a.format = a.packed->format;
     if (format && *format != a.format) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".packed.format: the operand is packed in ", mx::FormatName(a.format),
-          " but the request asks for ", mx::FormatName(*format)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".packed.format: the operand is packed in ", mx::FormatName(a.format),
+                       " but the request asks for ", mx::FormatName(*format)));
     }
     return a;
   }
@@ -58,10 +58,10 @@ absl::Status CheckOutputSize(const Core& core, int64_t rows, int64_t cols, absl:
                              absl::string_view what) {
   const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * 4;
   if (bytes + 4096 > static_cast<uint64_t>(core.max_message_bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": the ", what, " (", rows, " x ", cols, " FP32 = ", bytes,
-        " bytes) would exceed the maximum message size of ", core.max_message_bytes,
-        " bytes (--max-message-bytes); split the request"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": the ", what, " (", rows, " x ", cols, " FP32 = ", bytes,
+                     " bytes) would exceed the maximum message size of ", core.max_message_bytes,
+                     " bytes (--max-message-bytes); split the request"));
   }
   return absl::OkStatus();
 }
@@ -117,9 +117,9 @@ mx::QuantizedMatrix Stack(std::vector<mx::QuantizedMatrix>& parts) {
 }
 
 absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> WeightCopy(const Core& core,
-                                                                       const LayerWeights& weights,
-                                                                       mx::Format format,
-                                                                       WeightLayout layout) {
+                                                                      const LayerWeights& weights,
+                                                                      mx::Format format,
+                                                                      WeightLayout layout) {
   MX_ASSIGN_OR_RETURN(auto copy, weights.Get(format, layout, core.registry->budget()));
   if (copy.created) {
     core.metrics->RecordQuantization(format);
@@ -165,13 +165,15 @@ class GemmItem final : public ComputeItem {
       ZeroMatrix(a_.rows, n, response_->mutable_c());
       const auto model =
           fpga_model::EstimateGemm(core_.energy_model, a_.format, b_.format, a_.rows, n, a_.cols);
-      FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, response_->mutable_info());
+      FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model,
+               response_->mutable_info());
       Account(core_, Rpc::kGemm, phase_, a_.format, arrival, queue_seconds,
               2.0 * a_.rows * n * a_.cols, model);
       return done_(absl::OkStatus());
     }
     absl::StatusOr<mx::QuantizedMatrix> qa = a_.Take(options_);
-    if (!qa.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("a: ", qa.status().message())));
+    if (!qa.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("a: ", qa.status().message())));
     absl::StatusOr<mx::QuantizedMatrix> qb;
     if (b_.packed) {
       qb = *std::move(b_.packed);
@@ -179,14 +181,16 @@ class GemmItem final : public ComputeItem {
       // B arrives K×N; the backend wants its N columns as rows of K.
       qb = mx::QuantizeColumns(ToFloat(*b_.dense), b_.rows, b_.cols, b_.format, options_);
     }
-    if (!qb.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat("b: ", qb.status().message())));
+    if (!qb.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("b: ", qb.status().message())));
     const int64_t m = qa->rows, k = qa->cols, n = qb->rows;
     std::vector<float> c(static_cast<size_t>(m * n));
     const auto start = Clock::now();
     if (absl::Status s = core_.backend->Linear(*qa, *qb, {}, c); !s.ok()) return Fail(s);
     const double compute_seconds = Seconds(Clock::now() - start);
     EncodeMatrix(c, m, n, response_->mutable_c());
-    const auto model = fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
+    const auto model =
+        fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
     FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model,
              response_->mutable_info());
     Account(core_, Rpc::kGemm, phase_, qa->format, arrival, queue_seconds, 2.0 * m * n * k, model);
@@ -229,8 +233,8 @@ class ForwardItem final : public ComputeItem {
       for (WorkItem* item : batch) {
         auto* member = static_cast<ForwardItem*>(item);
         ZeroMatrix(member->x_.rows, n, member->response_->mutable_output());
-        member->Answer({}, member->x_.rows, n, k, batch.size(),
-                       Seconds(started - member->arrival), 0);
+        member->Answer({}, member->x_.rows, n, k, batch.size(), Seconds(started - member->arrival),
+                       0);
       }
       return;
     }
@@ -255,7 +259,20 @@ class ForwardItem final : public ComputeItem {
     if (members.empty()) return;
     const mx::QuantizedMatrix stacked = xs.size() > 1 ? Stack(xs) : mx::QuantizedMatrix();
     const mx::QuantizedMatrix& x = xs.size() > 1 ? stacked : xs.front();
-    std::vector<float> y(static_cast<size_t>(x.rows * n));
+    // Alone, a request's GEMM writes straight into its response; a batch shares
+    // one buffer that is then split.
+    const bool alone = members.size() == 1;
+    std::vector<float> shared;
+    std::span<float> y;
+    if (alone) {
+      v1::Tensor* output = members.front()->response_->mutable_output();
+      ZeroMatrix(x.rows, n, output);
+      y = {reinterpret_cast<float*>(output->mutable_data()->data()),
+           static_cast<size_t>(x.rows * n)};
+    } else {
+      shared.resize(static_cast<size_t>(x.rows * n));
+      y = shared;
+    }
     const auto start = Clock::now();
     absl::Status status = core_.backend->Linear(x, **w, weights.bias(), y);
     const double compute_seconds = Seconds(Clock::now() - start);
@@ -267,8 +284,9 @@ class ForwardItem final : public ComputeItem {
         continue;
       }
       const int64_t m = member->x_.rows;
-      member->Answer(std::span<const float>(y).subspan(row * n, m * n), m, n, k, members.size(),
-                     Seconds(started - member->arrival), compute_seconds);
+      member->Answer(
+          alone ? std::span<const float>() : std::span<const float>(y).subspan(row * n, m * n), m,
+          n, k, members.size(), Seconds(started - member->arrival), compute_seconds);
       row += m;
     }
   }
@@ -278,7 +296,8 @@ class ForwardItem final : public ComputeItem {
   void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
               double queue_seconds, double compute_seconds) {
     if (!y.empty()) EncodeMatrix(y, m, n, response_->mutable_output());
-    const auto model = fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
+    const auto model =
+        fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
              compute_seconds, model, response_->mutable_info());
     Account(core_, Rpc::kLayerForward, phase_, weight_format_, arrival, queue_seconds,
@@ -295,14 +314,6 @@ class ForwardItem final : public ComputeItem {
 
 // ---------------------------------------------------------------------------
 // LayerBackward: grad_input = dY·W, grad_weight = dYᵀ·X, grad_bias = Σ_rows dY.
-
-std::vector<float> Transpose(const std::vector<float>& values, int64_t rows, int64_t cols) {
-  std::vector<float> out(values.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = values[r * cols + c];
-  }
-  return out;
-}
 
 class BackwardItem final : public ComputeItem {
  public:
@@ -332,8 +343,8 @@ class BackwardItem final : public ComputeItem {
       auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
       FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model,
                response_->mutable_info());
-      Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds,
-              2.0 * m * n * k, model);
+      Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, 2.0 * m * n * k,
+              model);
       return done_(absl::OkStatus());
     }
     absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> wt =
@@ -355,11 +366,10 @@ class BackwardItem final : public ComputeItem {
 
     const std::vector<float> dy_values = ToFloat(grad_output_);
     if (input_) {
-      // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): both blocked along M.
-      absl::StatusOr<mx::QuantizedMatrix> dyt =
-          mx::QuantizeRows(Transpose(dy_values, m, n), n, m, format_);
-      absl::StatusOr<mx::QuantizedMatrix> xt =
-          mx::QuantizeRows(Transpose(ToFloat(*input_), m, k), k, m, format_);
+      // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): dY and X quantized per column,
+      // i.e. along M, held as N and K rows.
+      absl::StatusOr<mx::QuantizedMatrix> dyt = mx::QuantizeColumns(dy_values, m, n, format_);
+      absl::StatusOr<mx::QuantizedMatrix> xt = mx::QuantizeColumns(ToFloat(*input_), m, k, format_);
       if (!dyt.ok() || !xt.ok()) {
         return Fail(absl::InvalidArgumentError(
             absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message())));
@@ -405,19 +415,21 @@ absl::StatusOr<mx::Format> ResolveLayerFormat(const Core& core, const LayerView&
   if (explicit_format) return *explicit_format;
   absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
   if (!policy.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "format: unspecified, and the model's active policy cannot be used: ",
-        policy.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("format: unspecified, and the model's active policy cannot be used: ",
+                     policy.status().message()));
   }
   return Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive).format;
 }
 
-absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const Core& core, const v1::GemmRequest& request,
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const Core& core,
+                                                      const v1::GemmRequest& request,
                                                       v1::GemmResponse* response, CallInfo call,
                                                       Done done) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
   MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_a, FromProto(request.format(), "format"));
-  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_b, FromProto(request.format_b(), "format_b"));
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_b,
+                      FromProto(request.format_b(), "format_b"));
   if (!format_a && !request.a().has_packed()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "format: required for Gemm (it has no model, hence no policy); expected one of ",
@@ -443,37 +455,48 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const Core& core, const v1
                                     options, response);
 }
 
-absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const Core& core,
-                                                         const v1::LayerForwardRequest& request,
-                                                         v1::LayerForwardResponse* response,
-                                                         CallInfo call, Done done) {
+// What LayerForward and LayerBackward resolve first: phase, the layer's
+// published weights (at least `min_version`), and the format.
+struct LayerRequest {
+  Phase phase;
+  LayerView view;
+  mx::Format format;
+};
+
+template <typename Request>
+absl::StatusOr<LayerRequest> ResolveLayerRequest(const Core& core, const Request& request) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
   MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
                                                             request.min_weight_version()));
   MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
-  const LayerSpec& spec = view.weights->spec();
+  return LayerRequest{phase, std::move(view), format};
+}
+
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const Core& core,
+                                                         const v1::LayerForwardRequest& request,
+                                                         v1::LayerForwardResponse* response,
+                                                         CallInfo call, Done done) {
+  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
+  const LayerSpec& spec = layer.view.weights->spec();
   ExpectedShape shape;
   shape.cols = spec.in_features;
   shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
   // A packed input brings its own format; the weight keeps the resolved one.
-  MX_ASSIGN_OR_RETURN(Activation x,
-                      DecodeActivation(request.input(), "input", shape,
-                                       request.input().has_packed() ? std::nullopt
-                                                                    : std::optional(format)));
+  MX_ASSIGN_OR_RETURN(
+      Activation x,
+      DecodeActivation(request.input(), "input", shape,
+                       request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
   MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output"));
-  return std::make_unique<ForwardItem>(core, call, std::move(done), phase, std::move(view), format,
-                                       std::move(x), response);
+  return std::make_unique<ForwardItem>(core, call, std::move(done), layer.phase,
+                                       std::move(layer.view), layer.format, std::move(x), response);
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const Core& core,
                                                           const v1::LayerBackwardRequest& request,
                                                           v1::LayerBackwardResponse* response,
                                                           CallInfo call, Done done) {
-  MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
-  MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
-                                                            request.min_weight_version()));
-  MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
-  const LayerSpec& spec = view.weights->spec();
+  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
+  const LayerSpec& spec = layer.view.weights->spec();
   ExpectedShape dy_shape;
   dy_shape.cols = spec.out_features;
   dy_shape.cols_what = absl::StrCat("out_features of layer '", spec.name, "'");
@@ -492,8 +515,9 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const Core& core,
   }
   MX_RETURN_IF_ERROR(
       CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input"));
-  return std::make_unique<BackwardItem>(core, call, std::move(done), phase, std::move(view), format,
-                                        grad_output, input, response);
+  return std::make_unique<BackwardItem>(core, call, std::move(done), layer.phase,
+                                        std::move(layer.view), layer.format, grad_output, input,
+                                        response);
 }
 
 }  // namespace mxserve

@@ -113,15 +113,16 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
       model_ = chunk_.model();
       MX_RETURN_IF_ERROR(core_.registry->Describe(model_).status());
     } else if (chunk_.model() != model_) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".model: every chunk of a stream must "
-                                                     "name the same model; expected '", model_,
-                                                     "', got '", chunk_.model(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat(field,
+                                                     ".model: every chunk of a stream must "
+                                                     "name the same model; expected '",
+                                                     model_, "', got '", chunk_.model(), "'"));
     }
     publish_ = publish_ || chunk_.publish();
     if (chunk_.role() != v1::TENSOR_ROLE_WEIGHT && chunk_.role() != v1::TENSOR_ROLE_BIAS) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".role: expected TENSOR_ROLE_WEIGHT or TENSOR_ROLE_BIAS, got ",
-          static_cast<int>(chunk_.role())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".role: expected TENSOR_ROLE_WEIGHT or TENSOR_ROLE_BIAS, got ",
+                       static_cast<int>(chunk_.role())));
     }
     const StagedTensorKey key{chunk_.layer(), chunk_.role() == v1::TENSOR_ROLE_BIAS};
     auto it = pending_.find(key);
@@ -129,8 +130,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
       MX_ASSIGN_OR_RETURN(LayerSpec spec, core_.registry->FindLayer(model_, chunk_.layer(),
                                                                     absl::StrCat(field, ".layer")));
       if (key.is_bias && !spec.bias) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".role: layer '", spec.name, "' was registered without a bias"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".role: layer '", spec.name, "' was registered without a bias"));
       }
       Pending pending;
       pending.spec = spec;
@@ -148,14 +149,14 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
     if (pending.dtype == v1::DTYPE_UNSPECIFIED) pending.dtype = chunk_.dtype();
     if (chunk_.dtype() != pending.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ".dtype: tensor '", TensorName(key), "' started as ", v1::DType_Name(pending.dtype),
-          ", this chunk is ", v1::DType_Name(chunk_.dtype())));
+          field, ".dtype: tensor '", TensorName(key), "' started as ",
+          v1::DType_Name(pending.dtype), ", this chunk is ", v1::DType_Name(chunk_.dtype())));
     }
     const std::string& data = chunk_.data();
     if (data.empty() || data.size() % element_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".data: expected a non-empty whole number of ", element_bytes,
-          "-byte elements, got ", data.size(), " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".data: expected a non-empty whole number of ", element_bytes,
+                       "-byte elements, got ", data.size(), " bytes"));
     }
     const uint64_t count = data.size() / element_bytes;
     const uint64_t total = pending.tensor.values.size();
@@ -164,9 +165,9 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".offset_elements: elements [", offset, ", ", offset + count,
           ") fall outside tensor '", TensorName(key), "' of ", total, " elements (",
-          key.is_bias ? absl::StrCat("[", pending.spec.out_features, "]")
-                      : absl::StrCat("[", pending.spec.out_features, ", ",
-                                     pending.spec.in_features, "]"),
+          key.is_bias
+              ? absl::StrCat("[", pending.spec.out_features, "]")
+              : absl::StrCat("[", pending.spec.out_features, ", ", pending.spec.in_features, "]"),
           ")"));
     }
     mx::WidenToFloat(dtype, data.data(), count, pending.tensor.values.data() + offset);
@@ -189,18 +190,18 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
       uint64_t filled = 0;
       for (const auto& [begin, end] : pending.ranges) {
         if (begin < filled) {
-          return Done(absl::InvalidArgumentError(absl::StrCat(
-              "offset_elements: chunks of tensor '", TensorName(key), "' overlap at element ",
-              begin, "; nothing was staged")));
+          return Done(absl::InvalidArgumentError(
+              absl::StrCat("offset_elements: chunks of tensor '", TensorName(key),
+                           "' overlap at element ", begin, "; nothing was staged")));
         }
         if (begin > filled) break;
         filled = end;
       }
       if (filled != pending.tensor.values.size()) {
-        return Done(absl::InvalidArgumentError(absl::StrCat(
-            "data: tensor '", TensorName(key), "' is incomplete: elements from ", filled,
-            " of ", pending.tensor.values.size(),
-            " were not received (truncated stream?); nothing was staged")));
+        return Done(absl::InvalidArgumentError(
+            absl::StrCat("data: tensor '", TensorName(key), "' is incomplete: elements from ",
+                         filled, " of ", pending.tensor.values.size(),
+                         " were not received (truncated stream?); nothing was staged")));
       }
       tensors.emplace_back(key, std::move(pending.tensor));
     }
@@ -224,7 +225,8 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
     core_.metrics->RecordStatus(Rpc::kUploadWeights, status.code());
     if (!status.ok()) {
       Log(LogLevel::kWarning, "upload_failed",
-          {{"model", model_}, {"status", absl::StatusCodeToString(status.code())},
+          {{"model", model_},
+           {"status", absl::StatusCodeToString(status.code())},
            {"message", std::string(status.message())}});
     }
     Finish(ToGrpc(status));
@@ -270,14 +272,17 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
             if (!policy.ok()) break;
             for (Phase phase : kAllPhases) {
               formats.insert(
-                  Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive).format);
+                  Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive)
+                      .format);
             }
             for (mx::Format format : formats) {
-              auto copy = view.weights->Get(format, WeightLayout::kForward, core.registry->budget());
+              auto copy =
+                  view.weights->Get(format, WeightLayout::kForward, core.registry->budget());
               if (copy.ok() && copy->created) core.metrics->RecordQuantization(format);
               if (!copy.ok()) {
                 Log(LogLevel::kWarning, "warm_failed",
-                    {{"model", model}, {"layer", view.weights->spec().name},
+                    {{"model", model},
+                     {"layer", view.weights->spec().name},
                      {"message", std::string(copy.status().message())}});
               }
             }
@@ -306,7 +311,8 @@ grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerConte
     FillModelInfo(*core_.registry->Describe(request->name()), response);
     core_.UpdateMemoryGauges();
     Log(LogLevel::kInfo, "model_registered",
-        {{"model", request->name()}, {"layers", absl::StrCat(request->layers_size())},
+        {{"model", request->name()},
+         {"layers", absl::StrCat(request->layers_size())},
          {"policy", policy}});
   }
   FinishUnary(core_, reactor, Rpc::kRegisterModel, status);
@@ -373,16 +379,17 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
             }
           }
           const uint64_t staged = tensors.size();
-          MX_ASSIGN_OR_RETURN(const uint64_t version,
-                              core_.registry->Stage(request->model(), std::move(tensors),
-                                                    request->publish()));
+          MX_ASSIGN_OR_RETURN(
+              const uint64_t version,
+              core_.registry->Stage(request->model(), std::move(tensors), request->publish()));
           core_.UpdateMemoryGauges();
           response->set_model(request->model());
           response->set_tensors_staged(staged);
           response->set_bytes_received(bytes);
           response->set_weight_version(version);
           Log(LogLevel::kInfo, "weights_staged",
-              {{"model", request->model()}, {"tensors", absl::StrCat(staged)},
+              {{"model", request->model()},
+               {"tensors", absl::StrCat(staged)},
                {"source", request->path()}});
           return absl::OkStatus();
         };
@@ -404,7 +411,8 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
                  [this, reactor, request, response](absl::StatusOr<uint64_t> version) {
                    absl::Status status = version.status();
                    if (status.ok()) {
-                     absl::StatusOr<ModelSummary> summary = core_.registry->Describe(request->model());
+                     absl::StatusOr<ModelSummary> summary =
+                         core_.registry->Describe(request->model());
                      if (summary.ok()) FillModelInfo(*summary, response);
                      status = summary.status();
                    }

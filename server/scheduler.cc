@@ -19,9 +19,9 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
     std::lock_guard lock(mu_);
     if (stopping_) return absl::UnavailableError("the daemon is shutting down");
     if (waiting_ >= static_cast<size_t>(options_.queue_capacity)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the request queue is full (", options_.queue_capacity,
-                       " waiting; --queue-size); retry later"));
+      return absl::ResourceExhaustedError(absl::StrCat("the request queue is full (",
+                                                       options_.queue_capacity,
+                                                       " waiting; --queue-size); retry later"));
     }
     ++waiting_;
     depth = waiting_;
@@ -107,11 +107,6 @@ void Scheduler::Shutdown() {
     if (worker.joinable()) worker.join();
   }
   workers_.clear();
-}
-
-size_t Scheduler::depth() const {
-  std::lock_guard lock(mu_);
-  return waiting_;
 }
 
 }  // namespace mxserve

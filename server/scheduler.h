@@ -42,8 +42,8 @@ class WorkItem {
   // True once the client gave up on the request.
   virtual bool Cancelled() const { return false; }
 
-  std::string batch_key;                      // empty: never batched
-  Clock::time_point arrival = Clock::now();   // when the request arrived
+  std::string batch_key;                     // empty: never batched
+  Clock::time_point arrival = Clock::now();  // when the request arrived
   Clock::time_point deadline = Clock::time_point::max();
 };
 
@@ -51,7 +51,7 @@ class Scheduler {
  public:
   struct Options {
     int workers = 2;
-    int queue_capacity = 1024;                       // items waiting, batches included
+    int queue_capacity = 1024;  // items waiting, batches included
     std::chrono::microseconds batch_window{0};
     int max_batch = 16;
   };
@@ -62,7 +62,6 @@ class Scheduler {
   absl::Status Submit(std::unique_ptr<WorkItem> item);
   // Stops accepting, runs everything already queued, joins the workers.
   void Shutdown();
-  size_t depth() const;
 
  private:
   struct OpenBatch {

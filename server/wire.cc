@@ -33,7 +33,9 @@ absl::Status CheckDim(absl::string_view field, int64_t got, int64_t want, absl::
 
 }  // namespace
 
-v1::Format ToProto(mx::Format format) { return static_cast<v1::Format>(static_cast<int>(format) + 1); }
+v1::Format ToProto(mx::Format format) {
+  return static_cast<v1::Format>(static_cast<int>(format) + 1);
+}
 
 absl::StatusOr<std::optional<mx::Format>> FromProto(v1::Format format, absl::string_view field) {
   const int value = static_cast<int>(format);
@@ -53,8 +55,9 @@ absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field) {
     return FieldError(field, "required; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE");
   }
   if (value < 0 || value > 3) {
-    return FieldError(field, absl::StrCat("unknown phase value ", value,
-                                          "; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE"));
+    return FieldError(field,
+                      absl::StrCat("unknown phase value ", value,
+                                   "; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE"));
   }
   return static_cast<Phase>(value - 1);
 }
@@ -98,14 +101,14 @@ absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_
                                                 ShapeText(tensor.shape())));
   }
   if (expected.rows >= 0 && m.rows != expected.rows) {
-    return FieldError(shape_field,
-                      absl::StrCat("expected ", ExpectedText(expected), " (rows: ",
-                                   expected.rows_what, "), got ", ShapeText(tensor.shape())));
+    return FieldError(shape_field, absl::StrCat("expected ", ExpectedText(expected),
+                                                " (rows: ", expected.rows_what, "), got ",
+                                                ShapeText(tensor.shape())));
   }
   if (expected.cols >= 0 && m.cols != expected.cols) {
-    return FieldError(shape_field,
-                      absl::StrCat("expected ", ExpectedText(expected), " (columns: ",
-                                   expected.cols_what, "), got ", ShapeText(tensor.shape())));
+    return FieldError(shape_field, absl::StrCat("expected ", ExpectedText(expected),
+                                                " (columns: ", expected.cols_what, "), got ",
+                                                ShapeText(tensor.shape())));
   }
   const uint64_t bytes = static_cast<uint64_t>(m.rows) * static_cast<uint64_t>(m.cols) *
                          (mx::Traits(m.dtype).element_bits / 8);
@@ -174,10 +177,10 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
   if (mx::IsMx(m.format)) {
     const uint64_t want_scales = static_cast<uint64_t>(m.rows) * mx::BlocksPerRow(m.cols);
     if (packed.block_scales().size() != want_scales) {
-      return FieldError(absl::StrCat(field, ".block_scales"),
-                        absl::StrCat("expected ", want_scales, " bytes (", m.rows, " rows x ",
-                                     mx::BlocksPerRow(m.cols), " blocks), got ",
-                                     packed.block_scales().size()));
+      return FieldError(
+          absl::StrCat(field, ".block_scales"),
+          absl::StrCat("expected ", want_scales, " bytes (", m.rows, " rows x ",
+                       mx::BlocksPerRow(m.cols), " blocks), got ", packed.block_scales().size()));
     }
     m.block_scales.assign(packed.block_scales().begin(), packed.block_scales().end());
   } else if (!packed.block_scales().empty()) {
