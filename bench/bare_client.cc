@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/bare.grpc.pb.h"
 #include "clients/cpp/flags.h"
+#include "clients/cpp/load_flags.h"
 #include "clients/cpp/load_generator.h"
 #include "clients/cpp/load_report.h"
 #include "mx/status_macros.h"
@@ -33,23 +34,14 @@ struct Call {
 
 absl::Status Run(const std::vector<std::string>& args) {
   MX_ASSIGN_OR_RETURN(
-      auto flags,
-      mxctl::Flags::Parse(args, mxctl::FlagSpec{.values = {"server", "m", "k", "n", "concurrency",
-                                                           "duration", "warmup", "timeout"},
-                                                .switches = {"json"}}));
+      auto flags, mxctl::Flags::Parse(
+                      args, mxctl::FlagSpec{.values = mxctl::WithLoadFlags({"server", "timeout"}),
+                                            .switches = {"json"}}));
   MX_ASSIGN_OR_RETURN(auto server, flags.Require("server"));
-  constexpr int64_t kMaxDim = int64_t{1} << 16;
-  MX_ASSIGN_OR_RETURN(auto m, flags.RequireInt("m", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto k, flags.RequireInt("k", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto n, flags.RequireInt("n", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto concurrency, flags.IntOr("concurrency", 1, 1, 4096));
-  mxclient::LoadOptions load;
-  load.concurrency = static_cast<int>(concurrency);
-  MX_ASSIGN_OR_RETURN(load.duration, flags.DurationOr("duration", absl::Seconds(10)));
-  MX_ASSIGN_OR_RETURN(load.warmup, flags.DurationOr("warmup", absl::Seconds(1)));
+  MX_ASSIGN_OR_RETURN(mxctl::LoadRun run, mxctl::ParseLoadFlags(flags));
+  const int64_t m = run.m, k = run.k, n = run.n;
+  mxclient::LoadOptions load = run.load;
   MX_ASSIGN_OR_RETURN(auto timeout, flags.DurationOr("timeout", absl::Seconds(60)));
-  load.flops_per_request =
-      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
 
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(kMaxMessageBytes);

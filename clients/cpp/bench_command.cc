@@ -16,6 +16,7 @@
 #include "clients/cpp/commands.h"
 #include "clients/cpp/common_flags.h"
 #include "clients/cpp/compute_stream.h"
+#include "clients/cpp/load_flags.h"
 #include "clients/cpp/load_generator.h"
 #include "clients/cpp/load_report.h"
 #include "clients/cpp/tensor.h"
@@ -84,22 +85,13 @@ absl::Status SetUpModel(mxclient::Client& client, const std::string& model, int6
 
 absl::Status RunBench(const RemoteContext& remote, const Args& args) {
   MX_ASSIGN_OR_RETURN(auto flags,
-                      Flags::Parse(args, FlagSpec{.values = {"phase", "format", "m", "k", "n",
-                                                             "concurrency", "duration", "warmup"},
+                      Flags::Parse(args, FlagSpec{.values = WithLoadFlags({"phase", "format"}),
                                                   .switches = {"stream", "json"}}));
   MX_ASSIGN_OR_RETURN(auto phase, PhaseFlag(flags, v1::PHASE_ROLLOUT));
   MX_ASSIGN_OR_RETURN(auto format, WireFormatFlag(flags, "format"));
-  constexpr int64_t kMaxDim = int64_t{1} << 16;
-  MX_ASSIGN_OR_RETURN(auto m, flags.RequireInt("m", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto k, flags.RequireInt("k", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto n, flags.RequireInt("n", 1, kMaxDim));
-  MX_ASSIGN_OR_RETURN(auto concurrency, flags.IntOr("concurrency", 1, 1, 4096));
-  mxclient::LoadOptions load;
-  load.concurrency = static_cast<int>(concurrency);
-  MX_ASSIGN_OR_RETURN(load.duration, flags.DurationOr("duration", absl::Seconds(10)));
-  MX_ASSIGN_OR_RETURN(load.warmup, flags.DurationOr("warmup", absl::Seconds(1)));
-  load.flops_per_request =
-      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  MX_ASSIGN_OR_RETURN(LoadRun run, ParseLoadFlags(flags));
+  const int64_t m = run.m, k = run.k, n = run.n;
+  mxclient::LoadOptions load = run.load;
   load.interrupt = &interrupted;
   const bool stream = flags.Switch("stream");
   const bool json = flags.Switch("json");
