@@ -13,6 +13,7 @@ packages=(
   nlohmann-json3-dev                           # golden manifest, policies
   libmpfr-dev                                  # exact oracle in the GEMM tests
   libopenblas-dev                              # benchmark peer (cblas_sgemm)
+  libdnnl-dev                                  # benchmark peer (oneDNN BF16 matmul)
   prometheus-cpp-dev                           # the daemon's /metrics exposer
   prometheus                                   # the real server, for the end-to-end test
 )

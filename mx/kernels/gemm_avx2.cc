@@ -1,0 +1,321 @@
+// The avx2 level: tile kernels with AVX2/FMA/F16C intrinsics. This file is
+// compiled with -mavx2 -mfma -mf16c; the driver calls in only after
+// CpuSupports() said the CPU has them.
+//
+// Each tile is up to 4 rows of X by one 16-column panel of W, processed as two
+// 8-column halves (one ymm of int32 or float lanes, two of doubles). Within a
+// lane the sum over blocks runs in ascending block order: SIMD spans N only.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "mx/kernels/gemm_internal.h"
+
+namespace mx::kernels::internal {
+namespace {
+
+// Up to 4 × 16 outputs in FP32, starting from the bias (or +0.0).
+struct alignas(32) Tile {
+  float y[kMaxTileRows][kPanel];
+  int64_t n0;
+  int cols;
+
+  Tile(const Problem& p, int64_t panel, bool with_bias) {
+    n0 = panel * kPanel;
+    cols = static_cast<int>(std::min<int64_t>(kPanel, p.n - n0));
+    for (auto& row : y) {
+      for (int j = 0; j < kPanel; ++j) {
+        row[j] = (with_bias && p.bias && j < cols) ? p.bias[n0 + j] : 0.0f;
+      }
+    }
+  }
+  void Store(const Problem& p, int64_t row0, int rows) const {
+    for (int r = 0; r < rows; ++r) {
+      std::memcpy(p.y + (row0 + r) * p.n + n0, y[r], cols * sizeof(float));
+    }
+  }
+};
+
+inline __m256i Broadcast32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// The fast epilogue of one row: y += (float(acc) · 2^ex) · 2^ew, one rounding
+// (FastScalesOk holds, so both products are exact).
+inline void FastEpilogue(__m256i acc, float x_scale, __m256 w_scale, float* y) {
+  const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(x_scale));
+  _mm256_store_ps(y, _mm256_fmadd_ps(t, w_scale, _mm256_load_ps(y)));
+}
+
+// kMxI8: u8 (w + offset) × s8 x with vpmaddubsw into int16 pairs, G k-groups of
+// 4 summed in int16 (G chosen so they cannot overflow), then widened to int32
+// with vpmaddwd. The offset's share comes back through block_offset.
+template <int MR, int G>
+void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  const uint8_t* wp = w.u8.data() + panel * kp * kPanel;
+  const __m256i ones = _mm256_set1_epi16(1);
+  Tile tile(p, panel, true);
+  for (int h = 0; h < 2; ++h) {
+    for (int64_t b = 0; b < x.blocks; ++b) {
+      __m256i acc[MR];
+      for (int r = 0; r < MR; ++r) {
+        acc[r] = _mm256_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
+      }
+      for (int g0 = 0; g0 < 8; g0 += G) {
+        __m256i acc16[MR];
+        for (int r = 0; r < MR; ++r) acc16[r] = _mm256_setzero_si256();
+        for (int g = g0; g < g0 + G; ++g) {
+          const int64_t group = b * 8 + g;  // 4 consecutive k
+          const __m256i wv = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(wp + group * 4 * kPanel + 32 * h));
+          for (int r = 0; r < MR; ++r) {
+            const __m256i xv = Broadcast32(x.i8.data() + (row0 + r) * kp + group * 4);
+            acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(wv, xv));
+          }
+        }
+        for (int r = 0; r < MR; ++r) {
+          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(acc16[r], ones));
+        }
+      }
+      const __m256 ws = _mm256_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel + 8 * h);
+      for (int r = 0; r < MR; ++r) {
+        FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, &tile.y[r][8 * h]);
+      }
+    }
+  }
+  tile.Store(p, row0, MR);
+}
+
+// The int16 pair product shared by kMxI16 and kInt8: acc += Σ over k-pairs
+// [first, last) of x·w, for MR rows and one 8-column half.
+template <int MR>
+inline void I16Pairs(const DecodedX& x, const int16_t* wp, int64_t row0, int h, int64_t first,
+                     int64_t last, __m256i* acc) {
+  const int64_t kp = x.k_padded;
+  for (int64_t pair = first; pair < last; ++pair) {
+    const __m256i wv =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + pair * 2 * kPanel + 16 * h));
+    for (int r = 0; r < MR; ++r) {
+      const __m256i xv = Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair);
+      acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(wv, xv));
+    }
+  }
+}
+
+template <int MR>
+void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int16_t* wp = w.i16.data() + panel * x.k_padded * kPanel;
+  Tile tile(p, panel, true);
+  for (int h = 0; h < 2; ++h) {
+    for (int64_t b = 0; b < x.blocks; ++b) {
+      __m256i acc[MR];
+      for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_si256();
+      I16Pairs<MR>(x, wp, row0, h, b * 16, b * 16 + 16, acc);
+      const __m256 ws = _mm256_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel + 8 * h);
+      for (int r = 0; r < MR; ++r) {
+        FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, &tile.y[r][8 * h]);
+      }
+    }
+  }
+  tile.Store(p, row0, MR);
+}
+
+// INT8: the whole K in int32, then (float(dot) · scale_x) · scale_w + bias, in
+// the reference's order (no fused multiply-add).
+template <int MR>
+void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int16_t* wp = w.i16.data() + panel * x.k_padded * kPanel;
+  Tile tile(p, panel, false);
+  for (int h = 0; h < 2; ++h) {
+    __m256i acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_si256();
+    I16Pairs<MR>(x, wp, row0, h, 0, x.k_padded / 2, acc);
+    const __m256 ws = _mm256_loadu_ps(w.scale.data() + panel * kPanel + 8 * h);
+    for (int r = 0; r < MR; ++r) {
+      __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(x.scale[row0 + r]));
+      v = _mm256_mul_ps(v, ws);
+      _mm256_store_ps(&tile.y[r][8 * h], v);
+    }
+  }
+  if (p.bias) {
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < tile.cols; ++j) tile.y[r][j] += p.bias[tile.n0 + j];
+    }
+  }
+  tile.Store(p, row0, MR);
+}
+
+// kMxF64: W's FP16 element values widened to doubles, FP64 FMAs (exact: the
+// driver checked that every block sum fits 53 bits), then the wide epilogue.
+template <int MR>
+void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
+  Tile tile(p, panel, true);
+  for (int h = 0; h < 2; ++h) {
+    for (int64_t b = 0; b < x.blocks; ++b) {
+      __m256d acc[MR][2];
+      for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_pd();
+      for (int64_t k = b * kBlockSize; k < (b + 1) * kBlockSize; ++k) {
+        const __m256 wf = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + k * kPanel + 8 * h)));
+        const __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(wf));
+        const __m256d w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(wf, 1));
+        for (int r = 0; r < MR; ++r) {
+          const __m256d xv = _mm256_broadcast_sd(x.f64.data() + (row0 + r) * kp + k);
+          acc[r][0] = _mm256_fmadd_pd(xv, w0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_pd(xv, w1, acc[r][1]);
+        }
+      }
+      const double* ws = w.scale_d.data() + (panel * x.blocks + b) * kPanel + 8 * h;
+      const __m256d ws0 = _mm256_loadu_pd(ws), ws1 = _mm256_loadu_pd(ws + 4);
+      for (int r = 0; r < MR; ++r) {
+        const __m256d xs = _mm256_set1_pd(x.scale_d[(row0 + r) * x.blocks + b]);
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(acc[r][0], xs), ws0));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(acc[r][1], xs), ws1));
+        float* y = &tile.y[r][8 * h];
+        _mm256_store_ps(y, _mm256_add_ps(_mm256_load_ps(y), _mm256_set_m128(hi, lo)));
+      }
+    }
+  }
+  tile.Store(p, row0, MR);
+}
+
+// Float kind: per output, fma over k ascending from the bias (the reference's
+// order), 16 columns at a time.
+// 16 W values of one k as two vectors of 8 floats, from W's own precision.
+template <Format kStore>
+inline void LoadFloats(const WeightPanels& w, int64_t at, __m256& w0, __m256& w1) {
+  if constexpr (kStore == Format::kFp32) {
+    w0 = _mm256_loadu_ps(w.f32.data() + at);
+    w1 = _mm256_loadu_ps(w.f32.data() + at + 8);
+  } else {
+    const __m128i* h = reinterpret_cast<const __m128i*>(w.f16.data() + at);
+    if constexpr (kStore == Format::kFp16) {
+      w0 = _mm256_cvtph_ps(_mm_loadu_si128(h));
+      w1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
+    } else {  // BF16: the top half of an FP32
+      w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
+      w1 = _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h + 1)), 16));
+    }
+  }
+}
+
+template <int MR, Format kStore>
+void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  Tile tile(p, panel, true);
+  __m256 acc[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = _mm256_load_ps(&tile.y[r][0]);
+    acc[r][1] = _mm256_load_ps(&tile.y[r][8]);
+  }
+  for (int64_t k = 0; k < w.k; ++k) {
+    __m256 w0, w1;
+    LoadFloats<kStore>(w, (panel * kp + k) * kPanel, w0, w1);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(x.f32.data() + (row0 + r) * kp + k);
+      acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_ps(&tile.y[r][0], acc[r][0]);
+    _mm256_store_ps(&tile.y[r][8], acc[r][1]);
+  }
+  tile.Store(p, row0, MR);
+}
+
+// Row-count dispatch: a tile kernel is instantiated for each MR in 1..4.
+template <template <int> class Kernel>
+void ByRows(const Problem& p, int64_t row0, int rows, int64_t panel) {
+  switch (rows) {
+    case 1: return Kernel<1>::Run(p, row0, rows, panel);
+    case 2: return Kernel<2>::Run(p, row0, rows, panel);
+    case 3: return Kernel<3>::Run(p, row0, rows, panel);
+    default: return Kernel<4>::Run(p, row0, rows, panel);
+  }
+}
+
+template <int G>
+struct I8 {
+  template <int MR>
+  struct K {
+    static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxI8Tile<MR, G>(p, r, n, c); }
+  };
+};
+template <int MR>
+struct I16K {
+  static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxI16Tile<MR>(p, r, n, c); }
+};
+template <int MR>
+struct Int8K {
+  static void Run(const Problem& p, int64_t r, int n, int64_t c) { Int8Tile<MR>(p, r, n, c); }
+};
+template <int MR>
+struct F64K {
+  static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxF64Tile<MR>(p, r, n, c); }
+};
+template <Format kStore>
+struct F32 {
+  template <int MR>
+  struct K {
+    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
+      F32Tile<MR, kStore>(p, r, n, c);
+    }
+  };
+};
+
+// k-groups that may be summed in int16: each vpmaddubsw lane is at most
+// 2 · (2·offset) · max|x|, and G of them must stay within 32767.
+int I8Groups(const Problem& p) {
+  const int max_x = I8Offset(p.x_format);
+  const int lane_bound = 2 * (2 * p.w->i8_offset) * max_x;
+  for (int g : {8, 4, 2}) {
+    if (g * lane_bound <= 32767) return g;
+  }
+  return 1;
+}
+
+}  // namespace
+
+TileFn Avx2Tile(Kind kind, const Problem& p) {
+  switch (kind) {
+    case Kind::kMxI8:
+      if (!p.fast_scales) return nullptr;
+      switch (I8Groups(p)) {
+        case 8: return ByRows<I8<8>::K>;
+        case 4: return ByRows<I8<4>::K>;
+        case 2: return ByRows<I8<2>::K>;
+        default: return ByRows<I8<1>::K>;
+      }
+    case Kind::kMxI16:
+      return p.fast_scales ? ByRows<I16K> : nullptr;
+    case Kind::kMxF64: return ByRows<F64K>;
+    case Kind::kInt8: return ByRows<Int8K>;
+    case Kind::kF32:
+      switch (p.w->float_store) {
+        case Format::kFp16: return ByRows<F32<Format::kFp16>::K>;
+        case Format::kBf16: return ByRows<F32<Format::kBf16>::K>;
+        default: return ByRows<F32<Format::kFp32>::K>;
+      }
+  }
+  return nullptr;
+}
+
+}  // namespace mx::kernels::internal

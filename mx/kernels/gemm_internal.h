@@ -1,0 +1,141 @@
+// Internals shared by the GEMM driver (linear.cc), the weight packer
+// (packed_weight.cc) and the per-ISA tile kernels (gemm_scalar.cc, gemm_avx2.cc).
+// Not part of the library's interface.
+//
+// Arithmetic kinds. An MX block dot is exact in each; what differs is the
+// smallest integer or float type that holds it:
+//
+//   kMxI8   both operands in {MXFP4, MXFP6_E2M3, MXINT8}, not both MXINT8.
+//           Elements are small integers after a fixed shift (FP4: ±12 in units
+//           of 2^-1, E2M3: ±60 in 2^-3, MXINT8: ±127 in 2^-6). W is stored as
+//           unsigned bytes w + offset so that u8·s8 multiplies (vpmaddubsw) can
+//           take it; the offset's contribution, offset·Σx, is subtracted per
+//           block through the X operand's `block_offset`.
+//   kMxI16  pairs with MXFP6_E3M2 (±448 in 2^-4), and MXINT8 with itself:
+//           16-bit integers, int16 pairs multiplied into int32 (vpmaddwd).
+//   kMxF64  pairs with MXFP8 (E4M3: 18-bit integers, E5M2: 32-bit): elements
+//           as doubles, products exact, the block sum exact in FP64 as long as
+//           it spans at most 53 bits (always for E4M3; checked for E5M2).
+//   kInt8   INT8 × INT8 (per-row scales): int16 path over the whole K.
+//   kF32    everything else (BF16, FP16, FP32, mixed kinds): both dequantized
+//           to FP32, FMA accumulation in any order (tolerance, not bits).
+//
+// Block result (contract step 1): dot · 2^(ex + ew) rounded once to FP32, with
+// ex = scale_x − 127 − F_x (F = the format's fraction bits) and likewise ew.
+//   fast  (avx2 kinds kMxI8/kMxI16): t = float(dot) · 2^ex, y = fma(t, 2^ew, y).
+//         Exact only while every scale keeps t and t·2^ew normal; the driver
+//         checks the exponent ranges of both operands first (FastScalesOk).
+//   wide  (scalar, kMxF64): float(double(dot) · 2^ex · 2^ew): the product is
+//         exact in FP64 and the conversion is the one rounding, subnormals and
+//         overflow included.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mx/format.h"
+#include "mx/kernels/cpu_features.h"
+
+namespace mx::kernels::internal {
+
+// Output columns (rows of W) per packed panel.
+inline constexpr int kPanel = 16;
+
+enum class Kind : uint8_t { kMxI8, kMxI16, kMxF64, kInt8, kF32 };
+
+const char* KindName(Kind kind);
+
+// The kind a pair of operand formats computes in.
+Kind KindFor(Format x, Format w);
+
+// Offset added to each W byte of kind kMxI8: the largest |element| of W's format.
+int I8Offset(Format w);
+
+// Exponent range of an operand's effective block scales (2^e applied to the
+// integer dot), over blocks that are neither all zero nor NaN; empty when no
+// block counts.
+struct ScaleRange {
+  int min = 1 << 20;
+  int max = -(1 << 20);
+  void Add(int e) {
+    min = e < min ? e : min;
+    max = e > max ? e : max;
+  }
+  bool empty() const { return min > max; }
+};
+
+// True when the fast float epilogue is exact for every pair of blocks.
+bool FastScalesOk(const ScaleRange& x, const ScaleRange& w);
+
+// W converted for one kind: N rows padded to whole panels, K to whole blocks of
+// 32, padding zero. Element (n, k) of panel p = n / 16, lane j = n % 16:
+//   kMxI8   u8  [p][k/4][16][4]   w + offset
+//   kMxI16  i16 [p][k/2][16][2]
+//   kInt8   i16 [p][k/2][16][2]
+//   kMxF64  u16 [p][k][16]        FP16 bits of the element's value (exact)
+//   kF32    [p][k][16] in W's own precision: f32 (FP32, and any other format
+//           dequantized), or u16 FP16/BF16 bits (float_store says which)
+// Scales, MX kinds: [p][block][16]; kInt8: [p][16] (the row scales); kF32: none.
+struct WeightPanels {
+  Kind kind = Kind::kF32;
+  Format format = Format::kFp32;
+  int64_t n = 0, k = 0, k_padded = 0, blocks = 0, panels = 0;
+  std::vector<uint8_t> u8;
+  std::vector<int16_t> i16;
+  std::vector<uint16_t> f16;
+  std::vector<float> f32;
+  std::vector<float> scale;     // fast epilogue: 2^ew, 0 for an all-zero block, NaN
+  std::vector<double> scale_d;  // wide epilogue: 2^ew, NaN
+  std::vector<uint8_t> scale_bytes;  // MX: the E8M0 bytes, N × blocks, for unpacking
+  Format float_store = Format::kFp32;  // kF32: kFp32, kFp16 or kBf16
+  ScaleRange range;
+  int i8_offset = 0;
+  bool has_special = false;  // an element code is Inf or NaN: the reference path
+  int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
+
+  size_t bytes() const {
+    return u8.size() + scale_bytes.size() + 2 * (i16.size() + f16.size()) +
+           4 * (f32.size() + scale.size()) + 8 * scale_d.size();
+  }
+};
+
+// X decoded for one kind: row-major rows × k_padded, padding zero.
+//   kMxI8 i8, kMxI16/kInt8 i16, kMxF64 f64 (element values), kF32 f32.
+// Scales [row][block] for MX kinds (as in WeightPanels), [row] for kInt8.
+struct DecodedX {
+  Kind kind = Kind::kF32;
+  int64_t rows = 0, k_padded = 0, blocks = 0;
+  std::vector<int8_t> i8;
+  std::vector<int16_t> i16;
+  std::vector<double> f64;
+  std::vector<float> f32;
+  std::vector<float> scale;
+  std::vector<double> scale_d;
+  std::vector<int32_t> block_offset;  // kMxI8: −offset_w · Σ x over the block
+  ScaleRange range;
+  bool has_special = false;
+  int max_span_bits = 0;
+};
+
+// One GEMM as the tile kernels see it.
+struct Problem {
+  const DecodedX* x;
+  const WeightPanels* w;
+  const float* bias;  // nullptr or N values
+  float* y;           // M × N row-major
+  Format x_format;
+  int64_t m, n;
+  bool fast_scales;   // the fast epilogue is exact for this pair (kMxI8/kMxI16)
+};
+
+// Computes y[row0, row0 + rows) × [16·panel, 16·panel + 16) ∩ N, all of K, from
+// the bias (or +0.0). rows <= kMaxTileRows.
+inline constexpr int kMaxTileRows = 4;
+using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel);
+
+// The tile kernel of a kind at an ISA level, nullptr where the level has none
+// for that kind (the driver then takes the next level down).
+TileFn ScalarTile(Kind kind);
+TileFn Avx2Tile(Kind kind, const Problem& p);
+
+}  // namespace mx::kernels::internal

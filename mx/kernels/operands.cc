@@ -1,0 +1,419 @@
+// Converting operands into the kernels' layouts: W once per weight (PackedWeight),
+// X once per call (DecodeX in linear.cc calls DecodeActivations here).
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "mx/element.h"
+#include "mx/kernels/gemm_internal.h"
+#include "mx/kernels/linear.h"
+#include "mx/kernels/operands.h"
+
+namespace mx::kernels::internal {
+namespace {
+
+bool IsI8Element(Format f) {
+  return f == Format::kMxfp4E2m1 || f == Format::kMxfp6E2m3 || f == Format::kMxint8;
+}
+bool IsI16Element(Format f) { return IsI8Element(f) || f == Format::kMxfp6E3m2; }
+
+}  // namespace
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kMxI8: return "mx_i8";
+    case Kind::kMxI16: return "mx_i16";
+    case Kind::kMxF64: return "mx_f64";
+    case Kind::kInt8: return "int8";
+    case Kind::kF32: return "f32";
+  }
+  return "?";
+}
+
+Kind KindFor(Format x, Format w) {
+  if (IsMx(x) && IsMx(w)) {
+    if (IsI8Element(x) && IsI8Element(w) && !(x == Format::kMxint8 && w == Format::kMxint8)) {
+      return Kind::kMxI8;
+    }
+    if (IsI16Element(x) && IsI16Element(w)) return Kind::kMxI16;
+    return Kind::kMxF64;
+  }
+  if (x == Format::kInt8 && w == Format::kInt8) return Kind::kInt8;
+  return Kind::kF32;
+}
+
+int I8Offset(Format w) {
+  switch (w) {
+    case Format::kMxfp4E2m1: return 12;
+    case Format::kMxfp6E2m3: return 60;
+    default: return 127;
+  }
+}
+
+bool FastScalesOk(const ScaleRange& x, const ScaleRange& w) {
+  // t = float(dot)·2^ex with 1 <= |dot| < 2^23 must be normal: ex in [-126, 104];
+  // 2^ew must be a normal float; dot·2^(ex+ew) normal again.
+  if (!x.empty() && (x.min < -126 || x.max > 104)) return false;
+  if (!w.empty() && (w.min < -126 || w.max > 127)) return false;
+  if (x.empty() || w.empty()) return true;
+  return x.min + w.min >= -126 && x.max + w.max <= 104;
+}
+
+const CodeTable& Codes(Format format) {
+  static const auto* tables = [] {
+    auto* t = new std::array<CodeTable, 6>();
+    for (const FormatTraits& traits : AllFormats()) {
+      if (!traits.is_mx()) continue;
+      CodeTable& table = (*t)[static_cast<int>(traits.format)];
+      table.fraction_bits = FixedPointFractionBits(traits.format);
+      for (uint32_t code = 0; code < CodeCount(traits.format); ++code) {
+        table.special[code] = IsSpecialCode(traits.format, code);
+        table.fixed[code] = table.special[code] ? 0 : ElementToFixed(traits.format, code);
+        table.value[code] = table.special[code] ? 0.0f : DecodeElement(traits.format, code);
+      }
+    }
+    return t;
+  }();
+  return (*tables)[static_cast<int>(format)];
+}
+
+void UnpackCodes(Format format, const uint8_t* row, int64_t blocks, uint8_t* codes) {
+  const int64_t count = blocks * kBlockSize;
+  switch (Traits(format).element_bits) {
+    case 8:
+      std::memcpy(codes, row, count);
+      return;
+    case 4:
+      for (int64_t i = 0; i < count / 2; ++i) {
+        codes[2 * i] = row[i] & 0x0F;
+        codes[2 * i + 1] = row[i] >> 4;
+      }
+      return;
+    case 6:
+      for (int64_t i = 0; i < count / 4; ++i) {
+        const uint32_t v = row[3 * i] | (uint32_t{row[3 * i + 1]} << 8) |
+                           (uint32_t{row[3 * i + 2]} << 16);
+        codes[4 * i] = v & 63;
+        codes[4 * i + 1] = (v >> 6) & 63;
+        codes[4 * i + 2] = (v >> 12) & 63;
+        codes[4 * i + 3] = (v >> 18) & 63;
+      }
+      return;
+  }
+}
+
+BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes) {
+  BlockInfo info;
+  uint64_t any = 0, largest = 0;
+  for (int i = 0; i < kBlockSize; ++i) {
+    info.special |= table.special[codes[i]];
+    const uint64_t magnitude = static_cast<uint64_t>(std::abs(table.fixed[codes[i]]));
+    any |= magnitude;
+    largest = std::max(largest, magnitude);
+  }
+  info.all_zero = any == 0;
+  info.span_bits = info.all_zero ? 0 : std::bit_width(largest) - std::countr_zero(any);
+  return info;
+}
+
+BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero) {
+  BlockScales s;
+  if (scale_byte == kScaleNan) {
+    s.fast = s.wide = std::numeric_limits<double>::quiet_NaN();
+    return s;
+  }
+  s.exponent = scale_byte - kScaleBias - fraction_bits;
+  s.wide = std::ldexp(1.0, s.exponent);
+  s.counts = !all_zero;
+  // The fast scale only matters when the range check passes; out of float range
+  // it is never used.
+  s.fast = all_zero ? 0.0 : (s.exponent >= -126 && s.exponent <= 127 ? s.wide : 0.0);
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<WeightPanels>> PackPanels(const QuantizedMatrix& w, Kind kind) {
+  auto out = std::make_shared<WeightPanels>();
+  WeightPanels& p = *out;
+  p.kind = kind;
+  p.format = w.format;
+  p.n = w.rows;
+  p.k = w.cols;
+  p.blocks = BlocksPerRow(w.cols);
+  p.k_padded = p.blocks * kBlockSize;
+  p.panels = (w.rows + kPanel - 1) / kPanel;
+  const int64_t lanes = p.panels * kPanel;
+  const int64_t kp = p.k_padded;
+  // Index of element (n, k) in each layout.
+  const auto pair_index = [&](int64_t n, int64_t k, int group) {
+    const int64_t panel = n / kPanel, lane = n % kPanel;
+    return ((panel * (kp / group) + k / group) * kPanel + lane) * group + k % group;
+  };
+  switch (kind) {
+    case Kind::kMxI8:
+      p.i8_offset = I8Offset(w.format);
+      p.u8.assign(lanes * kp, static_cast<uint8_t>(p.i8_offset));
+      break;
+    case Kind::kMxI16:
+    case Kind::kInt8:
+      p.i16.assign(lanes * kp, 0);
+      break;
+    case Kind::kMxF64:
+      p.f16.assign(lanes * kp, 0);
+      break;
+    case Kind::kF32:
+      p.float_store =
+          (w.format == Format::kFp16 || w.format == Format::kBf16) ? w.format : Format::kFp32;
+      if (p.float_store == Format::kFp32) {
+        p.f32.assign(lanes * kp, 0.0f);
+      } else {
+        p.f16.assign(lanes * kp, 0);
+      }
+      break;
+  }
+
+  if (kind == Kind::kF32) {
+    if (p.float_store != Format::kFp32) {  // FP16/BF16 bits as they are: half the bytes
+      for (int64_t n = 0; n < w.rows; ++n) {
+        for (int64_t k = 0; k < w.cols; ++k) {
+          const uint8_t* e = w.elements.data() + 2 * (n * w.cols + k);
+          p.f16[pair_index(n, k, 1)] = static_cast<uint16_t>(e[0] | (e[1] << 8));
+        }
+      }
+      return out;
+    }
+    const std::vector<float> values = DequantizeFast(w);
+    for (int64_t n = 0; n < w.rows; ++n) {
+      for (int64_t k = 0; k < w.cols; ++k) p.f32[pair_index(n, k, 1)] = values[n * w.cols + k];
+    }
+    return out;
+  }
+  if (kind == Kind::kInt8) {
+    p.scale.assign(lanes, 0.0f);
+    for (int64_t n = 0; n < w.rows; ++n) {
+      p.scale[n] = w.row_scales[n];
+      for (int64_t k = 0; k < w.cols; ++k) {
+        p.i16[pair_index(n, k, 2)] = static_cast<int8_t>(w.elements[n * w.cols + k]);
+      }
+    }
+    return out;
+  }
+
+  // MX kinds.
+  const CodeTable& table = Codes(w.format);
+  // kMxF64 multiplies element values, the integer kinds fixed-point integers.
+  const int fraction_bits = kind == Kind::kMxF64 ? 0 : table.fraction_bits;
+  p.scale.assign(lanes * p.blocks, 0.0f);
+  p.scale_d.assign(lanes * p.blocks, 0.0);
+  p.scale_bytes = w.block_scales;
+  std::vector<uint8_t> codes(kp);
+  const int64_t row_bytes = RowBytes(w.format, w.cols);
+  for (int64_t n = 0; n < w.rows; ++n) {
+    UnpackCodes(w.format, w.elements.data() + n * row_bytes, p.blocks, codes.data());
+    for (int64_t b = 0; b < p.blocks; ++b) {
+      const BlockInfo info = InspectBlock(table, codes.data() + b * kBlockSize);
+      p.has_special |= info.special;
+      p.max_span_bits = std::max(p.max_span_bits, info.span_bits);
+      const BlockScales s =
+          ScalesOf(w.block_scales[n * p.blocks + b], fraction_bits, info.all_zero);
+      if (s.counts) p.range.Add(s.exponent);
+      const int64_t at = ((n / kPanel) * p.blocks + b) * kPanel + n % kPanel;
+      p.scale[at] = static_cast<float>(s.fast);
+      p.scale_d[at] = s.wide;
+    }
+    // All of K padded: a client may pack non-zero codes into a short block's
+    // padding, and the reference multiplies them too.
+    for (int64_t k = 0; k < kp; ++k) {
+      const uint8_t code = codes[k];
+      switch (kind) {
+        case Kind::kMxI8:
+          p.u8[pair_index(n, k, 4)] = static_cast<uint8_t>(table.fixed[code] + p.i8_offset);
+          break;
+        case Kind::kMxI16:
+          p.i16[pair_index(n, k, 2)] = static_cast<int16_t>(table.fixed[code]);
+          break;
+        default:  // kMxF64
+          p.f16[pair_index(n, k, 1)] = FloatToFp16(table.value[code]);
+          break;
+      }
+    }
+  }
+  return out;
+}
+
+QuantizedMatrix UnpackPanels(const WeightPanels& p) {
+  QuantizedMatrix m;
+  m.format = p.format;
+  m.rows = p.n;
+  m.cols = p.k;
+  const int64_t kp = p.k_padded;
+  const auto at = [&](int64_t n, int64_t k, int group) {
+    return ((n / kPanel * (kp / group) + k / group) * kPanel + n % kPanel) * group + k % group;
+  };
+  if (p.kind == Kind::kInt8) {
+    m.elements.resize(p.n * p.k);
+    m.row_scales.assign(p.scale.begin(), p.scale.begin() + p.n);
+    for (int64_t n = 0; n < p.n; ++n) {
+      for (int64_t k = 0; k < p.k; ++k) {
+        m.elements[n * p.k + k] = static_cast<uint8_t>(p.i16[at(n, k, 2)]);
+      }
+    }
+    return m;
+  }
+  if (p.kind == Kind::kF32) {
+    // Only W of a float format is packed for its own kind (PackedWeight::Pack).
+    const int bytes = p.float_store == Format::kFp32 ? 4 : 2;
+    m.elements.resize(p.n * p.k * bytes);
+    for (int64_t n = 0; n < p.n; ++n) {
+      for (int64_t k = 0; k < p.k; ++k) {
+        uint8_t* e = m.elements.data() + bytes * (n * p.k + k);
+        if (bytes == 4) {
+          std::memcpy(e, &p.f32[at(n, k, 1)], 4);
+        } else {
+          std::memcpy(e, &p.f16[at(n, k, 1)], 2);
+        }
+      }
+    }
+    return m;
+  }
+  // MX: element values back to codes through the format's code table.
+  const CodeTable& table = Codes(p.format);
+  std::vector<int32_t> code_of_fixed;  // fixed + 2^17 → code (+0 wins over −0)
+  std::vector<int32_t> code_of_f16(1 << 16, -1);
+  const int codes = static_cast<int>(CodeCount(p.format));
+  code_of_fixed.assign(1 << 19, -1);
+  for (int c = codes - 1; c >= 0; --c) {
+    if (table.special[c]) continue;
+    if (std::abs(table.fixed[c]) < (1 << 17)) code_of_fixed[table.fixed[c] + (1 << 17)] = c;
+    // (Only the integer kinds look codes up by fixed value; their formats fit.)
+    code_of_f16[FloatToFp16(table.value[c])] = c;
+  }
+  m.block_scales = p.scale_bytes;
+  const int64_t row_bytes = RowBytes(p.format, p.k);
+  m.elements.resize(p.n * row_bytes);
+  std::array<uint8_t, kBlockSize> block;
+  for (int64_t n = 0; n < p.n; ++n) {
+    for (int64_t b = 0; b < p.blocks; ++b) {
+      for (int i = 0; i < kBlockSize; ++i) {
+        const int64_t k = b * kBlockSize + i;
+        int32_t code;
+        switch (p.kind) {
+          case Kind::kMxI8:
+            code = code_of_fixed[p.u8[at(n, k, 4)] - p.i8_offset + (1 << 17)];
+            break;
+          case Kind::kMxI16:
+            code = code_of_fixed[p.i16[at(n, k, 2)] + (1 << 17)];
+            break;
+          default:
+            code = code_of_f16[p.f16[at(n, k, 1)]];
+            break;
+        }
+        block[i] = static_cast<uint8_t>(code);
+      }
+      PackBlock(p.format, block, m.elements.data() + n * row_bytes + b * BlockBytes(p.format));
+    }
+  }
+  return m;
+}
+
+std::vector<float> DequantizeFast(const QuantizedMatrix& m) {
+  std::vector<float> out(m.rows * m.cols);
+  if (m.format == Format::kFp32 || m.format == Format::kBf16 || m.format == Format::kFp16) {
+    WidenToFloat(m.format, m.elements.data(), out.size(), out.data());
+    return out;
+  }
+  if (m.format == Format::kInt8) {
+    for (int64_t r = 0; r < m.rows; ++r) {
+      for (int64_t c = 0; c < m.cols; ++c) {
+        out[r * m.cols + c] =
+            static_cast<float>(static_cast<int8_t>(m.elements[r * m.cols + c])) * m.row_scales[r];
+      }
+    }
+    return out;
+  }
+  return Dequantize(m);  // MX operands in the float kind: rare mixed pairs
+}
+
+DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format) {
+  DecodedX d;
+  d.kind = kind;
+  d.rows = x.rows;
+  d.blocks = BlocksPerRow(x.cols);
+  d.k_padded = d.blocks * kBlockSize;
+  const int64_t kp = d.k_padded;
+  if (kind == Kind::kF32) {
+    const std::vector<float> values = DequantizeFast(x);
+    d.f32.assign(x.rows * kp, 0.0f);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      std::copy_n(values.data() + r * x.cols, x.cols, d.f32.data() + r * kp);
+    }
+    return d;
+  }
+  if (kind == Kind::kInt8) {
+    d.i16.assign(x.rows * kp, 0);
+    d.scale = x.row_scales;
+    for (int64_t r = 0; r < x.rows; ++r) {
+      for (int64_t c = 0; c < x.cols; ++c) {
+        d.i16[r * kp + c] = static_cast<int8_t>(x.elements[r * x.cols + c]);
+      }
+    }
+    return d;
+  }
+  const CodeTable& table = Codes(x.format);
+  const int fraction_bits = kind == Kind::kMxF64 ? 0 : table.fraction_bits;
+  switch (kind) {
+    case Kind::kMxI8:
+      d.i8.assign(x.rows * kp, 0);
+      d.block_offset.assign(x.rows * d.blocks, 0);
+      break;
+    case Kind::kMxI16:
+      d.i16.assign(x.rows * kp, 0);
+      break;
+    default:
+      d.f64.assign(x.rows * kp, 0.0);
+      break;
+  }
+  d.scale.assign(x.rows * d.blocks, 0.0f);
+  d.scale_d.assign(x.rows * d.blocks, 0.0);
+  const int offset = kind == Kind::kMxI8 ? I8Offset(w_format) : 0;
+  std::vector<uint8_t> codes(kp);
+  const int64_t row_bytes = RowBytes(x.format, x.cols);
+  for (int64_t r = 0; r < x.rows; ++r) {
+    UnpackCodes(x.format, x.elements.data() + r * row_bytes, d.blocks, codes.data());
+    for (int64_t b = 0; b < d.blocks; ++b) {
+      const uint8_t* block = codes.data() + b * kBlockSize;
+      const BlockInfo info = InspectBlock(table, block);
+      d.has_special |= info.special;
+      d.max_span_bits = std::max(d.max_span_bits, info.span_bits);
+      const BlockScales s =
+          ScalesOf(x.block_scales[r * d.blocks + b], fraction_bits, info.all_zero);
+      if (s.counts) d.range.Add(s.exponent);
+      d.scale[r * d.blocks + b] = static_cast<float>(s.fast);
+      d.scale_d[r * d.blocks + b] = s.wide;
+      int32_t sum = 0;
+      for (int i = 0; i < kBlockSize; ++i) {
+        const int64_t at = r * kp + b * kBlockSize + i;
+        const uint8_t code = block[i];
+        switch (kind) {
+          case Kind::kMxI8:
+            d.i8[at] = static_cast<int8_t>(table.fixed[code]);
+            sum += static_cast<int32_t>(table.fixed[code]);
+            break;
+          case Kind::kMxI16:
+            d.i16[at] = static_cast<int16_t>(table.fixed[code]);
+            break;
+          default:
+            d.f64[at] = table.value[code];
+            break;
+        }
+      }
+      if (kind == Kind::kMxI8) d.block_offset[r * d.blocks + b] = -offset * sum;
+    }
+  }
+  return d;
+}
+
+}  // namespace mx::kernels::internal

@@ -1,0 +1,55 @@
+// Operand conversion for the kernels (internal): element code tables, unpacking
+// of the exchange layout, W into panels, X into its decoded rows.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "mx/kernels/gemm_internal.h"
+#include "mx/packed.h"
+
+namespace mx::kernels::internal {
+
+// Every code of an MX element format (up to 256): its fixed-point integer
+// (value · 2^F), its value, and whether it is Inf/NaN.
+struct CodeTable {
+  int fraction_bits = 0;
+  std::array<int64_t, 256> fixed{};  // E5M2 needs 33 bits
+  std::array<float, 256> value{};
+  std::array<bool, 256> special{};
+};
+const CodeTable& Codes(Format format);
+
+// The codes of `blocks` packed blocks (one byte per code, padding included).
+void UnpackCodes(Format format, const uint8_t* row, int64_t blocks, uint8_t* codes);
+
+struct BlockInfo {
+  bool special = false;   // an Inf/NaN element code
+  bool all_zero = false;  // every element is ±0
+  int span_bits = 0;      // bits from the lowest set bit of any |fixed| to the top of the largest
+};
+BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes);
+
+// A block's scale as the epilogues use it (see gemm_internal.h).
+struct BlockScales {
+  int exponent = 0;     // scale − 127 − F
+  double fast = 0.0;    // 2^exponent, 0 for an all-zero block, NaN
+  double wide = 0.0;    // 2^exponent, NaN
+  bool counts = false;  // neither all zero nor NaN: part of the operand's ScaleRange
+};
+BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero);
+
+absl::StatusOr<std::shared_ptr<WeightPanels>> PackPanels(const QuantizedMatrix& w, Kind kind);
+// The exchange layout back from panels: the same values and scales, so the
+// reference computes the same bits from it (a −0 element may come back as +0).
+// Not for panels of W with Inf/NaN codes, which PackedWeight keeps as they came.
+QuantizedMatrix UnpackPanels(const WeightPanels& p);
+DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format);
+
+// All values in FP32, quicker than mx::Dequantize for the non-MX formats.
+std::vector<float> DequantizeFast(const QuantizedMatrix& m);
+
+}  // namespace mx::kernels::internal

@@ -1,0 +1,304 @@
+// The fast GEMM kernels against mx::ReferenceLinear, bit for bit, at every ISA
+// level this machine can run.
+#include "mx/kernels/linear.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "mx/element.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
+
+namespace mx::kernels {
+namespace {
+
+constexpr Format kMxFormats[] = {Format::kMxfp8E4m3, Format::kMxfp8E5m2, Format::kMxfp6E3m2,
+                                 Format::kMxfp6E2m3, Format::kMxfp4E2m1, Format::kMxint8};
+
+std::vector<float> Gaussian(size_t count, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(count);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// Same value, or both NaN (the sign and payload of a NaN are not part of the contract).
+bool SameBits(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+}
+
+// Compares every output with the reference; on a mismatch, says where.
+void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatrix& w,
+                           std::span<const float> bias, Isa isa, const std::string& what,
+                           ThreadPool* pool = nullptr, KernelInfo* info_out = nullptr) {
+  const std::vector<float> expected = ReferenceLinear(x, w, bias).value();
+  absl::StatusOr<PackedWeight> packed = PackedWeight::Pack(w);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  std::vector<float> y(x.rows * w.rows, -1.0f);
+  absl::StatusOr<KernelInfo> info = Linear(x, *packed, bias, y, {.isa = isa, .pool = pool});
+  ASSERT_TRUE(info.ok()) << info.status();
+  if (info_out) *info_out = *info;
+  int mismatches = 0;
+  for (int64_t i = 0; i < x.rows && mismatches < 5; ++i) {
+    for (int64_t j = 0; j < w.rows && mismatches < 5; ++j) {
+      const float got = y[i * w.rows + j], want = expected[i * w.rows + j];
+      if (!SameBits(got, want)) {
+        ++mismatches;
+        ADD_FAILURE() << what << " kernel " << info->name << ": y[" << i << "][" << j
+                      << "] = " << got << " (0x" << std::hex << std::bit_cast<uint32_t>(got)
+                      << "), reference " << want << " (0x" << std::bit_cast<uint32_t>(want)
+                      << std::dec << ")";
+      }
+    }
+  }
+}
+
+QuantizedMatrix Quantize(const std::vector<float>& v, int64_t rows, int64_t cols, Format f) {
+  return QuantizeRows(v, rows, cols, f).value();
+}
+
+class LinearAtIsa : public ::testing::TestWithParam<Isa> {};
+
+std::string IsaParamName(const ::testing::TestParamInfo<Isa>& info) {
+  return std::string(IsaName(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Available, LinearAtIsa, ::testing::ValuesIn(AvailableIsas().begin(),
+                                                                      AvailableIsas().end()),
+                         IsaParamName);
+
+// Every MX pair, awkward shapes (M = 1, N and K not multiples of 16 or 32), bias
+// on and off.
+TEST_P(LinearAtIsa, EveryMxPairMatchesReference) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{1, 1, 1}, {1, 17, 33}, {3, 16, 32}, {5, 40, 100}, {9, 33, 64}};
+  uint32_t seed = 1;
+  for (Format fx : kMxFormats) {
+    for (Format fw : kMxFormats) {
+      for (const Shape& s : shapes) {
+        for (bool with_bias : {false, true}) {
+          const auto x = Quantize(Gaussian(s.m * s.k, ++seed, 3.0f), s.m, s.k, fx);
+          const auto w = Quantize(Gaussian(s.n * s.k, ++seed, 0.05f), s.n, s.k, fw);
+          const std::vector<float> bias = with_bias ? Gaussian(s.n, ++seed) : std::vector<float>{};
+          ExpectSameAsReference(x, w, bias, GetParam(),
+                                absl::StrCat(FormatName(fx), " x ", FormatName(fw), " ", s.m, "x",
+                                             s.n, "x", s.k, with_bias ? " +bias" : ""));
+        }
+      }
+    }
+  }
+}
+
+TEST_P(LinearAtIsa, Int8AndFloatFormatsMatchReference) {
+  const Format formats[] = {Format::kInt8, Format::kBf16, Format::kFp16, Format::kFp32,
+                            Format::kMxfp4E2m1};
+  uint32_t seed = 100;
+  for (Format fx : formats) {
+    for (Format fw : formats) {
+      if (IsMx(fx) && IsMx(fw)) continue;
+      for (bool with_bias : {false, true}) {
+        const int64_t m = 5, n = 19, k = 70;
+        const auto x = Quantize(Gaussian(m * k, ++seed), m, k, fx);
+        const auto w = Quantize(Gaussian(n * k, ++seed, 0.1f), n, k, fw);
+        const std::vector<float> bias = with_bias ? Gaussian(n, ++seed) : std::vector<float>{};
+        ExpectSameAsReference(x, w, bias, GetParam(),
+                              absl::StrCat(FormatName(fx), " x ", FormatName(fw)));
+      }
+    }
+  }
+}
+
+// BF16/FP16/FP32 are held to an FP64 reference with a tolerance, as the contract
+// asks: |y − y64| <= K · 2^-24 · Σ|x·w| + |bias| · 2^-24.
+TEST_P(LinearAtIsa, FloatFormatsWithinToleranceOfFp64) {
+  const int64_t m = 4, n = 21, k = 300;
+  for (Format f : {Format::kBf16, Format::kFp16, Format::kFp32}) {
+    const auto x = Quantize(Gaussian(m * k, 7), m, k, f);
+    const auto w = Quantize(Gaussian(n * k, 8), n, k, f);
+    const std::vector<float> xv = Dequantize(x), wv = Dequantize(w);
+    const std::vector<float> y = Linear(x, w, {}, {.isa = GetParam()}).value();
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double exact = 0, magnitude = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          exact += double{xv[i * k + c]} * wv[j * k + c];
+          magnitude += std::fabs(double{xv[i * k + c]} * wv[j * k + c]);
+        }
+        EXPECT_NEAR(y[i * n + j], exact, k * std::ldexp(1.0, -24) * magnitude)
+            << FormatName(f) << " y[" << i << "][" << j << "]";
+      }
+    }
+  }
+}
+
+// NaN and Inf inputs make NaN blocks; zeros make all-zero blocks (scale byte 0).
+TEST_P(LinearAtIsa, NanBlocksAndZeroBlocks) {
+  const int64_t m = 6, n = 20, k = 96;
+  for (Format f : kMxFormats) {
+    std::vector<float> xv = Gaussian(m * k, 11), wv = Gaussian(n * k, 12);
+    xv[1 * k + 40] = std::numeric_limits<float>::quiet_NaN();        // row 1, block 1
+    xv[3 * k + 5] = std::numeric_limits<float>::infinity();          // row 3, block 0
+    wv[7 * k + 70] = -std::numeric_limits<float>::infinity();        // col 7, block 2
+    std::fill(xv.begin() + 4 * k, xv.begin() + 5 * k, 0.0f);          // row 4 all zero
+    std::fill(wv.begin() + 2 * k + 32, wv.begin() + 2 * k + 64, 0.0f);  // col 2, block 1
+    const std::vector<float> bias = Gaussian(n, 13);
+    ExpectSameAsReference(Quantize(xv, m, k, f), Quantize(wv, n, k, f), bias, GetParam(),
+                          absl::StrCat(FormatName(f), " NaN/zero blocks"));
+  }
+}
+
+// Scales at both ends of E8M0: products that leave FP32's normal range round
+// into subnormals or overflow to Inf, exactly as the reference rounds them.
+TEST_P(LinearAtIsa, ExtremeScalesMatchReference) {
+  const int64_t m = 3, n = 18, k = 64;
+  const float x_scales[] = {0x1p-120f, 0x1p-60f, 0x1p+60f, 0x1p+120f};
+  const float w_scales[] = {0x1p-126f, 0x1p-30f, 0x1p+40f, 0x1p+126f};
+  for (Format f : kMxFormats) {
+    for (float sx : x_scales) {
+      for (float sw : w_scales) {
+        std::vector<float> xv = Gaussian(m * k, 21, sx), wv = Gaussian(n * k, 22, sw);
+        xv[5] = 0x1p-149f * 3;  // FP32 subnormal inputs are kept by the quantizer
+        ExpectSameAsReference(Quantize(xv, m, k, f), Quantize(wv, n, k, f), {}, GetParam(),
+                              absl::StrCat(FormatName(f), " scales ", sx, " x ", sw));
+      }
+    }
+  }
+}
+
+// A client may pack Inf/NaN element codes itself; such calls take the reference.
+TEST_P(LinearAtIsa, SpecialElementCodesTakeTheReference) {
+  const int64_t m = 2, n = 16, k = 32;
+  auto x = Quantize(Gaussian(m * k, 31), m, k, Format::kMxfp8E4m3);
+  x.elements[3] = 0x7F;  // E4M3 NaN
+  const auto w = Quantize(Gaussian(n * k, 32), n, k, Format::kMxfp8E4m3);
+  KernelInfo info;
+  ExpectSameAsReference(x, w, {}, GetParam(), "E4M3 NaN code", nullptr, &info);
+  EXPECT_EQ(info.name, "reference");
+  EXPECT_EQ(info.fallback_reason, "x holds Inf/NaN element codes");
+}
+
+// MXFP8_E5M2 blocks spanning 2^-16 .. 2^15 in both operands do not fit FP64.
+TEST_P(LinearAtIsa, WideE5m2BlocksTakeTheReference) {
+  const int64_t m = 1, n = 1, k = 32;
+  std::vector<float> xv(k, 0.0f), wv(k, 0.0f);
+  xv[0] = 57344.0f;
+  xv[1] = 0x1p-16f;
+  wv[0] = 0x1p-16f;
+  wv[1] = 57344.0f;
+  KernelInfo info;
+  ExpectSameAsReference(Quantize(xv, m, k, Format::kMxfp8E5m2),
+                        Quantize(wv, n, k, Format::kMxfp8E5m2), {}, GetParam(), "wide E5M2",
+                        nullptr, &info);
+  EXPECT_EQ(info.name, "reference");
+}
+
+// Which kernel runs: the level asked for, unless the fast epilogue would round
+// differently (extreme scales), then the exact scalar one.
+TEST_P(LinearAtIsa, ReportsTheKernelThatRan) {
+  const Isa isa = GetParam();
+  const int64_t m = 2, n = 16, k = 64;
+  const std::string level(IsaName(isa));
+  const struct {
+    Format format;
+    const char* kind;
+  } cases[] = {{Format::kMxfp4E2m1, "mx_i8"},  {Format::kMxfp6E2m3, "mx_i8"},
+               {Format::kMxint8, "mx_i16"},    {Format::kMxfp6E3m2, "mx_i16"},
+               {Format::kMxfp8E4m3, "mx_f64"}, {Format::kMxfp8E5m2, "mx_f64"},
+               {Format::kInt8, "int8"},        {Format::kBf16, "f32"}};
+  for (const auto& c : cases) {
+    KernelInfo info;
+    ExpectSameAsReference(Quantize(Gaussian(m * k, 41), m, k, c.format),
+                          Quantize(Gaussian(n * k, 42), n, k, c.format), {}, isa,
+                          std::string(FormatName(c.format)), nullptr, &info);
+    EXPECT_EQ(info.name, absl::StrCat(level, "/", c.kind)) << FormatName(c.format);
+  }
+  KernelInfo info;
+  ExpectSameAsReference(Quantize(Gaussian(m * k, 43, 0x1p-125f), m, k, Format::kMxfp4E2m1),
+                        Quantize(Gaussian(n * k, 44, 0x1p-20f), n, k, Format::kMxfp4E2m1), {},
+                        isa, "tiny scales", nullptr, &info);
+  EXPECT_EQ(info.name, "scalar/mx_i8");
+}
+
+TEST_P(LinearAtIsa, ThreadPoolGivesTheSameBits) {
+  ThreadPool pool(2);
+  const int64_t m = 37, n = 70, k = 96;
+  for (Format f : {Format::kMxfp4E2m1, Format::kMxfp8E4m3, Format::kMxint8}) {
+    ExpectSameAsReference(Quantize(Gaussian(m * k, 51), m, k, f),
+                          Quantize(Gaussian(n * k, 52), n, k, f), Gaussian(n, 53), GetParam(),
+                          absl::StrCat(FormatName(f), " two threads"), &pool);
+  }
+}
+
+// Packing keeps no copy of W: the exchange layout is rebuilt from the panels
+// when needed, with the same values and scales for every format.
+TEST(PackedWeightTest, UnpackedGivesBackTheSameValues) {
+  const int64_t n = 19, k = 45;
+  for (const FormatTraits& t : AllFormats()) {
+    std::vector<float> v = Gaussian(n * k, 61, 2.0f);
+    v[3] = 0.0f;
+    v[4] = -0.0f;
+    const QuantizedMatrix w = Quantize(v, n, k, t.format);
+    const QuantizedMatrix back = PackedWeight::Pack(w).value().Unpacked();
+    EXPECT_EQ(back.block_scales, w.block_scales) << t.name;
+    EXPECT_EQ(back.row_scales, w.row_scales) << t.name;
+    const std::vector<float> a = Dequantize(w), b = Dequantize(back);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << t.name << " element " << i;
+  }
+}
+
+TEST(LinearTest, ArgumentErrorsNameTheArgument) {
+  const auto x = Quantize(Gaussian(2 * 32, 1), 2, 32, Format::kMxfp4E2m1);
+  const auto w = PackedWeight::Pack(Quantize(Gaussian(3 * 64, 2), 3, 64, Format::kMxfp4E2m1));
+  ASSERT_TRUE(w.ok());
+  std::vector<float> y(6);
+  absl::StatusOr<KernelInfo> r = Linear(x, *w, {}, y);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "w: expected K = 32 columns to match x, got 64");
+
+  const auto w32 = PackedWeight::Pack(Quantize(Gaussian(3 * 32, 2), 3, 32, Format::kMxfp4E2m1));
+  const std::vector<float> bias(2);
+  r = Linear(x, *w32, bias, y);
+  EXPECT_EQ(r.status().message(), "bias: expected 3 values (one per row of w), got 2");
+  std::vector<float> small(5);
+  r = Linear(x, *w32, {}, small);
+  EXPECT_EQ(r.status().message(), "y: expected 2x3 = 6 values, got 5");
+
+  QuantizedMatrix broken = Quantize(Gaussian(3 * 32, 2), 3, 32, Format::kMxfp4E2m1);
+  broken.block_scales.pop_back();
+  EXPECT_EQ(PackedWeight::Pack(broken).status().message(),
+            "w block_scales (bytes): expected 3 for a 3x32 MXFP4_E2M1 matrix, got 2");
+}
+
+TEST(ThreadPoolTest, RunsEveryTaskOnceAndServesConcurrentCallers) {
+  ThreadPool pool(2);
+  EXPECT_EQ(pool.size(), 2);
+  std::vector<std::atomic<int>> hits(1000);
+  for (int round = 0; round < 50; ++round) {
+    pool.ParallelFor(1000, [&](int64_t i) { hits[i].fetch_add(1); });
+  }
+  for (const auto& h : hits) ASSERT_EQ(h.load(), 50);
+
+  // Two callers at once: each call still runs all of its tasks.
+  std::atomic<int64_t> sum_a{0}, sum_b{0};
+  std::thread other([&] {
+    for (int round = 0; round < 200; ++round) pool.ParallelFor(100, [&](int64_t i) { sum_a += i; });
+  });
+  for (int round = 0; round < 200; ++round) pool.ParallelFor(100, [&](int64_t i) { sum_b += i; });
+  other.join();
+  EXPECT_EQ(sum_a.load(), 200 * 4950);
+  EXPECT_EQ(sum_b.load(), 200 * 4950);
+}
+
+}  // namespace
+}  // namespace mx::kernels
