@@ -1,26 +1,42 @@
-// mx_bench: speed of the mx library's reference paths, with OpenBLAS SGEMM on the
-// same shapes in the same run as the well-known peer. The reference GEMM is the
-// numerics oracle, not a fast kernel: the ratio says how far the fast kernels
-// (issue "Fast CPU kernels") have to go.
+// mx_bench: the fast CPU kernels against the peers a user would pick instead on
+// the same CPU, measured in the same run.
 //
-// Benchmarks:
-//   quantize/<FORMAT>/<elements>          FP32 → packed format, counter GBps (input bytes/s)
-//   gemm_reference/<FORMAT>/<M>x<N>x<K>   Y = X·Wᵀ, W pre-packed, X quantized per call
-//   gemm/openblas_sgemm/<M>x<N>x<K>       cblas_sgemm, one thread
-// GEMM counters: GFLOPS = 2·M·N·K per second. A ratio line per format and shape
-// closes the run.
+// Benchmarks (one thread unless the name ends in /threads:2):
+//   quantize/<FORMAT>/<elements>            FP32 → packed format (mx::kernels), GBps
+//   quantize_reference/<FORMAT>/<elements>  the scalar reference quantizer, for scale
+//   gemm/<FORMAT>/<M>x<N>x<K>               Y = X·Wᵀ: X quantized per call, W pre-packed
+//   gemm/openblas_sgemm/<M>x<N>x<K>         cblas_sgemm (FP32)
+//   gemm/onednn_bf16/<M>x<N>x<K>            oneDNN matmul, BF16 in, FP32 out
+//   gemm/onednn_f32/<M>x<N>x<K>             oneDNN matmul, FP32
+//   model/<FORMAT|peer>/qwen2.5-0.5b/M8     a rollout decode step: all 168 linear
+//                                           layers of Qwen2.5-0.5B, each with its
+//                                           own weights, at M = 8 (counter tokens_per_s)
+// Shapes: Qwen2.5-0.5B's linear layers, W (N×K) = 896×896 (q, o), 128×896 (k, v),
+// 4864×896 (gate, up), 896×4864 (down), at M = 8, 512 and 4096. Counters: GFLOPS
+// = 2·M·N·K per second; GBps = FP32 input bytes per second. `ratio` lines close
+// the run: each format against each peer, and two threads against one.
+//
+// A peer that cannot run on this CPU (oneDNN 2.6 has BF16 matmul only with
+// AVX-512) reports the reason as the benchmark's error instead of a time.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <omp.h>
 
 #include <cstdio>
+#include <dnnl.hpp>
+#include <functional>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "mx/format.h"
+#include "mx/kernels/cpu_features.h"
+#include "mx/kernels/linear.h"
+#include "mx/kernels/quantize_fast.h"
+#include "mx/kernels/thread_pool.h"
 #include "mx/packed.h"
-#include "mx/reference_gemm.h"
 
 namespace {
 
@@ -29,57 +45,256 @@ struct Shape {
   std::string Name() const {
     return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
   }
+  double Flops() const { return 2.0 * m * n * k; }
 };
 
-// A decode step of 8 sequences through Qwen2.5-0.5B's q projection, and a
-// smaller prefill-like shape; the reference path is too slow for the large ones.
-const Shape kShapes[] = {{8, 896, 896}, {64, 128, 896}};
+std::vector<Shape> GemmShapes() {
+  const std::pair<int64_t, int64_t> layers[] = {{896, 896}, {128, 896}, {4864, 896}, {896, 4864}};
+  std::vector<Shape> shapes;
+  for (int64_t m : {8, 512, 4096}) {
+    for (auto [n, k] : layers) shapes.push_back({m, n, k});
+  }
+  return shapes;
+}
 
-std::vector<float> Gaussian(size_t count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
+constexpr mx::Format kGemmFormats[] = {
+    mx::Format::kMxfp8E4m3, mx::Format::kMxfp8E5m2, mx::Format::kMxfp6E3m2,
+    mx::Format::kMxfp6E2m3, mx::Format::kMxfp4E2m1, mx::Format::kMxint8,
+    mx::Format::kInt8,      mx::Format::kBf16,      mx::Format::kFp16,
+    mx::Format::kFp32};
+
+// Gaussian-ish values, fast enough for the 358 M weights of the model sweep.
+std::vector<float> Random(size_t count, uint64_t seed, float scale = 1.0f) {
   std::vector<float> v(count);
-  for (float& x : v) x = normal(rng);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& x : v) {
+    // Sum of four uniforms: bell-shaped, cheap.
+    float sum = 0;
+    for (int i = 0; i < 4; ++i) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      sum += static_cast<float>(s >> 40) * 0x1p-24f - 0.5f;
+    }
+    x = sum * scale * 1.7f;
+  }
   return v;
 }
 
-void Quantize(benchmark::State& state, mx::Format format, int64_t elements) {
+std::string ThreadSuffix(int threads) { return threads == 1 ? "" : "/threads:2"; }
+
+void SetThreads(int threads) {
+  openblas_set_num_threads(threads);
+  omp_set_num_threads(threads);
+}
+
+mx::kernels::ThreadPool& Pool(int threads) {
+  static mx::kernels::ThreadPool one(1), two(2);
+  return threads == 1 ? one : two;
+}
+
+void SetGflops(benchmark::State& state, double flops) {
+  state.counters["GFLOPS"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// --- quantize ---
+
+void Quantize(benchmark::State& state, mx::Format format, int64_t elements, bool reference) {
   const int64_t cols = 4096, rows = elements / cols;
-  const std::vector<float> x = Gaussian(elements, 1);
+  const std::vector<float> x = Random(elements, 1);
   for (auto _ : state) {
-    auto q = mx::QuantizeRows(x, rows, cols, format);
+    auto q = reference ? mx::QuantizeRows(x, rows, cols, format)
+                       : mx::kernels::QuantizeRows(x, rows, cols, format);
     benchmark::DoNotOptimize(q);
   }
   state.counters["GBps"] = benchmark::Counter(static_cast<double>(elements) * 4 * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void SetGflops(benchmark::State& state, const Shape& s) {
-  state.counters["GFLOPS"] = benchmark::Counter(2.0 * s.m * s.n * s.k * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
+// --- mxserve's kernels ---
+
+// One linear layer as the daemon runs it: quantize X, then Y = X·Wᵀ.
+struct Layer {
+  mx::kernels::PackedWeight w;
+  int64_t n, k;
+};
+
+Layer MakeLayer(mx::Format format, int64_t n, int64_t k, uint64_t seed) {
+  const mx::QuantizedMatrix q =
+      mx::kernels::QuantizeRows(Random(n * k, seed, 0.05f), n, k, format).value();
+  return {mx::kernels::PackedWeight::Pack(q).value(), n, k};
 }
 
-void GemmReference(benchmark::State& state, mx::Format format, Shape s) {
-  const std::vector<float> x = Gaussian(s.m * s.k, 2);
-  const mx::QuantizedMatrix w = mx::QuantizeRows(Gaussian(s.n * s.k, 3), s.n, s.k, format).value();
-  for (auto _ : state) {
-    auto qx = mx::QuantizeRows(x, s.m, s.k, format);
-    auto y = mx::ReferenceLinear(*qx, w);
-    benchmark::DoNotOptimize(y);
+bool RunLayer(benchmark::State& state, const Layer& layer, const std::vector<float>& x,
+              int64_t m, std::vector<float>& y, mx::kernels::ThreadPool& pool) {
+  absl::StatusOr<mx::QuantizedMatrix> qx =
+      mx::kernels::QuantizeRows(std::span<const float>(x.data(), m * layer.k), m, layer.k,
+                                layer.w.format());
+  absl::StatusOr<mx::kernels::KernelInfo> info =
+      mx::kernels::Linear(*qx, layer.w, {}, std::span<float>(y.data(), m * layer.n),
+                          {.pool = &pool});
+  if (!info.ok()) {
+    state.SkipWithError(std::string(info.status().message()).c_str());
+    return false;
   }
-  SetGflops(state, s);
+  state.SetLabel(info->name);
+  return true;
 }
 
-void GemmOpenBlas(benchmark::State& state, Shape s) {
-  const std::vector<float> x = Gaussian(s.m * s.k, 2), w = Gaussian(s.n * s.k, 3);
+void Gemm(benchmark::State& state, mx::Format format, Shape s, int threads) {
+  const Layer layer = MakeLayer(format, s.n, s.k, 3);
+  const std::vector<float> x = Random(s.m * s.k, 2);
+  std::vector<float> y(s.m * s.n);
+  for (auto _ : state) {
+    if (!RunLayer(state, layer, x, s.m, y, Pool(threads))) return;
+    benchmark::DoNotOptimize(y.data());
+  }
+  SetGflops(state, s.Flops());
+}
+
+// --- peers ---
+
+void GemmOpenBlas(benchmark::State& state, Shape s, int threads) {
+  SetThreads(threads);
+  const std::vector<float> x = Random(s.m * s.k, 2), w = Random(s.n * s.k, 3);
   std::vector<float> y(s.m * s.n);
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.m, s.n, s.k, 1.0f, x.data(), s.k,
                 w.data(), s.k, 0.0f, y.data(), s.n);
     benchmark::DoNotOptimize(y.data());
   }
-  SetGflops(state, s);
+  SetGflops(state, s.Flops());
+  SetThreads(1);
 }
+
+// A oneDNN matmul Y (M×N, f32) = X (M×K) · Wᵀ with W stored N×K, in `type`.
+class OneDnnMatmul {
+ public:
+  OneDnnMatmul(int64_t m, int64_t n, int64_t k, dnnl::memory::data_type type)
+      : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+    using dnnl::memory;
+    const memory::desc x({m, k}, type, memory::format_tag::ab);
+    const memory::desc w({k, n}, type, memory::format_tag::ba);  // N×K row-major = Wᵀ
+    const memory::desc y({m, n}, memory::data_type::f32, memory::format_tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x, w, y), engine_);
+    matmul_ = dnnl::matmul(pd);
+    x_ = memory(x, engine_);
+    w_ = memory(w, engine_);
+    y_ = memory(y, engine_);
+    std::memset(x_.get_data_handle(), 0, x.get_size());
+    std::memset(w_.get_data_handle(), 0, w.get_size());
+  }
+  void Run() {
+    matmul_.execute(stream_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
+    stream_.wait();
+  }
+
+ private:
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  dnnl::matmul matmul_;
+  dnnl::memory x_, w_, y_;
+};
+
+// nullptr and an error on `state` when oneDNN has no implementation here.
+std::unique_ptr<OneDnnMatmul> MakeOneDnn(benchmark::State& state, int64_t m, int64_t n,
+                                         int64_t k, dnnl::memory::data_type type) {
+  try {
+    return std::make_unique<OneDnnMatmul>(m, n, k, type);
+  } catch (const dnnl::error& e) {
+    state.SkipWithError(
+        "oneDNN has no matmul for this data type on this CPU (its BF16 needs AVX-512)");
+    return nullptr;
+  }
+}
+
+void GemmOneDnn(benchmark::State& state, Shape s, dnnl::memory::data_type type, int threads) {
+  SetThreads(threads);
+  std::unique_ptr<OneDnnMatmul> mm = MakeOneDnn(state, s.m, s.n, s.k, type);
+  if (mm) {
+    for (auto _ : state) mm->Run();
+    SetGflops(state, s.Flops());
+  }
+  SetThreads(1);
+}
+
+// --- the whole-model sweep ---
+
+// Qwen2.5-0.5B: 24 blocks of q, k, v, o, gate, up, down.
+std::vector<std::pair<int64_t, int64_t>> ModelLayers() {
+  std::vector<std::pair<int64_t, int64_t>> layers;
+  for (int block = 0; block < 24; ++block) {
+    for (auto nk : {std::pair<int64_t, int64_t>{896, 896}, {128, 896}, {128, 896}, {896, 896},
+                    {4864, 896}, {4864, 896}, {896, 4864}}) {
+      layers.push_back(nk);
+    }
+  }
+  return layers;
+}
+
+double ModelFlops(int64_t m) {
+  double flops = 0;
+  for (auto [n, k] : ModelLayers()) flops += 2.0 * m * n * k;
+  return flops;
+}
+
+void SetModelCounters(benchmark::State& state, int64_t m) {
+  SetGflops(state, ModelFlops(m));
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(m), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void Model(benchmark::State& state, mx::Format format, int64_t m, int threads) {
+  std::vector<Layer> layers;
+  uint64_t seed = 100;
+  for (auto [n, k] : ModelLayers()) layers.push_back(MakeLayer(format, n, k, ++seed));
+  const std::vector<float> x = Random(m * 4864, 7);
+  std::vector<float> y(m * 4864);
+  for (auto _ : state) {
+    for (const Layer& layer : layers) {
+      if (!RunLayer(state, layer, x, m, y, Pool(threads))) return;
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  SetModelCounters(state, m);
+}
+
+void ModelOpenBlas(benchmark::State& state, int64_t m, int threads) {
+  SetThreads(threads);
+  std::vector<std::vector<float>> weights;
+  uint64_t seed = 100;
+  for (auto [n, k] : ModelLayers()) weights.push_back(Random(n * k, ++seed, 0.05f));
+  const std::vector<float> x = Random(m * 4864, 7);
+  std::vector<float> y(m * 4864);
+  const auto layers = ModelLayers();
+  for (auto _ : state) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const auto [n, k] = layers[i];
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x.data(), k,
+                  weights[i].data(), k, 0.0f, y.data(), n);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  SetModelCounters(state, m);
+  SetThreads(1);
+}
+
+void ModelOneDnn(benchmark::State& state, int64_t m, dnnl::memory::data_type type, int threads) {
+  SetThreads(threads);
+  std::vector<std::unique_ptr<OneDnnMatmul>> layers;
+  for (auto [n, k] : ModelLayers()) {
+    layers.push_back(MakeOneDnn(state, m, n, k, type));
+    if (!layers.back()) return SetThreads(1);
+  }
+  for (auto _ : state) {
+    for (auto& layer : layers) layer->Run();
+  }
+  SetModelCounters(state, m);
+  SetThreads(1);
+}
+
+// --- ratios ---
 
 // Keeps each run's seconds per iteration so ratios can be printed at the end.
 class RatioReporter : public benchmark::ConsoleReporter {
@@ -87,52 +302,113 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       if (run.run_type == Run::RT_Iteration && !run.error_occurred) {
-        seconds_[run.benchmark_name()] = run.GetAdjustedRealTime();
+        seconds_[run.run_name.function_name] = run.GetAdjustedRealTime();
       }
     }
     ConsoleReporter::ReportRuns(runs);
   }
+
   void PrintRatios() const {
-    std::printf(
-        "\nratio (OpenBLAS sgemm time / reference time; > 1 means faster than OpenBLAS):\n");
-    for (const Shape& s : kShapes) {
-      const auto peer = seconds_.find("gemm/openblas_sgemm/" + s.Name());
-      if (peer == seconds_.end()) continue;
-      for (const mx::FormatTraits& t : mx::AllFormats()) {
-        const auto ours = seconds_.find("gemm_reference/" + std::string(t.name) + "/" + s.Name());
-        if (ours == seconds_.end()) continue;
-        std::printf("ratio gemm_reference/%s/%s vs openblas_sgemm: %.4f\n",
-                    std::string(t.name).c_str(), s.Name().c_str(), peer->second / ours->second);
+    std::printf("\nratio = peer time / mxserve time (> 1: mxserve is faster)\n");
+    const char* peers[] = {"openblas_sgemm", "onednn_bf16", "onednn_f32"};
+    for (const Shape& s : GemmShapes()) {
+      for (int threads : {1, 2}) {
+        for (mx::Format f : kGemmFormats) {
+          const std::string ours = Name("gemm", f, s, threads);
+          for (const char* peer : peers) {
+            Print(ours, "gemm/" + std::string(peer) + "/" + s.Name() + ThreadSuffix(threads));
+          }
+        }
       }
+    }
+    for (const auto& [name, seconds] : seconds_) {
+      if (name.rfind("model/", 0) != 0 || name.find("openblas") != std::string::npos ||
+          name.find("onednn") != std::string::npos) {
+        continue;
+      }
+      const std::string tail = name.substr(name.find("/qwen"));
+      for (const char* peer : peers) Print(name, "model/" + std::string(peer) + tail);
+    }
+    std::printf("\nratio = one-thread time / two-thread time\n");
+    for (const auto& [name, seconds] : seconds_) {
+      const size_t at = name.find("/threads:2");
+      if (at != std::string::npos) Print(name, name.substr(0, at), /*label=*/"vs one thread");
     }
   }
 
+  static std::string Name(const std::string& kind, mx::Format f, const Shape& s, int threads) {
+    return kind + "/" + std::string(mx::FormatName(f)) + "/" + s.Name() + ThreadSuffix(threads);
+  }
+
  private:
+  void Print(const std::string& ours, const std::string& peer, const char* label = nullptr) const {
+    const auto a = seconds_.find(ours), b = seconds_.find(peer);
+    if (a == seconds_.end() || b == seconds_.end()) return;
+    std::printf("ratio %s %s: %.2f\n", ours.c_str(),
+                label ? label : ("vs " + peer.substr(peer.find('/') + 1,
+                                                     peer.find('/', peer.find('/') + 1) -
+                                                         peer.find('/') - 1))
+                                    .c_str(),
+                b->second / a->second);
+  }
+
   std::map<std::string, double> seconds_;
 };
+
+template <typename F>
+void Register(const std::string& name, F f, double min_time = 0.3) {
+  benchmark::RegisterBenchmark(name.c_str(), f)->Unit(benchmark::kMillisecond)->MinTime(min_time);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  openblas_set_num_threads(1);  // single-thread figures on both sides
+  SetThreads(1);
+  std::printf("mx_bench: kernels at %s (CPU supports %s; MX_ISA caps it)\n",
+              std::string(mx::kernels::IsaName(mx::kernels::DefaultIsa())).c_str(),
+              std::string(mx::kernels::IsaName(mx::kernels::CpuSupports())).c_str());
+  constexpr int64_t kElements = 1 << 20;
   for (const mx::FormatTraits& t : mx::AllFormats()) {
-    constexpr int64_t kElements = 1 << 20;
-    benchmark::RegisterBenchmark(
-        ("quantize/" + std::string(t.name) + "/" + std::to_string(kElements)).c_str(),
-        [format = t.format](benchmark::State& s) { Quantize(s, format, kElements); })
-        ->Unit(benchmark::kMillisecond);
+    const std::string suffix = std::string(t.name) + "/" + std::to_string(kElements);
+    Register("quantize/" + suffix,
+             [f = t.format](benchmark::State& s) { Quantize(s, f, kElements, false); });
   }
-  for (const Shape& shape : kShapes) {
-    for (const mx::FormatTraits& t : mx::AllFormats()) {
-      benchmark::RegisterBenchmark(
-          ("gemm_reference/" + std::string(t.name) + "/" + shape.Name()).c_str(),
-          [format = t.format, shape](benchmark::State& s) { GemmReference(s, format, shape); })
-          ->Unit(benchmark::kMillisecond);
+  for (mx::Format f : {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3}) {
+    Register("quantize_reference/" + std::string(mx::FormatName(f)) + "/" +
+                 std::to_string(kElements),
+             [f](benchmark::State& s) { Quantize(s, f, kElements, true); });
+  }
+  using dt = dnnl::memory::data_type;
+  for (const Shape& shape : GemmShapes()) {
+    // Two threads where the work is large enough to split (M >= 512).
+    for (int threads : shape.m >= 512 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
+      const std::string tail = shape.Name() + ThreadSuffix(threads);
+      for (mx::Format f : kGemmFormats) {
+        Register(RatioReporter::Name("gemm", f, shape, threads),
+                 [=](benchmark::State& s) { Gemm(s, f, shape, threads); });
+      }
+      Register("gemm/openblas_sgemm/" + tail,
+               [=](benchmark::State& s) { GemmOpenBlas(s, shape, threads); });
+      Register("gemm/onednn_bf16/" + tail,
+               [=](benchmark::State& s) { GemmOneDnn(s, shape, dt::bf16, threads); });
+      Register("gemm/onednn_f32/" + tail,
+               [=](benchmark::State& s) { GemmOneDnn(s, shape, dt::f32, threads); });
     }
-    benchmark::RegisterBenchmark(("gemm/openblas_sgemm/" + shape.Name()).c_str(),
-                                 [shape](benchmark::State& s) { GemmOpenBlas(s, shape); })
-        ->Unit(benchmark::kMillisecond);
   }
+  constexpr int64_t kDecodeRows = 8;
+  const std::string model = "/qwen2.5-0.5b/M" + std::to_string(kDecodeRows);
+  for (mx::Format f : {mx::Format::kMxfp4E2m1, mx::Format::kMxfp6E2m3, mx::Format::kMxfp8E4m3,
+                       mx::Format::kMxint8, mx::Format::kBf16}) {
+    Register("model/" + std::string(mx::FormatName(f)) + model,
+             [f](benchmark::State& s) { Model(s, f, kDecodeRows, 1); }, 2.0);
+  }
+  Register("model/openblas_sgemm" + model,
+           [](benchmark::State& s) { ModelOpenBlas(s, kDecodeRows, 1); }, 2.0);
+  Register("model/onednn_bf16" + model,
+           [](benchmark::State& s) { ModelOneDnn(s, kDecodeRows, dt::bf16, 1); }, 2.0);
+  Register("model/onednn_f32" + model,
+           [](benchmark::State& s) { ModelOneDnn(s, kDecodeRows, dt::f32, 1); }, 2.0);
+
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   RatioReporter reporter;
