@@ -3,56 +3,70 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "mx/reference_gemm.h"
 
 namespace mxserve {
 namespace {
 
-absl::Status CheckShapes(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
+absl::Status CheckShapes(const mx::QuantizedMatrix& x, const mx::kernels::PackedWeight& w,
                          std::span<const float> bias, std::span<float> y) {
-  if (x.cols != w.cols) {
-    return absl::InternalError(absl::StrCat("backend: K mismatch ", x.cols, " vs ", w.cols));
+  if (x.cols != w.cols()) {
+    return absl::InternalError(absl::StrCat("backend: K mismatch ", x.cols, " vs ", w.cols()));
   }
-  if (!bias.empty() && static_cast<int64_t>(bias.size()) != w.rows) {
+  if (!bias.empty() && static_cast<int64_t>(bias.size()) != w.rows()) {
     return absl::InternalError("backend: bias size differs from N");
   }
-  if (static_cast<int64_t>(y.size()) != x.rows * w.rows) {
+  if (static_cast<int64_t>(y.size()) != x.rows * w.rows()) {
     return absl::InternalError("backend: output size differs from M x N");
   }
   return absl::OkStatus();
 }
 
-// The CPU emulation. Today it runs the reference kernels of mx/ (the contract's
-// definition); the vectorized kernels plug in here when they land.
+// The CPU emulation: mx/kernels at the best ISA level this CPU has (MX_ISA caps
+// it), bit for bit the reference, split across a pool of --kernel-threads.
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const BackendOptions& options) : pool_(options.kernel_threads) {}
   absl::string_view name() const override { return "cpu"; }
-  absl::Status Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
-                      std::span<const float> bias, std::span<float> y) override {
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
+                                     const mx::kernels::PackedWeight& w,
+                                     std::span<const float> bias, std::span<float> y) override {
     if (absl::Status s = CheckShapes(x, w, bias, y); !s.ok()) return s;
-    absl::StatusOr<std::vector<float>> out = mx::ReferenceLinear(x, w, bias);
-    if (!out.ok()) return out.status();
-    std::copy(out->begin(), out->end(), y.begin());
-    return absl::OkStatus();
+    absl::StatusOr<mx::kernels::KernelInfo> info =
+        mx::kernels::Linear(x, w, bias, y, {.pool = &pool_});
+    if (!info.ok()) return info.status();
+    return std::move(info->name);
   }
+
+ private:
+  mx::kernels::ThreadPool pool_;
 };
 
 class NullBackend final : public Backend {
  public:
   absl::string_view name() const override { return "null"; }
   bool computes() const override { return false; }
-  absl::Status Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
-                      std::span<const float> bias, std::span<float> y) override {
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
+                                     const mx::kernels::PackedWeight& w,
+                                     std::span<const float> bias, std::span<float> y) override {
     if (absl::Status s = CheckShapes(x, w, bias, y); !s.ok()) return s;
     std::fill(y.begin(), y.end(), 0.0f);
-    return absl::OkStatus();
+    return std::string();
   }
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name) {
-  if (name == "cpu") return std::make_unique<CpuBackend>();
+absl::StatusOr<std::string> Backend::Linear(const mx::QuantizedMatrix& x,
+                                            const mx::QuantizedMatrix& w,
+                                            std::span<const float> bias, std::span<float> y) {
+  absl::StatusOr<mx::kernels::PackedWeight> packed = mx::kernels::PackedWeight::Pack(w);
+  if (!packed.ok()) return packed.status();
+  return Linear(x, *packed, bias, y);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,
+                                                     const BackendOptions& options) {
+  if (name == "cpu") return std::make_unique<CpuBackend>(options);
   if (name == "null") return std::make_unique<NullBackend>();
   return absl::InvalidArgumentError(
       absl::StrCat("--backend: unknown backend '", name, "'; expected one of ", kBackendNames));

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "mx/kernels/linear.h"
 #include "mx/packed.h"
 
 namespace mxserve {
@@ -28,16 +29,31 @@ class Backend {
   // is left to measure is its own overhead (validation, scheduling, batching,
   // serialization), and answers zeros of the right shape.
   virtual bool computes() const { return true; }
-  // Y (x.rows × w.rows, row-major) = X·Wᵀ + bias. x.cols == w.cols, bias empty or
-  // w.rows values, y sized x.rows · w.rows. Bits follow the numerics contract.
-  virtual absl::Status Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
-                              std::span<const float> bias, std::span<float> y) = 0;
+  // Y (x.rows × w.rows(), row-major) = X·Wᵀ + bias. x.cols == w.cols(), bias
+  // empty or w.rows() values, y sized x.rows · w.rows(). Bits follow the numerics
+  // contract. W comes packed once, when the registry first quantized it. Returns
+  // the name of the kernel that ran (ExecutionInfo.kernel).
+  virtual absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
+                                             const mx::kernels::PackedWeight& w,
+                                             std::span<const float> bias,
+                                             std::span<float> y) = 0;
+  // The same with W packed for this call only: a Gemm's B, a backward pass's dYᵀ.
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
+                                     std::span<const float> bias, std::span<float> y);
 };
 
 // The backend names --backend accepts, for help and errors.
 inline constexpr absl::string_view kBackendNames = "cpu, null";
 
+struct BackendOptions {
+  // Threads one GEMM is split across (the CPU backend's pool, the caller
+  // included). Several scheduler workers share the pool: a GEMM that finds it
+  // busy runs on its worker's thread alone, so cores are never oversubscribed.
+  int kernel_threads = 1;
+};
+
 // INVALID_ARGUMENT naming --backend for an unknown name.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name);
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,
+                                                     const BackendOptions& options = {});
 
 }  // namespace mxserve

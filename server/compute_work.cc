@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "mx/kernels/quantize_fast.h"
 #include "mx/status_macros.h"
 #include "server/wire.h"
 
@@ -68,7 +69,7 @@ absl::Status CheckOutputSize(const Core& core, int64_t rows, int64_t cols, absl:
 
 void FillInfo(const Core& core, mx::Format x, mx::Format w, uint64_t version, size_t batch,
               double queue_seconds, double compute_seconds, const fpga_model::GemmEstimate& model,
-              v1::ExecutionInfo* info) {
+              const std::string& kernel, v1::ExecutionInfo* info) {
   info->set_format(ToProto(x));
   info->set_weight_format(ToProto(w));
   info->set_backend(std::string(core.backend->name()));
@@ -78,6 +79,7 @@ void FillInfo(const Core& core, mx::Format x, mx::Format w, uint64_t version, si
   info->set_compute_seconds(compute_seconds);
   info->set_model_seconds(model.seconds);
   info->set_model_joules(model.joules);
+  info->set_kernel(kernel);
 }
 
 // Counts a finished compute request and its modelled energy.
@@ -116,16 +118,14 @@ mx::QuantizedMatrix Stack(std::vector<mx::QuantizedMatrix>& parts) {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> WeightCopy(const Core& core,
-                                                                      const LayerWeights& weights,
-                                                                      mx::Format format,
-                                                                      WeightLayout layout) {
+absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> WeightCopy(
+    const Core& core, const LayerWeights& weights, mx::Format format, WeightLayout layout) {
   MX_ASSIGN_OR_RETURN(auto copy, weights.Get(format, layout, core.registry->budget()));
   if (copy.created) {
     core.metrics->RecordQuantization(format);
     core.UpdateMemoryGauges();
   }
-  return copy.matrix;
+  return copy.weight;
 }
 
 class ComputeItem : public WorkItem {
@@ -165,7 +165,7 @@ class GemmItem final : public ComputeItem {
       ZeroMatrix(a_.rows, n, response_->mutable_c());
       const auto model =
           fpga_model::EstimateGemm(core_.energy_model, a_.format, b_.format, a_.rows, n, a_.cols);
-      FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model,
+      FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, "",
                response_->mutable_info());
       Account(core_, Rpc::kGemm, phase_, a_.format, arrival, queue_seconds,
               2.0 * a_.rows * n * a_.cols, model);
@@ -179,19 +179,20 @@ class GemmItem final : public ComputeItem {
       qb = *std::move(b_.packed);
     } else {
       // B arrives K×N; the backend wants its N columns as rows of K.
-      qb = mx::QuantizeColumns(ToFloat(*b_.dense), b_.rows, b_.cols, b_.format, options_);
+      qb = mx::kernels::QuantizeColumns(ToFloat(*b_.dense), b_.rows, b_.cols, b_.format, options_);
     }
     if (!qb.ok())
       return Fail(absl::InvalidArgumentError(absl::StrCat("b: ", qb.status().message())));
     const int64_t m = qa->rows, k = qa->cols, n = qb->rows;
     std::vector<float> c(static_cast<size_t>(m * n));
     const auto start = Clock::now();
-    if (absl::Status s = core_.backend->Linear(*qa, *qb, {}, c); !s.ok()) return Fail(s);
+    absl::StatusOr<std::string> kernel = core_.backend->Linear(*qa, *qb, {}, c);
+    if (!kernel.ok()) return Fail(kernel.status());
     const double compute_seconds = Seconds(Clock::now() - start);
     EncodeMatrix(c, m, n, response_->mutable_c());
     const auto model =
         fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
-    FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model,
+    FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model, *kernel,
              response_->mutable_info());
     Account(core_, Rpc::kGemm, phase_, qa->format, arrival, queue_seconds, 2.0 * m * n * k, model);
     done_(absl::OkStatus());
@@ -234,11 +235,11 @@ class ForwardItem final : public ComputeItem {
         auto* member = static_cast<ForwardItem*>(item);
         ZeroMatrix(member->x_.rows, n, member->response_->mutable_output());
         member->Answer({}, member->x_.rows, n, k, batch.size(), Seconds(started - member->arrival),
-                       0);
+                       0, "");
       }
       return;
     }
-    absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> w =
+    absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> w =
         WeightCopy(core_, weights, weight_format_, WeightLayout::kForward);
     if (!w.ok()) {
       for (WorkItem* item : batch) item->Fail(w.status());
@@ -274,19 +275,19 @@ class ForwardItem final : public ComputeItem {
       y = shared;
     }
     const auto start = Clock::now();
-    absl::Status status = core_.backend->Linear(x, **w, weights.bias(), y);
+    absl::StatusOr<std::string> kernel = core_.backend->Linear(x, **w, weights.bias(), y);
     const double compute_seconds = Seconds(Clock::now() - start);
     core_.metrics->RecordBatch(static_cast<int>(members.size()));
     int64_t row = 0;
     for (ForwardItem* member : members) {
-      if (!status.ok()) {
-        member->Fail(status);
+      if (!kernel.ok()) {
+        member->Fail(kernel.status());
         continue;
       }
       const int64_t m = member->x_.rows;
       member->Answer(
           alone ? std::span<const float>() : std::span<const float>(y).subspan(row * n, m * n), m,
-          n, k, members.size(), Seconds(started - member->arrival), compute_seconds);
+          n, k, members.size(), Seconds(started - member->arrival), compute_seconds, *kernel);
       row += m;
     }
   }
@@ -294,12 +295,12 @@ class ForwardItem final : public ComputeItem {
  private:
   // `y` empty: the output is already in the response.
   void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
-              double queue_seconds, double compute_seconds) {
+              double queue_seconds, double compute_seconds, const std::string& kernel) {
     if (!y.empty()) EncodeMatrix(y, m, n, response_->mutable_output());
     const auto model =
         fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
-             compute_seconds, model, response_->mutable_info());
+             compute_seconds, model, kernel, response_->mutable_info());
     Account(core_, Rpc::kLayerForward, phase_, weight_format_, arrival, queue_seconds,
             2.0 * m * n * k, model);
     done_(absl::OkStatus());
@@ -341,13 +342,13 @@ class BackwardItem final : public ComputeItem {
                      response_->mutable_grad_bias());
       }
       auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
-      FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model,
+      FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model, "",
                response_->mutable_info());
       Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, 2.0 * m * n * k,
               model);
       return done_(absl::OkStatus());
     }
-    absl::StatusOr<std::shared_ptr<const mx::QuantizedMatrix>> wt =
+    absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> wt =
         WeightCopy(core_, weights, format_, WeightLayout::kTransposed);
     if (!wt.ok()) return Fail(wt.status());
     absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});
@@ -358,7 +359,8 @@ class BackwardItem final : public ComputeItem {
     std::vector<float> grad_input(static_cast<size_t>(m * k));
     double compute_seconds = 0;
     auto start = Clock::now();
-    if (absl::Status s = core_.backend->Linear(*dy, **wt, {}, grad_input); !s.ok()) return Fail(s);
+    absl::StatusOr<std::string> kernel = core_.backend->Linear(*dy, **wt, {}, grad_input);
+    if (!kernel.ok()) return Fail(kernel.status());
     compute_seconds += Seconds(Clock::now() - start);
     auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
     double flops = 2.0 * m * n * k;
@@ -368,16 +370,19 @@ class BackwardItem final : public ComputeItem {
     if (input_) {
       // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): dY and X quantized per column,
       // i.e. along M, held as N and K rows.
-      absl::StatusOr<mx::QuantizedMatrix> dyt = mx::QuantizeColumns(dy_values, m, n, format_);
-      absl::StatusOr<mx::QuantizedMatrix> xt = mx::QuantizeColumns(ToFloat(*input_), m, k, format_);
+      absl::StatusOr<mx::QuantizedMatrix> dyt =
+          mx::kernels::QuantizeColumns(dy_values, m, n, format_);
+      absl::StatusOr<mx::QuantizedMatrix> xt =
+          mx::kernels::QuantizeColumns(ToFloat(*input_), m, k, format_);
       if (!dyt.ok() || !xt.ok()) {
         return Fail(absl::InvalidArgumentError(
             absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message())));
       }
       std::vector<float> grad_weight(static_cast<size_t>(n * k));
       start = Clock::now();
-      if (absl::Status s = core_.backend->Linear(*dyt, *xt, {}, grad_weight); !s.ok()) {
-        return Fail(s);
+      if (absl::StatusOr<std::string> k = core_.backend->Linear(*dyt, *xt, {}, grad_weight);
+          !k.ok()) {
+        return Fail(k.status());
       }
       compute_seconds += Seconds(Clock::now() - start);
       model = Sum(model, fpga_model::EstimateGemm(core_.energy_model, format_, format_, n, k, m));
@@ -393,7 +398,7 @@ class BackwardItem final : public ComputeItem {
       EncodeVector(grad_bias, response_->mutable_grad_bias());
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
-             response_->mutable_info());
+             *kernel, response_->mutable_info());
     Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model);
     done_(absl::OkStatus());
   }

@@ -73,7 +73,12 @@ const std::string& Daemon::metrics_address() const { return state_->metrics_addr
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   auto s = std::make_unique<State>();
   s->options = options;
-  MX_ASSIGN_OR_RETURN(s->backend, MakeBackend(options.backend));
+  const int hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  MX_ASSIGN_OR_RETURN(
+      s->backend,
+      MakeBackend(options.backend,
+                  {.kernel_threads =
+                       options.kernel_threads > 0 ? options.kernel_threads : hardware_threads}));
   MX_ASSIGN_OR_RETURN(s->core.energy_model, LoadModel(options.energy_model));
   MX_ASSIGN_OR_RETURN(s->policies, PolicyStore::Create(options.policy_dir));
   if (!s->policies->Get(options.default_policy).ok()) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "mx/kernels/cpu_features.h"
 #include "server/daemon.h"
 #include "server/log.h"
 #include "server/options.h"
@@ -43,7 +44,10 @@ int main(int argc, char** argv) {
 
   Log(LogLevel::kInfo, "starting",
       {{"version", MXSERVE_VERSION}, {"backend", options.backend},
-       {"workers", absl::StrCat(options.workers)}, {"default_policy", options.default_policy}});
+       {"workers", absl::StrCat(options.workers)},
+       {"kernel_threads", absl::StrCat(options.kernel_threads)},
+       {"kernels", std::string(mx::kernels::IsaName(mx::kernels::DefaultIsa()))},
+       {"default_policy", options.default_policy}});
   absl::StatusOr<std::unique_ptr<mxserve::Daemon>> daemon = mxserve::Daemon::Start(options);
   if (!daemon.ok()) {
     Log(LogLevel::kError, "start_failed", {{"message", std::string(daemon.status().message())}});

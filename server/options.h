@@ -16,6 +16,7 @@ struct DaemonOptions {
   std::string metrics_listen = "127.0.0.1:9464";  // "off" disables the exposer
   std::string backend = "cpu";
   int workers = 0;  // 0: one per hardware thread
+  int kernel_threads = 1;  // 0: one per hardware thread
   int queue_size = 1024;
   int batch_window_us = 0;
   int max_batch = 16;

@@ -4,16 +4,13 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "mx/kernels/quantize_fast.h"
 #include "server/layer_sensitivity.h"
 
 namespace mxserve {
 namespace {
 
 constexpr int64_t kMaxDimension = int64_t{1} << 20;
-
-uint64_t MatrixBytes(const mx::QuantizedMatrix& m) {
-  return m.elements.size() + m.block_scales.size() + m.row_scales.size() * sizeof(float);
-}
 
 absl::Status ModelNotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("model: no model named '", name, "'"));
@@ -35,22 +32,26 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
                                                           MemoryBudget& budget) const {
   std::lock_guard lock(mu_);
   auto key = std::make_pair(format, layout);
-  if (auto it = cache_.find(key); it != cache_.end()) return Quantized{it->second.matrix, false};
+  if (auto it = cache_.find(key); it != cache_.end()) return Quantized{it->second.weight, false};
   absl::StatusOr<mx::QuantizedMatrix> q =
       layout == WeightLayout::kForward
-          ? mx::QuantizeRows(weight_->values, spec_.out_features, spec_.in_features, format)
-          : mx::QuantizeColumns(weight_->values, spec_.out_features, spec_.in_features, format);
+          ? mx::kernels::QuantizeRows(weight_->values, spec_.out_features, spec_.in_features,
+                                      format)
+          : mx::kernels::QuantizeColumns(weight_->values, spec_.out_features, spec_.in_features,
+                                         format);
   if (!q.ok()) return q.status();
+  absl::StatusOr<mx::kernels::PackedWeight> packed = mx::kernels::PackedWeight::Pack(*q);
+  if (!packed.ok()) return packed.status();
   CachedCopy copy;
   const std::string what =
       absl::StrCat("the ", mx::FormatName(format), " copy of layer '", spec_.name, "'");
-  if (absl::Status s = ReserveInto(budget, MatrixBytes(*q), what, copy.reservation); !s.ok()) {
+  if (absl::Status s = ReserveInto(budget, packed->bytes(), what, copy.reservation); !s.ok()) {
     return s;
   }
-  copy.matrix = std::make_shared<const mx::QuantizedMatrix>(*std::move(q));
-  auto matrix = copy.matrix;
+  copy.weight = std::make_shared<const mx::kernels::PackedWeight>(*std::move(packed));
+  auto weight = copy.weight;
   cache_.emplace(key, std::move(copy));
-  return Quantized{std::move(matrix), true};
+  return Quantized{std::move(weight), true};
 }
 
 std::vector<mx::Format> LayerWeights::CachedFormats() const {

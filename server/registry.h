@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
+#include "mx/kernels/linear.h"
 #include "mx/packed.h"
 #include "server/memory_budget.h"
 
@@ -65,11 +66,12 @@ class LayerWeights {
   }
 
   struct Quantized {
-    std::shared_ptr<const mx::QuantizedMatrix> matrix;
+    std::shared_ptr<const mx::kernels::PackedWeight> weight;
     bool created = false;  // false: served from the cache
   };
-  // The weight in `format` and `layout`, quantized on first use (under this
-  // layer's lock, so concurrent first users wait for one quantization).
+  // The weight in `format` and `layout`, quantized and packed for the kernels on
+  // first use (under this layer's lock, so concurrent first users wait for one
+  // conversion). The budget is charged for the packed copy as a whole.
   absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget) const;
 
   const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
@@ -82,7 +84,7 @@ class LayerWeights {
 
  private:
   struct CachedCopy {
-    std::shared_ptr<const mx::QuantizedMatrix> matrix;
+    std::shared_ptr<const mx::kernels::PackedWeight> weight;
     Reservation reservation;
   };
   const LayerSpec spec_;

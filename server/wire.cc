@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "mx/element.h"
+#include "mx/kernels/quantize_fast.h"
 
 namespace mxserve {
 namespace {
@@ -133,10 +134,10 @@ absl::StatusOr<mx::QuantizedMatrix> QuantizeDense(const DenseMatrix& matrix, mx:
   const size_t n = static_cast<size_t>(matrix.rows * matrix.cols);
   if (matrix.dtype == mx::Format::kFp32) {
     std::span<const float> values(reinterpret_cast<const float*>(matrix.data->data()), n);
-    return mx::QuantizeRows(values, matrix.rows, matrix.cols, format, options);
+    return mx::kernels::QuantizeRows(values, matrix.rows, matrix.cols, format, options);
   }
   std::span<const uint16_t> codes(reinterpret_cast<const uint16_t*>(matrix.data->data()), n);
-  return mx::QuantizeRows(codes, matrix.dtype, matrix.rows, matrix.cols, format, options);
+  return mx::kernels::QuantizeRows(codes, matrix.dtype, matrix.rows, matrix.cols, format, options);
 }
 
 absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed,

@@ -2,8 +2,10 @@
 // every format, through unary calls and through Compute.Stream.
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "mx/element.h"
 #include "mx/format.h"
+#include "mx/kernels/cpu_features.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
 #include "tests/daemon/api_util.h"
@@ -13,6 +15,18 @@ namespace mx_test {
 namespace {
 
 constexpr int kFormats = 10;
+
+// "<best level>/<kind>" as mx/kernels names the kernel for a format with itself.
+std::string ExpectedKernel(mx::Format f) {
+  const std::map<mx::Format, const char*> kinds = {
+      {mx::Format::kMxfp8E4m3, "mx_f64"}, {mx::Format::kMxfp8E5m2, "mx_f64"},
+      {mx::Format::kMxfp6E3m2, "mx_i16"}, {mx::Format::kMxfp6E2m3, "mx_i8"},
+      {mx::Format::kMxfp4E2m1, "mx_i8"},  {mx::Format::kMxint8, "mx_i16"},
+      {mx::Format::kInt8, "int8"},        {mx::Format::kBf16, "f32"},
+      {mx::Format::kFp16, "f32"},         {mx::Format::kFp32, "f32"}};
+  return absl::StrCat(mx::kernels::IsaName(mx::kernels::AvailableIsas().back()), "/",
+                      kinds.at(f));
+}
 
 class ComputeTest : public ::testing::Test {
  protected:
@@ -107,6 +121,9 @@ TEST_F(ComputeTest, LayerForwardEqualsReferenceForEveryFormat) {
     EXPECT_EQ(response.info().weight_version(), 1u);
     EXPECT_EQ(response.info().format(), Wire(f));
     EXPECT_EQ(response.info().weight_format(), Wire(f));
+    // The CPU backend ran the fast kernels at this machine's best level, not the
+    // reference (the daemon inherits no MX_ISA here).
+    EXPECT_EQ(response.info().kernel(), ExpectedKernel(format));
   }
 }
 

@@ -141,7 +141,16 @@ std::unique_ptr<GemmCall> StartGemm(v1::Compute::Stub* stub, const v1::GemmReque
   return call;
 }
 
+// These tests need a request that keeps the one worker busy for a while. The
+// fast kernels finish any message-sized FP32 Gemm in milliseconds, so the daemon
+// runs its scalar kernels (MX_ISA=scalar, inherited by the child process).
+struct ScalarKernels {
+  ScalarKernels() { setenv("MX_ISA", "scalar", 1); }
+  ~ScalarKernels() { unsetenv("MX_ISA"); }
+};
+
 TEST(SchedulingTest, FullQueueAnswersResourceExhaustedAndExpiredWorkIsDropped) {
+  ScalarKernels scalar;
   DaemonProcess daemon({"--workers", "1", "--queue-size", "2"});
   ASSERT_TRUE(daemon.ok());
   auto stub = v1::Compute::NewStub(daemon.channel());
@@ -189,6 +198,7 @@ TEST(SchedulingTest, FullQueueAnswersResourceExhaustedAndExpiredWorkIsDropped) {
 }
 
 TEST(SchedulingTest, CancelledWorkIsNotComputed) {
+  ScalarKernels scalar;
   DaemonProcess daemon({"--workers", "1"});
   ASSERT_TRUE(daemon.ok());
   auto stub = v1::Compute::NewStub(daemon.channel());
