@@ -214,30 +214,46 @@ inline void LoadFloats(const WeightPanels& w, int64_t at, __m256& w0, __m256& w1
   }
 }
 
+// Always four rows in eight named accumulators (GCC spills an array of them to
+// the stack on every k); a shorter tile repeats its last row and drops it.
 template <int MR, Format kStore>
 void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
   Tile tile(p, panel, true);
-  __m256 acc[MR][2];
-  for (int r = 0; r < MR; ++r) {
-    acc[r][0] = _mm256_load_ps(&tile.y[r][0]);
-    acc[r][1] = _mm256_load_ps(&tile.y[r][8]);
-  }
-  for (int64_t k = 0; k < w.k; ++k) {
+  const float* x0 = x.f32.data() + row0 * kp;
+  const float* x1 = x.f32.data() + (row0 + std::min(1, MR - 1)) * kp;
+  const float* x2 = x.f32.data() + (row0 + std::min(2, MR - 1)) * kp;
+  const float* x3 = x.f32.data() + (row0 + std::min(3, MR - 1)) * kp;
+  __m256 c00 = _mm256_load_ps(&tile.y[0][0]), c01 = _mm256_load_ps(&tile.y[0][8]);
+  __m256 c10 = c00, c11 = c01, c20 = c00, c21 = c01, c30 = c00, c31 = c01;
+  const int64_t k_end = w.k;
+  const int64_t w_base = panel * kp * kPanel;
+  for (int64_t k = 0; k < k_end; ++k) {
     __m256 w0, w1;
-    LoadFloats<kStore>(w, (panel * kp + k) * kPanel, w0, w1);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x.f32.data() + (row0 + r) * kp + k);
-      acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
-    }
+    LoadFloats<kStore>(w, w_base + k * kPanel, w0, w1);
+    __m256 xv = _mm256_broadcast_ss(x0 + k);
+    c00 = _mm256_fmadd_ps(xv, w0, c00);
+    c01 = _mm256_fmadd_ps(xv, w1, c01);
+    xv = _mm256_broadcast_ss(x1 + k);
+    c10 = _mm256_fmadd_ps(xv, w0, c10);
+    c11 = _mm256_fmadd_ps(xv, w1, c11);
+    xv = _mm256_broadcast_ss(x2 + k);
+    c20 = _mm256_fmadd_ps(xv, w0, c20);
+    c21 = _mm256_fmadd_ps(xv, w1, c21);
+    xv = _mm256_broadcast_ss(x3 + k);
+    c30 = _mm256_fmadd_ps(xv, w0, c30);
+    c31 = _mm256_fmadd_ps(xv, w1, c31);
   }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_store_ps(&tile.y[r][0], acc[r][0]);
-    _mm256_store_ps(&tile.y[r][8], acc[r][1]);
-  }
+  _mm256_store_ps(&tile.y[0][0], c00);
+  _mm256_store_ps(&tile.y[0][8], c01);
+  _mm256_store_ps(&tile.y[1][0], c10);
+  _mm256_store_ps(&tile.y[1][8], c11);
+  _mm256_store_ps(&tile.y[2][0], c20);
+  _mm256_store_ps(&tile.y[2][8], c21);
+  _mm256_store_ps(&tile.y[3][0], c30);
+  _mm256_store_ps(&tile.y[3][8], c31);
   tile.Store(p, row0, MR);
 }
 

@@ -415,7 +415,7 @@ RowsJob JobFor(QuantizedMatrix& m, int64_t first, int64_t count, Format source, 
 bool UseAvx2(Isa isa) { return Resolve(isa) >= Isa::kAvx2; }
 
 void Run(const RowsJob& job, Isa isa) {
-  if (job.rows == 0) return;
+  if (job.rows == 0 || job.cols == 0) return;  // nothing to write (INT8 row scales stay 0)
   if (UseAvx2(isa)) {
     internal::QuantizeRowsAvx2(job);
   } else {
