@@ -212,7 +212,7 @@ class InputMaker {
     return (double{mx::DecodeElement(format, code)} + mx::DecodeElement(format, code + 1)) / 2;
   }
 
-  // The largest finite value of `format` and the exponent of its top binade.
+  // The largest finite value of `format`.
   static double MaxNormal(Format format) {
     const mx::FormatTraits& t = mx::Traits(format);
     if (t.kind == mx::FormatKind::kInt8) return 127.0;
@@ -229,8 +229,8 @@ class InputMaker {
         break;
       }
       case Distribution::kTies: {
-        // One element ±2^(emax + s) pins the MX scale to 2^s (INT8: 127 · 2^s pins
-        // the row scale to 2^s when it is the row's maximum).
+        // One element ±2^(emax + s) pins the MX scale to 2^s (INT8: ±127 pins the
+        // row scale to 1, the midpoints being below it).
         const int s = t.kind == mx::FormatKind::kInt8 ? 0 : Uniform(-130, 100);
         const bool integer = t.kind == mx::FormatKind::kInt8;
         const bool mx_format = t.is_mx();
@@ -245,9 +245,10 @@ class InputMaker {
       }
       case Distribution::kNearMax: {
         const int s = t.is_mx() ? Uniform(-120, 100) : 0;
+        // Up to the next power of two (FP16: 65504, the tie 65520, up to 65536).
         const double max = MaxNormal(format);
-        const double top = t.is_mx() ? std::ldexp(1.0, t.emax + 1) : max * 1.01;
-        const double step = t.is_mx() ? (top - max) : max / 1024;
+        const double top = t.kind == mx::FormatKind::kInt8 ? 128.0 : std::ldexp(1.0, t.emax + 1);
+        const double step = top - max;
         for (float& x : block) {
           double y;
           switch (Uniform(0, 4)) {
