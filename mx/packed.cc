@@ -15,18 +15,6 @@ namespace {
 // Largest rows or cols accepted: keeps every byte count well inside int64.
 constexpr int64_t kMaxDimension = int64_t{1} << 31;
 
-absl::Status ValidateShape(size_t value_count, int64_t rows, int64_t cols, const char* what) {
-  if (rows < 0 || cols < 0 || rows > kMaxDimension || cols > kMaxDimension) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": dimensions must be in [0, 2^31], got ", rows, "x", cols));
-  }
-  if (static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) != value_count) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", rows, "x", cols, " = ",
-                                                   rows * cols, " values, got ", value_count));
-  }
-  return absl::OkStatus();
-}
-
 // Reads `bits` (<= 8) bits starting at bit `position` of a little-endian bit string.
 uint32_t ReadBits(const uint8_t* data, int64_t position, int bits) {
   const uint8_t* p = data + position / 8;
@@ -86,6 +74,29 @@ void StoreFloats(std::span<const float> row, Format format, uint8_t* elements) {
 
 }  // namespace
 
+absl::Status ValidateShape(size_t value_count, int64_t rows, int64_t cols, const char* what) {
+  if (rows < 0 || cols < 0 || rows > kMaxDimension || cols > kMaxDimension) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dimensions must be in [0, 2^31], got ", rows, "x", cols));
+  }
+  if (static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) != value_count) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", rows, "x", cols, " = ",
+                                                   rows * cols, " values, got ", value_count));
+  }
+  return absl::OkStatus();
+}
+
+QuantizedMatrix AllocateQuantized(Format format, int64_t rows, int64_t cols) {
+  QuantizedMatrix m;
+  m.format = format;
+  m.rows = rows;
+  m.cols = cols;
+  m.elements.resize(rows * RowBytes(format, cols));
+  if (IsMx(format)) m.block_scales.resize(rows * BlocksPerRow(cols));
+  if (format == Format::kInt8) m.row_scales.resize(rows);
+  return m;
+}
+
 int64_t RowBytes(Format format, int64_t cols) {
   if (IsMx(format)) return BlocksPerRow(cols) * BlockBytes(format);
   return cols * Traits(format).element_bits / 8;
@@ -113,14 +124,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int6
                                              int64_t cols, Format format,
                                              const QuantizeOptions& options) {
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
-  QuantizedMatrix m;
-  m.format = format;
-  m.rows = rows;
-  m.cols = cols;
+  QuantizedMatrix m = AllocateQuantized(format, rows, cols);
   const int64_t row_bytes = RowBytes(format, cols);
-  m.elements.resize(rows * row_bytes);
-  if (IsMx(format)) m.block_scales.resize(rows * BlocksPerRow(cols));
-  if (format == Format::kInt8) m.row_scales.resize(rows);
   for (int64_t r = 0; r < rows; ++r) {
     const std::span<const float> row = values.subspan(r * cols, cols);
     uint8_t* elements = m.elements.data() + r * row_bytes;

@@ -40,6 +40,14 @@ inline int64_t BlockBytes(Format format) { return kBlockSize * Traits(format).el
 // Bytes of one packed row of `cols` elements.
 int64_t RowBytes(Format format, int64_t cols);
 
+// INVALID_ARGUMENT unless rows and cols are in [0, 2^31] and rows · cols equals
+// value_count; `what` names the argument ("values: expected 2x3 = 6 values, ...").
+absl::Status ValidateShape(size_t value_count, int64_t rows, int64_t cols, const char* what);
+
+// A rows × cols matrix of `format` with every buffer sized and zeroed (MX block
+// scales byte 0, INT8 row scales 0): what the quantizers fill.
+QuantizedMatrix AllocateQuantized(Format format, int64_t rows, int64_t cols);
+
 // Bit-packs 32 element codes (low bits of each byte) into one block:
 // element i occupies bits [i·b, i·b + b) of the block read as a little-endian
 // bit string, b = element_bits.

@@ -366,35 +366,6 @@ namespace {
 
 using internal::RowsJob;
 
-// Largest rows or cols accepted, as in mx/packed.cc.
-constexpr int64_t kMaxDimension = int64_t{1} << 31;
-
-// mx/packed.cc's check, message for message.
-absl::Status ValidateShape(size_t value_count, int64_t rows, int64_t cols, const char* what) {
-  if (rows < 0 || cols < 0 || rows > kMaxDimension || cols > kMaxDimension) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": dimensions must be in [0, 2^31], got ", rows, "x", cols));
-  }
-  if (static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) != value_count) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", rows, "x", cols, " = ",
-                                                   rows * cols, " values, got ", value_count));
-  }
-  return absl::OkStatus();
-}
-
-// An empty result of the right sizes (INT8 row scales 0, as the reference gives
-// an empty row).
-QuantizedMatrix Allocate(Format format, int64_t rows, int64_t cols) {
-  QuantizedMatrix m;
-  m.format = format;
-  m.rows = rows;
-  m.cols = cols;
-  m.elements.resize(rows * RowBytes(format, cols));
-  if (IsMx(format)) m.block_scales.resize(rows * BlocksPerRow(cols));
-  if (format == Format::kInt8) m.row_scales.resize(rows);
-  return m;
-}
-
 // Rows [first, first + count) of `m` as a job's output.
 RowsJob JobFor(QuantizedMatrix& m, int64_t first, int64_t count, Format source, const void* values,
                const QuantizeOptions& options) {
@@ -429,7 +400,7 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int6
                                              int64_t cols, Format format,
                                              const QuantizeOptions& options, Isa isa) {
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
-  QuantizedMatrix m = Allocate(format, rows, cols);
+  QuantizedMatrix m = AllocateQuantized(format, rows, cols);
   Run(JobFor(m, 0, rows, Format::kFp32, values.data(), options), isa);
   return m;
 }
@@ -442,7 +413,7 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
         absl::StrCat("source: expected BF16 or FP16, got ", FormatName(source)));
   }
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
-  QuantizedMatrix m = Allocate(format, rows, cols);
+  QuantizedMatrix m = AllocateQuantized(format, rows, cols);
   Run(JobFor(m, 0, rows, source, values.data(), options), isa);
   return m;
 }
@@ -451,7 +422,7 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
                                                 Format format, const QuantizeOptions& options,
                                                 Isa isa) {
   if (absl::Status s = ValidateShape(values.size(), k, n, "values"); !s.ok()) return s;
-  QuantizedMatrix m = Allocate(format, n, k);
+  QuantizedMatrix m = AllocateQuantized(format, n, k);
   if (k == 0 || n == 0) return m;
   // Panels of columns, transposed into rows of K, then quantized as rows.
   std::vector<float> panel(static_cast<size_t>(internal::kColumnPanel * k));
