@@ -370,35 +370,7 @@ void FloatRows(const RowsJob& job) {
   }
 }
 
-template <Format S, bool kAway>
-void RowsWithRounding(const RowsJob& job) {
-  switch (job.format) {
-    case Format::kMxfp8E4m3:
-      return MxRows<S, MinifloatCodec<Format::kMxfp8E4m3, kE4m3, kAway>>(job);
-    case Format::kMxfp8E5m2:
-      return MxRows<S, MinifloatCodec<Format::kMxfp8E5m2, kE5m2, kAway>>(job);
-    case Format::kMxfp6E3m2:
-      return MxRows<S, MinifloatCodec<Format::kMxfp6E3m2, kE3m2, kAway>>(job);
-    case Format::kMxfp6E2m3:
-      return MxRows<S, MinifloatCodec<Format::kMxfp6E2m3, kE2m3, kAway>>(job);
-    case Format::kMxfp4E2m1:
-      return MxRows<S, MinifloatCodec<Format::kMxfp4E2m1, kE2m1, kAway>>(job);
-    case Format::kMxint8:
-      return MxRows<S, Mxint8Codec<kAway>>(job);
-    case Format::kInt8:
-      return Int8Rows<S, kAway>(job);
-    case Format::kBf16:
-    case Format::kFp16:
-    case Format::kFp32:
-      return FloatRows<S>(job);
-  }
-}
-
-template <Format S>
-void RowsFromSource(const RowsJob& job) {
-  if (job.options.rounding == Rounding::kNearestAway) return RowsWithRounding<S, true>(job);
-  RowsWithRounding<S, false>(job);
-}
+#include "mx/kernels/quantize_dispatch.inc"
 
 // Transposes the 8 × 8 floats in r[0..7] in place.
 void Transpose8x8(__m256 r[8]) {
