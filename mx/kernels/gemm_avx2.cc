@@ -15,28 +15,6 @@
 namespace mx::kernels::internal {
 namespace {
 
-// Up to 4 × 16 outputs in FP32, starting from the bias (or +0.0).
-struct alignas(32) Tile {
-  float y[kMaxTileRows][kPanel];
-  int64_t n0;
-  int cols;
-
-  Tile(const Problem& p, int64_t panel, bool with_bias) {
-    n0 = panel * kPanel;
-    cols = static_cast<int>(std::min<int64_t>(kPanel, p.n - n0));
-    for (auto& row : y) {
-      for (int j = 0; j < kPanel; ++j) {
-        row[j] = (with_bias && p.bias && j < cols) ? p.bias[n0 + j] : 0.0f;
-      }
-    }
-  }
-  void Store(const Problem& p, int64_t row0, int rows) const {
-    for (int r = 0; r < rows; ++r) {
-      std::memcpy(p.y + (row0 + r) * p.n + n0, y[r], cols * sizeof(float));
-    }
-  }
-};
-
 inline __m256i Broadcast32(const void* p) {
   int32_t v;
   std::memcpy(&v, p, 4);

@@ -124,13 +124,28 @@ struct Problem {
   const float* bias;  // nullptr or N values
   float* y;           // M × N row-major
   Format x_format;
-  int64_t m, n;
+  int64_t n;
   bool fast_scales;   // the fast epilogue is exact for this pair (kMxI8/kMxI16)
+};
+
+inline constexpr int kMaxTileRows = 4;
+
+// Up to 4 × 16 outputs of one tile in FP32, started from the bias (or +0.0) when
+// asked; a tile kernel accumulates here and Store() writes the valid columns to
+// y. The members are defined out of line in linear.cc, compiled for the baseline
+// ISA: an inline copy built in gemm_avx2.cc could otherwise be the one the linker
+// keeps for the scalar level too.
+struct alignas(32) Tile {
+  float y[kMaxTileRows][kPanel];
+  int64_t n0;
+  int cols;  // valid columns of this panel: min(16, N − n0)
+
+  Tile(const Problem& p, int64_t panel, bool with_bias);
+  void Store(const Problem& p, int64_t row0, int rows) const;
 };
 
 // Computes y[row0, row0 + rows) × [16·panel, 16·panel + 16) ∩ N, all of K, from
 // the bias (or +0.0). rows <= kMaxTileRows.
-inline constexpr int kMaxTileRows = 4;
 using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel);
 
 // The tile kernel of a kind at an ISA level, nullptr where the level has none

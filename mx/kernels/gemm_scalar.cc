@@ -11,23 +11,6 @@
 namespace mx::kernels::internal {
 namespace {
 
-struct Tile {
-  float y[kMaxTileRows][kPanel];
-  int64_t n0;
-  int cols;  // valid columns of this panel: min(16, N − n0)
-
-  Tile(const Problem& p, int64_t panel, bool with_bias) {
-    n0 = panel * kPanel;
-    cols = static_cast<int>(std::min<int64_t>(kPanel, p.n - n0));
-    for (auto& row : y) {
-      for (int j = 0; j < kPanel; ++j) row[j] = (with_bias && p.bias && j < cols) ? p.bias[n0 + j] : 0.0f;
-    }
-  }
-  void Store(const Problem& p, int64_t row0, int rows) const {
-    for (int r = 0; r < rows; ++r) std::memcpy(p.y + (row0 + r) * p.n + n0, y[r], cols * sizeof(float));
-  }
-};
-
 // MX kinds: exact integer (or FP64) block dots, the wide epilogue per block.
 template <Kind K>
 void MxTile(const Problem& p, int64_t row0, int rows, int64_t panel) {

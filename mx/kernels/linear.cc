@@ -3,6 +3,7 @@
 #include "mx/kernels/linear.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "mx/kernels/gemm_internal.h"
@@ -57,15 +58,28 @@ std::string FallbackReason(const internal::DecodedX& x, const internal::WeightPa
 
 }  // namespace
 
+namespace internal {
+
+Tile::Tile(const Problem& p, int64_t panel, bool with_bias) {
+  n0 = panel * kPanel;
+  cols = static_cast<int>(std::min<int64_t>(kPanel, p.n - n0));
+  for (auto& row : y) {
+    for (int j = 0; j < kPanel; ++j) row[j] = (with_bias && p.bias && j < cols) ? p.bias[n0 + j] : 0.0f;
+  }
+}
+
+void Tile::Store(const Problem& p, int64_t row0, int rows) const {
+  for (int r = 0; r < rows; ++r) std::memcpy(p.y + (row0 + r) * p.n + n0, y[r], cols * sizeof(float));
+}
+
+}  // namespace internal
+
 absl::StatusOr<PackedWeight> PackedWeight::Pack(const QuantizedMatrix& w) {
   if (absl::Status s = ValidateLayout(w); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("w ", s.message()));
   }
-  absl::StatusOr<std::shared_ptr<internal::WeightPanels>> panels =
-      internal::PackPanels(w, internal::KindFor(w.format, w.format));
-  if (!panels.ok()) return panels.status();
   PackedWeight packed;
-  packed.panels_ = *std::move(panels);
+  packed.panels_ = internal::PackPanels(w, internal::KindFor(w.format, w.format));
   if (packed.panels_->has_special) packed.original_ = std::make_shared<const QuantizedMatrix>(w);
   return packed;
 }
@@ -92,15 +106,9 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
   const Kind kind = internal::KindFor(x.format, w.format());
 
   // A pair whose kind differs from the one W was packed for gets a temporary layout.
-  std::shared_ptr<const internal::WeightPanels> panels;
-  if (w.panels().kind == kind) {
-    panels = std::shared_ptr<const internal::WeightPanels>(std::shared_ptr<void>(), &w.panels());
-  } else {
-    absl::StatusOr<std::shared_ptr<internal::WeightPanels>> packed =
-        internal::PackPanels(w.Unpacked(), kind);
-    if (!packed.ok()) return packed.status();
-    panels = *std::move(packed);
-  }
+  std::shared_ptr<const internal::WeightPanels> temporary;
+  if (w.panels().kind != kind) temporary = internal::PackPanels(w.Unpacked(), kind);
+  const internal::WeightPanels* panels = temporary ? temporary.get() : &w.panels();
   const internal::DecodedX decoded = internal::DecodeActivations(x, kind, w.format());
 
   KernelInfo info;
@@ -114,11 +122,10 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
   }
 
   internal::Problem problem{&decoded,
-                            panels.get(),
+                            panels,
                             bias.empty() ? nullptr : bias.data(),
                             y.data(),
                             x.format,
-                            x.rows,
                             w.rows(),
                             internal::FastScalesOk(decoded.range, panels->range)};
   Isa isa = Resolve(options.isa);
