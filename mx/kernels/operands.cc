@@ -135,7 +135,7 @@ BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero) {
   return s;
 }
 
-absl::StatusOr<std::shared_ptr<WeightPanels>> PackPanels(const QuantizedMatrix& w, Kind kind) {
+std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
   auto out = std::make_shared<WeightPanels>();
   WeightPanels& p = *out;
   p.kind = kind;
@@ -320,21 +320,12 @@ QuantizedMatrix UnpackPanels(const WeightPanels& p) {
 }
 
 std::vector<float> DequantizeFast(const QuantizedMatrix& m) {
+  if (m.format != Format::kFp32 && m.format != Format::kBf16 && m.format != Format::kFp16) {
+    return Dequantize(m);  // MX and INT8 operands in the float kind: rare mixed pairs
+  }
   std::vector<float> out(m.rows * m.cols);
-  if (m.format == Format::kFp32 || m.format == Format::kBf16 || m.format == Format::kFp16) {
-    WidenToFloat(m.format, m.elements.data(), out.size(), out.data());
-    return out;
-  }
-  if (m.format == Format::kInt8) {
-    for (int64_t r = 0; r < m.rows; ++r) {
-      for (int64_t c = 0; c < m.cols; ++c) {
-        out[r * m.cols + c] =
-            static_cast<float>(static_cast<int8_t>(m.elements[r * m.cols + c])) * m.row_scales[r];
-      }
-    }
-    return out;
-  }
-  return Dequantize(m);  // MX operands in the float kind: rare mixed pairs
+  WidenToFloat(m.format, m.elements.data(), out.size(), out.data());
+  return out;
 }
 
 DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format) {

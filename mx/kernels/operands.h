@@ -7,7 +7,6 @@
 #include <memory>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "mx/kernels/gemm_internal.h"
 #include "mx/packed.h"
 
@@ -42,14 +41,14 @@ struct BlockScales {
 };
 BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero);
 
-absl::StatusOr<std::shared_ptr<WeightPanels>> PackPanels(const QuantizedMatrix& w, Kind kind);
+std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind);
 // The exchange layout back from panels: the same values and scales, so the
 // reference computes the same bits from it (a −0 element may come back as +0).
 // Not for panels of W with Inf/NaN codes, which PackedWeight keeps as they came.
 QuantizedMatrix UnpackPanels(const WeightPanels& p);
 DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format);
 
-// All values in FP32, quicker than mx::Dequantize for the non-MX formats.
+// All values in FP32: mx::Dequantize, with BF16/FP16/FP32 widened in one pass.
 std::vector<float> DequantizeFast(const QuantizedMatrix& m);
 
 }  // namespace mx::kernels::internal
