@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The files compiled for AVX2 (*_avx2.cc) must define no weak or unique symbols.
+# Such a symbol (an inline function, a template instantiation) can have a
+# baseline copy elsewhere, and the linker keeps one of them for every caller: if
+# it keeps the AVX2 one, the scalar level runs AVX2 code on a CPU without it.
+# Arguments: the object files of the mx library.
+set -euo pipefail
+checked=0
+for object in "$@"; do
+  [[ $object == *_avx2.cc.o ]] || continue
+  checked=$((checked + 1))
+  shared=$(nm -C "$object" | awk '$2 ~ /^[WVu]$/')  # nm failing fails the test
+  if [[ -n $shared ]]; then
+    echo "$object defines symbols the linker may share with baseline code:" >&2
+    echo "$shared" >&2
+    exit 1
+  fi
+done
+if ((checked == 0)); then
+  echo "no *_avx2.cc.o among the arguments" >&2
+  exit 1
+fi
+echo "checked $checked AVX2 objects: no weak or unique symbols"
