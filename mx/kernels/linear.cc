@@ -3,7 +3,6 @@
 #include "mx/kernels/linear.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "mx/kernels/gemm_internal.h"
@@ -57,22 +56,6 @@ std::string FallbackReason(const internal::DecodedX& x, const internal::WeightPa
 }
 
 }  // namespace
-
-namespace internal {
-
-Tile::Tile(const Problem& p, int64_t panel, bool with_bias) {
-  n0 = panel * kPanel;
-  cols = static_cast<int>(std::min<int64_t>(kPanel, p.n - n0));
-  for (auto& row : y) {
-    for (int j = 0; j < kPanel; ++j) row[j] = (with_bias && p.bias && j < cols) ? p.bias[n0 + j] : 0.0f;
-  }
-}
-
-void Tile::Store(const Problem& p, int64_t row0, int rows) const {
-  for (int r = 0; r < rows; ++r) std::memcpy(p.y + (row0 + r) * p.n + n0, y[r], cols * sizeof(float));
-}
-
-}  // namespace internal
 
 absl::StatusOr<PackedWeight> PackedWeight::Pack(const QuantizedMatrix& w) {
   if (absl::Status s = ValidateLayout(w); !s.ok()) {
