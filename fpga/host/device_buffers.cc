@@ -1,0 +1,119 @@
+#include "fpga/host/device_buffers.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace fpga {
+namespace {
+
+int64_t WordsPerRow(mx::Format format, int64_t cols) {
+  return mx::BlocksPerRow(cols) * mxhls::WordsPerBlock(HwFormatOf(format));
+}
+
+// Bytes one element of a non-MX format occupies in mx/'s layout.
+int64_t DenseElementBytes(mx::Format format) { return mx::Traits(format).element_bits / 8; }
+
+}  // namespace
+
+mxhls::HwFormat HwFormatOf(mx::Format format) {
+  switch (format) {
+    case mx::Format::kMxfp8E4m3: return mxhls::kHwE4m3;
+    case mx::Format::kMxfp8E5m2: return mxhls::kHwE5m2;
+    case mx::Format::kMxfp6E3m2: return mxhls::kHwE3m2;
+    case mx::Format::kMxfp6E2m3: return mxhls::kHwE2m3;
+    case mx::Format::kMxfp4E2m1: return mxhls::kHwE2m1;
+    case mx::Format::kMxint8: return mxhls::kHwMxInt8;
+    case mx::Format::kInt8: return mxhls::kHwInt8;
+    case mx::Format::kBf16: return mxhls::kHwBf16;
+    case mx::Format::kFp16: return mxhls::kHwFp16;
+    case mx::Format::kFp32: return mxhls::kHwFp32;
+  }
+  return mxhls::kHwFp32;
+}
+
+uint32_t ControlWord(mx::Format x, mx::Format w, bool bias) {
+  const mxhls::HwFormat hx = HwFormatOf(x), hw = HwFormatOf(w);
+  return mxhls::Control(hx, hw, mxhls::DatapathFor(hx, hw), bias);
+}
+
+DeviceOperand ToDevice(const mx::QuantizedMatrix& m) {
+  DeviceOperand d{m.format, m.rows, m.cols, {}, {}};
+  const int64_t row_words = WordsPerRow(m.format, m.cols);
+  d.elements.assign(std::max<int64_t>(m.rows * row_words, 1), 0);
+  auto* out = reinterpret_cast<uint8_t*>(d.elements.data());
+  if (mx::IsMx(m.format)) {
+    std::memcpy(out, m.elements.data(), m.elements.size());
+    d.scales.assign((m.block_scales.size() + 7) / 8 + 1, 0);
+    std::memcpy(d.scales.data(), m.block_scales.data(), m.block_scales.size());
+    return d;
+  }
+  const int64_t row_bytes = m.cols * DenseElementBytes(m.format);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    std::memcpy(out + r * row_words * 8, m.elements.data() + r * row_bytes, row_bytes);
+  }
+  d.scales.assign((m.row_scales.size() + 1) / 2 + 1, 0);
+  std::memcpy(d.scales.data(), m.row_scales.data(), m.row_scales.size() * sizeof(float));
+  return d;
+}
+
+mx::QuantizedMatrix FromDevice(const DeviceOperand& d) {
+  mx::QuantizedMatrix m = mx::AllocateQuantized(d.format, d.rows, d.cols);
+  const auto* in = reinterpret_cast<const uint8_t*>(d.elements.data());
+  if (mx::IsMx(d.format)) {
+    std::memcpy(m.elements.data(), in, m.elements.size());
+    std::memcpy(m.block_scales.data(), d.scales.data(), m.block_scales.size());
+    return m;
+  }
+  const int64_t row_words = WordsPerRow(d.format, d.cols);
+  const int64_t row_bytes = d.cols * DenseElementBytes(d.format);
+  for (int64_t r = 0; r < d.rows; ++r) {
+    std::memcpy(m.elements.data() + r * row_bytes, in + r * row_words * 8, row_bytes);
+  }
+  std::memcpy(m.row_scales.data(), d.scales.data(), m.row_scales.size() * sizeof(float));
+  return m;
+}
+
+absl::Status CheckKernelShapes(int64_t m, int64_t n, int64_t k_x, int64_t k_w, size_t bias_size) {
+  if (k_x != k_w) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("w: expected K = ", k_x, " columns to match x, got ", k_w));
+  }
+  if (k_x < 1 || k_x > mxhls::kMaxK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "K: the FPGA kernel holds 1 to ", mxhls::kMaxK, " columns in its on-chip W tile, got ", k_x));
+  }
+  constexpr int64_t kMaxRows = (int64_t{1} << 31) - 1;
+  if (m < 1 || m > kMaxRows || n < 1 || n > kMaxRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape: the FPGA kernel takes M and N in [1, 2^31), got ", m, "x", n));
+  }
+  if (bias_size != 0 && static_cast<int64_t>(bias_size) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bias: expected ", n, " values (one per row of w), got ", bias_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunKernelOnHost(const DeviceOperand& x, const DeviceOperand& w,
+                             std::span<const float> bias, std::span<float> y) {
+  if (absl::Status s = CheckKernelShapes(x.rows, w.rows, x.cols, w.cols, bias.size()); !s.ok()) {
+    return s;
+  }
+  if (static_cast<int64_t>(y.size()) != x.rows * w.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("y: expected ", x.rows * w.rows, " values (M x N), got ", y.size()));
+  }
+  // The kernel keeps its W tile in static storage: one call at a time.
+  static std::mutex kernel_mutex;
+  std::lock_guard<std::mutex> lock(kernel_mutex);
+  mx_gemm(x.elements.data(), x.scales.data(), w.elements.data(), w.scales.data(),
+          bias.empty() ? nullptr : bias.data(), y.data(), static_cast<int>(x.rows),
+          static_cast<int>(w.rows), static_cast<int>(x.cols),
+          ControlWord(x.format, w.format, !bias.empty()));
+  return absl::OkStatus();
+}
+
+}  // namespace fpga
