@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "fpga/host/device_buffers.h"
 
 namespace mxserve {
 namespace {
@@ -42,6 +43,23 @@ class CpuBackend final : public Backend {
   mx::kernels::ThreadPool pool_;
 };
 
+// The FPGA kernel's own C++ run on the host, with the exact buffers the card
+// would get: slow and exact, the bridge between the emulator and the hardware.
+class HlsSimBackend final : public Backend {
+ public:
+  absl::string_view name() const override { return "hls-sim"; }
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
+                                     const mx::kernels::PackedWeight& w,
+                                     std::span<const float> bias, std::span<float> y) override {
+    const mx::QuantizedMatrix weight = w.Unpacked();
+    if (absl::Status s = fpga::RunKernelOnHost(fpga::ToDevice(x), fpga::ToDevice(weight), bias, y);
+        !s.ok()) {
+      return s;
+    }
+    return fpga::KernelName(x.format, weight.format);
+  }
+};
+
 class NullBackend final : public Backend {
  public:
   absl::string_view name() const override { return "null"; }
@@ -69,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,
                                                      const BackendOptions& options) {
   if (name == "cpu") return std::make_unique<CpuBackend>(options);
   if (name == "null") return std::make_unique<NullBackend>();
+  if (name == "hls-sim") return std::make_unique<HlsSimBackend>();
   return absl::InvalidArgumentError(
       absl::StrCat("--backend: unknown backend '", name, "'; expected one of ", kBackendNames));
 }

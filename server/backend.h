@@ -4,6 +4,8 @@
 // pass's operands are arranged the same way by the caller).
 //
 //   cpu   the emulation of the FPGA datapath on the host (mx/ kernels)
+//   hls-sim  the FPGA kernel's C++ (fpga/hls) on the host: slow, bit-exact, and
+//            fed the very buffers the card would get
 //   null  computes nothing and writes zeros of the right shape, so the daemon's
 //         own overhead can be measured apart from the arithmetic
 #pragma once
@@ -43,7 +45,7 @@ class Backend {
 };
 
 // The backend names --backend accepts, for help and errors.
-inline constexpr absl::string_view kBackendNames = "cpu, null";
+inline constexpr absl::string_view kBackendNames = "cpu, hls-sim, null";
 
 struct BackendOptions {
   // Threads one GEMM is split across (the CPU backend's pool, the caller

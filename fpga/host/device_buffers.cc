@@ -39,6 +39,16 @@ uint32_t ControlWord(mx::Format x, mx::Format w, bool bias) {
   return mxhls::Control(hx, hw, mxhls::DatapathFor(hx, hw), bias);
 }
 
+std::string KernelName(mx::Format x, mx::Format w) {
+  switch (mxhls::DatapathFor(HwFormatOf(x), HwFormatOf(w))) {
+    case mxhls::kPathMxInteger: return "hls/mx_integer";
+    case mxhls::kPathMxWide: return "hls/mx_wide";
+    case mxhls::kPathInt8: return "hls/int8";
+    case mxhls::kPathFloat: return "hls/float";
+  }
+  return "hls";
+}
+
 DeviceOperand ToDevice(const mx::QuantizedMatrix& m) {
   DeviceOperand d{m.format, m.rows, m.cols, {}, {}};
   const int64_t row_words = WordsPerRow(m.format, m.cols);

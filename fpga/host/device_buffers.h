@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,6 +31,10 @@ struct DeviceOperand {
   std::vector<mxhls::Word> elements;
   std::vector<mxhls::Word> scales;  // at least one word, so every port has a buffer
 };
+
+// "hls/mx_integer", "hls/mx_wide", "hls/int8" or "hls/float": the datapath a
+// pair runs on, as ExecutionInfo.kernel names it.
+std::string KernelName(mx::Format x, mx::Format w);
 
 // Lays out a (valid) matrix for the device. MX elements are copied byte for byte
 // (the mx/ packed layout already is the device's); INT8/BF16/FP16/FP32 rows are

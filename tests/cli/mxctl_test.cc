@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -117,6 +118,46 @@ TEST_F(Mxctl, GemmReproducesEveryGoldenCase) {
       }
     }
   }
+}
+
+// The FPGA kernel's C++ gives the reference's C for every golden matmul case,
+// and for a mixed pair; an unknown engine is a usage error.
+TEST_F(Mxctl, GemmOnTheHlsSimBackendEqualsReference) {
+  const std::vector<mx_test::GoldenCase> cases = mx_test::GoldenCases("matmul");
+  ASSERT_EQ(cases.size(), 12u);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["id"].get<std::string>());
+    const int64_t m = c["M"], k = c["K"], n = c["N"];
+    const std::string format = c["format"];
+    for (const std::string& format_b : {format, std::string("MXFP6_E3M2")}) {
+      const Result r = Run("gemm --backend hls-sim --format " + format + " --format-b " +
+                           format_b + " --a " + mx_test::CaseFile(c, "A") + " --b " +
+                           mx_test::CaseFile(c, "B") + " --m " + std::to_string(m) + " --k " +
+                           std::to_string(k) + " --n " + std::to_string(n) + " --output " +
+                           Path("c.f32"));
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const std::vector<float> reference =
+          mx::ReferenceGemm(ReadFloats(mx_test::CaseFile(c, "A")), mx::ParseFormat(format).value(),
+                            ReadFloats(mx_test::CaseFile(c, "B")),
+                            mx::ParseFormat(format_b).value(), m, k, n)
+              .value();
+      const std::vector<float> out = ReadFloats(Path("c.f32"));
+      ASSERT_EQ(out.size(), reference.size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_TRUE(std::isnan(out[i]) ? std::isnan(reference[i])
+                                       : std::bit_cast<uint32_t>(out[i]) ==
+                                             std::bit_cast<uint32_t>(reference[i]))
+            << format_b << " c[" << i << "] = " << out[i] << ", reference " << reference[i];
+      }
+    }
+  }
+  WriteFloats("a.f32", std::vector<float>(4, 1.0f));
+  const Result bad = Run("gemm --backend gpu --format fp32 --a " + Path("a.f32") + " --b " +
+                         Path("a.f32") + " --m 2 --k 2 --n 2 --output " + Path("c.f32"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--backend: unknown local backend 'gpu'; expected reference or hls-sim"),
+            std::string::npos)
+      << bad.err;
 }
 
 TEST_F(Mxctl, MixedFormatsAndRoundingFlags) {

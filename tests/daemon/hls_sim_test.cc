@@ -1,0 +1,129 @@
+// `mxserved --backend hls-sim`: the FPGA kernel's C++ behind the real daemon
+// answers with the reference's bits and says which datapath ran.
+#include "absl/strings/str_cat.h"
+#include "mx/format.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
+#include "tests/daemon/api_util.h"
+#include "tests/daemon/daemon_process.h"
+
+namespace mx_test {
+namespace {
+
+constexpr int kFormats = 10;
+
+const char* Datapath(mx::Format f) {
+  switch (f) {
+    case mx::Format::kMxfp8E4m3:
+    case mx::Format::kMxfp8E5m2: return "hls/mx_wide";
+    case mx::Format::kMxfp6E3m2:
+    case mx::Format::kMxfp6E2m3:
+    case mx::Format::kMxfp4E2m1:
+    case mx::Format::kMxint8: return "hls/mx_integer";
+    case mx::Format::kInt8: return "hls/int8";
+    default: return "hls/float";
+  }
+}
+
+class HlsSimTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new DaemonProcess({"--backend", "hls-sim", "--workers", "2"});
+    ASSERT_TRUE(daemon_->ok());
+    // 40 outputs: more than one 32-column tile of the PE array; K = 80 is ragged.
+    layer_ = new TestLayer(MakeLayer("model.layers.0.self_attn.q_proj", 40, 80, true, 17));
+    ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "m", {*layer_}).ok());
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(daemon_->Stop(), 0);
+    delete daemon_;
+    delete layer_;
+  }
+  std::unique_ptr<v1::Compute::Stub> Stub() { return v1::Compute::NewStub(daemon_->channel()); }
+
+  static DaemonProcess* daemon_;
+  static TestLayer* layer_;
+};
+DaemonProcess* HlsSimTest::daemon_ = nullptr;
+TestLayer* HlsSimTest::layer_ = nullptr;
+
+TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
+  const int64_t m = 3;
+  const auto x = TestValues(m * layer_->in, 21);
+  for (int f = 0; f < kFormats; ++f) {
+    const auto format = static_cast<mx::Format>(f);
+    SCOPED_TRACE(mx::FormatName(format));
+    v1::LayerForwardRequest request;
+    request.set_model("m");
+    request.set_layer(layer_->name);
+    request.set_phase(v1::PHASE_REWARD);
+    request.set_format(Wire(f));
+    *request.mutable_input()->mutable_tensor() = Matrix(x, m, layer_->in);
+    grpc::ClientContext context;
+    v1::LayerForwardResponse response;
+    ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
+    const auto qx = mx::QuantizeRows(x, m, layer_->in, format);
+    const auto qw = mx::QuantizeRows(layer_->weight, layer_->out, layer_->in, format);
+    EXPECT_TRUE(SameBits(Floats(response.output()),
+                         *mx::ReferenceLinear(*qx, *qw, layer_->bias_values)));
+    EXPECT_EQ(response.info().backend(), "hls-sim");
+    EXPECT_EQ(response.info().kernel(), Datapath(format));
+  }
+}
+
+TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
+  const int64_t m = 2, k = 45, n = 33;
+  const auto a = TestValues(m * k, 22), b = TestValues(k * n, 23);
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_UPDATE);
+  request.set_format(v1::FORMAT_MXFP4_E2M1);
+  request.set_format_b(v1::FORMAT_MXFP8_E5M2);
+  *request.mutable_a()->mutable_tensor() = Matrix(a, m, k);
+  *request.mutable_b()->mutable_tensor() = Matrix(b, k, n);
+  grpc::ClientContext context;
+  v1::GemmResponse response;
+  ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
+  EXPECT_TRUE(SameBits(Floats(response.c()), *mx::ReferenceGemm(a, mx::Format::kMxfp4E2m1, b,
+                                                                mx::Format::kMxfp8E5m2, m, k, n)));
+  EXPECT_EQ(response.info().kernel(), "hls/mx_wide");
+
+  const int64_t rows = 4;
+  const auto dy = TestValues(rows * layer_->out, 24), x = TestValues(rows * layer_->in, 25);
+  v1::LayerBackwardRequest backward;
+  backward.set_model("m");
+  backward.set_layer(layer_->name);
+  backward.set_phase(v1::PHASE_UPDATE);
+  backward.set_format(v1::FORMAT_MXFP6_E3M2);
+  *backward.mutable_grad_output() = Matrix(dy, rows, layer_->out);
+  *backward.mutable_input() = Matrix(x, rows, layer_->in);
+  grpc::ClientContext backward_context;
+  v1::LayerBackwardResponse grads;
+  ASSERT_TRUE(Stub()->LayerBackward(&backward_context, backward, &grads).ok());
+  EXPECT_TRUE(SameBits(Floats(grads.grad_input()),
+                       *mx::ReferenceGemm(dy, mx::Format::kMxfp6E3m2, layer_->weight,
+                                          mx::Format::kMxfp6E3m2, rows, layer_->out, layer_->in)));
+}
+
+// K past the on-chip W tile: refused by name, and the daemon keeps serving.
+TEST_F(HlsSimTest, KBeyondTheWTileIsRefusedByName) {
+  const int64_t k = 32800;
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_ROLLOUT);
+  request.set_format(v1::FORMAT_MXFP4_E2M1);
+  *request.mutable_a()->mutable_tensor() = Matrix(TestValues(k, 26), 1, k);
+  *request.mutable_b()->mutable_tensor() = Matrix(TestValues(k, 27), k, 1);
+  grpc::ClientContext context;
+  v1::GemmResponse response;
+  const grpc::Status status = Stub()->Gemm(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "K: the FPGA kernel holds 1 to 32768 columns in its on-chip W tile, got 32800");
+  request.mutable_a()->mutable_tensor()->Clear();
+  *request.mutable_a()->mutable_tensor() = Matrix(TestValues(64, 26), 1, 64);
+  *request.mutable_b()->mutable_tensor() = Matrix(TestValues(64, 27), 64, 1);
+  grpc::ClientContext again;
+  EXPECT_TRUE(Stub()->Gemm(&again, request, &response).ok());
+}
+
+}  // namespace
+}  // namespace mx_test
