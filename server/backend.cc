@@ -4,6 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "fpga/host/device_buffers.h"
+#ifdef MXSERVE_HAVE_XRT
+#include "fpga/host/xrt_device.h"
+#endif
 
 namespace mxserve {
 namespace {
@@ -60,6 +63,24 @@ class HlsSimBackend final : public Backend {
   }
 };
 
+#ifdef MXSERVE_HAVE_XRT
+// The card: the same buffers as hls-sim, run by the synthesized kernel.
+class FpgaBackend final : public Backend {
+ public:
+  explicit FpgaBackend(std::unique_ptr<fpga::XrtGemmDevice> device) : device_(std::move(device)) {}
+  absl::string_view name() const override { return "fpga"; }
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
+                                     const mx::kernels::PackedWeight& w,
+                                     std::span<const float> bias, std::span<float> y) override {
+    return device_->Linear(x, w, bias, y);
+  }
+  std::optional<double> BoardPowerWatts() const override { return device_->LatestPowerWatts(); }
+
+ private:
+  std::unique_ptr<fpga::XrtGemmDevice> device_;
+};
+#endif
+
 class NullBackend final : public Backend {
  public:
   absl::string_view name() const override { return "null"; }
@@ -83,13 +104,35 @@ absl::StatusOr<std::string> Backend::Linear(const mx::QuantizedMatrix& x,
   return Linear(x, *packed, bias, y);
 }
 
+absl::Status CheckBackendName(absl::string_view name) {
+  if (name == "cpu" || name == "null" || name == "hls-sim") return absl::OkStatus();
+  if (name == "fpga") {
+#ifdef MXSERVE_HAVE_XRT
+    return absl::OkStatus();
+#else
+    return absl::InvalidArgumentError(
+        "--backend: this build has no fpga backend (CMake found no XRT; see fpga/README.md); "
+        "--backend hls-sim runs the same kernel on the host");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend: unknown backend '", name, "'; expected one of ", kBackendNames));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,
                                                      const BackendOptions& options) {
+  if (absl::Status s = CheckBackendName(name); !s.ok()) return s;
   if (name == "cpu") return std::make_unique<CpuBackend>(options);
   if (name == "null") return std::make_unique<NullBackend>();
   if (name == "hls-sim") return std::make_unique<HlsSimBackend>();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--backend: unknown backend '", name, "'; expected one of ", kBackendNames));
+#ifdef MXSERVE_HAVE_XRT
+  absl::StatusOr<std::unique_ptr<fpga::XrtGemmDevice>> device =
+      fpga::XrtGemmDevice::Open({.xclbin_path = options.xclbin, .device_index = options.fpga_device});
+  if (!device.ok()) return device.status();
+  return std::make_unique<FpgaBackend>(*std::move(device));
+#else
+  return absl::InternalError("unreachable: CheckBackendName accepted an unbuilt backend");
+#endif
 }
 
 }  // namespace mxserve

@@ -6,11 +6,14 @@
 //   cpu   the emulation of the FPGA datapath on the host (mx/ kernels)
 //   hls-sim  the FPGA kernel's C++ (fpga/hls) on the host: slow, bit-exact, and
 //            fed the very buffers the card would get
+//   fpga     the card through XRT (fpga/host/xrt_device); only in builds where
+//            CMake found XRT
 //   null  computes nothing and writes zeros of the right shape, so the daemon's
 //         own overhead can be measured apart from the arithmetic
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -39,20 +42,31 @@ class Backend {
                                              const mx::kernels::PackedWeight& w,
                                              std::span<const float> bias,
                                              std::span<float> y) = 0;
+  // Latest measured board power, watts (the fpga backend's sampler); nullopt
+  // where nothing is measured. The daemon charges it to the "fpga" energy
+  // source for the time each request keeps the device busy.
+  virtual std::optional<double> BoardPowerWatts() const { return std::nullopt; }
   // The same with W packed for this call only: a Gemm's B, a backward pass's dYᵀ.
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                                      std::span<const float> bias, std::span<float> y);
 };
 
 // The backend names --backend accepts, for help and errors.
-inline constexpr absl::string_view kBackendNames = "cpu, hls-sim, null";
+inline constexpr absl::string_view kBackendNames = "cpu, hls-sim, fpga, null";
 
 struct BackendOptions {
   // Threads one GEMM is split across (the CPU backend's pool, the caller
   // included). Several scheduler workers share the pool: a GEMM that finds it
   // busy runs on its worker's thread alone, so cores are never oversubscribed.
   int kernel_threads = 1;
+  // fpga backend: the kernel's xclbin and the card's XRT index.
+  std::string xclbin;
+  unsigned fpga_device = 0;
 };
+
+// OK for a name MakeBackend knows and this build can make, without opening
+// anything; INVALID_ARGUMENT naming --backend otherwise.
+absl::Status CheckBackendName(absl::string_view name);
 
 // INVALID_ARGUMENT naming --backend for an unknown name.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,

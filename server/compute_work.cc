@@ -82,12 +82,18 @@ void FillInfo(const Core& core, mx::Format x, mx::Format w, uint64_t version, si
   info->set_kernel(kernel);
 }
 
-// Counts a finished compute request and its modelled energy.
+// Counts a finished compute request, its modelled energy and, where the backend
+// measures board power, that power over the request's share of device time.
 void Account(const Core& core, Rpc rpc, Phase phase, mx::Format format, Clock::time_point arrival,
-             double queue_seconds, double flops, const fpga_model::GemmEstimate& model) {
+             double queue_seconds, double flops, const fpga_model::GemmEstimate& model,
+             double device_seconds) {
   core.metrics->RecordCompute({rpc, phase, format, Seconds(Clock::now() - arrival), queue_seconds,
                                flops, model.bytes, model.seconds, model.joules});
-  core.ledger->Add("fpga_model", phase, UnixSeconds(), {model.joules, model.seconds, 1});
+  const double now = UnixSeconds();
+  core.ledger->Add("fpga_model", phase, now, {model.joules, model.seconds, 1});
+  if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
+    core.ledger->Add("fpga", phase, now, {*watts * device_seconds, device_seconds, 1});
+  }
 }
 
 // An FP32 [rows, cols] tensor of zeros: the null backend's answer.
@@ -168,7 +174,7 @@ class GemmItem final : public ComputeItem {
       FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, "",
                response_->mutable_info());
       Account(core_, Rpc::kGemm, phase_, a_.format, arrival, queue_seconds,
-              2.0 * a_.rows * n * a_.cols, model);
+              2.0 * a_.rows * n * a_.cols, model, 0);
       return done_(absl::OkStatus());
     }
     absl::StatusOr<mx::QuantizedMatrix> qa = a_.Take(options_);
@@ -194,7 +200,8 @@ class GemmItem final : public ComputeItem {
         fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
     FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model, *kernel,
              response_->mutable_info());
-    Account(core_, Rpc::kGemm, phase_, qa->format, arrival, queue_seconds, 2.0 * m * n * k, model);
+    Account(core_, Rpc::kGemm, phase_, qa->format, arrival, queue_seconds, 2.0 * m * n * k, model,
+            compute_seconds);
     done_(absl::OkStatus());
   }
 
@@ -302,7 +309,7 @@ class ForwardItem final : public ComputeItem {
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
              compute_seconds, model, kernel, response_->mutable_info());
     Account(core_, Rpc::kLayerForward, phase_, weight_format_, arrival, queue_seconds,
-            2.0 * m * n * k, model);
+            2.0 * m * n * k, model, compute_seconds / static_cast<double>(batch));
     done_(absl::OkStatus());
   }
 
@@ -345,7 +352,7 @@ class BackwardItem final : public ComputeItem {
       FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model, "",
                response_->mutable_info());
       Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, 2.0 * m * n * k,
-              model);
+              model, 0);
       return done_(absl::OkStatus());
     }
     absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> wt =
@@ -399,7 +406,8 @@ class BackwardItem final : public ComputeItem {
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
              *kernel, response_->mutable_info());
-    Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model);
+    Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model,
+            compute_seconds);
     done_(absl::OkStatus());
   }
 

@@ -78,7 +78,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       s->backend,
       MakeBackend(options.backend,
                   {.kernel_threads =
-                       options.kernel_threads > 0 ? options.kernel_threads : hardware_threads}));
+                       options.kernel_threads > 0 ? options.kernel_threads : hardware_threads,
+                   .xclbin = options.xclbin,
+                   .fpga_device = static_cast<unsigned>(options.fpga_device)}));
   MX_ASSIGN_OR_RETURN(s->core.energy_model, LoadModel(options.energy_model));
   MX_ASSIGN_OR_RETURN(s->policies, PolicyStore::Create(options.policy_dir));
   if (!s->policies->Get(options.default_policy).ok()) {

@@ -66,10 +66,16 @@ const std::vector<FlagSpec>& Flags() {
       {"backend", "NAME", absl::StrCat("where GEMMs run: ", kBackendNames),
        [](const DaemonOptions& o) { return o.backend; },
        [](const std::string& text, DaemonOptions& o) {
-         MX_RETURN_IF_ERROR(MakeBackend(text).status());
+         MX_RETURN_IF_ERROR(CheckBackendName(text));
          o.backend = text;
          return absl::OkStatus();
        }},
+      {"xclbin", "FILE", "fpga backend: the mx_gemm kernel's .xclbin (see fpga/build)",
+       [](const DaemonOptions& o) { return o.xclbin.empty() ? "''" : o.xclbin; },
+       StringSetter(&DaemonOptions::xclbin)},
+      {"fpga-device", "N", "fpga backend: XRT device index of the card",
+       [](const DaemonOptions& o) { return absl::StrCat(o.fpga_device); },
+       IntSetter("fpga-device", &DaemonOptions::fpga_device, 0, 63)},
       {"workers", "N", "compute worker threads; 0 means one per hardware thread",
        [](const DaemonOptions& o) { return absl::StrCat(o.workers); },
        IntSetter("workers", &DaemonOptions::workers, 0, 1024)},

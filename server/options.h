@@ -15,6 +15,8 @@ struct DaemonOptions {
   std::string listen = "127.0.0.1:50051";
   std::string metrics_listen = "127.0.0.1:9464";  // "off" disables the exposer
   std::string backend = "cpu";
+  std::string xclbin;      // fpga backend
+  int fpga_device = 0;     // fpga backend
   int workers = 0;  // 0: one per hardware thread
   int kernel_threads = 1;  // 0: one per hardware thread
   int queue_size = 1024;

@@ -30,13 +30,30 @@ TEST(Options, BothSpellingsAndSizes) {
   EXPECT_EQ(*ParseBytes("3K"), 3072u);
 }
 
+// Without XRT the fpga backend is not built; asking for it says so and names the
+// alternative, before anything starts.
+TEST(Options, FpgaBackendNeedsXrt) {
+  auto parsed = ParseCommandLine({"--backend", "fpga", "--xclbin", "mx_gemm.xclbin"});
+#ifdef MXSERVE_HAVE_XRT
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.xclbin, "mx_gemm.xclbin");
+#else
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().message(),
+            "--backend: this build has no fpga backend (CMake found no XRT; see fpga/README.md); "
+            "--backend hls-sim runs the same kernel on the host");
+#endif
+}
+
 TEST(Options, ErrorsNameTheFlag) {
   struct Case {
     std::vector<std::string> args;
     std::string message;
   } cases[] = {
       {{"--workers", "many"}, "--workers: expected an integer in [0, 1024], got 'many'"},
-      {{"--backend=gpu"}, "--backend: unknown backend 'gpu'; expected one of cpu, null"},
+      {{"--backend=gpu"},
+       "--backend: unknown backend 'gpu'; expected one of cpu, hls-sim, fpga, null"},
+      {{"--fpga-device=-1"}, "--fpga-device: expected an integer in [0, 63], got '-1'"},
       {{"--queue-size"}, "--queue-size: missing value"},
       {{"--colour=red"}, "--colour: unknown flag (mxserved --help lists them)"},
       {{"serve"}, "unexpected argument 'serve'"},
