@@ -445,7 +445,7 @@ extern "C" void mx_gemm(const mxhls::Word* x, const mxhls::Word* x_scales, const
 #pragma HLS INTERFACE s_axilite port = return
   using namespace mxhls;
   // On-chip: the W tile in URAM, one bank per PE column so every column reads its
-  // block in the same cycle. `static` keeps 4 MiB off the stack in C simulation
+  // block in the same cycle. `static` keeps 8 MiB off the stack in C simulation
   // (and makes one call at a time the rule there, as on the card).
   static Word w_tile[kPeCols][kMaxBlocks * kMaxWordsPerBlock];
   static uint32_t w_scale[kPeCols][kMaxBlocks];

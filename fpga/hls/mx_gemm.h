@@ -24,20 +24,22 @@ using Word = uint64_t;
 
 // The processing-element array: PE (r, c) accumulates Y[m0 + r][n0 + c]. Compile
 // time parameters (-DMXHLS_PE_ROWS=...); the defaults are the array the model
-// and fpga/README.md describe.
+// and fpga/README.md describe: 8 rows, so a rollout decode step of 8 sequences
+// fills every row, and 128 columns of W held on chip.
 #ifndef MXHLS_PE_ROWS
-#define MXHLS_PE_ROWS 32
+#define MXHLS_PE_ROWS 8
 #endif
 #ifndef MXHLS_PE_COLS
-#define MXHLS_PE_COLS 32
+#define MXHLS_PE_COLS 128
 #endif
 inline constexpr int kPeRows = MXHLS_PE_ROWS;
 inline constexpr int kPeCols = MXHLS_PE_COLS;
 
 inline constexpr int kBlock = 32;
 // The longest K: the on-chip W tile holds kPeCols rows of kMaxK elements of the
-// widest format (FP32: 32 rows · 32768 · 4 bytes = 4 MiB of URAM).
-inline constexpr int kMaxK = 32768;
+// widest format (FP32: 128 rows · 16384 · 4 bytes = 8 MiB of URAM; MXFP4 uses
+// an eighth of it). Every linear layer of Qwen2.5 up to 3B fits.
+inline constexpr int kMaxK = 16384;
 inline constexpr int kMaxBlocks = kMaxK / kBlock;
 inline constexpr int kMaxWordsPerBlock = 16;  // FP32
 // The INT8 path's int32 dot holds K ≤ 2^17 products of ±127 exactly; kMaxK is below.

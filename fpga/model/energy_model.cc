@@ -98,11 +98,13 @@ GemmEstimate EstimateGemm(const EnergyModelParams& p, mx::Format x, mx::Format w
   const size_t ix = static_cast<size_t>(x), iw = static_cast<size_t>(w);
   const double rate = std::min(p.macs_per_pe_cycle[ix], p.macs_per_pe_cycle[iw]);
   const double mac_pj = std::max(p.energy_per_mac_pj[ix], p.energy_per_mac_pj[iw]);
+  const auto ceil_div = [](int64_t a, int64_t b) { return static_cast<double>((a + b - 1) / b); };
+  const double w_tiles = ceil_div(n, p.pe_cols);
   GemmEstimate e;
   e.macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  e.bytes = PackedBytes(x, m, k) + PackedBytes(w, n, k) + 4.0 * static_cast<double>(m) * n;
-  const double compute_seconds = e.macs / (p.pe_rows * p.pe_cols * rate) / p.clock_hz;
-  e.seconds = std::max(compute_seconds, e.bytes / p.hbm_bytes_per_second);
+  e.cycles = ceil_div(m, p.pe_rows) * w_tiles * ceil_div(k, mx::kBlockSize) * mx::kBlockSize / rate;
+  e.bytes = PackedBytes(w, n, k) + PackedBytes(x, m, k) * w_tiles + 4.0 * static_cast<double>(m) * n;
+  e.seconds = std::max(e.cycles / p.clock_hz, e.bytes / p.hbm_bytes_per_second);
   e.joules =
       (e.macs * mac_pj + e.bytes * p.energy_per_byte_pj) * 1e-12 + p.static_power_watts * e.seconds;
   return e;

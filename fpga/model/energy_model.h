@@ -1,12 +1,18 @@
-// The analytic cycle and energy model of the FPGA GEMM engine. In emulation mode
-// it is the only source of FPGA time and energy; on F2 it sits beside measured
-// board power. Parameters live in fpga/model/energy_model.json.
+// The analytic cycle and energy model of the FPGA GEMM engine in fpga/hls: a
+// pe_rows × pe_cols array, weight-stationary (a tile of pe_cols rows of W on
+// chip, every row of X streamed past it), each PE retiring one 32-element block
+// in 32 / macs_per_pe_cycle cycles. In emulation mode it is the only source of
+// FPGA time and energy; on F2 it sits beside measured board power. Parameters
+// live in fpga/model/energy_model.json.
 //
-//   macs    = M·N·K
-//   compute = macs / (pe_rows · pe_cols · macs_per_pe_cycle[format]) / clock_hz
-//   bytes   = packed X + packed W + FP32 Y            (the mx/ packed layout)
-//   seconds = max(compute, bytes / hbm_bytes_per_second)   (load/compute/store overlap)
-//   joules  = macs · energy_per_mac[format] + bytes · energy_per_byte
+//   tiles   = ceil(M / pe_rows) · ceil(N / pe_cols)      (ragged tiles run whole)
+//   cycles  = tiles · ceil(K / 32) · 32 / macs_per_pe_cycle[format]
+//   bytes   = packed W (once: it stays on chip)
+//             + packed X · ceil(N / pe_cols) (streamed again for every W tile)
+//             + FP32 Y                                   (the mx/ packed layout)
+//   seconds = max(cycles / clock_hz, bytes / hbm_bytes_per_second)
+//             (load, compute and store overlap in the kernel's dataflow region)
+//   joules  = M·N·K · energy_per_mac[format] + bytes · energy_per_byte
 //             + static_power · seconds
 //
 // A mixed pair runs at the rate and energy of the wider (slower) of its two formats.
@@ -35,6 +41,7 @@ struct EnergyModelParams {
 
 struct GemmEstimate {
   double macs = 0;
+  double cycles = 0;  // PE-array cycles
   double bytes = 0;
   double seconds = 0;
   double joules = 0;

@@ -30,8 +30,8 @@ class HlsSimTest : public ::testing::Test {
   static void SetUpTestSuite() {
     daemon_ = new DaemonProcess({"--backend", "hls-sim", "--workers", "2"});
     ASSERT_TRUE(daemon_->ok());
-    // 40 outputs: more than one 32-column tile of the PE array; K = 80 is ragged.
-    layer_ = new TestLayer(MakeLayer("model.layers.0.self_attn.q_proj", 40, 80, true, 17));
+    // 130 outputs: more than one 128-column tile of the PE array; K = 80 is ragged.
+    layer_ = new TestLayer(MakeLayer("model.layers.0.self_attn.q_proj", 130, 80, true, 17));
     ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "m", {*layer_}).ok());
   }
   static void TearDownTestSuite() {
@@ -72,7 +72,7 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
 }
 
 TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
-  const int64_t m = 2, k = 45, n = 33;
+  const int64_t m = 2, k = 45, n = 129;
   const auto a = TestValues(m * k, 22), b = TestValues(k * n, 23);
   v1::GemmRequest request;
   request.set_phase(v1::PHASE_UPDATE);
@@ -106,7 +106,7 @@ TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
 
 // K past the on-chip W tile: refused by name, and the daemon keeps serving.
 TEST_F(HlsSimTest, KBeyondTheWTileIsRefusedByName) {
-  const int64_t k = 32800;
+  const int64_t k = 16400;
   v1::GemmRequest request;
   request.set_phase(v1::PHASE_ROLLOUT);
   request.set_format(v1::FORMAT_MXFP4_E2M1);
@@ -117,7 +117,7 @@ TEST_F(HlsSimTest, KBeyondTheWTileIsRefusedByName) {
   const grpc::Status status = Stub()->Gemm(&context, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message(),
-            "K: the FPGA kernel holds 1 to 32768 columns in its on-chip W tile, got 32800");
+            "K: the FPGA kernel holds 1 to 16384 columns in its on-chip W tile, got 16400");
   request.mutable_a()->mutable_tensor()->Clear();
   *request.mutable_a()->mutable_tensor() = Matrix(TestValues(64, 26), 1, 64);
   *request.mutable_b()->mutable_tensor() = Matrix(TestValues(64, 27), 64, 1);

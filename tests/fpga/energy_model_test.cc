@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "fpga/hls/mx_gemm.h"
+
 namespace {
 
 fpga_model::EnergyModelParams Shipped() {
@@ -13,30 +15,98 @@ fpga_model::EnergyModelParams Shipped() {
 TEST(EnergyModel, ShippedParametersLoad) {
   const fpga_model::EnergyModelParams p = Shipped();
   EXPECT_EQ(p.clock_hz, 3e8);
-  EXPECT_EQ(p.pe_rows * p.pe_cols, 1024);
+  // The model describes the kernel as built: the same PE array as fpga/hls.
+  EXPECT_EQ(p.pe_rows, mxhls::kPeRows);
+  EXPECT_EQ(p.pe_cols, mxhls::kPeCols);
+  EXPECT_EQ(p.hbm_bytes_per_second, 38.4e9);
   EXPECT_EQ(p.macs_per_pe_cycle[static_cast<size_t>(mx::Format::kMxfp4E2m1)], 4.0);
   EXPECT_EQ(p.energy_per_mac_pj[static_cast<size_t>(mx::Format::kFp32)], 15.0);
 }
 
-// Decode step through Qwen2.5-0.5B's up projection in MXFP4: compute-bound.
-// macs 34,865,152 → 8,512 cycles at 4 MAC/PE/cycle → 28.37 µs; bytes: X 8·476,
-// W 4864·476 (28 blocks of 16 bytes + 28 scales per row), Y 8·4864·4.
-TEST(EnergyModel, ComputeBoundEstimateMatchesHandFigures) {
+// Decode step through Qwen2.5-0.5B's up projection in MXFP4 (M 8, N 4864, K 896).
+// Compute: 1 row tile · 38 W tiles · 28 blocks · 32/4 cycles = 8,512 cycles,
+// 28.37 µs. Bytes: W 4864 · 476 (28 blocks of 16 bytes + 28 scales per row) =
+// 2,315,264 once; X 8 · 476 = 3,808 for each of the 38 W tiles = 144,704; Y
+// 8 · 4864 · 4 = 155,648; 2,615,616 in all, 68.115 µs at 38.4 GB/s: the ports,
+// not the PEs, set the time. Joules: 34,865,152 MACs · 1 pJ + 2,615,616 B ·
+// 31.2 pJ + 25 W · 68.115 µs.
+TEST(EnergyModel, DecodeStepIsBoundByTheWeightPort) {
   const auto e = fpga_model::EstimateGemm(Shipped(), mx::Format::kMxfp4E2m1, mx::Format::kMxfp4E2m1,
                                           8, 4864, 896);
   EXPECT_EQ(e.macs, 34865152.0);
-  EXPECT_EQ(e.bytes, 2474720.0);
-  EXPECT_NEAR(e.seconds, 2.8373333333333333e-05, 1e-15);
-  EXPECT_NEAR(e.joules, 0.0008214097493333334, 1e-12);
+  EXPECT_EQ(e.cycles, 8512.0);
+  EXPECT_EQ(e.bytes, 2615616.0);
+  EXPECT_NEAR(e.seconds, 6.8115e-05, 1e-15);
+  EXPECT_NEAR(e.joules, 0.0018193473712, 1e-12);
 }
 
-// One token through a 896×896 FP16 layer: the weight transfer dominates.
-TEST(EnergyModel, MemoryBoundEstimateUsesTransferTime) {
-  const auto e =
-      fpga_model::EstimateGemm(Shipped(), mx::Format::kFp16, mx::Format::kFp16, 1, 896, 896);
-  EXPECT_EQ(e.bytes, 1611008.0);
-  EXPECT_NEAR(e.seconds, 3.50219130434782e-06, 1e-15);
-  EXPECT_NEAR(e.joules, 0.00014183231220869563, 1e-12);
+// A prefill of 512 tokens through the same layer: 64 row tiles · 38 · 28 · 8 =
+// 544,768 cycles, 1.8159 ms, against 21,537,792 bytes, 0.561 ms: compute-bound.
+TEST(EnergyModel, PrefillIsBoundByThePeArray) {
+  const auto e = fpga_model::EstimateGemm(Shipped(), mx::Format::kMxfp4E2m1, mx::Format::kMxfp4E2m1,
+                                          512, 4864, 896);
+  EXPECT_EQ(e.cycles, 544768.0);
+  EXPECT_EQ(e.bytes, 21537792.0);
+  EXPECT_NEAR(e.seconds, 544768.0 / 3e8, 1e-15);
+  EXPECT_NEAR(e.joules, 0.04830068217173334, 1e-12);
+}
+
+// Where the formula puts the crossover: for MXFP4 896×896, each tile of 8 rows
+// adds 1,568 cycles (5.227 µs) of compute but only 8 · 6,916 bytes (1.441 µs)
+// of transfers over the fixed 426,496 bytes of W (11.107 µs). Compute catches up
+// at 11.107 / (5.227 - 1.441) = 2.93 row tiles: M = 16 is bound by the ports,
+// M = 24 by the PEs.
+TEST(EnergyModel, ComputeBandwidthCrossoverWhereTheFormulaSaysItIs) {
+  const auto p = Shipped();
+  const auto f = mx::Format::kMxfp4E2m1;
+  const auto transfer = [&](const fpga_model::GemmEstimate& e) {
+    return e.bytes / p.hbm_bytes_per_second;
+  };
+  const auto compute = [&](const fpga_model::GemmEstimate& e) { return e.cycles / p.clock_hz; };
+  const auto at16 = fpga_model::EstimateGemm(p, f, f, 16, 896, 896);
+  const auto at24 = fpga_model::EstimateGemm(p, f, f, 24, 896, 896);
+  EXPECT_GT(transfer(at16), compute(at16));
+  EXPECT_EQ(at16.seconds, transfer(at16));
+  EXPECT_LT(transfer(at24), compute(at24));
+  EXPECT_EQ(at24.seconds, compute(at24));
+  const double per_tile_compute = 1568 / p.clock_hz, per_tile_bytes = 8 * 6916 / 38.4e9;
+  const double crossover_tiles = (426496 / 38.4e9) / (per_tile_compute - per_tile_bytes);
+  EXPECT_GT(crossover_tiles, 2.0);
+  EXPECT_LT(crossover_tiles, 3.0);
+}
+
+// More work never takes less time or energy; a narrower format never more.
+TEST(EnergyModel, MonotoneInShapeAndFormat) {
+  const auto p = Shipped();
+  const mx::Format by_width[] = {mx::Format::kMxfp4E2m1, mx::Format::kMxfp6E2m3,
+                                 mx::Format::kMxfp8E4m3, mx::Format::kBf16, mx::Format::kFp32};
+  for (mx::Format f : by_width) {
+    fpga_model::GemmEstimate previous{};
+    for (int64_t m : {1, 8, 9, 64, 512, 4096}) {
+      const auto e = fpga_model::EstimateGemm(p, f, f, m, 896, 896);
+      EXPECT_GE(e.seconds, previous.seconds) << mx::FormatName(f) << " M " << m;
+      EXPECT_GT(e.joules, previous.joules) << mx::FormatName(f) << " M " << m;
+      previous = e;
+    }
+    for (int64_t k : {32, 33, 896, 4864}) {
+      const auto narrower = fpga_model::EstimateGemm(p, by_width[0], by_width[0], 64, 896, k);
+      const auto e = fpga_model::EstimateGemm(p, f, f, 64, 896, k);
+      EXPECT_GE(e.seconds, narrower.seconds) << mx::FormatName(f) << " K " << k;
+      EXPECT_GE(e.joules, narrower.joules) << mx::FormatName(f) << " K " << k;
+    }
+  }
+}
+
+// Ragged tiles run whole: 9 rows cost two row tiles of cycles, 129 columns two W tiles.
+TEST(EnergyModel, RaggedTilesRunWhole) {
+  const auto p = Shipped();
+  const auto f = mx::Format::kMxint8;
+  EXPECT_EQ(fpga_model::EstimateGemm(p, f, f, 9, 128, 64).cycles,
+            2 * fpga_model::EstimateGemm(p, f, f, 8, 128, 64).cycles);
+  EXPECT_EQ(fpga_model::EstimateGemm(p, f, f, 8, 129, 64).cycles,
+            2 * fpga_model::EstimateGemm(p, f, f, 8, 128, 64).cycles);
+  EXPECT_EQ(fpga_model::EstimateGemm(p, f, f, 8, 128, 33).cycles,
+            fpga_model::EstimateGemm(p, f, f, 8, 128, 64).cycles);
 }
 
 TEST(EnergyModel, MixedPairsRunAtTheSlowerFormat) {

@@ -66,7 +66,7 @@ void ExpectKernelMatchesReference(const QuantizedMatrix& x, const QuantizedMatri
 TEST(HlsKernel, EveryFormatPairMatchesReference) {
   std::mt19937 rng(2026);
   const int64_t ms[] = {1, 3, 37};
-  const int64_t ns[] = {1, 5, 33};
+  const int64_t ns[] = {1, 5, 133};  // 133: two tiles of 128 PE columns
   const int64_t ks[] = {1, 31, 32, 70, 129};
   int shape = 0;
   for (Format fx : AllFormats()) {
@@ -246,8 +246,8 @@ TEST(HlsKernel, DeviceBuffersRoundTrip) {
 TEST(HlsKernel, ShapesOutsideTheKernelAreRefusedByName) {
   EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 64, 32, 0).message(),
             "w: expected K = 64 columns to match x, got 32");
-  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 40000, 40000, 0).message(),
-            "K: the FPGA kernel holds 1 to 32768 columns in its on-chip W tile, got 40000");
+  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 16400, 16400, 0).message(),
+            "K: the FPGA kernel holds 1 to 16384 columns in its on-chip W tile, got 16400");
   EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 64, 64, 2).message(),
             "bias: expected 3 values (one per row of w), got 2");
   EXPECT_EQ(fpga::CheckKernelShapes(0, 3, 64, 64, 0).message(),
