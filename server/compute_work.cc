@@ -93,6 +93,8 @@ void Account(const Core& core, Rpc rpc, Phase phase, mx::Format format, Clock::t
   core.ledger->Add("fpga_model", phase, now, {model.joules, model.seconds, 1});
   if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
     core.ledger->Add("fpga", phase, now, {*watts * device_seconds, device_seconds, 1});
+    core.metrics->AddEnergy("fpga", phase, *watts * device_seconds, device_seconds);
+    core.metrics->SetPower("fpga", "board", *watts);
   }
 }
 
