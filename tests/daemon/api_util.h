@@ -137,4 +137,17 @@ inline grpc::Status RegisterAndPublish(grpc::Channel* channel, const std::string
 
 inline v1::Format Wire(int mx_format) { return static_cast<v1::Format>(mx_format + 1); }
 
+// A LayerForward of `x` (m × layer.in, FP32) in an explicit format.
+inline v1::LayerForwardRequest ForwardRequest(const std::string& model, const TestLayer& layer,
+                                              v1::Phase phase, int mx_format,
+                                              const std::vector<float>& x, int64_t m) {
+  v1::LayerForwardRequest request;
+  request.set_model(model);
+  request.set_layer(layer.name);
+  request.set_phase(phase);
+  request.set_format(Wire(mx_format));
+  *request.mutable_input()->mutable_tensor() = Matrix(x, m, layer.in);
+  return request;
+}
+
 }  // namespace mx_test

@@ -108,12 +108,8 @@ TEST_F(ComputeTest, LayerForwardEqualsReferenceForEveryFormat) {
   for (int f = 0; f < kFormats; ++f) {
     const auto format = static_cast<mx::Format>(f);
     SCOPED_TRACE(mx::FormatName(format));
-    v1::LayerForwardRequest request;
-    request.set_model("m");
-    request.set_layer(layer_->name);
-    request.set_phase(v1::PHASE_ROLLOUT);
-    request.set_format(Wire(f));
-    *request.mutable_input()->mutable_tensor() = Matrix(x, m, layer_->in);
+    const v1::LayerForwardRequest request =
+        ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, f, x, m);
     grpc::ClientContext context;
     v1::LayerForwardResponse response;
     ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
