@@ -54,12 +54,15 @@ class HlsSimBackend final : public Backend {
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
                                      const mx::kernels::PackedWeight& w,
                                      std::span<const float> bias, std::span<float> y) override {
-    const mx::QuantizedMatrix weight = w.Unpacked();
-    if (absl::Status s = fpga::RunKernelOnHost(fpga::ToDevice(x), fpga::ToDevice(weight), bias, y);
+    return Linear(x, w.Unpacked(), bias, y);
+  }
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
+                                     std::span<const float> bias, std::span<float> y) override {
+    if (absl::Status s = fpga::RunKernelOnHost(fpga::ToDevice(x), fpga::ToDevice(w), bias, y);
         !s.ok()) {
       return s;
     }
-    return fpga::KernelName(x.format, weight.format);
+    return fpga::KernelName(x.format, w.format);
   }
 };
 
@@ -71,6 +74,10 @@ class FpgaBackend final : public Backend {
   absl::string_view name() const override { return "fpga"; }
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
                                      const mx::kernels::PackedWeight& w,
+                                     std::span<const float> bias, std::span<float> y) override {
+    return device_->Linear(x, w, bias, y);
+  }
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                                      std::span<const float> bias, std::span<float> y) override {
     return device_->Linear(x, w, bias, y);
   }

@@ -46,9 +46,12 @@ class Backend {
   // where nothing is measured. The daemon charges it to the "fpga" energy
   // source for the time each request keeps the device busy.
   virtual std::optional<double> BoardPowerWatts() const { return std::nullopt; }
-  // The same with W packed for this call only: a Gemm's B, a backward pass's dYᵀ.
-  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
-                                     std::span<const float> bias, std::span<float> y);
+  // The same with W for this call only: a Gemm's B, a backward pass's dYᵀ. By
+  // default W is packed for the CPU kernels; backends that take the exchange
+  // layout (hls-sim, fpga) override it and skip that round trip.
+  virtual absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
+                                             const mx::QuantizedMatrix& w,
+                                             std::span<const float> bias, std::span<float> y);
 };
 
 // The backend names --backend accepts, for help and errors.

@@ -86,7 +86,8 @@ mx::QuantizedMatrix FromDevice(const DeviceOperand& d) {
   return m;
 }
 
-absl::Status CheckKernelShapes(int64_t m, int64_t n, int64_t k_x, int64_t k_w, size_t bias_size) {
+absl::Status CheckKernelShapes(int64_t m, int64_t n, int64_t k_x, int64_t k_w, size_t bias_size,
+                               size_t y_size) {
   if (k_x != k_w) {
     return absl::InvalidArgumentError(
         absl::StrCat("w: expected K = ", k_x, " columns to match x, got ", k_w));
@@ -104,17 +105,18 @@ absl::Status CheckKernelShapes(int64_t m, int64_t n, int64_t k_x, int64_t k_w, s
     return absl::InvalidArgumentError(
         absl::StrCat("bias: expected ", n, " values (one per row of w), got ", bias_size));
   }
+  if (static_cast<int64_t>(y_size) != m * n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("y: expected ", m * n, " values (M x N), got ", y_size));
+  }
   return absl::OkStatus();
 }
 
 absl::Status RunKernelOnHost(const DeviceOperand& x, const DeviceOperand& w,
                              std::span<const float> bias, std::span<float> y) {
-  if (absl::Status s = CheckKernelShapes(x.rows, w.rows, x.cols, w.cols, bias.size()); !s.ok()) {
+  if (absl::Status s = CheckKernelShapes(x.rows, w.rows, x.cols, w.cols, bias.size(), y.size());
+      !s.ok()) {
     return s;
-  }
-  if (static_cast<int64_t>(y.size()) != x.rows * w.rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("y: expected ", x.rows * w.rows, " values (M x N), got ", y.size()));
   }
   // The kernel keeps its W tile in static storage: one call at a time.
   static std::mutex kernel_mutex;

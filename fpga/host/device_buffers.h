@@ -44,8 +44,10 @@ DeviceOperand ToDevice(const mx::QuantizedMatrix& m);
 mx::QuantizedMatrix FromDevice(const DeviceOperand& d);
 
 // INVALID_ARGUMENT unless X·Wᵀ fits the kernel: K equal on both sides, 1 ≤ K ≤
-// mxhls::kMaxK (the on-chip W tile), M and N in [1, 2^31), bias empty or N values.
-absl::Status CheckKernelShapes(int64_t m, int64_t n, int64_t k_x, int64_t k_w, size_t bias_size);
+// mxhls::kMaxK (the on-chip W tile), M and N in [1, 2^31), bias empty or N
+// values, y M·N values. Every host path (hls-sim, XRT) checks with this.
+absl::Status CheckKernelShapes(int64_t m, int64_t n, int64_t k_x, int64_t k_w, size_t bias_size,
+                               size_t y_size);
 
 // Runs the kernel's C++ (the `hls-sim` path) on device buffers: Y (M×N) =
 // X·Wᵀ (+ bias). Calls are serialized, as on the single kernel instance of the card.

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <list>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,35 +38,72 @@ struct XrtGemmDevice::Impl {
   std::mutex run_mu;    // one run at a time on the one kernel instance
   std::mutex cache_mu;  // the resident-weight cache
 
+  // W in device buffers (xrt::bo copies share the buffer).
+  struct DeviceWeight {
+    xrt::bo elements, scales;
+    mx::Format format;
+    uint64_t bytes;  // HBM the two buffers take
+  };
+  DeviceWeight Upload(const mx::QuantizedMatrix& w) {
+    const DeviceOperand d = ToDevice(w);
+    return {ToDeviceBo(device, kernel, kW, d.elements), ToDeviceBo(device, kernel, kWScales, d.scales),
+            d.format, (d.elements.size() + d.scales.size()) * sizeof(mxhls::Word)};
+  }
+
   // Resident weights, most recently used first.
   struct Resident {
     mx::kernels::PackedWeight weight;  // keeps the panels (the key) alive
-    mx::Format format;
-    xrt::bo elements, scales;
-    uint64_t bytes;
+    DeviceWeight on_device;
   };
   std::list<Resident> lru;
   std::map<const void*, std::list<Resident>::iterator> by_panels;
   uint64_t resident_bytes = 0;
 
-  Resident& Weight(const mx::kernels::PackedWeight& w) {
+  DeviceWeight ResidentWeight(const mx::kernels::PackedWeight& w) {
+    std::lock_guard<std::mutex> lock(cache_mu);
     const void* key = &w.panels();
     if (auto it = by_panels.find(key); it != by_panels.end()) {
       lru.splice(lru.begin(), lru, it->second);
-      return lru.front();
+      return lru.front().on_device;
     }
-    const DeviceOperand d = ToDevice(w.Unpacked());
-    const uint64_t bytes = (d.elements.size() + d.scales.size()) * sizeof(mxhls::Word);
-    while (!lru.empty() && resident_bytes + bytes > options.weight_cache_bytes) {
-      resident_bytes -= lru.back().bytes;
+    DeviceWeight on_device = Upload(w.Unpacked());
+    while (!lru.empty() && resident_bytes + on_device.bytes > options.weight_cache_bytes) {
+      resident_bytes -= lru.back().on_device.bytes;
       by_panels.erase(&lru.back().weight.panels());
       lru.pop_back();
     }
-    lru.push_front({w, d.format, ToDeviceBo(device, kernel, kW, d.elements),
-                    ToDeviceBo(device, kernel, kWScales, d.scales), bytes});
+    resident_bytes += on_device.bytes;
+    lru.push_front({w, std::move(on_device)});
     by_panels[key] = lru.begin();
-    resident_bytes += bytes;
-    return lru.front();
+    return lru.front().on_device;
+  }
+
+  // X up, the kernel run, Y down. Transfers happen outside the run lock, so one
+  // request's uploads and downloads overlap another's kernel run: the
+  // pipelining of several scheduler workers sharing one card.
+  std::string Run(const mx::QuantizedMatrix& x, const DeviceWeight& w, int64_t n,
+                  std::span<const float> bias, std::span<float> y) {
+    const DeviceOperand dx = ToDevice(x);
+    xrt::bo x_bo = ToDeviceBo(device, kernel, kX, dx.elements);
+    xrt::bo xs_bo = ToDeviceBo(device, kernel, kXScales, dx.scales);
+    // The bias port always gets a buffer; the control word says whether it is read.
+    xrt::bo bias_bo(device, std::max<size_t>(bias.size_bytes(), sizeof(float)),
+                    kernel.group_id(kBias));
+    if (!bias.empty()) {
+      bias_bo.write(bias.data(), bias.size_bytes(), 0);
+      bias_bo.sync(XCL_BO_SYNC_BO_TO_DEVICE);
+    }
+    xrt::bo y_bo(device, y.size_bytes(), kernel.group_id(kY));
+    {
+      std::lock_guard<std::mutex> lock(run_mu);
+      xrt::run run = kernel(x_bo, xs_bo, w.elements, w.scales, bias_bo, y_bo,
+                            static_cast<int>(x.rows), static_cast<int>(n),
+                            static_cast<int>(x.cols), ControlWord(x.format, w.format, !bias.empty()));
+      run.wait();
+    }
+    y_bo.sync(XCL_BO_SYNC_BO_FROM_DEVICE);
+    y_bo.read(y.data(), y.size_bytes(), 0);
+    return KernelName(x.format, w.format);
   }
 };
 
@@ -116,50 +156,27 @@ absl::StatusOr<std::string> XrtGemmDevice::Linear(const mx::QuantizedMatrix& x,
                                                   const mx::kernels::PackedWeight& w,
                                                   std::span<const float> bias,
                                                   std::span<float> y) {
-  if (absl::Status s = CheckKernelShapes(x.rows, w.rows(), x.cols, w.cols(), bias.size()); !s.ok()) {
+  if (absl::Status s = CheckKernelShapes(x.rows, w.rows(), x.cols, w.cols(), bias.size(), y.size());
+      !s.ok()) {
     return s;
   }
-  if (static_cast<int64_t>(y.size()) != x.rows * w.rows()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("y: expected ", x.rows * w.rows(), " values (M x N), got ", y.size()));
-  }
-  // Transfers happen outside the run lock, so one request's uploads and
-  // downloads overlap another's kernel run: the pipelining of several scheduler
-  // workers sharing one card.
   try {
-    const xrt::device& device = impl_->device;
-    const xrt::kernel& kernel = impl_->kernel;
-    xrt::bo w_elements, w_scales;
-    mx::Format w_format;
-    {
-      std::lock_guard<std::mutex> lock(impl_->cache_mu);
-      Impl::Resident& weight = impl_->Weight(w);
-      w_elements = weight.elements;  // xrt::bo copies share the buffer
-      w_scales = weight.scales;
-      w_format = weight.format;
-    }
-    const DeviceOperand dx = ToDevice(x);
-    xrt::bo x_bo = ToDeviceBo(device, kernel, kX, dx.elements);
-    xrt::bo xs_bo = ToDeviceBo(device, kernel, kXScales, dx.scales);
-    // The bias port always gets a buffer; the control word says whether it is read.
-    xrt::bo bias_bo(device, std::max<size_t>(bias.size_bytes(), sizeof(float)),
-                    kernel.group_id(kBias));
-    if (!bias.empty()) {
-      bias_bo.write(bias.data(), bias.size_bytes(), 0);
-      bias_bo.sync(XCL_BO_SYNC_BO_TO_DEVICE);
-    }
-    xrt::bo y_bo(device, y.size_bytes(), kernel.group_id(kY));
-    const uint32_t control = ControlWord(x.format, w_format, !bias.empty());
-    {
-      std::lock_guard<std::mutex> lock(impl_->run_mu);
-      xrt::run run = kernel(x_bo, xs_bo, w_elements, w_scales, bias_bo, y_bo,
-                            static_cast<int>(x.rows), static_cast<int>(w.rows()),
-                            static_cast<int>(x.cols), control);
-      run.wait();
-    }
-    y_bo.sync(XCL_BO_SYNC_BO_FROM_DEVICE);
-    y_bo.read(y.data(), y.size_bytes(), 0);
-    return KernelName(x.format, w_format);
+    return impl_->Run(x, impl_->ResidentWeight(w), w.rows(), bias, y);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("fpga: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> XrtGemmDevice::Linear(const mx::QuantizedMatrix& x,
+                                                  const mx::QuantizedMatrix& w,
+                                                  std::span<const float> bias,
+                                                  std::span<float> y) {
+  if (absl::Status s = CheckKernelShapes(x.rows, w.rows, x.cols, w.cols, bias.size(), y.size());
+      !s.ok()) {
+    return s;
+  }
+  try {
+    return impl_->Run(x, impl_->Upload(w), w.rows, bias, y);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("fpga: ", e.what()));
   }

@@ -9,10 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <list>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -48,6 +45,11 @@ class XrtGemmDevice {
   // evicted. Returns the datapath name, as KernelName().
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
                                      const mx::kernels::PackedWeight& w,
+                                     std::span<const float> bias, std::span<float> y);
+  // The same with W for this call only (a Gemm's B, a backward pass's dYᵀ):
+  // uploaded and dropped, so one-off operands never push registered weights out
+  // of the resident cache.
+  absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                                      std::span<const float> bias, std::span<float> y);
 
   // The most recent board power sample, watts; nullopt before the first sample

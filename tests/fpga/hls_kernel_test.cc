@@ -244,13 +244,13 @@ TEST(HlsKernel, DeviceBuffersRoundTrip) {
 }
 
 TEST(HlsKernel, ShapesOutsideTheKernelAreRefusedByName) {
-  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 64, 32, 0).message(),
+  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 64, 32, 0, 6).message(),
             "w: expected K = 64 columns to match x, got 32");
-  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 16400, 16400, 0).message(),
+  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 16400, 16400, 0, 6).message(),
             "K: the FPGA kernel holds 1 to 16384 columns in its on-chip W tile, got 16400");
-  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 64, 64, 2).message(),
+  EXPECT_EQ(fpga::CheckKernelShapes(2, 3, 64, 64, 2, 6).message(),
             "bias: expected 3 values (one per row of w), got 2");
-  EXPECT_EQ(fpga::CheckKernelShapes(0, 3, 64, 64, 0).message(),
+  EXPECT_EQ(fpga::CheckKernelShapes(0, 3, 64, 64, 0, 0).message(),
             "shape: the FPGA kernel takes M and N in [1, 2^31), got 0x3");
   const QuantizedMatrix x = Quantize(std::vector<float>(64, 1.0f), 2, 32, Format::kMxfp4E2m1);
   std::vector<float> y(3);
