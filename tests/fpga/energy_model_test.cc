@@ -109,6 +109,47 @@ TEST(EnergyModel, RaggedTilesRunWhole) {
             fpga_model::EstimateGemm(p, f, f, 8, 128, 64).cycles);
 }
 
+// fpga/README.md's throughput table comes from this sweep: all 168 linear layers
+// of Qwen2.5-0.5B (24 blocks of q, k, v, o, gate, up, down) through the shipped
+// model. The README's 8×64 alternative is the same sweep with pe_cols = 64.
+double QwenSweepSeconds(const fpga_model::EnergyModelParams& p, mx::Format f, int64_t m,
+                        double* joules = nullptr) {
+  const int64_t layers[][2] = {{896, 896},  {128, 896},  {128, 896}, {896, 896},
+                               {4864, 896}, {4864, 896}, {896, 4864}};
+  double seconds = 0, energy = 0;
+  for (const auto& [n, k] : layers) {
+    const auto e = fpga_model::EstimateGemm(p, f, f, m, n, k);
+    seconds += 24 * e.seconds;
+    energy += 24 * e.joules;
+  }
+  if (joules) *joules = energy;
+  return seconds;
+}
+
+TEST(EnergyModel, ReadmeThroughputTableIsWhatTheModelComputes) {
+  const auto p = Shipped();
+  struct Row {
+    mx::Format format;
+    double decode_ms, decode_mj, prefill_ms;
+  } rows[] = {{mx::Format::kMxfp4E2m1, 5.513, 147.30, 149.094},
+              {mx::Format::kMxfp6E2m3, 7.988, 213.86, 298.189},
+              {mx::Format::kMxfp8E4m3, 10.464, 281.28, 596.378},
+              {mx::Format::kBf16, 20.055, 539.72, 596.378},
+              {mx::Format::kFp32, 39.857, 1087.11, 2385.510}};
+  for (const Row& r : rows) {
+    double joules = 0;
+    EXPECT_NEAR(QwenSweepSeconds(p, r.format, 8, &joules) * 1e3, r.decode_ms, 1e-3)
+        << mx::FormatName(r.format);
+    EXPECT_NEAR(joules * 1e3, r.decode_mj, 1e-2) << mx::FormatName(r.format);
+    EXPECT_NEAR(QwenSweepSeconds(p, r.format, 512) * 1e3, r.prefill_ms, 1e-3)
+        << mx::FormatName(r.format);
+  }
+  fpga_model::EnergyModelParams half = p;
+  half.pe_cols = 64;
+  EXPECT_NEAR(QwenSweepSeconds(half, mx::Format::kMxfp4E2m1, 8) * 1e3, 5.823, 1e-3);
+  EXPECT_NEAR(QwenSweepSeconds(half, mx::Format::kMxfp8E4m3, 8) * 1e3, 18.637, 1e-3);
+}
+
 TEST(EnergyModel, MixedPairsRunAtTheSlowerFormat) {
   const auto p = Shipped();
   const auto mixed =
