@@ -137,6 +137,20 @@ inline grpc::Status RegisterAndPublish(grpc::Channel* channel, const std::string
 
 inline v1::Format Wire(int mx_format) { return static_cast<v1::Format>(mx_format + 1); }
 
+// C = A·B with A (m × k) and B (k × n) as FP32 tensors; format_b left
+// unspecified means the same as `format`.
+inline v1::GemmRequest GemmRequest(v1::Phase phase, v1::Format format, const std::vector<float>& a,
+                                   const std::vector<float>& b, int64_t m, int64_t k, int64_t n,
+                                   v1::Format format_b = v1::FORMAT_UNSPECIFIED) {
+  v1::GemmRequest request;
+  request.set_phase(phase);
+  request.set_format(format);
+  if (format_b != v1::FORMAT_UNSPECIFIED) request.set_format_b(format_b);
+  *request.mutable_a()->mutable_tensor() = Matrix(a, m, k);
+  *request.mutable_b()->mutable_tensor() = Matrix(b, k, n);
+  return request;
+}
+
 // A LayerForward of `x` (m × layer.in, FP32) in an explicit format.
 inline v1::LayerForwardRequest ForwardRequest(const std::string& model, const TestLayer& layer,
                                               v1::Phase phase, int mx_format,

@@ -63,11 +63,7 @@ TEST_F(ComputeTest, GemmEqualsReferenceForEveryFormat) {
   for (int f = 0; f < kFormats; ++f) {
     const auto format = static_cast<mx::Format>(f);
     SCOPED_TRACE(mx::FormatName(format));
-    v1::GemmRequest request;
-    request.set_phase(v1::PHASE_UPDATE);
-    request.set_format(Wire(f));
-    *request.mutable_a()->mutable_tensor() = Matrix(a, m, k);
-    *request.mutable_b()->mutable_tensor() = Matrix(b, k, n);
+    const v1::GemmRequest request = GemmRequest(v1::PHASE_UPDATE, Wire(f), a, b, m, k, n);
     grpc::ClientContext context;
     v1::GemmResponse response;
     ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
@@ -84,13 +80,9 @@ TEST_F(ComputeTest, GemmEqualsReferenceForEveryFormat) {
 TEST_F(ComputeTest, GemmMixedFormatsAndRoundingAway) {
   const int64_t m = 3, k = 64, n = 4;
   const auto a = TestValues(m * k, 3), b = TestValues(k * n, 4);
-  v1::GemmRequest request;
-  request.set_phase(v1::PHASE_ROLLOUT);
-  request.set_format(v1::FORMAT_MXFP4_E2M1);
-  request.set_format_b(v1::FORMAT_MXFP8_E4M3);
+  v1::GemmRequest request = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, a, b, m, k, n,
+                                        v1::FORMAT_MXFP8_E4M3);
   request.set_rounding(v1::ROUNDING_NEAREST_AWAY);
-  *request.mutable_a()->mutable_tensor() = Matrix(a, m, k);
-  *request.mutable_b()->mutable_tensor() = Matrix(b, k, n);
   grpc::ClientContext context;
   v1::GemmResponse response;
   ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());

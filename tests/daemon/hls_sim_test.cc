@@ -70,12 +70,8 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
 TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
   const int64_t m = 2, k = 45, n = 129;
   const auto a = TestValues(m * k, 22), b = TestValues(k * n, 23);
-  v1::GemmRequest request;
-  request.set_phase(v1::PHASE_UPDATE);
-  request.set_format(v1::FORMAT_MXFP4_E2M1);
-  request.set_format_b(v1::FORMAT_MXFP8_E5M2);
-  *request.mutable_a()->mutable_tensor() = Matrix(a, m, k);
-  *request.mutable_b()->mutable_tensor() = Matrix(b, k, n);
+  const v1::GemmRequest request = GemmRequest(v1::PHASE_UPDATE, v1::FORMAT_MXFP4_E2M1, a, b, m, k,
+                                              n, v1::FORMAT_MXFP8_E5M2);
   grpc::ClientContext context;
   v1::GemmResponse response;
   ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
@@ -103,18 +99,14 @@ TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
 // K past the on-chip W tile: refused by name, and the daemon keeps serving.
 TEST_F(HlsSimTest, KBeyondTheWTileIsRefusedByName) {
   const int64_t k = 16400;
-  v1::GemmRequest request;
-  request.set_phase(v1::PHASE_ROLLOUT);
-  request.set_format(v1::FORMAT_MXFP4_E2M1);
-  *request.mutable_a()->mutable_tensor() = Matrix(TestValues(k, 26), 1, k);
-  *request.mutable_b()->mutable_tensor() = Matrix(TestValues(k, 27), k, 1);
+  v1::GemmRequest request = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1,
+                                        TestValues(k, 26), TestValues(k, 27), 1, k, 1);
   grpc::ClientContext context;
   v1::GemmResponse response;
   const grpc::Status status = Stub()->Gemm(&context, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(status.error_message(),
             "K: the FPGA kernel holds 1 to 16384 columns in its on-chip W tile, got 16400");
-  request.mutable_a()->mutable_tensor()->Clear();
   *request.mutable_a()->mutable_tensor() = Matrix(TestValues(64, 26), 1, 64);
   *request.mutable_b()->mutable_tensor() = Matrix(TestValues(64, 27), 64, 1);
   grpc::ClientContext again;
