@@ -1,7 +1,7 @@
-// Reading board power out of XRT's electrical report; no XRT needed.
-#include <nlohmann/json.hpp>
+#include "fpga/host/board_power.h"
 
-#include "fpga/host/xrt_device.h"
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 
 namespace fpga {
 

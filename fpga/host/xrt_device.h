@@ -67,8 +67,4 @@ class XrtGemmDevice {
   std::thread sampler_;
 };
 
-// "power_consumption_watts" of xrt::info::device::electrical's JSON; nullopt when
-// absent or not a number. Separate from XRT so it is tested here.
-std::optional<double> ParseBoardPowerWatts(const std::string& electrical_json);
-
 }  // namespace fpga

@@ -2,7 +2,7 @@
 // XRT: the fpga backend's sampler feeds these watts to the "fpga" energy source.
 #include <gtest/gtest.h>
 
-#include "fpga/host/xrt_device.h"
+#include "fpga/host/board_power.h"
 
 namespace {
 
