@@ -91,6 +91,18 @@ inline MxElement DecodeMx(HwFormat f, uint32_t code) {
           kFinite};
 }
 
+// --- FP32 bit patterns ---------------------------------------------------------------
+
+inline float FloatFromBits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float QuietNan() { return FloatFromBits(0x7FC00000u); }
+inline float Infinity(bool negative) { return FloatFromBits(negative ? 0xFF800000u : 0x7F800000u); }
+// The E8M0 byte that marks a block NaN.
+constexpr uint32_t kNanScale = 0xFF;
+
 // --- The one rounding --------------------------------------------------------------
 
 // value · 2^exponent rounded once to FP32 (nearest, ties to even), with FP32
@@ -129,15 +141,7 @@ inline float RoundToFloat(Int<72> value, int exponent) {
     bits = (static_cast<uint32_t>(step + 149) << 23) + static_cast<uint32_t>(q);
   }
   if (negative) bits |= 0x80000000u;
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
-
-inline float FloatFromBits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return FloatFromBits(bits);
 }
 
 inline float Fp16ToFloat(uint32_t h) {
@@ -160,10 +164,10 @@ inline float ElementToFloat(HwFormat f, uint32_t code, uint32_t scale_bits) {
     case kHwFp32: return FloatFromBits(code);
     default: break;
   }
-  if (scale_bits == 0xFF) return FloatFromBits(0x7FC00000u);
+  if (scale_bits == kNanScale) return QuietNan();
   const MxElement e = DecodeMx(f, code);
-  if (e.kind == kNan) return FloatFromBits(0x7FC00000u);
-  if (e.kind != kFinite) return FloatFromBits(e.kind == kPosInf ? 0x7F800000u : 0xFF800000u);
+  if (e.kind == kNan) return QuietNan();
+  if (e.kind != kFinite) return Infinity(e.kind == kNegInf);
   return RoundToFloat(e.significand,
                       static_cast<int>(e.shift) - FractionBits(f) + static_cast<int>(scale_bits) - 127);
 }
@@ -233,15 +237,15 @@ inline float NonFiniteBlock(const DecodedBlock& a, const DecodedBlock& b, int va
       }
     }
   }
-  if (nan || (pos && neg)) return FloatFromBits(0x7FC00000u);
-  return FloatFromBits(neg ? 0xFF800000u : 0x7F800000u);
+  if (nan || (pos && neg)) return QuietNan();
+  return Infinity(neg);
 }
 
 // Exact block dot of two MX blocks rounded once to FP32: the contract's step 1.
 inline float MxBlockResult(Datapath path, HwFormat fx, HwFormat fw, const DecodedBlock& a,
                            const DecodedBlock& b, int valid) {
 #pragma HLS INLINE
-  if (a.scale_bits == 0xFF || b.scale_bits == 0xFF) return FloatFromBits(0x7FC00000u);
+  if (a.scale_bits == kNanScale || b.scale_bits == kNanScale) return QuietNan();
   const int exponent = static_cast<int>(a.scale_bits) + static_cast<int>(b.scale_bits) - 254 -
                        FractionBits(fx) - FractionBits(fw);
   if (path == kPathMxInteger) {
