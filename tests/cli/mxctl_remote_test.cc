@@ -3,29 +3,19 @@
 // runs, real files, exit codes and messages. Numerics: the daemon's forward and
 // GEMM must give the local reference GEMM's bits.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
-#include <sstream>
 
+#include "tests/cli/mxctl_fixture.h"
 #include "tests/daemon/daemon_process.h"
 
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Result {
-  int exit_code;
-  std::string out;
-  std::string err;
-};
+using Result = mx_test::MxctlResult;
 
 std::vector<float> RandomFloats(size_t count, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -49,7 +39,7 @@ bool Contains(const std::string& text, const std::string& pattern) {
   return std::regex_search(text, std::regex(pattern));
 }
 
-class MxctlRemote : public testing::Test {
+class MxctlRemote : public mx_test::MxctlTest {
  protected:
   static void SetUpTestSuite() {
     daemon_ = new mx_test::DaemonProcess({"--backend", "cpu", "--workers", "2"});
@@ -64,29 +54,12 @@ class MxctlRemote : public testing::Test {
 
   void SetUp() override {
     ASSERT_TRUE(daemon_->ok());
-    std::string pattern = (fs::temp_directory_path() / "mxctl_remote_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
+    MxctlTest::SetUp();
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
   // mxctl ARGS --server ADDRESS (unless `with_server` is false).
   Result Run(const std::string& args, bool with_server = true) const {
-    std::string command = MXCTL_PATH;
-    command.append(" ").append(args);
-    if (with_server) command.append(" --server ").append(daemon_->grpc_address());
-    command.append(" >").append(Path("stdout")).append(" 2>").append(Path("stderr"));
-    const int status = std::system(command.c_str());
-    const auto slurp = [](const std::string& p) {
-      std::ifstream in(p);
-      std::stringstream s;
-      s << in.rdbuf();
-      return s.str();
-    };
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(Path("stdout")),
-            slurp(Path("stderr"))};
+    return RunMxctl(with_server ? args + " --server " + daemon_->grpc_address() : args);
   }
 
   // Runs and expects success, returning stdout.
@@ -94,19 +67,6 @@ class MxctlRemote : public testing::Test {
     const Result r = Run(args);
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
     return r.out;
-  }
-
-  void WriteFloats(const std::string& name, const std::vector<float>& values) const {
-    std::ofstream out(Path(name), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(values.data()),
-              static_cast<std::streamsize>(values.size() * sizeof(float)));
-  }
-  std::vector<float> ReadFloats(const std::string& name) const {
-    std::ifstream in(Path(name), std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<float> values(bytes.size() / 4);
-    std::memcpy(values.data(), bytes.data(), values.size() * 4);
-    return values;
   }
 
   // Registers `model` with one layer `layer` of out×in (no bias), uploads seeded
@@ -129,7 +89,6 @@ class MxctlRemote : public testing::Test {
   }
 
   static mx_test::DaemonProcess* daemon_;
-  fs::path dir_;
 };
 
 mx_test::DaemonProcess* MxctlRemote::daemon_ = nullptr;

@@ -1,63 +1,25 @@
 // mxctl's local subcommands, run as a user runs them: the real binary, real files.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <bit>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "mx/format.h"
 #include "mx/reference_gemm.h"
+#include "tests/cli/mxctl_fixture.h"
 #include "tests/mx/test_util.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 using mx_test::ReadBytes;
-using mx_test::ReadFloats;
 using mx_test::SameValue;
 
-struct Result {
-  int exit_code;
-  std::string out;
-  std::string err;
-};
+using Result = mx_test::MxctlResult;
 
-class Mxctl : public testing::Test {
+class Mxctl : public mx_test::MxctlTest {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "mxctl_test.XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-
-  Result Run(const std::string& args) const {
-    const std::string command =
-        std::string(MXCTL_PATH) + " " + args + " >" + Path("stdout") + " 2>" + Path("stderr");
-    const int status = std::system(command.c_str());
-    const auto slurp = [](const std::string& p) {
-      std::ifstream in(p);
-      std::stringstream s;
-      s << in.rdbuf();
-      return s.str();
-    };
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(Path("stdout")),
-            slurp(Path("stderr"))};
-  }
-
-  void WriteFloats(const std::string& name, const std::vector<float>& values) const {
-    std::ofstream out(Path(name), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-  }
-
-  fs::path dir_;
+  Result Run(const std::string& args) const { return RunMxctl(args); }
 };
 
 TEST_F(Mxctl, QuantizeReproducesEveryGoldenCase) {
@@ -70,8 +32,8 @@ TEST_F(Mxctl, QuantizeReproducesEveryGoldenCase) {
             mx_test::CaseFile(c, "input") + " --output " + Path("out.f32") + " --scales " +
             Path("s.u8") + " --codes " + Path("c.u8"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::vector<float> out = ReadFloats(Path("out.f32"));
-    const std::vector<float> expected = ReadFloats(mx_test::CaseFile(c, "output"));
+    const std::vector<float> out = ReadFloats("out.f32");
+    const std::vector<float> expected = mx_test::ReadFloats(mx_test::CaseFile(c, "output"));
     ASSERT_EQ(out.size(), expected.size());
     for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(SameValue(out[i], expected[i])) << i;
     EXPECT_EQ(ReadBytes(Path("s.u8")), ReadBytes(mx_test::CaseFile(c, "scales_e8m0")));
@@ -99,18 +61,18 @@ TEST_F(Mxctl, GemmReproducesEveryGoldenCase) {
             mx_test::CaseFile(c, "B") + " --m " + std::to_string(m) + " --k " + std::to_string(k) +
             " --n " + std::to_string(n) + " --output " + Path("c.f32"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::vector<float> out = ReadFloats(Path("c.f32"));
+    const std::vector<float> out = ReadFloats("c.f32");
     // Bit for bit the library's reference GEMM...
     const mx::Format f = mx::ParseFormat(format).value();
     const std::vector<float> ours =
-        mx::ReferenceGemm(ReadFloats(mx_test::CaseFile(c, "A")), f,
-                          ReadFloats(mx_test::CaseFile(c, "B")), f, m, k, n)
+        mx::ReferenceGemm(mx_test::ReadFloats(mx_test::CaseFile(c, "A")), f,
+                          mx_test::ReadFloats(mx_test::CaseFile(c, "B")), f, m, k, n)
             .value();
     ASSERT_EQ(out, ours);
     // ...and within the README's tolerance of the float64 product.
-    const std::vector<float> aq = ReadFloats(mx_test::CaseFile(c, "A_dequantized"));
-    const std::vector<float> bq = ReadFloats(mx_test::CaseFile(c, "B_dequantized"));
-    const std::vector<float> c64 = ReadFloats(mx_test::CaseFile(c, "C_from_float64"));
+    const std::vector<float> aq = mx_test::ReadFloats(mx_test::CaseFile(c, "A_dequantized"));
+    const std::vector<float> bq = mx_test::ReadFloats(mx_test::CaseFile(c, "B_dequantized"));
+    const std::vector<float> c64 = mx_test::ReadFloats(mx_test::CaseFile(c, "C_from_float64"));
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         EXPECT_LE(std::fabs(double{out[i * n + j]} - c64[i * n + j]),
@@ -137,11 +99,12 @@ TEST_F(Mxctl, GemmOnTheHlsSimBackendEqualsReference) {
                            Path("c.f32"));
       ASSERT_EQ(r.exit_code, 0) << r.err;
       const std::vector<float> reference =
-          mx::ReferenceGemm(ReadFloats(mx_test::CaseFile(c, "A")), mx::ParseFormat(format).value(),
-                            ReadFloats(mx_test::CaseFile(c, "B")),
+          mx::ReferenceGemm(mx_test::ReadFloats(mx_test::CaseFile(c, "A")),
+                            mx::ParseFormat(format).value(),
+                            mx_test::ReadFloats(mx_test::CaseFile(c, "B")),
                             mx::ParseFormat(format_b).value(), m, k, n)
               .value();
-      const std::vector<float> out = ReadFloats(Path("c.f32"));
+      const std::vector<float> out = ReadFloats("c.f32");
       ASSERT_EQ(out.size(), reference.size());
       for (size_t i = 0; i < out.size(); ++i) {
         ASSERT_TRUE(std::isnan(out[i]) ? std::isnan(reference[i])
@@ -172,15 +135,15 @@ TEST_F(Mxctl, MixedFormatsAndRoundingFlags) {
                 Path("away.f32"))
                 .exit_code,
             0);
-  EXPECT_EQ(ReadFloats(Path("even.f32")), (std::vector<float>{1.0f, 0.25f, 2.0f, -3.0f}));
-  EXPECT_EQ(ReadFloats(Path("away.f32")), (std::vector<float>{1.0f, 0.25f, 3.0f, -3.0f}));
+  EXPECT_EQ(ReadFloats("even.f32"), (std::vector<float>{1.0f, 0.25f, 2.0f, -3.0f}));
+  EXPECT_EQ(ReadFloats("away.f32"), (std::vector<float>{1.0f, 0.25f, 3.0f, -3.0f}));
 
   // E4M3 holds A exactly and E2M3 holds B exactly, so C is the exact product.
   WriteFloats("b.f32", {1.0f, 2.0f, 3.0f, 4.0f});
   const Result r = Run("gemm --format mxfp8 --format-b mxfp6 --a " + Path("a.f32") + " --b " +
                        Path("b.f32") + " --m 1 --k 4 --n 1 --output " + Path("c.f32"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(ReadFloats(Path("c.f32")), (std::vector<float>{1.0f + 0.5f + 7.5f - 12.0f}));
+  EXPECT_EQ(ReadFloats("c.f32"), (std::vector<float>{1.0f + 0.5f + 7.5f - 12.0f}));
 }
 
 TEST_F(Mxctl, ErrorsAreOneLineAndExitTwo) {
