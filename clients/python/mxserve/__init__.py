@@ -1,0 +1,31 @@
+"""mxserve: the Python client of mxserved, quantized compute for RLHF training.
+
+    import mxserve
+    client = mxserve.Client("127.0.0.1:50051")
+
+`mxserve.torch` (needs PyTorch) offloads a model's nn.Linear layers;
+`python3 -m mxserve.gpu_baseline` measures the same work on a GPU and streams its
+power to the daemon.
+"""
+
+try:
+    from mxserve.v1 import common_pb2 as _common_pb2  # noqa: F401
+except ImportError as error:  # pragma: no cover - a checkout that was never built
+    raise ImportError(
+        "mxserve's gRPC stubs are missing: run `make build` in the repository (or "
+        "`python3 clients/python/gen_stubs.py`) before importing mxserve") from error
+
+from mxserve._wire import FORMATS, PHASES
+from mxserve.client import DEFAULT_ADDRESS, Client, MxserveError, StreamSession
+from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
+                           LayerInfo, LayerSpec, ModelInfo, PolicyInfo, PowerResult, PowerSample,
+                           ResolvedFormat, ResolvedPolicy, UploadResult)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackwardResult", "Client", "ComputeResult", "DEFAULT_ADDRESS", "EnergyEntry", "EnergyReport",
+    "ExecutionInfo", "FORMATS", "LayerInfo", "LayerSpec", "ModelInfo", "MxserveError", "PHASES",
+    "PolicyInfo", "PowerResult", "PowerSample", "ResolvedFormat", "ResolvedPolicy",
+    "StreamSession", "UploadResult",
+]

@@ -1,0 +1,153 @@
+"""Names and tensors on the wire: phases, formats, and arrays ↔ mxserve.v1.Tensor.
+
+Arrays cross as raw little-endian bytes through the buffer protocol: one copy into
+the request, one copy out of the response, no Python loop over elements.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from mxserve.v1 import common_pb2 as pb
+
+PHASES = ("rollout", "reward", "update")
+_PHASE_TO_WIRE = {"rollout": pb.PHASE_ROLLOUT, "reward": pb.PHASE_REWARD, "update": pb.PHASE_UPDATE}
+_WIRE_TO_PHASE = {v: k for k, v in _PHASE_TO_WIRE.items()}
+
+# Canonical names, as mx/ and mxctl spell them, in wire order (FORMAT_* = index + 1).
+FORMATS = ("MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1", "MXINT8",
+           "INT8", "BF16", "FP16", "FP32")
+_FORMAT_ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
+_POLICY_WORDS = ("", "POLICY", "AUTO")
+
+PhaseLike = Union[str, int]
+FormatLike = Union[None, str, int]
+
+
+def phase_to_wire(phase: Optional[PhaseLike]) -> int:
+    """'rollout' | 'reward' | 'update' (any case, 'PHASE_' prefix allowed) or a wire value.
+
+    None becomes PHASE_UNSPECIFIED, which the daemon rejects with a message naming
+    the field; compute calls fill it from `Client.phase(...)` first.
+    """
+    if phase is None:
+        return pb.PHASE_UNSPECIFIED
+    if isinstance(phase, int):
+        if phase not in _WIRE_TO_PHASE:
+            raise ValueError(f"phase: unknown wire value {phase}; expected 1, 2 or 3")
+        return phase
+    name = str(phase).lower()
+    if name.startswith("phase_"):
+        name = name[len("phase_"):]
+    try:
+        return _PHASE_TO_WIRE[name]
+    except KeyError:
+        raise ValueError(f"phase: unknown phase {phase!r}; expected rollout, reward or update") \
+            from None
+
+
+def phase_name(wire: int) -> str:
+    return _WIRE_TO_PHASE.get(wire, "unspecified" if wire == 0 else f"phase#{wire}")
+
+
+def format_to_wire(fmt: FormatLike) -> int:
+    """A format name (case-insensitive; 'MXFP8', 'MXFP6', 'MXFP4' as shorthands) or
+    wire value; None, '' or 'policy' leave the choice to the model's policy."""
+    if fmt is None:
+        return pb.FORMAT_UNSPECIFIED
+    if isinstance(fmt, int):
+        if not 0 <= fmt <= len(FORMATS):
+            raise ValueError(f"format: unknown wire value {fmt}; expected 0..{len(FORMATS)}")
+        return fmt
+    name = str(fmt).upper()
+    if name.startswith("FORMAT_"):
+        name = name[len("FORMAT_"):]
+    if name in _POLICY_WORDS:
+        return pb.FORMAT_UNSPECIFIED
+    name = _FORMAT_ALIASES.get(name, name)
+    if name not in FORMATS:
+        raise ValueError(f"format: unknown format {fmt!r}; expected one of {', '.join(FORMATS)} "
+                         "(or MXFP8, MXFP6, MXFP4, or None for the policy's choice)")
+    return FORMATS.index(name) + 1
+
+
+def format_name(wire: int) -> str:
+    """The canonical name of a wire format; 'policy' for FORMAT_UNSPECIFIED."""
+    if wire == pb.FORMAT_UNSPECIFIED:
+        return "policy"
+    if 1 <= wire <= len(FORMATS):
+        return FORMATS[wire - 1]
+    return f"format#{wire}"
+
+
+# --- tensors -------------------------------------------------------------------------
+
+_NUMPY_DTYPES = {pb.DTYPE_FP32: np.dtype("<f4"), pb.DTYPE_FP16: np.dtype("<f2"),
+                 pb.DTYPE_BF16: np.dtype("<u2")}  # BF16: the raw 16-bit codes
+
+
+def _torch_module():
+    # torch is optional for the core client: only look at it when already imported.
+    return sys.modules.get("torch")
+
+
+def is_torch(value: Any) -> bool:
+    torch = _torch_module()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def to_tensor(value: Any, field: str = "tensor") -> pb.Tensor:
+    """A numpy array, torch tensor or nested sequence → Tensor.
+
+    float32, float16 and (torch) bfloat16 travel as they are; every other numeric
+    type is converted to float32 first. Torch tensors may live on any device.
+    """
+    if is_torch(value):
+        return _torch_to_tensor(value, field)
+    array = np.asarray(value)
+    if array.dtype == np.float16:
+        array = np.ascontiguousarray(array, dtype="<f2")
+        dtype = pb.DTYPE_FP16
+    else:
+        if array.dtype.kind not in "fiub":
+            raise TypeError(f"{field}: expected a numeric array, got dtype {array.dtype}")
+        array = np.ascontiguousarray(array, dtype="<f4")
+        dtype = pb.DTYPE_FP32
+    return pb.Tensor(shape=array.shape, dtype=dtype, data=array.tobytes())
+
+
+def _torch_to_tensor(value, field: str) -> pb.Tensor:
+    torch = _torch_module()
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        codes = t.contiguous().view(torch.int16).numpy()
+        return pb.Tensor(shape=t.shape, dtype=pb.DTYPE_BF16, data=codes.astype("<i2").tobytes())
+    if t.dtype == torch.float16:
+        return pb.Tensor(shape=t.shape, dtype=pb.DTYPE_FP16,
+                         data=t.contiguous().numpy().astype("<f2", copy=False).tobytes())
+    if t.dtype.is_complex:
+        raise TypeError(f"{field}: expected a real tensor, got {t.dtype}")
+    array = t.to(torch.float32).contiguous().numpy()
+    return pb.Tensor(shape=t.shape, dtype=pb.DTYPE_FP32, data=array.astype("<f4", copy=False).tobytes())
+
+
+def from_tensor(tensor: pb.Tensor, like: Any = None):
+    """Tensor → a writable numpy float array (float32, or float16 for FP16), or a CPU
+    torch tensor when `like` is one. BF16 is widened to float32 exactly."""
+    if tensor.dtype not in _NUMPY_DTYPES:
+        raise ValueError(f"response tensor has dtype {tensor.dtype}; expected FP32, FP16 or BF16")
+    shape = tuple(tensor.shape)
+    array = np.frombuffer(tensor.data, dtype=_NUMPY_DTYPES[tensor.dtype])
+    if tensor.dtype == pb.DTYPE_BF16:
+        array = (array.astype(np.uint32) << 16).view(np.float32)
+    else:
+        array = array.astype(array.dtype.newbyteorder("="), copy=True)
+    array = array.reshape(shape)
+    if is_torch(like):
+        return _torch_module().from_numpy(array)
+    return array

@@ -1,0 +1,539 @@
+"""mxserve.Client: every RPC of mxserve.v1 with Pythonic signatures.
+
+    with mxserve.Client("127.0.0.1:50051") as client:
+        client.register_model("mlp", [("fc1", 64, 32, True)])
+        client.upload_weights("mlp", {"fc1": (w, b)}, publish=True)
+        with client.phase("rollout"):
+            y = client.forward("mlp", "fc1", x).output
+
+Arrays are numpy arrays or torch tensors (outputs follow the input's kind). Every
+failure the daemon reports is raised as `MxserveError`, carrying the gRPC status
+code and the daemon's message, which names the offending field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import json
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+
+import grpc
+import numpy as np
+
+from mxserve import _health_pb2, _wire
+from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
+                           LayerSpec, ModelInfo, PolicyInfo, PowerResult, PowerSample,
+                           ResolvedFormat, ResolvedPolicy, UploadResult)
+from mxserve.v1 import (common_pb2, compute_pb2, compute_pb2_grpc, models_pb2, models_pb2_grpc,
+                        policies_pb2, policies_pb2_grpc, telemetry_pb2, telemetry_pb2_grpc)
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the daemon's default --max-message-bytes
+DEFAULT_CHUNK_BYTES = 1 << 20         # UploadWeights chunk size
+
+_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class MxserveError(Exception):
+    """A call failed. `code` is a grpc.StatusCode, `message` the daemon's words."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, rpc: str = ""):
+        super().__init__(f"{rpc + ': ' if rpc else ''}{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.rpc = rpc
+
+
+def _status_code(value: int) -> grpc.StatusCode:
+    return _STATUS_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+
+
+class _PhaseScope(contextlib.ContextDecorator):
+    """`with client.phase("rollout"):` or `@client.phase("rollout")`.
+
+    The phase lives in a ContextVar, so each thread (and each asyncio task) has its
+    own; a scope restores whatever was current when it was entered.
+    """
+
+    def __init__(self, var: contextvars.ContextVar, phase: str):
+        self._var = var
+        self._phase = phase
+        self._tokens = threading.local()
+
+    def __enter__(self):
+        stack = self._tokens.__dict__.setdefault("stack", [])
+        stack.append(self._var.set(self._phase))
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._var.reset(self._tokens.stack.pop())
+        return False
+
+    def _recreate_cm(self):  # each decorated call gets its own scope
+        return _PhaseScope(self._var, self._phase)
+
+
+def _layer_spec(layer: Any) -> LayerSpec:
+    if isinstance(layer, LayerSpec):
+        return layer
+    if isinstance(layer, Mapping):
+        return LayerSpec(layer["name"], int(layer["out_features"]), int(layer["in_features"]),
+                         bool(layer.get("bias", False)))
+    name, out_features, in_features, *rest = layer
+    return LayerSpec(name, int(out_features), int(in_features), bool(rest[0]) if rest else False)
+
+
+def _split_weights(value: Any):
+    """{layer: W} | {layer: (W, b)} | {layer: {"weight": W, "bias": b}} → (W, b or None)."""
+    if isinstance(value, Mapping):
+        return value["weight"], value.get("bias")
+    if isinstance(value, tuple):
+        weight, bias = value
+        return weight, bias
+    return value, None
+
+
+def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
+            ) -> Iterator[models_pb2.WeightChunk]:
+    tensor = _wire.to_tensor(value, f"{layer}.{'bias' if role else 'weight'}")
+    itemsize = 4 if tensor.dtype == common_pb2.DTYPE_FP32 else 2
+    step = max(1, chunk_bytes // itemsize) * itemsize
+    data = memoryview(tensor.data)
+    offset = 0
+    while True:  # an empty tensor still sends one chunk, so the daemon sees it
+        piece = data[offset:offset + step]
+        yield models_pb2.WeightChunk(model=model, layer=layer, role=role, dtype=tensor.dtype,
+                                     offset_elements=offset // itemsize, data=bytes(piece))
+        offset += step
+        if offset >= len(data):
+            return
+
+
+class Client:
+    """A connection to mxserved.
+
+    address: "host:port". timeout: default deadline of each call, in seconds (None:
+    no deadline). The channel opens lazily; `wait_ready()` blocks until the daemon
+    answers its health check.
+    """
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, timeout: Optional[float] = 60.0,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 options: Sequence[tuple] = ()):
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes), *options])
+        self._compute = compute_pb2_grpc.ComputeStub(self._channel)
+        self._models = models_pb2_grpc.ModelsStub(self._channel)
+        self._policies = policies_pb2_grpc.PoliciesStub(self._channel)
+        self._telemetry = telemetry_pb2_grpc.TelemetryStub(self._channel)
+        self._health_check = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=_health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=_health_pb2.HealthCheckResponse.FromString)
+        self._phase = contextvars.ContextVar(f"mxserve_phase_{id(self)}", default=None)
+
+    # --- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"mxserve.Client({self.address!r})"
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _call(self, rpc: str, method: Callable, request: Any, timeout: Optional[float]):
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as error:
+            raise MxserveError(error.code(), error.details() or "", rpc) from None
+
+    def _resolve_phase(self, phase: Optional[_wire.PhaseLike]) -> int:
+        return _wire.phase_to_wire(phase if phase is not None else self._phase.get())
+
+    # --- phases --------------------------------------------------------------------------
+
+    def phase(self, phase: _wire.PhaseLike) -> _PhaseScope:
+        """Context manager and decorator: compute calls inside carry this phase.
+
+        Nested scopes restore the outer phase on exit; each thread has its own.
+        An explicit `phase=` argument on a call wins over the scope.
+        """
+        name = _wire.phase_name(_wire.phase_to_wire(phase))  # validates early
+        return _PhaseScope(self._phase, name)
+
+    @property
+    def current_phase(self) -> Optional[str]:
+        """The phase compute calls from this thread carry now, or None."""
+        return self._phase.get()
+
+    # --- health --------------------------------------------------------------------------
+
+    def health(self, service: str = "", timeout: Optional[float] = None) -> str:
+        """grpc.health.v1 status: "SERVING", "NOT_SERVING", ... (service "" = the daemon)."""
+        response = self._call("Health.Check", self._health_check,
+                              _health_pb2.HealthCheckRequest(service=service), timeout)
+        return _health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Blocks until the daemon is reachable and SERVING, or raises MxserveError."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise MxserveError(grpc.StatusCode.UNAVAILABLE,
+                               f"no daemon answered at {self.address} within {timeout:g} s",
+                               "wait_ready") from None
+        status = self.health(timeout=timeout)
+        if status != "SERVING":
+            raise MxserveError(grpc.StatusCode.UNAVAILABLE, f"daemon is {status}", "wait_ready")
+
+    # --- compute -------------------------------------------------------------------------
+
+    def _gemm_request(self, a, b, format, format_b, phase, rounding) -> compute_pb2.GemmRequest:
+        if rounding not in ("even", "away"):
+            raise ValueError(f"rounding: expected 'even' or 'away', got {rounding!r}")
+        return compute_pb2.GemmRequest(
+            phase=self._resolve_phase(phase), format=_wire.format_to_wire(format),
+            format_b=_wire.format_to_wire(format_b),
+            a=common_pb2.Operand(tensor=_wire.to_tensor(a, "a")),
+            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")),
+            rounding=(common_pb2.ROUNDING_NEAREST_EVEN if rounding == "even"
+                      else common_pb2.ROUNDING_NEAREST_AWAY))
+
+    def _forward_request(self, model, layer, x, format, phase, min_weight_version):
+        return compute_pb2.LayerForwardRequest(
+            model=model, layer=layer, phase=self._resolve_phase(phase),
+            format=_wire.format_to_wire(format),
+            input=common_pb2.Operand(tensor=_wire.to_tensor(x, "input")),
+            min_weight_version=min_weight_version)
+
+    def _backward_request(self, model, layer, grad_output, input, format, phase,
+                          min_weight_version):
+        request = compute_pb2.LayerBackwardRequest(
+            model=model, layer=layer, phase=self._resolve_phase(phase),
+            format=_wire.format_to_wire(format),
+            grad_output=_wire.to_tensor(grad_output, "grad_output"),
+            min_weight_version=min_weight_version)
+        if input is not None:
+            request.input.CopyFrom(_wire.to_tensor(input, "input"))
+        return request
+
+    @staticmethod
+    def _gemm_result(response, like) -> ComputeResult:
+        return ComputeResult(_wire.from_tensor(response.c, like),
+                             ExecutionInfo.from_proto(response.info))
+
+    @staticmethod
+    def _forward_result(response, like) -> ComputeResult:
+        return ComputeResult(_wire.from_tensor(response.output, like),
+                             ExecutionInfo.from_proto(response.info))
+
+    @staticmethod
+    def _backward_result(response, like) -> BackwardResult:
+        def optional(tensor):
+            return _wire.from_tensor(tensor, like) if len(tensor.shape) else None
+        return BackwardResult(_wire.from_tensor(response.grad_input, like),
+                              optional(response.grad_weight), optional(response.grad_bias),
+                              ExecutionInfo.from_proto(response.info))
+
+    def gemm(self, a, b, format: _wire.FormatLike, format_b: _wire.FormatLike = None, *,
+             phase: Optional[_wire.PhaseLike] = None, rounding: str = "even",
+             timeout: Optional[float] = None) -> ComputeResult:
+        """C = A·B, A [M, K] quantized to `format`, B [K, N] to `format_b` (default:
+        `format`), both along K. No model needed; the format is required."""
+        request = self._gemm_request(a, b, format, format_b, phase, rounding)
+        return self._gemm_result(self._call("Gemm", self._compute.Gemm, request, timeout), a)
+
+    def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
+                phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
+                timeout: Optional[float] = None) -> ComputeResult:
+        """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
+        is explicit or the model's policy's choice for (phase, layer)."""
+        request = self._forward_request(model, layer, x, format, phase, min_weight_version)
+        return self._forward_result(
+            self._call("LayerForward", self._compute.LayerForward, request, timeout), x)
+
+    def backward(self, model: str, layer: str, grad_output, input=None, *,
+                 format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
+                 min_weight_version: int = 0, timeout: Optional[float] = None) -> BackwardResult:
+        """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
+        grad_bias (column sums of dY) comes back for layers with a bias."""
+        request = self._backward_request(model, layer, grad_output, input, format, phase,
+                                         min_weight_version)
+        return self._backward_result(
+            self._call("LayerBackward", self._compute.LayerBackward, request, timeout),
+            grad_output)
+
+    def session(self, max_in_flight: int = 64, timeout: Optional[float] = None) -> "StreamSession":
+        """A Compute.Stream: submit many calls without waiting; results are futures."""
+        return StreamSession(self, max_in_flight=max_in_flight, timeout=timeout)
+
+    # --- models --------------------------------------------------------------------------
+
+    def register_model(self, name: str, layers: Iterable[Any], policy: str = "",
+                       timeout: Optional[float] = None) -> ModelInfo:
+        """Declares a model's linear layers: LayerSpec, (name, out, in[, bias]) or dicts."""
+        specs = [_layer_spec(layer) for layer in layers]
+        request = models_pb2.RegisterModelRequest(name=name, policy=policy or "", layers=[
+            models_pb2.LayerSpec(name=s.name, out_features=s.out_features,
+                                 in_features=s.in_features, bias=s.bias) for s in specs])
+        return ModelInfo.from_proto(
+            self._call("RegisterModel", self._models.RegisterModel, request, timeout))
+
+    def upload_weights(self, model: str, weights: Mapping[str, Any], *, publish: bool = False,
+                       chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                       timeout: Optional[float] = None) -> UploadResult:
+        """Stages weights, streamed in chunks: {layer: W} or {layer: (W, b)} or
+        {layer: {"weight": W, "bias": b}}. W is [out, in]. FP32, FP16 and BF16 travel
+        as they are. Nothing is staged unless the whole stream arrives; `publish`
+        makes the staged tensors the next weight version."""
+        def stream():
+            last = None
+            for layer, value in weights.items():
+                weight, bias = _split_weights(value)
+                for role, tensor in ((models_pb2.TENSOR_ROLE_WEIGHT, weight),
+                                     (models_pb2.TENSOR_ROLE_BIAS, bias)):
+                    if tensor is None:
+                        continue
+                    for chunk in _chunks(model, layer, role, tensor, chunk_bytes):
+                        if last is not None:
+                            yield last
+                        last = chunk
+            if last is None:  # nothing to upload: one empty chunk names the model
+                last = models_pb2.WeightChunk(model=model)
+            last.publish = publish
+            yield last
+
+        response = self._call("UploadWeights", self._models.UploadWeights, stream(), timeout)
+        return UploadResult(response.model, response.tensors_staged, response.bytes_received,
+                            response.weight_version)
+
+    def load_safetensors(self, model: str, path: str, *, prefix: str = "", publish: bool = False,
+                         timeout: Optional[float] = None) -> UploadResult:
+        """Stages weights from a safetensors file on the daemon's host."""
+        response = self._call("LoadSafetensors", self._models.LoadSafetensors,
+                              models_pb2.LoadSafetensorsRequest(model=model, path=str(path),
+                                                                prefix=prefix, publish=publish),
+                              timeout)
+        return UploadResult(response.model, response.tensors_staged, response.bytes_received,
+                            response.weight_version)
+
+    def publish(self, model: str, timeout: Optional[float] = None) -> ModelInfo:
+        """Makes the staged weights version N+1."""
+        return ModelInfo.from_proto(self._call("PublishVersion", self._models.PublishVersion,
+                                               models_pb2.PublishVersionRequest(model=model),
+                                               timeout))
+
+    def list_models(self, timeout: Optional[float] = None) -> List[ModelInfo]:
+        response = self._call("ListModels", self._models.ListModels,
+                              models_pb2.ListModelsRequest(), timeout)
+        return [ModelInfo.from_proto(m) for m in response.models]
+
+    def describe_model(self, name: str, timeout: Optional[float] = None) -> ModelInfo:
+        return ModelInfo.from_proto(self._call("DescribeModel", self._models.DescribeModel,
+                                               models_pb2.DescribeModelRequest(name=name),
+                                               timeout))
+
+    def delete_model(self, name: str, timeout: Optional[float] = None) -> int:
+        """Deletes a model; returns the bytes it freed."""
+        return self._call("DeleteModel", self._models.DeleteModel,
+                          models_pb2.DeleteModelRequest(name=name), timeout).freed_bytes
+
+    # --- policies ------------------------------------------------------------------------
+
+    def put_policy(self, document: Union[str, Mapping[str, Any]],
+                   timeout: Optional[float] = None) -> PolicyInfo:
+        """Creates or replaces a user policy (JSON text or a dict; see server/README.md)."""
+        text = document if isinstance(document, str) else json.dumps(document)
+        info = self._call("PutPolicy", self._policies.PutPolicy,
+                          policies_pb2.PutPolicyRequest(json=text), timeout)
+        return PolicyInfo(info.name, info.json, info.builtin)
+
+    def get_policy(self, name: str, timeout: Optional[float] = None) -> PolicyInfo:
+        info = self._call("GetPolicy", self._policies.GetPolicy,
+                          policies_pb2.GetPolicyRequest(name=name), timeout)
+        return PolicyInfo(info.name, info.json, info.builtin)
+
+    def list_policies(self, timeout: Optional[float] = None) -> List[PolicyInfo]:
+        response = self._call("ListPolicies", self._policies.ListPolicies,
+                              policies_pb2.ListPoliciesRequest(), timeout)
+        return [PolicyInfo(p.name, p.json, p.builtin) for p in response.policies]
+
+    def delete_policy(self, name: str, timeout: Optional[float] = None) -> None:
+        self._call("DeletePolicy", self._policies.DeletePolicy,
+                   policies_pb2.DeletePolicyRequest(name=name), timeout)
+
+    def set_active_policy(self, model: str, policy: str,
+                          timeout: Optional[float] = None) -> str:
+        """Switches a model's policy; returns the previous one."""
+        return self._call("SetActivePolicy", self._policies.SetActivePolicy,
+                          policies_pb2.SetActivePolicyRequest(model=model, policy=policy),
+                          timeout).previous_policy
+
+    def resolve_policy(self, model: str, policy: str = "",
+                       timeout: Optional[float] = None) -> ResolvedPolicy:
+        """The phase × layer → format table `policy` (default: the active one) gives."""
+        response = self._call("ResolvePolicy", self._policies.ResolvePolicy,
+                              policies_pb2.ResolvePolicyRequest(model=model, policy=policy),
+                              timeout)
+        return ResolvedPolicy(response.policy, tuple(
+            ResolvedFormat(_wire.phase_name(e.phase), e.layer, _wire.format_name(e.format), e.rule)
+            for e in response.entries))
+
+    # --- telemetry -----------------------------------------------------------------------
+
+    def report_power(self, samples: Iterable[Union[PowerSample, tuple]],
+                     timeout: Optional[float] = None) -> PowerResult:
+        """Streams power samples (PowerSample or (source, device, phase, timestamp,
+        watts)); the daemon integrates consecutive samples of a (source, device) by the
+        trapezoid rule into the later sample's phase. The iterable may be a generator
+        that keeps producing while the stream is open."""
+        def stream():
+            for sample in samples:
+                s = sample if isinstance(sample, PowerSample) else PowerSample(*sample)
+                yield telemetry_pb2.PowerSample(source=s.source, device=s.device,
+                                                phase=_wire.phase_to_wire(s.phase),
+                                                timestamp_seconds=s.timestamp, watts=s.watts)
+        response = self._call("ReportPower", self._telemetry.ReportPower, stream(), timeout)
+        return PowerResult(response.samples_accepted, response.joules_added)
+
+    def energy_report(self, since: float = 0.0, timeout: Optional[float] = None) -> EnergyReport:
+        """Joules, busy seconds and requests per source and phase (since a Unix time;
+        0 = since the daemon started)."""
+        response = self._call("GetEnergyReport", self._telemetry.GetEnergyReport,
+                              telemetry_pb2.GetEnergyReportRequest(since_seconds=since), timeout)
+        return EnergyReport(tuple(
+            EnergyEntry(e.source, _wire.phase_name(e.phase), e.joules, e.busy_seconds, e.requests)
+            for e in response.entries), response.since_seconds, response.until_seconds)
+
+
+_CLOSE = object()
+
+
+class StreamSession:
+    """Many compute calls pipelined on one Compute.Stream.
+
+        with client.session() as s:
+            futures = [s.forward("m", "fc1", x) for x in batches]
+            outputs = [f.result().output for f in futures]
+
+    Each call returns a concurrent.futures.Future right away; at most
+    `max_in_flight` wait for answers (submitting more blocks). A failed request
+    fails its own future with MxserveError; the stream goes on. Phases are taken
+    from the submitting thread's `client.phase(...)` scope at submit time.
+    """
+
+    def __init__(self, client: Client, max_in_flight: int = 64, timeout: Optional[float] = None):
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight: expected >= 1, got {max_in_flight}")
+        self._client = client
+        self._outbox: "queue.Queue" = queue.Queue()
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._pending: Dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._broken: Optional[MxserveError] = None
+        self._closed = False
+        self._responses = client._compute.Stream(self._requests(), timeout=timeout)
+        self._reader = threading.Thread(target=self._read, name="mxserve-stream", daemon=True)
+        self._reader.start()
+
+    def _requests(self):
+        while True:
+            item = self._outbox.get()
+            if item is _CLOSE:
+                return
+            yield item
+
+    def _read(self) -> None:
+        try:
+            for response in self._responses:
+                with self._lock:
+                    future, decode, like = self._pending.pop(response.request_id, (None,) * 3)
+                if future is None:
+                    continue
+                self._slots.release()
+                if response.status_code != 0:
+                    future.set_exception(MxserveError(_status_code(response.status_code),
+                                                      response.status_message, "Stream"))
+                    continue
+                try:
+                    future.set_result(decode(response, like))
+                except Exception as error:  # a malformed answer fails its own request
+                    future.set_exception(error)
+            error = MxserveError(grpc.StatusCode.CANCELLED, "the stream ended", "Stream")
+        except grpc.RpcError as rpc_error:
+            error = MxserveError(rpc_error.code(), rpc_error.details() or "", "Stream")
+        with self._lock:
+            self._broken = error
+            pending, self._pending = self._pending, {}
+        for future, _, _ in pending.values():
+            future.set_exception(error)
+            self._slots.release()
+
+    def _submit(self, field: str, op: Any, decode: Callable, like: Any) -> Future:
+        if self._closed:
+            raise RuntimeError("the session is closed")
+        self._slots.acquire()
+        future: Future = Future()
+        with self._lock:
+            if self._broken is not None:
+                self._slots.release()
+                raise self._broken
+            request_id = next(self._ids)
+            self._pending[request_id] = (future, decode, like)
+        self._outbox.put(compute_pb2.StreamRequest(request_id=request_id, **{field: op}))
+        return future
+
+    def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even") -> Future:
+        op = self._client._gemm_request(a, b, format, format_b, phase, rounding)
+        return self._submit("gemm", op, lambda r, like: Client._gemm_result(r.gemm, like), a)
+
+    def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0) -> Future:
+        op = self._client._forward_request(model, layer, x, format, phase, min_weight_version)
+        return self._submit("forward", op,
+                            lambda r, like: Client._forward_result(r.forward, like), x)
+
+    def backward(self, model, layer, grad_output, input=None, *, format=None, phase=None,
+                 min_weight_version=0) -> Future:
+        op = self._client._backward_request(model, layer, grad_output, input, format, phase,
+                                            min_weight_version)
+        return self._submit("backward", op,
+                            lambda r, like: Client._backward_result(r.backward, like), grad_output)
+
+    def close(self) -> None:
+        """Half-closes the stream and waits for every outstanding answer."""
+        if not self._closed:
+            self._closed = True
+            self._outbox.put(_CLOSE)
+        self._reader.join()
+
+    def cancel(self) -> None:
+        """Ends the stream now; outstanding futures fail with CANCELLED."""
+        self._closed = True
+        self._responses.cancel()
+        self._outbox.put(_CLOSE)
+        self._reader.join()
+
+    def __enter__(self) -> "StreamSession":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()

@@ -1,0 +1,340 @@
+"""mxserve.Client against a real mxserved: every call, error mapping, phases, streams."""
+
+import json
+import struct
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import mxserve
+
+RNG = np.random.default_rng(7)
+
+# Distinct formats per phase, so a response's format tells which phase it carried.
+PHASE_POLICY = {"name": "py-phases", "description": "one format per phase",
+                "defaults": {"rollout": "MXFP4", "reward": "MXFP8", "update": "FP16"}}
+
+
+def make_layer(client, model, out_features=48, in_features=80, bias=True, publish=True):
+    w = RNG.standard_normal((out_features, in_features)).astype(np.float32)
+    b = RNG.standard_normal(out_features).astype(np.float32) if bias else None
+    client.register_model(model, [mxserve.LayerSpec("fc", out_features, in_features, bias)])
+    client.upload_weights(model, {"fc": (w, b) if bias else w}, publish=publish)
+    return w, b
+
+
+def test_health(client):
+    assert client.health() == "SERVING"
+    assert client.health("mxserve.v1.Compute") == "SERVING"
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.health("no.such.Service")
+    assert error.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_wait_ready_names_the_address_when_nothing_listens():
+    with mxserve.Client("127.0.0.1:1") as nobody:
+        with pytest.raises(mxserve.MxserveError) as error:
+            nobody.wait_ready(timeout=0.3)
+    assert error.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "127.0.0.1:1" in error.value.message
+
+
+def test_model_lifecycle(client, model_name):
+    info = client.register_model(model_name, [("a", 16, 32), ("b", 8, 16, True)],
+                                 policy="B-balanced")
+    assert info.policy == "B-balanced" and info.weight_version == 0
+    assert [l.spec for l in info.layers] == [mxserve.LayerSpec("a", 16, 32, False),
+                                             mxserve.LayerSpec("b", 8, 16, True)]
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.register_model(model_name, [("a", 16, 32)])
+    assert error.value.code == grpc.StatusCode.ALREADY_EXISTS
+    assert error.value.rpc == "RegisterModel"
+
+    staged = client.upload_weights(model_name, {"a": np.ones((16, 32), np.float32),
+                                                "b": {"weight": np.ones((8, 16)),
+                                                      "bias": np.zeros(8)}})
+    assert (staged.tensors_staged, staged.weight_version) == (3, 0)
+    assert staged.bytes_received == (16 * 32 + 8 * 16 + 8) * 4
+    assert client.describe_model(model_name).staged_tensors == 3
+    assert client.publish(model_name).weight_version == 1
+    assert model_name in [m.name for m in client.list_models()]
+    assert client.delete_model(model_name) > 0
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.describe_model(model_name)
+    assert error.value.code == grpc.StatusCode.NOT_FOUND
+    assert model_name in error.value.message
+
+
+def test_forward_matches_fp32_and_follows_the_input_kind(client, model_name):
+    torch = pytest.importorskip("torch")
+    w, b = make_layer(client, model_name)
+    x = RNG.standard_normal((5, 80)).astype(np.float32)
+    result = client.forward(model_name, "fc", x, format="FP32", phase="update")
+    assert result.output.dtype == np.float32 and result.output.shape == (5, 48)
+    assert result.output.flags.writeable
+    np.testing.assert_allclose(result.output, x.astype(np.float64) @ w.T + b, rtol=1e-5,
+                               atol=1e-5)
+    assert (result.info.format, result.info.weight_format) == ("FP32", "FP32")
+    assert result.info.weight_version == 1 and result.info.backend == "cpu"
+
+    as_torch = client.forward(model_name, "fc", torch.from_numpy(x), format="FP32",
+                              phase="update")
+    assert isinstance(as_torch.output, torch.Tensor)
+    assert np.array_equal(as_torch.output.numpy(), result.output)
+
+
+def test_chunked_upload_gives_the_same_weights(client, model_name):
+    w = RNG.standard_normal((33, 70)).astype(np.float32)
+    specs = [("whole", 33, 70), ("chunked", 33, 70)]
+    client.register_model(model_name, specs)
+    client.upload_weights(model_name, {"whole": w}, publish=False)
+    client.upload_weights(model_name, {"chunked": w}, chunk_bytes=100, publish=True)
+    x = RNG.standard_normal((4, 70))
+    whole = client.forward(model_name, "whole", x, format="MXFP6_E3M2", phase="reward")
+    chunked = client.forward(model_name, "chunked", x, format="MXFP6_E3M2", phase="reward")
+    assert whole.output.tobytes() == chunked.output.tobytes()
+
+
+def test_half_precision_weights_and_inputs_travel_as_they_are(client, model_name):
+    torch = pytest.importorskip("torch")
+    w = torch.randn(24, 40).to(torch.bfloat16)
+    client.register_model(model_name, [("fc", 24, 40)])
+    client.upload_weights(model_name, {"fc": w}, publish=True)
+    x = torch.randn(3, 40).to(torch.float16)
+    y = client.forward(model_name, "fc", x, format="FP32", phase="update").output
+    expected = x.double() @ w.double().T  # both are exact in FP32
+    torch.testing.assert_close(y.double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_gemm(client):
+    a = RNG.standard_normal((7, 64)).astype(np.float32)
+    b = RNG.standard_normal((64, 9)).astype(np.float32)
+    exact = client.gemm(a, b, "FP32", phase="rollout")
+    np.testing.assert_allclose(exact.output, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    mixed = client.gemm(a, b, "mxfp4", "MXFP8", phase="rollout")
+    assert (mixed.info.format, mixed.info.weight_format) == ("MXFP4_E2M1", "MXFP8_E4M3")
+    assert mixed.info.weight_version == 0
+    # Quantization changed the result, but not by more than MXFP4 can explain.
+    assert not np.array_equal(mixed.output, exact.output)
+    assert np.abs(mixed.output - exact.output).max() < 0.5 * np.abs(exact.output).max()
+    away = client.gemm(a, b, "MXFP4", phase="rollout", rounding="away")
+    assert away.output.shape == (7, 9)
+
+
+def test_backward_in_fp32_is_the_plain_gradient(client, model_name):
+    w, _ = make_layer(client, model_name)
+    x = RNG.standard_normal((6, 80)).astype(np.float32)
+    dy = RNG.standard_normal((6, 48)).astype(np.float32)
+    grads = client.backward(model_name, "fc", dy, x, format="FP32", phase="update")
+    np.testing.assert_allclose(grads.grad_input, dy.astype(np.float64) @ w, rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(grads.grad_weight, dy.T.astype(np.float64) @ x, rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(grads.grad_bias, dy.sum(0), rtol=1e-5, atol=1e-5)
+    without_input = client.backward(model_name, "fc", dy, format="FP32", phase="update")
+    assert without_input.grad_weight is None
+    assert np.array_equal(without_input.grad_input, grads.grad_input)
+
+
+def test_errors_carry_code_and_the_daemons_message(client, model_name):
+    make_layer(client, model_name)
+    cases = [
+        (lambda: client.forward(model_name, "fc", np.zeros((2, 50)), phase="rollout"),
+         grpc.StatusCode.INVALID_ARGUMENT, "input.tensor.shape: expected [M, 80]"),
+        (lambda: client.forward(model_name, "nope", np.zeros((2, 80)), phase="rollout"),
+         grpc.StatusCode.NOT_FOUND, "no layer 'nope'"),
+        (lambda: client.forward("no-such-model", "fc", np.zeros((2, 80)), phase="rollout"),
+         grpc.StatusCode.NOT_FOUND, "no-such-model"),
+        (lambda: client.forward(model_name, "fc", np.zeros((2, 80))),
+         grpc.StatusCode.INVALID_ARGUMENT, "phase"),
+        (lambda: client.forward(model_name, "fc", np.zeros((2, 80)), phase="rollout",
+                                min_weight_version=5),
+         grpc.StatusCode.FAILED_PRECONDITION, "5"),
+    ]
+    for call, code, fragment in cases:
+        with pytest.raises(mxserve.MxserveError) as error:
+            call()
+        assert error.value.code == code, error.value
+        assert fragment in error.value.message, error.value
+    # Client-side mistakes are plain Python errors, raised before anything is sent.
+    with pytest.raises(ValueError, match="format: unknown format 'MXFP5'"):
+        client.forward(model_name, "fc", np.zeros((2, 80)), format="MXFP5", phase="rollout")
+    with pytest.raises(ValueError, match="phase: unknown phase 'training'"):
+        client.phase("training")
+    # The daemon kept serving and kept the layer.
+    assert client.forward(model_name, "fc", np.zeros((2, 80)), phase="rollout").output.shape \
+        == (2, 48)
+
+
+def test_policies(client, model_name):
+    make_layer(client, model_name)
+    put = client.put_policy(PHASE_POLICY)
+    assert put.name == "py-phases" and not put.builtin
+    assert put.document["defaults"]["reward"] == "MXFP8_E4M3"
+    assert client.get_policy("py-phases").json == put.json
+    names = {p.name: p.builtin for p in client.list_policies()}
+    assert names["py-phases"] is False and names["D-phase-adaptive"] is True
+
+    assert client.set_active_policy(model_name, "py-phases") == "D-phase-adaptive"
+    table = client.resolve_policy(model_name).table()
+    assert table == {("rollout", "fc"): "MXFP4_E2M1", ("reward", "fc"): "MXFP8_E4M3",
+                     ("update", "fc"): "FP16"}
+    assert client.resolve_policy(model_name, "fp16-baseline").policy == "fp16-baseline"
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.delete_policy("py-phases")
+    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    client.set_active_policy(model_name, "D-phase-adaptive")
+    client.delete_policy("py-phases")
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.get_policy("py-phases")
+    assert error.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def write_safetensors(path, tensors):
+    """The safetensors layout: u64 header length, JSON header, raw little-endian data."""
+    header, blobs, offset = {}, [], 0
+    for name, array in tensors.items():
+        data = np.ascontiguousarray(array, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_load_safetensors(client, model_name, tmp_path):
+    w = RNG.standard_normal((16, 40)).astype(np.float32)
+    b = RNG.standard_normal(16).astype(np.float32)
+    path = tmp_path / "tiny.safetensors"
+    write_safetensors(path, {"net.fc.weight": w, "net.fc.bias": b})
+    client.register_model(model_name, [("fc", 16, 40, True)])
+    loaded = client.load_safetensors(model_name, path, prefix="net.", publish=True)
+    assert (loaded.tensors_staged, loaded.weight_version) == (2, 1)
+    x = RNG.standard_normal((2, 40)).astype(np.float32)
+    y = client.forward(model_name, "fc", x, format="FP32", phase="update").output
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.T + b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.load_safetensors(model_name, tmp_path / "missing.safetensors")
+    assert error.value.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+    assert "missing.safetensors" in error.value.message
+
+
+def test_power_and_energy(client):
+    t0 = time.time()
+    samples = [mxserve.PowerSample("py_test", "dev0", "reward", t0 + i * 0.1, 50.0 + 10 * i)
+               for i in range(5)]
+    result = client.report_power(samples)
+    # Trapezoids of 0.1 s: (50+60, 60+70, 70+80, 80+90) / 2 × 0.1 = 28 J, computed on
+    # the very timestamps sent (at Unix-time magnitude a double holds ~0.2 µs).
+    joules = sum((b.timestamp - a.timestamp) * (a.watts + b.watts) / 2
+                 for a, b in zip(samples, samples[1:]))
+    assert joules == pytest.approx(28.0, rel=1e-5)
+    assert result.samples_accepted == 5
+    assert result.joules_added == pytest.approx(joules, rel=1e-12)
+    report = client.energy_report()
+    assert report.by_phase("py_test")["reward"].joules == pytest.approx(joules, rel=1e-12)
+    assert report.joules(source="py_test") == pytest.approx(joules, rel=1e-12)
+    assert report.busy_seconds(source="py_test", phase="reward") == pytest.approx(0.4, rel=1e-5)
+    assert report.until_seconds >= t0
+
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.report_power([("py_test", "dev1", "rollout", t0, 10.0),
+                             ("py_test", "dev1", "rollout", t0 + 1, -1.0)])
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "samples[1].watts" in error.value.message
+    # What came before the bad sample stayed, and nothing more.
+    assert client.energy_report().joules(source="py_test") == pytest.approx(joules, rel=1e-12)
+
+
+def test_phase_scopes_nest_and_decorate(client):
+    assert client.current_phase is None
+    with client.phase("rollout"):
+        assert client.current_phase == "rollout"
+        with client.phase("PHASE_UPDATE"):
+            assert client.current_phase == "update"
+        assert client.current_phase == "rollout"
+    assert client.current_phase is None
+
+    @client.phase("reward")
+    def score():
+        return client.current_phase
+
+    assert score() == "reward" and client.current_phase is None
+    try:
+        with client.phase("update"):
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    assert client.current_phase is None
+
+
+def test_phase_is_per_thread_and_reaches_the_daemon(client, model_name):
+    make_layer(client, model_name)
+    client.put_policy(PHASE_POLICY)
+    client.set_active_policy(model_name, "py-phases")
+    expected = {"rollout": "MXFP4_E2M1", "reward": "MXFP8_E4M3", "update": "FP16"}
+    barrier = threading.Barrier(3)
+    seen, errors = {}, []
+    scope = client.phase("reward")  # one scope object, entered by several threads at once
+
+    def work(phase):
+        try:
+            with (scope if phase == "reward" else client.phase(phase)):
+                barrier.wait()  # every thread is inside its scope now
+                for _ in range(5):
+                    info = client.forward(model_name, "fc", np.ones((1, 80)),).info
+                    seen.setdefault(phase, set()).add(info.format)
+                    assert client.current_phase == phase
+                barrier.wait()
+            assert client.current_phase is None
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    with client.phase("update"):  # a new thread does not inherit this scope
+        threads = [threading.Thread(target=work, args=(p,)) for p in expected]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert client.current_phase == "update"
+    assert not errors, errors
+    assert seen == {phase: {fmt} for phase, fmt in expected.items()}
+    client.set_active_policy(model_name, "D-phase-adaptive")
+
+
+def test_stream_session_pipelines_and_isolates_errors(client, model_name):
+    w, _ = make_layer(client, model_name)
+    xs = [RNG.standard_normal((3, 80)).astype(np.float32) for _ in range(40)]
+    unary = [client.forward(model_name, "fc", x, phase="rollout").output for x in xs]
+    with client.session(max_in_flight=8) as session:
+        with client.phase("rollout"):
+            futures = [session.forward(model_name, "fc", x) for x in xs]
+            bad = session.forward(model_name, "fc", np.zeros((3, 7)))
+            gemm = session.gemm(xs[0], w.T, "MXFP8")
+        grads = session.backward(model_name, "fc", np.ones((3, 48)), xs[0], phase="update",
+                                 format="FP32")
+        after_error = session.forward(model_name, "fc", xs[1], phase="rollout")
+    assert all(f.result().output.tobytes() == u.tobytes() for f, u in zip(futures, unary))
+    assert isinstance(bad.exception(), mxserve.MxserveError)
+    assert bad.exception().code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input.tensor.shape" in bad.exception().message
+    assert gemm.result().info.format == "MXFP8_E4M3"
+    np.testing.assert_allclose(grads.result().grad_input, np.ones((3, 48)) @ w, rtol=1e-5)
+    assert after_error.result().output.tobytes() == unary[1].tobytes()
+    with pytest.raises(RuntimeError, match="closed"):
+        session.forward(model_name, "fc", xs[0], phase="rollout")
+
+
+def test_stream_cancel_fails_what_is_outstanding(client, model_name):
+    make_layer(client, model_name, out_features=512, in_features=2048)
+    session = client.session()
+    futures = [session.forward(model_name, "fc", np.ones((64, 2048)), phase="rollout",
+                               format="FP32") for _ in range(16)]
+    session.cancel()
+    outcomes = [f.exception(timeout=30) for f in futures]
+    assert all(o is None or o.code == grpc.StatusCode.CANCELLED for o in outcomes)
+    assert client.health() == "SERVING"
