@@ -1,0 +1,243 @@
+"""Offload a PyTorch model's linear layers to mxserved.
+
+    session = mxserve.torch.offload(model, client, name="policy")
+    with client.phase("rollout"):
+        tokens = generate(model, prompts)          # every nn.Linear runs on mxserve
+    with client.phase("update"):
+        loss = ppo_loss(model, batch)
+        loss.backward()                            # through Compute.LayerBackward
+    optimizer.step()
+    session.sync_weights()                         # the new weights, as a new version
+    session.restore()                              # the original modules, back in place
+
+Every `nn.Linear` (and every Hugging Face `Conv1D`, GPT-2's linear layer, whose
+weight is stored transposed) is registered under its `named_modules()` name and
+replaced by an `OffloadedLinear` that shares the original's parameters, so an
+optimizer built before or after `offload` steps the same tensors. Forward runs
+`LayerForward` in the phase of the caller's `client.phase(...)` scope, in the format
+the model's policy gives that (phase, layer) unless `format=` pins one. Backward runs
+`LayerBackward` in the phase the forward ran in: grad_input remotely, grad_weight
+remotely (default) or locally in FP32 (`grad_weight="local"`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from mxserve import _wire
+from mxserve.client import Client, MxserveError
+from mxserve.types import ExecutionInfo, LayerSpec
+
+__all__ = ["OffloadSession", "OffloadedLinear", "offload"]
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    """transformers.pytorch_utils.Conv1D: y = x·W + b with W stored [in, out]."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and \
+        getattr(module, "weight", None) is not None and module.weight.dim() == 2
+
+
+def _offloadable(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or _is_conv1d(module)
+
+
+class _RemoteLinear(torch.autograd.Function):
+    """y = x·Wᵀ + b on the daemon; the backward pass on the daemon too."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer: "OffloadedLinear"):
+        session = layer.session
+        phase = session.client.current_phase
+        x2d = x.reshape(-1, layer.in_features)
+        result = session.client.forward(session.model_name, layer.layer_name, x2d,
+                                        format=session.format, phase=phase,
+                                        min_weight_version=session.weight_version)
+        layer.last_info = result.info
+        y = result.output.to(device=x.device, dtype=x.dtype)
+        ctx.layer, ctx.phase, ctx.version = layer, phase, result.info.weight_version
+        ctx.input_shape = x.shape
+        if weight.requires_grad:
+            ctx.save_for_backward(x2d)
+        return y.reshape(*x.shape[:-1], layer.out_features)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        layer: OffloadedLinear = ctx.layer
+        session = layer.session
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dy = grad_y.reshape(-1, layer.out_features)
+        x2d = ctx.saved_tensors[0] if ctx.saved_tensors else None
+        remote_w = need_w and session.grad_weight == "remote"
+        grad_x = grad_w = grad_b = None
+        if need_x or remote_w or (need_b and session.grad_weight == "remote"):
+            result = session.client.backward(
+                session.model_name, layer.layer_name, dy, x2d if remote_w else None,
+                format=session.format, phase=ctx.phase, min_weight_version=ctx.version)
+            layer.last_backward_info = result.info
+            if need_x:
+                grad_x = result.grad_input.to(device=grad_y.device,
+                                              dtype=grad_y.dtype).reshape(ctx.input_shape)
+            if remote_w:
+                grad_w = result.grad_weight
+            if need_b and result.grad_bias is not None:
+                grad_b = result.grad_bias
+        if need_w and grad_w is None:  # local: FP32 dYᵀ·X
+            grad_w = dy.float().t() @ x2d.float()
+        if need_b and grad_b is None:
+            grad_b = dy.float().sum(0)
+        if grad_w is not None:
+            weight = layer.weight
+            grad_w = (grad_w.t() if layer.transposed else grad_w).to(weight.device, weight.dtype)
+        if grad_b is not None:
+            grad_b = grad_b.to(layer.bias.device, layer.bias.dtype)
+        return grad_x, grad_w, grad_b, None
+
+
+class OffloadedLinear(nn.Module):
+    """Stands in for one nn.Linear (or Conv1D): same parameters, remote arithmetic.
+
+    `last_info` holds the ExecutionInfo of its latest forward (format, backend,
+    kernel, weight version, modelled energy), `last_backward_info` of its backward.
+    """
+
+    def __init__(self, session: "OffloadSession", layer_name: str, original: nn.Module):
+        super().__init__()
+        self.session = session
+        self.layer_name = layer_name
+        self.transposed = _is_conv1d(original)
+        self.weight = original.weight  # the very Parameter objects: optimizers see no change
+        self.bias = original.bias
+        rows, cols = original.weight.shape
+        self.out_features, self.in_features = (cols, rows) if self.transposed else (rows, cols)
+        self.last_info: Optional[ExecutionInfo] = None
+        self.last_backward_info: Optional[ExecutionInfo] = None
+
+    def forward(self, x):
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"{self.layer_name}: input has {x.shape[-1]} features, "
+                             f"the layer takes {self.in_features}")
+        return _RemoteLinear.apply(x, self.weight, self.bias, self)
+
+    def remote_weight(self) -> torch.Tensor:
+        """W as the daemon holds it, [out_features, in_features]."""
+        return self.weight.detach().t() if self.transposed else self.weight.detach()
+
+    def extra_repr(self) -> str:
+        return (f"{self.layer_name!r}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
+
+
+class OffloadSession:
+    """The link between a local model and its copy on the daemon. See `offload`."""
+
+    def __init__(self, model: nn.Module, client: Client, name: str, policy: str = "",
+                 grad_weight: str = "remote", format: _wire.FormatLike = None,
+                 replace: bool = False, chunk_bytes: int = 1 << 20):
+        if grad_weight not in ("remote", "local"):
+            raise ValueError(f"grad_weight: expected 'remote' or 'local', got {grad_weight!r}")
+        _wire.format_to_wire(format)  # validate now, not at the first forward
+        self.model = model
+        self.client = client
+        self.model_name = name
+        self.grad_weight = grad_weight
+        self.format = format
+        self.chunk_bytes = chunk_bytes
+        self.weight_version = 0
+        self.layers: Dict[str, OffloadedLinear] = {}
+        self._originals: Dict[str, nn.Module] = {}
+        self._uploaded: Dict[str, Tuple[int, int]] = {}
+
+        originals = [(n, m) for n, m in model.named_modules() if _offloadable(m)]
+        if not originals:
+            raise ValueError("offload: the model has no nn.Linear to offload")
+        for layer_name, module in originals:
+            self._originals[layer_name] = module
+            self.layers[layer_name] = OffloadedLinear(self, layer_name, module)
+        if replace:
+            try:
+                client.delete_model(name)
+            except MxserveError as error:
+                if error.code.name != "NOT_FOUND":
+                    raise
+        client.register_model(name, [
+            LayerSpec(n, l.out_features, l.in_features, l.bias is not None)
+            for n, l in self.layers.items()], policy=policy)
+        try:
+            self._upload(list(self.layers))
+        except BaseException:
+            client.delete_model(name)
+            raise
+        self._swap({id(m): self.layers[n] for n, m in self._originals.items()})
+
+    def _weights_version(self, layer: OffloadedLinear) -> Tuple[int, int]:
+        return (layer.weight._version, -1 if layer.bias is None else layer.bias._version)
+
+    def _upload(self, names: List[str]) -> int:
+        weights = {}
+        for n in names:
+            layer = self.layers[n]
+            bias = None if layer.bias is None else layer.bias.detach()
+            weights[n] = (layer.remote_weight(), bias)
+        result = self.client.upload_weights(self.model_name, weights, publish=True,
+                                            chunk_bytes=self.chunk_bytes)
+        for n in names:
+            self._uploaded[n] = self._weights_version(self.layers[n])
+        self.weight_version = result.weight_version
+        return self.weight_version
+
+    def _swap(self, replacements: Dict[int, nn.Module]) -> None:
+        # Walk every parent, so a module reachable twice (tied layers) is swapped everywhere.
+        for parent in list(self.model.modules()):
+            for child_name, child in list(parent._modules.items()):
+                if child is not None and id(child) in replacements:
+                    parent._modules[child_name] = replacements[id(child)]
+
+    def changed_layers(self) -> List[str]:
+        """Layers whose weight or bias was modified in place since the last upload."""
+        return [n for n, layer in self.layers.items()
+                if self._weights_version(layer) != self._uploaded[n]]
+
+    def sync_weights(self, force: bool = False) -> int:
+        """Uploads the layers whose parameters changed (all with `force`) and
+        publishes them as a new weight version; returns the version. Later forwards
+        require at least that version. Nothing changed: no new version."""
+        names = list(self.layers) if force else self.changed_layers()
+        if names:
+            self._upload(names)
+        return self.weight_version
+
+    def last_infos(self) -> Dict[str, Optional[ExecutionInfo]]:
+        """{layer: ExecutionInfo of its latest forward}."""
+        return {n: layer.last_info for n, layer in self.layers.items()}
+
+    def restore(self, delete: bool = True) -> None:
+        """Puts the original modules back (they hold the trained parameters) and,
+        with `delete`, removes the model from the daemon."""
+        self._swap({id(layer): self._originals[n] for n, layer in self.layers.items()})
+        if delete:
+            try:
+                self.client.delete_model(self.model_name)
+            except MxserveError as error:  # already gone (deleted, or replaced) is fine
+                if error.code.name != "NOT_FOUND":
+                    raise
+
+    def __enter__(self) -> "OffloadSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+
+def offload(model: nn.Module, client: Client, name: str, policy: str = "",
+            grad_weight: str = "remote", format: _wire.FormatLike = None,
+            replace: bool = False) -> OffloadSession:
+    """Registers every nn.Linear of `model` on the daemon as model `name` (with
+    `policy`, default the daemon's), uploads the weights as version 1 and swaps in
+    OffloadedLinear modules. `format` pins one format for every layer and phase
+    instead of the policy's choice; `replace` deletes an existing model of that name
+    first. Returns the session (also a context manager that restores on exit)."""
+    return OffloadSession(model, client, name, policy=policy, grad_weight=grad_weight,
+                          format=format, replace=replace)
