@@ -20,6 +20,13 @@ sys.path.insert(0, str(HERE.parent))  # the package, when run straight from the 
 import mxserve  # noqa: E402
 
 REPO = HERE.parent.parent.parent
+
+
+def python_env(**extra):
+    """Environment for a child `python3 -m mxserve...`: this checkout's package first."""
+    path = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
+
 MXSERVED = os.environ.get("MXSERVED", str(REPO / "build" / "bin" / "mxserved"))
 _LISTENING = re.compile(r"event=listening grpc=(\S+) metrics=(\S+)")
 
