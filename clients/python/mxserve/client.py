@@ -23,7 +23,6 @@ from concurrent.futures import Future
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
-import numpy as np
 
 from mxserve import _health_pb2, _wire
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
