@@ -99,6 +99,18 @@ def is_torch(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def check_numeric(value: Any, field: str) -> None:
+    """Raises TypeError unless `value` converts to a real numeric tensor (no copy)."""
+    if is_torch(value):
+        if value.dtype.is_complex:
+            raise TypeError(f"{field}: expected a real tensor, got {value.dtype}")
+        return
+    kind = np.asarray(value).dtype.kind
+    if kind not in "fiub":
+        raise TypeError(f"{field}: expected a numeric array, got dtype "
+                        f"{np.asarray(value).dtype}")
+
+
 def to_tensor(value: Any, field: str = "tensor") -> pb.Tensor:
     """A numpy array, torch tensor or nested sequence → Tensor.
 
@@ -112,8 +124,7 @@ def to_tensor(value: Any, field: str = "tensor") -> pb.Tensor:
         array = np.ascontiguousarray(array, dtype="<f2")
         dtype = pb.DTYPE_FP16
     else:
-        if array.dtype.kind not in "fiub":
-            raise TypeError(f"{field}: expected a numeric array, got dtype {array.dtype}")
+        check_numeric(array, field)
         array = np.ascontiguousarray(array, dtype="<f4")
         dtype = pb.DTYPE_FP32
     return pb.Tensor(shape=array.shape, dtype=dtype, data=array.tobytes())
@@ -121,6 +132,7 @@ def to_tensor(value: Any, field: str = "tensor") -> pb.Tensor:
 
 def _torch_to_tensor(value, field: str) -> pb.Tensor:
     torch = _torch_module()
+    check_numeric(value, field)
     t = value.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -130,8 +142,6 @@ def _torch_to_tensor(value, field: str) -> pb.Tensor:
     if t.dtype == torch.float16:
         return pb.Tensor(shape=t.shape, dtype=pb.DTYPE_FP16,
                          data=t.contiguous().numpy().astype("<f2", copy=False).tobytes())
-    if t.dtype.is_complex:
-        raise TypeError(f"{field}: expected a real tensor, got {t.dtype}")
     array = t.to(torch.float32).contiguous().numpy()
     return pb.Tensor(shape=t.shape, dtype=pb.DTYPE_FP32, data=array.astype("<f4", copy=False).tobytes())
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import itertools
 import json
 import queue
@@ -38,6 +39,16 @@ DEFAULT_CHUNK_BYTES = 1 << 20         # UploadWeights chunk size
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
+class _ClientTimeout:
+    """The default of every call's `timeout`: the client's own. None means none."""
+
+    def __repr__(self) -> str:
+        return "<the client's timeout>"
+
+
+CLIENT_TIMEOUT: Any = _ClientTimeout()
+
+
 class MxserveError(Exception):
     """A call failed. `code` is a grpc.StatusCode, `message` the daemon's words."""
 
@@ -56,7 +67,10 @@ class _PhaseScope(contextlib.ContextDecorator):
     """`with client.phase("rollout"):` or `@client.phase("rollout")`.
 
     The phase lives in a ContextVar, so each thread (and each asyncio task) has its
-    own; a scope restores whatever was current when it was entered.
+    own; a scope restores whatever was current when it was entered. One scope object
+    may be entered by several threads at once; within one thread, asyncio tasks
+    should each use their own `with client.phase(...)`. Decorating a coroutine
+    function is refused: the scope would end before its body runs.
     """
 
     def __init__(self, var: contextvars.ContextVar, phase: str):
@@ -75,6 +89,12 @@ class _PhaseScope(contextlib.ContextDecorator):
 
     def _recreate_cm(self):  # each decorated call gets its own scope
         return _PhaseScope(self._var, self._phase)
+
+    def __call__(self, function):
+        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+            raise TypeError("client.phase(...) cannot decorate a coroutine function; use "
+                            "`with client.phase(...)` inside it")
+        return super().__call__(function)
 
 
 def _layer_spec(layer: Any) -> LayerSpec:
@@ -97,6 +117,34 @@ def _split_weights(value: Any):
     return value, None
 
 
+class _Requests:
+    """Wraps a request generator so an exception raised while producing a request
+    (a bad tensor, a bad sample) reaches the caller as itself: gRPC would swallow it
+    into UNKNOWN "Exception iterating requests!". The stream ends where it failed."""
+
+    def __init__(self, generator: Iterable):
+        self._generator = iter(generator)
+        self.error: Optional[BaseException] = None
+
+    def __iter__(self) -> "_Requests":
+        return self
+
+    def __next__(self):
+        if self.error is not None:
+            raise StopIteration
+        try:
+            return next(self._generator)
+        except StopIteration:
+            raise
+        except Exception as error:
+            self.error = error
+            raise StopIteration from None
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
             ) -> Iterator[models_pb2.WeightChunk]:
     tensor = _wire.to_tensor(value, f"{layer}.{'bias' if role else 'weight'}")
@@ -116,8 +164,9 @@ def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
 class Client:
     """A connection to mxserved.
 
-    address: "host:port". timeout: default deadline of each call, in seconds (None:
-    no deadline). The channel opens lazily; `wait_ready()` blocks until the daemon
+    address: "host:port". timeout: default deadline of each unary call, in seconds
+    (a call's own `timeout=` overrides it; None: no deadline). Streams (`session`,
+    `report_power`) have no deadline unless given one. The channel opens lazily; `wait_ready()` blocks until the daemon
     answers its health check.
     """
 
@@ -157,7 +206,7 @@ class Client:
 
     def _call(self, rpc: str, method: Callable, request: Any, timeout: Optional[float]):
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
+            return method(request, timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
         except grpc.RpcError as error:
             raise MxserveError(error.code(), error.details() or "", rpc) from None
 
@@ -182,7 +231,7 @@ class Client:
 
     # --- health --------------------------------------------------------------------------
 
-    def health(self, service: str = "", timeout: Optional[float] = None) -> str:
+    def health(self, service: str = "", timeout: Optional[float] = CLIENT_TIMEOUT) -> str:
         """grpc.health.v1 status: "SERVING", "NOT_SERVING", ... (service "" = the daemon)."""
         response = self._call("Health.Check", self._health_check,
                               _health_pb2.HealthCheckRequest(service=service), timeout)
@@ -251,7 +300,7 @@ class Client:
 
     def gemm(self, a, b, format: _wire.FormatLike, format_b: _wire.FormatLike = None, *,
              phase: Optional[_wire.PhaseLike] = None, rounding: str = "even",
-             timeout: Optional[float] = None) -> ComputeResult:
+             timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """C = A·B, A [M, K] quantized to `format`, B [K, N] to `format_b` (default:
         `format`), both along K. No model needed; the format is required."""
         request = self._gemm_request(a, b, format, format_b, phase, rounding)
@@ -259,7 +308,7 @@ class Client:
 
     def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
-                timeout: Optional[float] = None) -> ComputeResult:
+                timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
         is explicit or the model's policy's choice for (phase, layer)."""
         request = self._forward_request(model, layer, x, format, phase, min_weight_version)
@@ -268,7 +317,7 @@ class Client:
 
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
-                 min_weight_version: int = 0, timeout: Optional[float] = None) -> BackwardResult:
+                 min_weight_version: int = 0, timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
         """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
         grad_bias (column sums of dY) comes back for layers with a bias."""
         request = self._backward_request(model, layer, grad_output, input, format, phase,
@@ -284,7 +333,7 @@ class Client:
     # --- models --------------------------------------------------------------------------
 
     def register_model(self, name: str, layers: Iterable[Any], policy: str = "",
-                       timeout: Optional[float] = None) -> ModelInfo:
+                       timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
         """Declares a model's linear layers: LayerSpec, (name, out, in[, bias]) or dicts."""
         specs = [_layer_spec(layer) for layer in layers]
         request = models_pb2.RegisterModelRequest(name=name, policy=policy or "", layers=[
@@ -295,34 +344,46 @@ class Client:
 
     def upload_weights(self, model: str, weights: Mapping[str, Any], *, publish: bool = False,
                        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                       timeout: Optional[float] = None) -> UploadResult:
+                       timeout: Optional[float] = CLIENT_TIMEOUT) -> UploadResult:
         """Stages weights, streamed in chunks: {layer: W} or {layer: (W, b)} or
         {layer: {"weight": W, "bias": b}}. W is [out, in]. FP32, FP16 and BF16 travel
         as they are. Nothing is staged unless the whole stream arrives; `publish`
         makes the staged tensors the next weight version."""
+        # Checked before the stream opens: a stream that ended early on the client's
+        # side would still complete, and stage what it had carried.
+        tensors = []
+        for layer, value in weights.items():
+            weight, bias = _split_weights(value)
+            for role, name, tensor in ((models_pb2.TENSOR_ROLE_WEIGHT, "weight", weight),
+                                       (models_pb2.TENSOR_ROLE_BIAS, "bias", bias)):
+                if tensor is not None:
+                    _wire.check_numeric(tensor, f"{layer}.{name}")
+                    tensors.append((layer, role, tensor))
+
         def stream():
             last = None
-            for layer, value in weights.items():
-                weight, bias = _split_weights(value)
-                for role, tensor in ((models_pb2.TENSOR_ROLE_WEIGHT, weight),
-                                     (models_pb2.TENSOR_ROLE_BIAS, bias)):
-                    if tensor is None:
-                        continue
-                    for chunk in _chunks(model, layer, role, tensor, chunk_bytes):
-                        if last is not None:
-                            yield last
-                        last = chunk
+            for layer, role, tensor in tensors:
+                for chunk in _chunks(model, layer, role, tensor, chunk_bytes):
+                    if last is not None:
+                        yield last
+                    last = chunk
             if last is None:  # nothing to upload: one empty chunk names the model
                 last = models_pb2.WeightChunk(model=model)
             last.publish = publish
             yield last
 
-        response = self._call("UploadWeights", self._models.UploadWeights, stream(), timeout)
+        requests = _Requests(stream())
+        try:
+            response = self._call("UploadWeights", self._models.UploadWeights, requests, timeout)
+        except MxserveError:
+            requests.reraise()  # the real cause, when producing a chunk failed
+            raise
+        requests.reraise()
         return UploadResult(response.model, response.tensors_staged, response.bytes_received,
                             response.weight_version)
 
     def load_safetensors(self, model: str, path: str, *, prefix: str = "", publish: bool = False,
-                         timeout: Optional[float] = None) -> UploadResult:
+                         timeout: Optional[float] = CLIENT_TIMEOUT) -> UploadResult:
         """Stages weights from a safetensors file on the daemon's host."""
         response = self._call("LoadSafetensors", self._models.LoadSafetensors,
                               models_pb2.LoadSafetensorsRequest(model=model, path=str(path),
@@ -331,23 +392,23 @@ class Client:
         return UploadResult(response.model, response.tensors_staged, response.bytes_received,
                             response.weight_version)
 
-    def publish(self, model: str, timeout: Optional[float] = None) -> ModelInfo:
+    def publish(self, model: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
         """Makes the staged weights version N+1."""
         return ModelInfo.from_proto(self._call("PublishVersion", self._models.PublishVersion,
                                                models_pb2.PublishVersionRequest(model=model),
                                                timeout))
 
-    def list_models(self, timeout: Optional[float] = None) -> List[ModelInfo]:
+    def list_models(self, timeout: Optional[float] = CLIENT_TIMEOUT) -> List[ModelInfo]:
         response = self._call("ListModels", self._models.ListModels,
                               models_pb2.ListModelsRequest(), timeout)
         return [ModelInfo.from_proto(m) for m in response.models]
 
-    def describe_model(self, name: str, timeout: Optional[float] = None) -> ModelInfo:
+    def describe_model(self, name: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
         return ModelInfo.from_proto(self._call("DescribeModel", self._models.DescribeModel,
                                                models_pb2.DescribeModelRequest(name=name),
                                                timeout))
 
-    def delete_model(self, name: str, timeout: Optional[float] = None) -> int:
+    def delete_model(self, name: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> int:
         """Deletes a model; returns the bytes it freed."""
         return self._call("DeleteModel", self._models.DeleteModel,
                           models_pb2.DeleteModelRequest(name=name), timeout).freed_bytes
@@ -355,36 +416,36 @@ class Client:
     # --- policies ------------------------------------------------------------------------
 
     def put_policy(self, document: Union[str, Mapping[str, Any]],
-                   timeout: Optional[float] = None) -> PolicyInfo:
+                   timeout: Optional[float] = CLIENT_TIMEOUT) -> PolicyInfo:
         """Creates or replaces a user policy (JSON text or a dict; see server/README.md)."""
         text = document if isinstance(document, str) else json.dumps(document)
         info = self._call("PutPolicy", self._policies.PutPolicy,
                           policies_pb2.PutPolicyRequest(json=text), timeout)
         return PolicyInfo(info.name, info.json, info.builtin)
 
-    def get_policy(self, name: str, timeout: Optional[float] = None) -> PolicyInfo:
+    def get_policy(self, name: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> PolicyInfo:
         info = self._call("GetPolicy", self._policies.GetPolicy,
                           policies_pb2.GetPolicyRequest(name=name), timeout)
         return PolicyInfo(info.name, info.json, info.builtin)
 
-    def list_policies(self, timeout: Optional[float] = None) -> List[PolicyInfo]:
+    def list_policies(self, timeout: Optional[float] = CLIENT_TIMEOUT) -> List[PolicyInfo]:
         response = self._call("ListPolicies", self._policies.ListPolicies,
                               policies_pb2.ListPoliciesRequest(), timeout)
         return [PolicyInfo(p.name, p.json, p.builtin) for p in response.policies]
 
-    def delete_policy(self, name: str, timeout: Optional[float] = None) -> None:
+    def delete_policy(self, name: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> None:
         self._call("DeletePolicy", self._policies.DeletePolicy,
                    policies_pb2.DeletePolicyRequest(name=name), timeout)
 
     def set_active_policy(self, model: str, policy: str,
-                          timeout: Optional[float] = None) -> str:
+                          timeout: Optional[float] = CLIENT_TIMEOUT) -> str:
         """Switches a model's policy; returns the previous one."""
         return self._call("SetActivePolicy", self._policies.SetActivePolicy,
                           policies_pb2.SetActivePolicyRequest(model=model, policy=policy),
                           timeout).previous_policy
 
     def resolve_policy(self, model: str, policy: str = "",
-                       timeout: Optional[float] = None) -> ResolvedPolicy:
+                       timeout: Optional[float] = CLIENT_TIMEOUT) -> ResolvedPolicy:
         """The phase × layer → format table `policy` (default: the active one) gives."""
         response = self._call("ResolvePolicy", self._policies.ResolvePolicy,
                               policies_pb2.ResolvePolicyRequest(model=model, policy=policy),
@@ -407,10 +468,16 @@ class Client:
                 yield telemetry_pb2.PowerSample(source=s.source, device=s.device,
                                                 phase=_wire.phase_to_wire(s.phase),
                                                 timestamp_seconds=s.timestamp, watts=s.watts)
-        response = self._call("ReportPower", self._telemetry.ReportPower, stream(), timeout)
+        requests = _Requests(stream())
+        try:
+            response = self._call("ReportPower", self._telemetry.ReportPower, requests, timeout)
+        except MxserveError:
+            requests.reraise()
+            raise
+        requests.reraise()
         return PowerResult(response.samples_accepted, response.joules_added)
 
-    def energy_report(self, since: float = 0.0, timeout: Optional[float] = None) -> EnergyReport:
+    def energy_report(self, since: float = 0.0, timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:
         """Joules, busy seconds and requests per source and phase (since a Unix time;
         0 = since the daemon started)."""
         response = self._call("GetEnergyReport", self._telemetry.GetEnergyReport,
@@ -433,7 +500,9 @@ class StreamSession:
     Each call returns a concurrent.futures.Future right away; at most
     `max_in_flight` wait for answers (submitting more blocks). A failed request
     fails its own future with MxserveError; the stream goes on. Phases are taken
-    from the submitting thread's `client.phase(...)` scope at submit time.
+    from the submitting thread's `client.phase(...)` scope at submit time. Futures
+    run their done-callbacks on the session's reader thread: a callback must not
+    submit to the same session (it could wait for a slot only it would free).
     """
 
     def __init__(self, client: Client, max_in_flight: int = 64, timeout: Optional[float] = None):
@@ -459,6 +528,7 @@ class StreamSession:
             yield item
 
     def _read(self) -> None:
+        error = MxserveError(grpc.StatusCode.CANCELLED, "the stream ended", "Stream")
         try:
             for response in self._responses:
                 with self._lock:
@@ -472,23 +542,27 @@ class StreamSession:
                     continue
                 try:
                     future.set_result(decode(response, like))
-                except Exception as error:  # a malformed answer fails its own request
-                    future.set_exception(error)
-            error = MxserveError(grpc.StatusCode.CANCELLED, "the stream ended", "Stream")
+                except Exception as decode_error:  # a malformed answer fails its own request
+                    future.set_exception(decode_error)
         except grpc.RpcError as rpc_error:
             error = MxserveError(rpc_error.code(), rpc_error.details() or "", "Stream")
-        with self._lock:
-            self._broken = error
-            pending, self._pending = self._pending, {}
-        for future, _, _ in pending.values():
-            future.set_exception(error)
-            self._slots.release()
+        except Exception as unexpected:  # never leave futures hanging
+            error = MxserveError(grpc.StatusCode.INTERNAL, f"stream reader failed: {unexpected!r}",
+                                 "Stream")
+        finally:
+            with self._lock:
+                self._broken = error
+                pending, self._pending = self._pending, {}
+            for future, _, _ in pending.values():
+                future.set_exception(error)
+                self._slots.release()
 
     def _submit(self, field: str, op: Any, decode: Callable, like: Any) -> Future:
         if self._closed:
             raise RuntimeError("the session is closed")
         self._slots.acquire()
         future: Future = Future()
+        future.set_running_or_notify_cancel()  # sent at once: it can no longer be cancelled
         with self._lock:
             if self._broken is not None:
                 self._slots.release()

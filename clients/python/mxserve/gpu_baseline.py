@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import queue
 import sys
 import threading
@@ -88,6 +89,7 @@ class _Sampler:
         self._streamer = threading.Thread(target=self._stream, name="power-stream", daemon=True)
 
     def start(self) -> None:
+        self.power.start()
         self._streamer.start()
         self._reader.start()
 
@@ -183,6 +185,24 @@ class GpuBaseline:
                 flops += 4.0 * shape.m * shape.n * shape.k
         return flops
 
+    def _run_steps(self, workload, steps, phases, stats) -> None:
+        for _ in range(steps):
+            for phase in phases:
+                self._phase = phase
+                begin = time.monotonic()
+                while True:
+                    if callable(workload):
+                        stats[phase]["flops"] += float(workload(phase) or 0.0)
+                    else:
+                        for shape in workload:
+                            if shape.phase == phase:
+                                stats[phase]["flops"] += self._run_shape(shape)
+                    self._synchronize()
+                    stats[phase]["runs"] += 1
+                    if time.monotonic() - begin >= self.min_phase_seconds:
+                        break
+                stats[phase]["seconds"] += time.monotonic() - begin
+
     def run(self, workload: Union[Sequence[LayerShape], Callable[[str], Optional[float]]],
             steps: int = 1, phases: Sequence[str] = _wire.PHASES) -> dict:
         """Runs `steps` × phases. A callable workload is called as fn(phase) and may
@@ -201,25 +221,13 @@ class GpuBaseline:
         sampler.start()
         started = time.monotonic()
         try:
-            for _ in range(steps):
-                for phase in phases:
-                    self._phase = phase
-                    begin = time.monotonic()
-                    while True:
-                        if callable(workload):
-                            stats[phase]["flops"] += float(workload(phase) or 0.0)
-                        else:
-                            for shape in workload:
-                                if shape.phase == phase:
-                                    stats[phase]["flops"] += self._run_shape(shape)
-                        self._synchronize()
-                        stats[phase]["runs"] += 1
-                        if time.monotonic() - begin >= self.min_phase_seconds:
-                            break
-                    stats[phase]["seconds"] += time.monotonic() - begin
-        finally:
-            wall = time.monotonic() - started
-            sampler.stop()
+            self._run_steps(workload, steps, phases, stats)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the workload's error is the one to see
+                sampler.stop()
+            raise
+        wall = time.monotonic() - started
+        sampler.stop()
         after = self.client.energy_report()
 
         local = trapezoid_joules(sampler.sent)
@@ -250,6 +258,18 @@ class GpuBaseline:
         summary["total_joules"] = sum(p["joules"] for p in summary["phases"].values())
         summary["samples_log"] = sampler.sent
         return summary
+
+
+def nvml_index(device: str) -> int:
+    """NVML's index of a torch CUDA device: CUDA_VISIBLE_DEVICES renumbers devices
+    for CUDA but not for NVML. (With CUDA_DEVICE_ORDER left at FASTEST_FIRST the
+    orders can still differ on mixed machines: pass --power-source nvml:INDEX.)"""
+    ordinal = int(device.split(":")[1]) if device.startswith("cuda:") else 0
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if v.strip()]
+    if ordinal < len(visible) and visible[ordinal].isdigit():
+        return int(visible[ordinal])
+    return ordinal
 
 
 def summary_table(summary: dict) -> str:
@@ -298,7 +318,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     try:
         workload = (qwen_workload(args.rollout_m, args.reward_m, args.update_m)
                     if args.workload == "qwen2.5-0.5b" else load_workload(args.workload))
-        device_index = int(args.device.split(":")[1]) if args.device.startswith("cuda:") else 0
+        device_index = nvml_index(args.device)
         power = open_power_source(args.power_source, device_index, args.interval)
     except (ValueError, PowerSourceError) as error:
         print(f"gpu_baseline: {error}", file=sys.stderr)

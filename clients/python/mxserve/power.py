@@ -1,7 +1,8 @@
 """Power sources for the GPU baseline: NVML on a real GPU, or a replayed trace.
 
-A source's `read()` returns the next (unix_seconds, watts, phase_or_None) sample,
-blocking until it is due, or None once it has no more. `NvmlPower` samples
+A source's `start()` begins a run, `read()` returns the next (unix_seconds, watts,
+phase_or_None) sample, blocking until it is due, or None once it has no more, and
+`stop()` (from another thread) ends the run; a source can run again after that. `NvmlPower` samples
 `nvmlDeviceGetPowerUsage` every `interval` seconds through libnvidia-ml.so.1
 (ctypes; no Python NVML package needed). `ReplayPower` plays a CSV trace back in
 real time, so streaming and energy bookkeeping can be tested without a GPU.
@@ -53,6 +54,10 @@ class NvmlPower:
         self._next = time.monotonic()
         self._stop = threading.Event()
 
+    def start(self) -> None:
+        self._stop.clear()
+        self._next = time.monotonic()
+
     def _check(self, code: int, what: str) -> None:
         if code != self.NVML_SUCCESS:
             message = self._nvml.nvmlErrorString(code).decode(errors="replace")
@@ -100,9 +105,14 @@ class ReplayPower:
         self.description = f"replay:{path}"
         self.device_name = f"replay of {self.path.name}"
         self.rows = self.load(self.path)
+        self._stop = threading.Event()
+        self.start()
+
+    def start(self) -> None:
+        """Plays the trace from its beginning (again)."""
+        self._stop.clear()
         self._index = 0
         self._start_wall = self._start_mono = None
-        self._stop = threading.Event()
 
     @staticmethod
     def load(path: pathlib.Path) -> List[Sample]:
@@ -111,14 +121,16 @@ class ReplayPower:
         except OSError as error:
             raise PowerSourceError(f"replay: cannot read {path}: {error.strerror}") from None
         rows: List[Sample] = []
+        header_allowed = True
         for number, fields in enumerate(csv.reader(text.splitlines()), start=1):
             if not fields or not fields[0].strip() or fields[0].lstrip().startswith("#"):
                 continue
             try:
                 timestamp, watts = float(fields[0]), float(fields[1])
             except (ValueError, IndexError):
-                if not rows and number == 1:
-                    continue  # a header
+                if header_allowed:
+                    header_allowed = False
+                    continue  # a header, before the first sample
                 raise PowerSourceError(f"{path}:{number}: expected 'timestamp,watts[,phase]', "
                                        f"got {','.join(fields)!r}") from None
             phase = fields[2].strip() if len(fields) > 2 and fields[2].strip() else None
@@ -134,6 +146,7 @@ class ReplayPower:
                 raise PowerSourceError(f"{path}:{number}: timestamp {timestamp} is earlier "
                                        f"than the previous row's {rows[-1][0]}")
             rows.append((timestamp, watts, phase))
+            header_allowed = False
         if not rows:
             raise PowerSourceError(f"{path}: no samples")
         return rows

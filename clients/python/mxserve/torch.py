@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from mxserve import _wire
 from mxserve.client import Client, MxserveError
@@ -64,6 +65,7 @@ class _RemoteLinear(torch.autograd.Function):
         return y.reshape(*x.shape[:-1], layer.out_features)
 
     @staticmethod
+    @once_differentiable  # the daemon's gradients are not themselves differentiable
     def backward(ctx, grad_y):
         layer: OffloadedLinear = ctx.layer
         session = layer.session
@@ -150,6 +152,9 @@ class OffloadSession:
         self._originals: Dict[str, nn.Module] = {}
         self._uploaded: Dict[str, Tuple[int, int]] = {}
 
+        if _offloadable(model):
+            raise ValueError("offload: the model is itself one linear layer; wrap it, e.g. "
+                             "nn.Sequential(layer), so there is a parent to swap it in")
         originals = [(n, m) for n, m in model.named_modules() if _offloadable(m)]
         if not originals:
             raise ValueError("offload: the model has no nn.Linear to offload")

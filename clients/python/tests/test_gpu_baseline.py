@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -102,11 +103,20 @@ def test_callable_workloads_run_per_phase(client, tmp_path):
     calls = []
     runner = GpuBaseline(client, ReplayPower(str(tmp_path / "trace.csv")), device="cpu",
                          source="gpu_callable")
-    summary = runner.run(lambda phase: calls.append((phase, runner.phase)) or 1e6, steps=2,
-                         phases=["rollout", "update"])
+    def work(phase):
+        calls.append((phase, runner.phase))
+        time.sleep(0.06)  # the whole run outlasts the 0.1 s trace
+        return 1e6
+
+    summary = runner.run(work, steps=2, phases=["rollout", "update"])
     assert calls == [("rollout", "rollout"), ("update", "update")] * 2
     assert summary["phases"]["update"]["flops"] == 2e6
     assert set(summary["phases"]) == {"rollout", "update"}
+    assert summary["samples"] == 2
+    # The same source runs again: the trace plays from its start once more.
+    again = runner.run(lambda phase: time.sleep(0.15), steps=1, phases=["reward"])
+    assert again["samples"] == 2
+    assert again["phases"]["reward"]["joules"] == pytest.approx(1.0, rel=1e-5)  # 0.1 s × 10 W
 
 
 FAKE_NVML = r"""
