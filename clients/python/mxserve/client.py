@@ -210,6 +210,18 @@ class Client:
         except grpc.RpcError as error:
             raise MxserveError(error.code(), error.details() or "", rpc) from None
 
+    def _stream_call(self, rpc: str, method: Callable, requests: Iterable, timeout):
+        """A client-streaming call. An exception raised while producing a request is
+        re-raised as itself (the stream ends where it failed)."""
+        wrapped = _Requests(requests)
+        try:
+            response = self._call(rpc, method, wrapped, timeout)
+        except MxserveError:
+            wrapped.reraise()  # the real cause, when producing a request failed
+            raise
+        wrapped.reraise()
+        return response
+
     def _resolve_phase(self, phase: Optional[_wire.PhaseLike]) -> int:
         return _wire.phase_to_wire(phase if phase is not None else self._phase.get())
 
@@ -281,14 +293,8 @@ class Client:
         return request
 
     @staticmethod
-    def _gemm_result(response, like) -> ComputeResult:
-        return ComputeResult(_wire.from_tensor(response.c, like),
-                             ExecutionInfo.from_proto(response.info))
-
-    @staticmethod
-    def _forward_result(response, like) -> ComputeResult:
-        return ComputeResult(_wire.from_tensor(response.output, like),
-                             ExecutionInfo.from_proto(response.info))
+    def _compute_result(tensor, info, like) -> ComputeResult:
+        return ComputeResult(_wire.from_tensor(tensor, like), ExecutionInfo.from_proto(info))
 
     @staticmethod
     def _backward_result(response, like) -> BackwardResult:
@@ -304,7 +310,8 @@ class Client:
         """C = A·B, A [M, K] quantized to `format`, B [K, N] to `format_b` (default:
         `format`), both along K. No model needed; the format is required."""
         request = self._gemm_request(a, b, format, format_b, phase, rounding)
-        return self._gemm_result(self._call("Gemm", self._compute.Gemm, request, timeout), a)
+        response = self._call("Gemm", self._compute.Gemm, request, timeout)
+        return self._compute_result(response.c, response.info, a)
 
     def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
@@ -312,8 +319,8 @@ class Client:
         """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
         is explicit or the model's policy's choice for (phase, layer)."""
         request = self._forward_request(model, layer, x, format, phase, min_weight_version)
-        return self._forward_result(
-            self._call("LayerForward", self._compute.LayerForward, request, timeout), x)
+        response = self._call("LayerForward", self._compute.LayerForward, request, timeout)
+        return self._compute_result(response.output, response.info, x)
 
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
@@ -372,25 +379,16 @@ class Client:
             last.publish = publish
             yield last
 
-        requests = _Requests(stream())
-        try:
-            response = self._call("UploadWeights", self._models.UploadWeights, requests, timeout)
-        except MxserveError:
-            requests.reraise()  # the real cause, when producing a chunk failed
-            raise
-        requests.reraise()
-        return UploadResult(response.model, response.tensors_staged, response.bytes_received,
-                            response.weight_version)
+        return UploadResult.from_proto(
+            self._stream_call("UploadWeights", self._models.UploadWeights, stream(), timeout))
 
     def load_safetensors(self, model: str, path: str, *, prefix: str = "", publish: bool = False,
                          timeout: Optional[float] = CLIENT_TIMEOUT) -> UploadResult:
         """Stages weights from a safetensors file on the daemon's host."""
-        response = self._call("LoadSafetensors", self._models.LoadSafetensors,
-                              models_pb2.LoadSafetensorsRequest(model=model, path=str(path),
-                                                                prefix=prefix, publish=publish),
-                              timeout)
-        return UploadResult(response.model, response.tensors_staged, response.bytes_received,
-                            response.weight_version)
+        request = models_pb2.LoadSafetensorsRequest(model=model, path=str(path), prefix=prefix,
+                                                    publish=publish)
+        return UploadResult.from_proto(
+            self._call("LoadSafetensors", self._models.LoadSafetensors, request, timeout))
 
     def publish(self, model: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
         """Makes the staged weights version N+1."""
@@ -421,17 +419,17 @@ class Client:
         text = document if isinstance(document, str) else json.dumps(document)
         info = self._call("PutPolicy", self._policies.PutPolicy,
                           policies_pb2.PutPolicyRequest(json=text), timeout)
-        return PolicyInfo(info.name, info.json, info.builtin)
+        return PolicyInfo.from_proto(info)
 
     def get_policy(self, name: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> PolicyInfo:
         info = self._call("GetPolicy", self._policies.GetPolicy,
                           policies_pb2.GetPolicyRequest(name=name), timeout)
-        return PolicyInfo(info.name, info.json, info.builtin)
+        return PolicyInfo.from_proto(info)
 
     def list_policies(self, timeout: Optional[float] = CLIENT_TIMEOUT) -> List[PolicyInfo]:
         response = self._call("ListPolicies", self._policies.ListPolicies,
                               policies_pb2.ListPoliciesRequest(), timeout)
-        return [PolicyInfo(p.name, p.json, p.builtin) for p in response.policies]
+        return [PolicyInfo.from_proto(p) for p in response.policies]
 
     def delete_policy(self, name: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> None:
         self._call("DeletePolicy", self._policies.DeletePolicy,
@@ -468,13 +466,8 @@ class Client:
                 yield telemetry_pb2.PowerSample(source=s.source, device=s.device,
                                                 phase=_wire.phase_to_wire(s.phase),
                                                 timestamp_seconds=s.timestamp, watts=s.watts)
-        requests = _Requests(stream())
-        try:
-            response = self._call("ReportPower", self._telemetry.ReportPower, requests, timeout)
-        except MxserveError:
-            requests.reraise()
-            raise
-        requests.reraise()
+        response = self._stream_call("ReportPower", self._telemetry.ReportPower, stream(),
+                                     timeout)
         return PowerResult(response.samples_accepted, response.joules_added)
 
     def energy_report(self, since: float = 0.0, timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:
@@ -574,12 +567,13 @@ class StreamSession:
 
     def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even") -> Future:
         op = self._client._gemm_request(a, b, format, format_b, phase, rounding)
-        return self._submit("gemm", op, lambda r, like: Client._gemm_result(r.gemm, like), a)
+        return self._submit("gemm", op, lambda r, like: Client._compute_result(r.gemm.c, r.gemm.info, like), a)
 
     def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0) -> Future:
         op = self._client._forward_request(model, layer, x, format, phase, min_weight_version)
         return self._submit("forward", op,
-                            lambda r, like: Client._forward_result(r.forward, like), x)
+                            lambda r, like: Client._compute_result(r.forward.output, r.forward.info,
+                                                                  like), x)
 
     def backward(self, model, layer, grad_output, input=None, *, format=None, phase=None,
                  min_weight_version=0) -> Future:

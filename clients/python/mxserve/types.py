@@ -88,12 +88,21 @@ class UploadResult:
     bytes_received: int
     weight_version: int  # the published version when publishing was asked, else 0
 
+    @classmethod
+    def from_proto(cls, response) -> "UploadResult":
+        return cls(response.model, response.tensors_staged, response.bytes_received,
+                   response.weight_version)
+
 
 @dataclass(frozen=True)
 class PolicyInfo:
     name: str
     json: str  # the normalized document
     builtin: bool
+
+    @classmethod
+    def from_proto(cls, info) -> "PolicyInfo":
+        return cls(info.name, info.json, info.builtin)
 
     @property
     def document(self) -> Dict[str, Any]:

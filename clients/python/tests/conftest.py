@@ -3,6 +3,7 @@
 The daemon binary comes from $MXSERVED (CMake sets it) or build/bin/mxserved.
 """
 
+import itertools
 import os
 import pathlib
 import re
@@ -84,7 +85,7 @@ def client(daemon):
         yield c
 
 
-_names = iter(range(1, 1 << 30))
+_names = itertools.count(1)
 
 
 @pytest.fixture
