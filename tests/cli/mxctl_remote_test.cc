@@ -45,11 +45,7 @@ class MxctlRemote : public mx_test::MxctlTest {
     daemon_ = new mx_test::DaemonProcess({"--backend", "cpu", "--workers", "2"});
   }
   static void TearDownTestSuite() {
-    if (daemon_->ok()) {
-      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
-    }
-    delete daemon_;
-    daemon_ = nullptr;
+    mx_test::StopSuiteDaemon(daemon_);
   }
 
   void SetUp() override {

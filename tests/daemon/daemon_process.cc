@@ -168,4 +168,12 @@ double MetricValue(const std::string& exposition, const std::string& series) {
   return -1;
 }
 
+void StopSuiteDaemon(DaemonProcess*& daemon) {
+  if (daemon != nullptr && daemon->ok()) {
+    EXPECT_EQ(daemon->Stop(), 0) << daemon->Log();
+  }
+  delete daemon;
+  daemon = nullptr;
+}
+
 }  // namespace mx_test

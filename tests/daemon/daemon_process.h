@@ -55,4 +55,8 @@ std::string ScrapeMetrics(const std::string& address);
 // or -1 when absent.
 double MetricValue(const std::string& exposition, const std::string& series);
 
+// For a suite's shared daemon, from TearDownTestSuite: expects a clean exit (0)
+// from a daemon that started, with its log on failure, then frees it.
+void StopSuiteDaemon(DaemonProcess*& daemon);
+
 }  // namespace mx_test

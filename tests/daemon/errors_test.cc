@@ -17,8 +17,7 @@ class ErrorsTest : public ::testing::Test {
     ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "m", {*layer_}).ok());
   }
   static void TearDownTestSuite() {
-    EXPECT_EQ(daemon_->Stop(), 0);
-    delete daemon_;
+    StopSuiteDaemon(daemon_);
     delete layer_;
   }
   void TearDown() override { ExpectStillServing(); }

@@ -35,8 +35,7 @@ class HlsSimTest : public ::testing::Test {
     ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "m", {*layer_}).ok());
   }
   static void TearDownTestSuite() {
-    EXPECT_EQ(daemon_->Stop(), 0);
-    delete daemon_;
+    StopSuiteDaemon(daemon_);
     delete layer_;
   }
   std::unique_ptr<v1::Compute::Stub> Stub() { return v1::Compute::NewStub(daemon_->channel()); }
