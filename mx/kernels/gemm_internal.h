@@ -15,7 +15,9 @@
 //           16-bit integers, int16 pairs multiplied into int32 (vpmaddwd).
 //   kMxF64  pairs with MXFP8 (E4M3: 18-bit integers, E5M2: 32-bit): elements
 //           as doubles, products exact, the block sum exact in FP64 as long as
-//           it spans at most 53 bits (always for E4M3; checked for E5M2).
+//           it spans at most 53 bits (always for E4M3). E5M2 blocks can span
+//           more: the driver finds the outputs with such a pair of blocks after
+//           the tiles and computes them again exactly (RedoWideOutputs).
 //   kInt8   INT8 × INT8 (per-row scales): int16 path over the whole K.
 //   kF32    everything else (BF16, FP16, FP32, mixed kinds): both dequantized
 //           to FP32, FMA accumulation in any order (tolerance, not bits).
@@ -94,9 +96,10 @@ struct WeightPanels {
   int i8_offset = 0;
   bool has_special = false;  // an element code is Inf or NaN: the reference path
   int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
+  std::vector<uint8_t> span_bits;  // kMxF64: every block's span, N × blocks (row-major)
 
   size_t bytes() const {
-    return u8.size() + scale_bytes.size() + 2 * (i16.size() + f16.size()) +
+    return u8.size() + scale_bytes.size() + span_bits.size() + 2 * (i16.size() + f16.size()) +
            4 * (f32.size() + scale.size()) + 8 * scale_d.size();
   }
 };
@@ -117,6 +120,7 @@ struct DecodedX {
   ScaleRange range;
   bool has_special = false;
   int max_span_bits = 0;
+  std::vector<uint8_t> span_bits;  // kMxF64: every block's span, rows × blocks
 };
 
 // One GEMM as the tile kernels see it.

@@ -3,8 +3,12 @@
 #include "mx/kernels/linear.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "mx/element.h"
 #include "mx/kernels/gemm_internal.h"
 #include "mx/kernels/operands.h"
 #include "mx/reference_gemm.h"
@@ -45,14 +49,81 @@ absl::Status CheckArguments(const QuantizedMatrix& x, const PackedWeight& w,
 std::string FallbackReason(const internal::DecodedX& x, const internal::WeightPanels& w) {
   if (x.has_special) return "x holds Inf/NaN element codes";
   if (w.has_special) return "w holds Inf/NaN element codes";
-  if (x.kind == Kind::kMxF64 && x.max_span_bits + w.max_span_bits + 5 > 53) {
-    return absl::StrCat("a block sum may need ", x.max_span_bits + w.max_span_bits + 5,
-                        " bits, more than FP64's 53");
-  }
   if (x.kind == Kind::kInt8 && w.k > kMaxInt8K) {
     return absl::StrCat("INT8 with K = ", w.k, " > ", kMaxInt8K, " could overflow int32");
   }
   return "";
+}
+
+// A kMxF64 block sum is exact in FP64 when the spans of its two blocks (bits from
+// the lowest set bit of any fixed-point element to the top of the largest) leave
+// room for the carries of 32 terms: span_x + span_w + 5 <= 53. E4M3 blocks span
+// at most 18 bits, so only E5M2 (32) can break it.
+constexpr int kFp64Bits = 53, kCarryBits = 5;
+
+bool MayHaveWideBlocks(const internal::DecodedX& x, const internal::WeightPanels& w) {
+  return x.kind == Kind::kMxF64 && x.max_span_bits + w.max_span_bits + kCarryBits > kFp64Bits;
+}
+
+// One output, the reference's way: every block dot exact in 128-bit integers,
+// rounded once to FP32, the blocks summed in FP32 in ascending order.
+float ExactOutput(const internal::Problem& p, int64_t i, int64_t j) {
+  const internal::DecodedX& x = *p.x;
+  const internal::WeightPanels& w = *p.w;
+  const int fx = FixedPointFractionBits(p.x_format), fw = FixedPointFractionBits(w.format);
+  const int64_t kp = x.k_padded, panel = j / internal::kPanel, lane = j % internal::kPanel;
+  const uint16_t* wp = w.f16.data() + panel * kp * internal::kPanel + lane;
+  float sum = p.bias ? p.bias[j] : 0.0f;
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    const double xs = x.scale_d[i * x.blocks + b];
+    const double ws = w.scale_d[(panel * x.blocks + b) * internal::kPanel + lane];
+    if (std::isnan(xs) || std::isnan(ws)) {
+      sum += std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    __int128 dot = 0;
+    for (int64_t k = b * kBlockSize; k < (b + 1) * kBlockSize; ++k) {
+      // Element values scaled to their fixed-point integers: exact (< 2^32).
+      const auto xi = static_cast<int64_t>(std::ldexp(x.f64[i * kp + k], fx));
+      const auto wi = static_cast<int64_t>(
+          std::ldexp(static_cast<double>(Fp16ToFloat(wp[k * internal::kPanel])), fw));
+      dot += static_cast<__int128>(xi) * wi;
+    }
+    sum += RoundScaledToFloat(dot, std::ilogb(xs) + std::ilogb(ws) - fx - fw);
+  }
+  return sum;
+}
+
+// After the tiles of rows [first, end) × one panel: outputs with a pair of blocks
+// too wide for FP64 are computed again by ExactOutput. Rows and columns whose
+// widest block cannot make such a pair are skipped without looking at blocks.
+void RedoWideOutputs(const internal::Problem& p, int64_t first, int64_t end, int64_t panel) {
+  const internal::DecodedX& x = *p.x;
+  const internal::WeightPanels& w = *p.w;
+  const int64_t blocks = x.blocks;
+  const int64_t j0 = panel * internal::kPanel, j1 = std::min(p.n, j0 + internal::kPanel);
+  std::array<int, internal::kPanel> col_max{};
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* span = w.span_bits.data() + j * blocks;
+    col_max[j - j0] = *std::max_element(span, span + blocks);
+  }
+  const int panel_max = *std::max_element(col_max.begin(), col_max.end());
+  constexpr int kRoom = kFp64Bits - kCarryBits;
+  for (int64_t i = first; i < end; ++i) {
+    const uint8_t* x_span = x.span_bits.data() + i * blocks;
+    const int row_max = *std::max_element(x_span, x_span + blocks);
+    if (row_max + panel_max <= kRoom) continue;
+    for (int64_t j = j0; j < j1; ++j) {
+      if (row_max + col_max[j - j0] <= kRoom) continue;
+      const uint8_t* w_span = w.span_bits.data() + j * blocks;
+      for (int64_t b = 0; b < blocks; ++b) {
+        if (x_span[b] + w_span[b] > kRoom) {
+          p.y[i * p.n + j] = ExactOutput(p, i, j);
+          break;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -120,6 +191,9 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
   }
   info.name = absl::StrCat(IsaName(isa), "/", internal::KindName(kind));
 
+  const bool redo_wide = MayHaveWideBlocks(decoded, *panels);
+  if (redo_wide) absl::StrAppend(&info.name, "+exact_wide");
+
   const int64_t row_groups = (x.rows + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t tasks = row_groups * panels->panels;
   const auto run_task = [&](int64_t task) {
@@ -130,6 +204,7 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
       tile(problem, row, static_cast<int>(std::min<int64_t>(internal::kMaxTileRows, end - row)),
            panel);
     }
+    if (redo_wide) RedoWideOutputs(problem, first, end, panel);
   };
   if (options.pool != nullptr) {
     options.pool->ParallelFor(tasks, run_task);

@@ -8,9 +8,11 @@
 // BF16/FP16/FP32 (and pairs of different kinds) accumulate in FP32 in their own
 // order, within the tolerance documented in mx/README.md. Operands that the fast
 // kernels cannot take exactly — element codes that are Inf or NaN (only a client
-// packing its own operand can send them), MXFP8_E5M2 blocks whose products span
-// more than FP64 holds, INT8 with K above 2^17 — run the reference instead; the
-// returned KernelInfo says so.
+// packing its own operand can send them), INT8 with K above 2^17 — run the
+// reference instead; the returned KernelInfo says so. MXFP8_E5M2 block pairs whose
+// products span more than FP64 holds cost only the outputs they touch: those are
+// computed again exactly (KernelInfo.name ends in "+exact_wide" when the call had
+// blocks wide enough to look for them).
 #pragma once
 
 #include <cstdint>

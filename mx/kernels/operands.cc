@@ -163,6 +163,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       break;
     case Kind::kMxF64:
       p.f16.assign(lanes * kp, 0);
+      p.span_bits.assign(w.rows * p.blocks, 0);
       break;
     case Kind::kF32:
       p.float_store =
@@ -217,6 +218,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       const BlockInfo info = InspectBlock(table, codes.data() + b * kBlockSize);
       p.has_special |= info.special;
       p.max_span_bits = std::max(p.max_span_bits, info.span_bits);
+      if (kind == Kind::kMxF64) p.span_bits[n * p.blocks + b] = static_cast<uint8_t>(info.span_bits);
       const BlockScales s =
           ScalesOf(w.block_scales[n * p.blocks + b], fraction_bits, info.all_zero);
       if (s.counts) p.range.Add(s.exponent);
@@ -365,6 +367,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format)
       break;
     default:
       d.f64.assign(x.rows * kp, 0.0);
+      d.span_bits.assign(x.rows * d.blocks, 0);
       break;
   }
   d.scale.assign(x.rows * d.blocks, 0.0f);
@@ -379,6 +382,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format)
       const BlockInfo info = InspectBlock(table, block);
       d.has_special |= info.special;
       d.max_span_bits = std::max(d.max_span_bits, info.span_bits);
+      if (kind == Kind::kMxF64) d.span_bits[r * d.blocks + b] = static_cast<uint8_t>(info.span_bits);
       const BlockScales s =
           ScalesOf(x.block_scales[r * d.blocks + b], fraction_bits, info.all_zero);
       if (s.counts) d.range.Add(s.exponent);

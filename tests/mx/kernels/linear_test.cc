@@ -188,19 +188,60 @@ TEST_P(LinearAtIsa, SpecialElementCodesTakeTheReference) {
   EXPECT_EQ(info.fallback_reason, "x holds Inf/NaN element codes");
 }
 
-// MXFP8_E5M2 blocks spanning 2^-16 .. 2^15 in both operands do not fit FP64.
-TEST_P(LinearAtIsa, WideE5m2BlocksTakeTheReference) {
+// An MXFP8_E5M2 block pair can span more bits than FP64 holds. Here one block's
+// products are 2^30, 2^6 and 2^-32: FP64 drops the 2^-32, leaving 2^30 + 2^6, an
+// FP32 tie that rounds to even (2^30); the exact sum lies above the tie and
+// rounds up to 2^30 + 2^7. The fast kernels find such outputs and redo them.
+TEST_P(LinearAtIsa, WideE5m2BlocksAreExact) {
   const int64_t m = 1, n = 1, k = 32;
   std::vector<float> xv(k, 0.0f), wv(k, 0.0f);
-  xv[0] = 57344.0f;
-  xv[1] = 0x1p-16f;
-  wv[0] = 0x1p-16f;
-  wv[1] = 57344.0f;
+  xv[0] = wv[0] = 0x1p15f;
+  xv[1] = wv[1] = 0x1p3f;
+  xv[2] = wv[2] = 0x1p-16f;
   KernelInfo info;
-  ExpectSameAsReference(Quantize(xv, m, k, Format::kMxfp8E5m2),
-                        Quantize(wv, n, k, Format::kMxfp8E5m2), {}, GetParam(), "wide E5M2",
-                        nullptr, &info);
-  EXPECT_EQ(info.name, "reference");
+  const QuantizedMatrix x = Quantize(xv, m, k, Format::kMxfp8E5m2);
+  const QuantizedMatrix w = Quantize(wv, n, k, Format::kMxfp8E5m2);
+  ExpectSameAsReference(x, w, {}, GetParam(), "wide E5M2", nullptr, &info);
+  EXPECT_EQ(info.name, absl::StrCat(IsaName(GetParam()), "/mx_f64+exact_wide"));
+  EXPECT_EQ(ReferenceLinear(x, w).value()[0], 0x1p30f + 0x1p7f);
+}
+
+// Wide blocks planted among ordinary ones, in X and in W, on a ragged shape with
+// bias and two threads: only some outputs need the exact redo, and every output
+// must still equal the reference. E5M2 activations with E4M3 and FP4 weights too.
+TEST_P(LinearAtIsa, WideE5m2BlocksAmongOrdinaryOnes) {
+  const int64_t m = 37, n = 45, k = 200;
+  ThreadPool pool(2);
+  for (Format wf : {Format::kMxfp8E5m2, Format::kMxfp8E4m3, Format::kMxfp4E2m1}) {
+    std::vector<float> xv = Gaussian(m * k, 41), wv = Gaussian(n * k, 42);
+    std::mt19937 rng(43);
+    // A value at the bottom of E5M2's range beside the block's largest: a 30-bit span.
+    for (int t = 0; t < 12; ++t) {
+      const int64_t i = rng() % m, b = rng() % 7;
+      xv[i * k + b * 32] = 0x1p15f;
+      xv[i * k + b * 32 + 1] = 0x1p-16f;
+      const int64_t j = rng() % n, c = rng() % 7;
+      wv[j * k + c * 32] = -0x1p15f;
+      wv[j * k + c * 32 + 3] = 0x1.8p-16f;
+    }
+    // And the tie of WideE5m2BlocksAreExact as whole blocks of some (i, j) pairs,
+    // where FP64 would round differently.
+    for (int t = 0; t < 4; ++t) {
+      const int64_t i = rng() % m, j = rng() % n, b = rng() % 6;
+      std::fill_n(xv.begin() + i * k + b * 32, 32, 0.0f);
+      std::fill_n(wv.begin() + j * k + b * 32, 32, 0.0f);
+      for (const auto& [at, v] : {std::pair{0, 0x1p15f}, {1, 0x1p3f}, {2, 0x1p-16f}}) {
+        xv[i * k + b * 32 + at] = v;
+        wv[j * k + b * 32 + at] = v;
+      }
+    }
+    const std::vector<float> bias = Gaussian(n, 44);
+    KernelInfo info;
+    ExpectSameAsReference(Quantize(xv, m, k, Format::kMxfp8E5m2), Quantize(wv, n, k, wf), bias,
+                          GetParam(), absl::StrCat("wide E5M2 x ", FormatName(wf)), &pool,
+                          &info);
+    EXPECT_NE(info.name, "reference") << info.fallback_reason;
+  }
 }
 
 // Which kernel runs: the level asked for, unless the fast epilogue would round
