@@ -130,7 +130,7 @@ bool RunLayer(benchmark::State& state, const Layer& layer, const std::vector<flo
               int64_t m, std::vector<float>& y, mx::kernels::ThreadPool& pool) {
   absl::StatusOr<mx::QuantizedMatrix> qx =
       mx::kernels::QuantizeRows(std::span<const float>(x.data(), m * layer.k), m, layer.k,
-                                layer.w.format());
+                                layer.w.format(), {}, mx::kernels::DefaultIsa(), &pool);
   absl::StatusOr<mx::kernels::KernelInfo> info =
       mx::kernels::Linear(*qx, layer.w, {}, std::span<float>(y.data(), m * layer.n),
                           {.pool = &pool});

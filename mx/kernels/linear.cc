@@ -163,7 +163,7 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
   std::shared_ptr<const internal::WeightPanels> temporary;
   if (w.panels().kind != kind) temporary = internal::PackPanels(w.Unpacked(), kind);
   const internal::WeightPanels* panels = temporary ? temporary.get() : &w.panels();
-  const internal::DecodedX decoded = internal::DecodeActivations(x, kind, w.format());
+  const internal::DecodedX decoded = internal::DecodeActivations(x, kind, w.format(), options.pool);
 
   KernelInfo info;
   info.fallback_reason = FallbackReason(decoded, *panels);

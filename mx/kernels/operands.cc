@@ -330,7 +330,8 @@ std::vector<float> DequantizeFast(const QuantizedMatrix& m) {
   return out;
 }
 
-DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format) {
+DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
+                           ThreadPool* pool) {
   DecodedX d;
   d.kind = kind;
   d.rows = x.rows;
@@ -373,39 +374,75 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format)
   d.scale.assign(x.rows * d.blocks, 0.0f);
   d.scale_d.assign(x.rows * d.blocks, 0.0);
   const int offset = kind == Kind::kMxI8 ? I8Offset(w_format) : 0;
-  std::vector<uint8_t> codes(kp);
   const int64_t row_bytes = RowBytes(x.format, x.cols);
-  for (int64_t r = 0; r < x.rows; ++r) {
-    UnpackCodes(x.format, x.elements.data() + r * row_bytes, d.blocks, codes.data());
-    for (int64_t b = 0; b < d.blocks; ++b) {
-      const uint8_t* block = codes.data() + b * kBlockSize;
-      const BlockInfo info = InspectBlock(table, block);
-      d.has_special |= info.special;
-      d.max_span_bits = std::max(d.max_span_bits, info.span_bits);
-      if (kind == Kind::kMxF64) d.span_bits[r * d.blocks + b] = static_cast<uint8_t>(info.span_bits);
-      const BlockScales s =
-          ScalesOf(x.block_scales[r * d.blocks + b], fraction_bits, info.all_zero);
-      if (s.counts) d.range.Add(s.exponent);
-      d.scale[r * d.blocks + b] = static_cast<float>(s.fast);
-      d.scale_d[r * d.blocks + b] = s.wide;
-      int32_t sum = 0;
-      for (int i = 0; i < kBlockSize; ++i) {
-        const int64_t at = r * kp + b * kBlockSize + i;
-        const uint8_t code = block[i];
-        switch (kind) {
-          case Kind::kMxI8:
-            d.i8[at] = static_cast<int8_t>(table.fixed[code]);
-            sum += static_cast<int32_t>(table.fixed[code]);
-            break;
-          case Kind::kMxI16:
-            d.i16[at] = static_cast<int16_t>(table.fixed[code]);
-            break;
-          default:
-            d.f64[at] = table.value[code];
-            break;
+  // What a range of rows contributes to the operand-wide facts.
+  struct Facts {
+    bool has_special = false;
+    int max_span_bits = 0;
+    ScaleRange range;
+  };
+  const auto decode_rows = [&](int64_t first, int64_t end, Facts& facts) {
+    // Plain pointers: through the captured `d`, every int8 store (which may alias
+    // anything) would make the compiler reload them, doubling the time.
+    int8_t* const i8 = d.i8.data();
+    int16_t* const i16 = d.i16.data();
+    double* const f64 = d.f64.data();
+    float* const scale = d.scale.data();
+    double* const scale_d = d.scale_d.data();
+    int32_t* const block_offset = d.block_offset.data();
+    uint8_t* const span_bits = d.span_bits.data();
+    const int64_t* const fixed = table.fixed.data();
+    const float* const value = table.value.data();
+    const int64_t blocks = d.blocks;
+    std::vector<uint8_t> codes(kp);
+    for (int64_t r = first; r < end; ++r) {
+      UnpackCodes(x.format, x.elements.data() + r * row_bytes, blocks, codes.data());
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = codes.data() + b * kBlockSize;
+        const BlockInfo info = InspectBlock(table, block);
+        facts.has_special |= info.special;
+        facts.max_span_bits = std::max(facts.max_span_bits, info.span_bits);
+        const int64_t at_block = r * blocks + b;
+        const BlockScales s = ScalesOf(x.block_scales[at_block], fraction_bits, info.all_zero);
+        if (s.counts) facts.range.Add(s.exponent);
+        scale[at_block] = static_cast<float>(s.fast);
+        scale_d[at_block] = s.wide;
+        const int64_t at = r * kp + b * kBlockSize;
+        if (kind == Kind::kMxI8) {
+          int32_t sum = 0;
+          for (int i = 0; i < kBlockSize; ++i) {
+            const auto v = static_cast<int32_t>(fixed[block[i]]);
+            i8[at + i] = static_cast<int8_t>(v);
+            sum += v;
+          }
+          block_offset[at_block] = -offset * sum;
+        } else if (kind == Kind::kMxI16) {
+          for (int i = 0; i < kBlockSize; ++i) i16[at + i] = static_cast<int16_t>(fixed[block[i]]);
+        } else {
+          for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
+          span_bits[at_block] = static_cast<uint8_t>(info.span_bits);
         }
       }
-      if (kind == Kind::kMxI8) d.block_offset[r * d.blocks + b] = -offset * sum;
+    }
+  };
+  // Rows in tasks of about 16K elements when a pool can share them.
+  const int64_t rows_per_task = std::max<int64_t>(1, (int64_t{1} << 14) / kp);
+  const int64_t tasks = (x.rows + rows_per_task - 1) / rows_per_task;
+  std::vector<Facts> facts(std::max<int64_t>(tasks, 1));
+  const auto task = [&](int64_t t) {
+    decode_rows(t * rows_per_task, std::min(x.rows, (t + 1) * rows_per_task), facts[t]);
+  };
+  if (pool != nullptr && tasks > 1) {
+    pool->ParallelFor(tasks, task);
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+  }
+  for (const Facts& f : facts) {
+    d.has_special |= f.has_special;
+    d.max_span_bits = std::max(d.max_span_bits, f.max_span_bits);
+    if (!f.range.empty()) {
+      d.range.Add(f.range.min);
+      d.range.Add(f.range.max);
     }
   }
   return d;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mx/kernels/gemm_internal.h"
+#include "mx/kernels/thread_pool.h"
 #include "mx/packed.h"
 
 namespace mx::kernels::internal {
@@ -46,7 +47,9 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind);
 // reference computes the same bits from it (a −0 element may come back as +0).
 // Not for panels of W with Inf/NaN codes, which PackedWeight keeps as they came.
 QuantizedMatrix UnpackPanels(const WeightPanels& p);
-DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format);
+// MX rows are decoded in tasks across `pool` when given and there is enough work.
+DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
+                           ThreadPool* pool = nullptr);
 
 // All values in FP32: mx::Dequantize, with BF16/FP16/FP32 widened in one pass.
 std::vector<float> DequantizeFast(const QuantizedMatrix& m);

@@ -366,47 +366,86 @@ void Run(const RowsJob& job, Isa isa) {
   }
 }
 
+// Values per task when a pool splits the work: enough that handing a task over
+// costs little beside it (a few microseconds of quantizing).
+constexpr int64_t kValuesPerTask = int64_t{1} << 15;
+
+// Quantizes all rows of `m` from `values` (rows × cols of `source`), in tasks of
+// whole rows across `pool` when there is enough work for more than one.
+void RunRows(QuantizedMatrix& m, Format source, const void* values, const QuantizeOptions& options,
+             Isa isa, ThreadPool* pool) {
+  const int64_t rows_per_task = std::max<int64_t>(1, kValuesPerTask / std::max<int64_t>(1, m.cols));
+  const int64_t tasks = (m.rows + rows_per_task - 1) / rows_per_task;
+  const size_t value_bytes = source == Format::kFp32 ? 4 : 2;
+  const auto task = [&](int64_t t) {
+    const int64_t first = t * rows_per_task, count = std::min(rows_per_task, m.rows - first);
+    const auto* at = static_cast<const uint8_t*>(values) + first * m.cols * value_bytes;
+    Run(JobFor(m, first, count, source, at, options), isa);
+  };
+  if (pool != nullptr && tasks > 1) {
+    pool->ParallelFor(tasks, task);
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
                                              int64_t cols, Format format,
-                                             const QuantizeOptions& options, Isa isa) {
+                                             const QuantizeOptions& options, Isa isa,
+                                             ThreadPool* pool) {
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, rows, cols);
-  Run(JobFor(m, 0, rows, Format::kFp32, values.data(), options), isa);
+  RunRows(m, Format::kFp32, values.data(), options, isa, pool);
   return m;
 }
 
 absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, Format source,
                                              int64_t rows, int64_t cols, Format format,
-                                             const QuantizeOptions& options, Isa isa) {
+                                             const QuantizeOptions& options, Isa isa,
+                                             ThreadPool* pool) {
   if (source != Format::kBf16 && source != Format::kFp16) {
     return absl::InvalidArgumentError(
         absl::StrCat("source: expected BF16 or FP16, got ", FormatName(source)));
   }
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, rows, cols);
-  Run(JobFor(m, 0, rows, source, values.data(), options), isa);
+  RunRows(m, source, values.data(), options, isa, pool);
   return m;
 }
 
 absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k, int64_t n,
                                                 Format format, const QuantizeOptions& options,
-                                                Isa isa) {
+                                                Isa isa, ThreadPool* pool) {
   if (absl::Status s = ValidateShape(values.size(), k, n, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, n, k);
   if (k == 0 || n == 0) return m;
-  // Panels of columns, transposed into rows of K, then quantized as rows.
-  std::vector<float> panel(static_cast<size_t>(internal::kColumnPanel * k));
+  // Panels of columns, transposed into rows of K, then quantized as rows; each
+  // task owns its panel buffer.
   const bool avx2 = UseAvx2(isa);
-  for (int64_t j0 = 0; j0 < n; j0 += internal::kColumnPanel) {
-    const int width = static_cast<int>(std::min<int64_t>(internal::kColumnPanel, n - j0));
-    if (avx2) {
-      internal::TransposePanelAvx2(values.data(), k, n, j0, width, panel.data());
-    } else {
-      internal::TransposePanelScalar(values.data(), k, n, j0, width, panel.data());
+  const int64_t panels = (n + internal::kColumnPanel - 1) / internal::kColumnPanel;
+  const int64_t panels_per_task =
+      std::max<int64_t>(1, kValuesPerTask / (internal::kColumnPanel * k));
+  const int64_t tasks = (panels + panels_per_task - 1) / panels_per_task;
+  const auto task = [&](int64_t t) {
+    std::vector<float> panel(static_cast<size_t>(internal::kColumnPanel * k));
+    const int64_t end = std::min(n, (t + 1) * panels_per_task * internal::kColumnPanel);
+    for (int64_t j0 = t * panels_per_task * internal::kColumnPanel; j0 < end;
+         j0 += internal::kColumnPanel) {
+      const int width = static_cast<int>(std::min<int64_t>(internal::kColumnPanel, n - j0));
+      if (avx2) {
+        internal::TransposePanelAvx2(values.data(), k, n, j0, width, panel.data());
+      } else {
+        internal::TransposePanelScalar(values.data(), k, n, j0, width, panel.data());
+      }
+      Run(JobFor(m, j0, width, Format::kFp32, panel.data(), options), isa);
     }
-    Run(JobFor(m, j0, width, Format::kFp32, panel.data(), options), isa);
+  };
+  if (pool != nullptr && tasks > 1) {
+    pool->ParallelFor(tasks, task);
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
   }
   return m;
 }

@@ -30,7 +30,7 @@
 //
 // The functions below take the reference's arguments and return its errors word
 // for word; `isa` picks the kernel level (cpu_features.h), capped to what this
-// machine runs.
+// machine runs; `pool`, when given, splits the rows (columns) across its threads.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "mx/format.h"
 #include "mx/kernels/cpu_features.h"
+#include "mx/kernels/thread_pool.h"
 #include "mx/packed.h"
 #include "mx/quantize.h"
 
@@ -49,19 +50,19 @@ namespace mx::kernels {
 absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
                                              int64_t cols, Format format,
                                              const QuantizeOptions& options = {},
-                                             Isa isa = DefaultIsa());
+                                             Isa isa = DefaultIsa(), ThreadPool* pool = nullptr);
 // The same for BF16 or FP16 input given as raw 16-bit codes (`source` says which),
 // widened in registers: no FP32 copy of the input is made.
 absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, Format source,
                                              int64_t rows, int64_t cols, Format format,
                                              const QuantizeOptions& options = {},
-                                             Isa isa = DefaultIsa());
+                                             Isa isa = DefaultIsa(), ThreadPool* pool = nullptr);
 // Quantizes a row-major K × N FP32 matrix along its columns; the result holds the
 // transpose, N rows of K: mx::QuantizeColumns, faster. Columns are transposed in
 // panels of kColumnPanel, then quantized as rows.
 absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k, int64_t n,
                                                 Format format, const QuantizeOptions& options = {},
-                                                Isa isa = DefaultIsa());
+                                                Isa isa = DefaultIsa(), ThreadPool* pool = nullptr);
 
 // --- Internals shared by quantize_fast.cc and the per-ISA quantize_*.cc. ---
 namespace internal {

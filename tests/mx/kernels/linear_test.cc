@@ -281,6 +281,24 @@ TEST_P(LinearAtIsa, ThreadPoolGivesTheSameBits) {
   }
 }
 
+// X is decoded in row tasks across the pool too (16K elements each: 170 rows of
+// K = 96). Only the last task's rows hold tiny values, whose block scales with
+// W's rule out the fast epilogue (2^-103 · 2^-33 < 2^-126): the operand-wide
+// scale range must include every task's, so the exact scalar kernel runs.
+TEST_P(LinearAtIsa, ThreadedDecodeKeepsEveryTasksScales) {
+  ThreadPool pool(2);
+  const int64_t m = 300, n = 20, k = 96;
+  for (Format f : {Format::kMxfp4E2m1, Format::kMxint8}) {
+    std::vector<float> xv = Gaussian(m * k, 54);
+    for (int64_t i = 250 * k; i < m * k; ++i) xv[i] *= 0x1p-100f;
+    KernelInfo info;
+    ExpectSameAsReference(Quantize(xv, m, k, f), Quantize(Gaussian(n * k, 55, 0x1p-30f), n, k, f),
+                          {}, GetParam(), absl::StrCat(FormatName(f), " tiny rows, two threads"),
+                          &pool, &info);
+    EXPECT_EQ(info.name.substr(0, 7), "scalar/") << FormatName(f);
+  }
+}
+
 // Packing keeps no copy of W: the exchange layout is rebuilt from the panels
 // when needed, with the same values and scales for every format.
 TEST(PackedWeightTest, UnpackedGivesBackTheSameValues) {

@@ -650,4 +650,34 @@ TEST(QuantizeFast, DefaultIsaMatchesReference) {
   }
 }
 
+// Split across a pool: rows in tasks of whole rows, columns in tasks of panels,
+// BF16 input too. Sizes give several tasks, the last one short. The bits must not
+// depend on the split.
+TEST(QuantizeFast, PoolSplitMatchesReference) {
+  mx::kernels::ThreadPool pool(2);
+  InputMaker maker(8);
+  const int64_t rows = 301, cols = 230;  // 142 rows per task: three tasks, one of 17
+  const std::vector<float> values =
+      maker.Make(Distribution::kGaussian, Format::kMxfp8E4m3, rows, cols);
+  std::vector<uint16_t> bf16(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bf16[i] = static_cast<uint16_t>(Bits(values[i]) >> 16);
+  const auto input = [&](int64_t r, int64_t c) { return Show(values[r * cols + c]); };
+  const auto column_input = [&](int64_t r, int64_t c) { return Show(values[c * cols + r]); };
+  const auto bf16_input = [&](int64_t r, int64_t c) { return Hex(bf16[r * cols + c]); };
+  const Isa isa = mx::kernels::DefaultIsa();
+  for (Format format : kAllFormats) {
+    SCOPED_TRACE(mx::FormatName(format));
+    EXPECT_TRUE(SameMatrix(
+        mx::kernels::QuantizeRows(values, rows, cols, format, {}, isa, &pool).value(),
+        mx::QuantizeRows(values, rows, cols, format).value(), input));
+    // K = 301 rows of the input, N = 230 columns: 15 panels, 6 per task.
+    EXPECT_TRUE(SameMatrix(
+        mx::kernels::QuantizeColumns(values, rows, cols, format, {}, isa, &pool).value(),
+        mx::QuantizeColumns(values, rows, cols, format).value(), column_input));
+    EXPECT_TRUE(SameMatrix(
+        mx::kernels::QuantizeRows(bf16, Format::kBf16, rows, cols, format, {}, isa, &pool).value(),
+        mx::QuantizeRows(bf16, Format::kBf16, rows, cols, format).value(), bf16_input));
+  }
+}
+
 }  // namespace
