@@ -28,15 +28,49 @@ inline void FastEpilogue(__m256i acc, float x_scale, __m256 w_scale, float* y) {
   _mm256_store_ps(y, _mm256_fmadd_ps(t, w_scale, _mm256_load_ps(y)));
 }
 
+// The kMxI8 bytes of one W panel, two groups of 4 k at a time, from either
+// storage (gemm_internal.h): 32 bytes per group and half, or the 4-bit codes of
+// both groups in one load, widened by vpshufb through the code table.
+template <bool kNibbles>
+struct I8Weights {
+  const uint8_t* base;
+  __m256i lut, low4;
+
+  I8Weights(const WeightPanels& w, int64_t panel)
+      : base(w.u8.data() + panel * w.k_padded * kPanel / (kNibbles ? 2 : 1)),
+        lut(_mm256_broadcastsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.nibble_lut.data())))),
+        low4(_mm256_set1_epi8(0x0F)) {}
+
+  // Groups `group` (even) and `group + 1`, 8-column half h.
+  void Pair(int64_t group, int h, __m256i& first, __m256i& second) const {
+    if constexpr (kNibbles) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + (group + h) * 32));
+      first = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, low4));
+      second = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+    } else {
+      first = One(group, h);
+      second = One(group + 1, h);
+    }
+  }
+  // One group (wide storage only).
+  __m256i One(int64_t group, int h) const {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + group * 4 * kPanel + 32 * h));
+  }
+};
+
 // kMxI8: u8 (w + offset) × s8 x with vpmaddubsw into int16 pairs, G k-groups of
 // 4 summed in int16 (G chosen so they cannot overflow), then widened to int32
-// with vpmaddwd. The offset's share comes back through block_offset.
-template <int MR, int G>
+// with vpmaddwd. The offset's share comes back through block_offset. MXFP4 W
+// (kNibbles) comes as 4-bit codes, two groups per load, and one vpshufb per
+// group turns them into the same bytes: half the weight traffic.
+template <int MR, int G, bool kNibbles>
 void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  static_assert(!kNibbles || G % 2 == 0, "nibble storage holds groups in pairs");
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
-  const uint8_t* wp = w.u8.data() + panel * kp * kPanel;
+  const I8Weights<kNibbles> weights(w, panel);
   const __m256i ones = _mm256_set1_epi16(1);
   Tile tile(p, panel, true);
   for (int h = 0; h < 2; ++h) {
@@ -48,13 +82,23 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
       for (int g0 = 0; g0 < 8; g0 += G) {
         __m256i acc16[MR];
         for (int r = 0; r < MR; ++r) acc16[r] = _mm256_setzero_si256();
-        for (int g = g0; g < g0 + G; ++g) {
-          const int64_t group = b * 8 + g;  // 4 consecutive k
-          const __m256i wv = _mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(wp + group * 4 * kPanel + 32 * h));
+        if constexpr (G == 1) {
+          const int64_t group = b * 8 + g0;  // 4 consecutive k
+          const __m256i wv = weights.One(group, h);
           for (int r = 0; r < MR; ++r) {
             const __m256i xv = Broadcast32(x.i8.data() + (row0 + r) * kp + group * 4);
-            acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(wv, xv));
+            acc16[r] = _mm256_maddubs_epi16(wv, xv);
+          }
+        } else {
+          for (int g = g0; g < g0 + G; g += 2) {
+            const int64_t group = b * 8 + g;
+            __m256i w0, w1;
+            weights.Pair(group, h, w0, w1);
+            for (int r = 0; r < MR; ++r) {
+              const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
+              acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(w0, Broadcast32(xr)));
+              acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(w1, Broadcast32(xr + 4)));
+            }
           }
         }
         for (int r = 0; r < MR; ++r) {
@@ -64,6 +108,45 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
       const __m256 ws = _mm256_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel + 8 * h);
       for (int r = 0; r < MR; ++r) {
         FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, &tile.y[r][8 * h]);
+      }
+    }
+  }
+  tile.Store(p, row0, MR);
+}
+
+// kMxI8 when a whole block fits the int16 sums (G = 8: FP4 or E2M3 W with FP4 or
+// E2M3 X): both 8-column halves in one pass, so each broadcast of x feeds two
+// multiplies, and no int32 sums are carried between groups.
+template <int MR, bool kNibbles>
+void MxI8WholeBlockTile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  const I8Weights<kNibbles> weights(w, panel);
+  const __m256i ones = _mm256_set1_epi16(1);
+  Tile tile(p, panel, true);
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    __m256i acc[MR][2];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t group = b * 8; group < b * 8 + 8; group += 2) {
+      __m256i w0[2], w1[2];  // [half]: groups `group` and `group + 1`
+      for (int h = 0; h < 2; ++h) weights.Pair(group, h, w0[h], w1[h]);
+      for (int r = 0; r < MR; ++r) {
+        const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
+        const __m256i x0 = Broadcast32(xr), x1 = Broadcast32(xr + 4);
+        for (int h = 0; h < 2; ++h) {
+          acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w0[h], x0));
+          acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w1[h], x1));
+        }
+      }
+    }
+    const float* ws = w.scale.data() + (panel * x.blocks + b) * kPanel;
+    for (int r = 0; r < MR; ++r) {
+      const __m256i offset = _mm256_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
+      const float xs = x.scale[(row0 + r) * x.blocks + b];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i dot = _mm256_add_epi32(offset, _mm256_madd_epi16(acc[r][h], ones));
+        FastEpilogue(dot, xs, _mm256_loadu_ps(ws + 8 * h), &tile.y[r][8 * h]);
       }
     }
   }
@@ -246,11 +329,22 @@ void ByRows(const Problem& p, int64_t row0, int rows, int64_t panel) {
   }
 }
 
-template <int G>
+template <int G, bool kNibbles>
 struct I8 {
   template <int MR>
   struct K {
-    static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxI8Tile<MR, G>(p, r, n, c); }
+    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
+      MxI8Tile<MR, G, kNibbles>(p, r, n, c);
+    }
+  };
+};
+template <bool kNibbles>
+struct I8Whole {
+  template <int MR>
+  struct K {
+    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
+      MxI8WholeBlockTile<MR, kNibbles>(p, r, n, c);
+    }
   };
 };
 template <int MR>
@@ -292,11 +386,15 @@ TileFn Avx2Tile(Kind kind, const Problem& p) {
   switch (kind) {
     case Kind::kMxI8:
       if (!p.fast_scales) return nullptr;
+      if (p.w->nibbles) {
+        // FP4 W (offset 12) against |x| <= 127 allows at least G = 4.
+        return I8Groups(p) == 8 ? ByRows<I8Whole<true>::K> : ByRows<I8<4, true>::K>;
+      }
       switch (I8Groups(p)) {
-        case 8: return ByRows<I8<8>::K>;
-        case 4: return ByRows<I8<4>::K>;
-        case 2: return ByRows<I8<2>::K>;
-        default: return ByRows<I8<1>::K>;
+        case 8: return ByRows<I8Whole<false>::K>;
+        case 4: return ByRows<I8<4, false>::K>;
+        case 2: return ByRows<I8<2, false>::K>;
+        default: return ByRows<I8<1, false>::K>;
       }
     case Kind::kMxI16:
       return p.fast_scales ? ByRows<I16K> : nullptr;

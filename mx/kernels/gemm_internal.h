@@ -33,6 +33,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -73,7 +74,11 @@ bool FastScalesOk(const ScaleRange& x, const ScaleRange& w);
 
 // W converted for one kind: N rows padded to whole panels, K to whole blocks of
 // 32, padding zero. Element (n, k) of panel p = n / 16, lane j = n % 16:
-//   kMxI8   u8  [p][k/4][16][4]   w + offset
+//   kMxI8   u8  [p][k/4][16][4]   w + offset; for MXFP4 W (nibbles set) half of
+//           that: u8 [p][k/8][2][8][4], the byte of (group pair, half h, lane l,
+//           k % 4) holding the 4-bit codes of groups 2q (low nibble) and 2q + 1
+//           (high nibble); nibble_lut turns a code into w + offset, so a
+//           vpshufb gives the kernel the same bytes as the wide layout
 //   kMxI16  i16 [p][k/2][16][2]
 //   kInt8   i16 [p][k/2][16][2]
 //   kMxF64  u16 [p][k][16]        FP16 bits of the element's value (exact)
@@ -94,6 +99,8 @@ struct WeightPanels {
   Format float_store = Format::kFp32;  // kF32: kFp32, kFp16 or kBf16
   ScaleRange range;
   int i8_offset = 0;
+  bool nibbles = false;                 // kMxI8 with MXFP4 W: 4-bit codes, see above
+  std::array<uint8_t, 16> nibble_lut{};  // FP4 code -> w + offset
   bool has_special = false;  // an element code is Inf or NaN: the reference path
   int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, N × blocks (row-major)
@@ -164,6 +171,10 @@ struct alignas(32) Tile {
   }
 };
 }  // namespace
+
+// The kMxI8 byte (w + offset) of W element (n, k), from either storage. For the
+// scalar kernel and unpacking; the AVX2 kernel reads whole vectors.
+uint8_t I8WeightByte(const WeightPanels& w, int64_t n, int64_t k);
 
 // Computes y[row0, row0 + rows) × [16·panel, 16·panel + 16) ∩ N, all of K, from
 // the bias (or +0.0). rows <= kMaxTileRows.

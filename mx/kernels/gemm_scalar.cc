@@ -36,8 +36,9 @@ void MxTile(const Problem& p, int64_t row0, int rows, int64_t panel) {
           const int64_t k = b * kBlockSize + i;
           if constexpr (K == Kind::kMxI8) {
             const int32_t xv = x.i8[row * kp + k];
-            const uint8_t* wk = w.u8.data() + ((panel * (kp / 4) + k / 4) * kPanel) * 4 + k % 4;
-            for (int j = 0; j < kPanel; ++j) acc[j] += xv * int32_t{wk[4 * j]};
+            for (int j = 0; j < kPanel; ++j) {
+              acc[j] += xv * int32_t{I8WeightByte(w, panel * kPanel + j, k)};
+            }
           } else {
             const int32_t xv = x.i16[row * kp + k];
             const int16_t* wk = w.i16.data() + ((panel * (kp / 2) + k / 2) * kPanel) * 2 + k % 2;

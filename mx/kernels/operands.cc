@@ -21,7 +21,21 @@ bool IsI8Element(Format f) {
 }
 bool IsI16Element(Format f) { return IsI8Element(f) || f == Format::kMxfp6E3m2; }
 
+// MXFP4 W in kMxI8 (gemm_internal.h): the byte holding element (n, k), and
+// which nibble of it.
+int64_t NibbleByte(int64_t n, int64_t k, int64_t k_padded) {
+  const int64_t panel = n / kPanel, lane = n % kPanel;
+  return ((panel * (k_padded / 8) + k / 8) * 2 + lane / 8) * 32 + (lane % 8) * 4 + k % 4;
+}
+int NibbleShift(int64_t k) { return (k / 4) % 2 * 4; }
+
 }  // namespace
+
+uint8_t I8WeightByte(const WeightPanels& w, int64_t n, int64_t k) {
+  if (w.nibbles) return w.nibble_lut[(w.u8[NibbleByte(n, k, w.k_padded)] >> NibbleShift(k)) & 0x0F];
+  const int64_t panel = n / kPanel, lane = n % kPanel;
+  return w.u8[((panel * (w.k_padded / 4) + k / 4) * kPanel + lane) * 4 + k % 4];
+}
 
 const char* KindName(Kind kind) {
   switch (kind) {
@@ -155,7 +169,15 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
   switch (kind) {
     case Kind::kMxI8:
       p.i8_offset = I8Offset(w.format);
-      p.u8.assign(lanes * kp, static_cast<uint8_t>(p.i8_offset));
+      p.nibbles = w.format == Format::kMxfp4E2m1;
+      if (p.nibbles) {
+        for (int code = 0; code < 16; ++code) {
+          p.nibble_lut[code] = static_cast<uint8_t>(Codes(w.format).fixed[code] + p.i8_offset);
+        }
+        p.u8.assign(lanes * kp / 2, 0);  // code 0 (+0) in the padding lanes
+      } else {
+        p.u8.assign(lanes * kp, static_cast<uint8_t>(p.i8_offset));
+      }
       break;
     case Kind::kMxI16:
     case Kind::kInt8:
@@ -232,7 +254,11 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       const uint8_t code = codes[k];
       switch (kind) {
         case Kind::kMxI8:
-          p.u8[pair_index(n, k, 4)] = static_cast<uint8_t>(table.fixed[code] + p.i8_offset);
+          if (p.nibbles) {
+            p.u8[NibbleByte(n, k, kp)] |= static_cast<uint8_t>(code << NibbleShift(k));
+          } else {
+            p.u8[pair_index(n, k, 4)] = static_cast<uint8_t>(table.fixed[code] + p.i8_offset);
+          }
           break;
         case Kind::kMxI16:
           p.i16[pair_index(n, k, 2)] = static_cast<int16_t>(table.fixed[code]);
@@ -304,7 +330,8 @@ QuantizedMatrix UnpackPanels(const WeightPanels& p) {
         int32_t code;
         switch (p.kind) {
           case Kind::kMxI8:
-            code = code_of_fixed[p.u8[at(n, k, 4)] - p.i8_offset + (1 << 17)];
+            code = p.nibbles ? (p.u8[NibbleByte(n, k, kp)] >> NibbleShift(k)) & 0x0F
+                             : code_of_fixed[p.u8[at(n, k, 4)] - p.i8_offset + (1 << 17)];
             break;
           case Kind::kMxI16:
             code = code_of_fixed[p.i16[at(n, k, 2)] + (1 << 17)];
