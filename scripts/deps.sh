@@ -12,6 +12,7 @@ packages=(
   protobuf-compiler protobuf-compiler-grpc     # protoc and grpc_cpp_plugin
   nlohmann-json3-dev                           # golden manifest, policies
   libmpfr-dev                                  # exact oracle in the GEMM tests
+  libsimde-dev                                 # the avx512 kernels' tests without AVX-512
   libopenblas-dev                              # benchmark peer (cblas_sgemm)
   libdnnl-dev                                  # benchmark peer (oneDNN BF16 matmul)
   prometheus-cpp-dev                           # the daemon's /metrics exposer

@@ -318,17 +318,6 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   tile.Store(p, row0, MR);
 }
 
-// Row-count dispatch: a tile kernel is instantiated for each MR in 1..4.
-template <template <int> class Kernel>
-void ByRows(const Problem& p, int64_t row0, int rows, int64_t panel) {
-  switch (rows) {
-    case 1: return Kernel<1>::Run(p, row0, rows, panel);
-    case 2: return Kernel<2>::Run(p, row0, rows, panel);
-    case 3: return Kernel<3>::Run(p, row0, rows, panel);
-    default: return Kernel<4>::Run(p, row0, rows, panel);
-  }
-}
-
 template <int G, bool kNibbles>
 struct I8 {
   template <int MR>

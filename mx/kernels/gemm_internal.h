@@ -170,10 +170,22 @@ struct alignas(32) Tile {
     }
   }
 };
+
+// Row-count dispatch for a level's tile kernels: Kernel<MR>::Run instantiated
+// for each MR in 1..4 (each ISA file gets its own copy, as with Tile).
+template <template <int> class Kernel>
+void ByRows(const Problem& p, int64_t row0, int rows, int64_t panel) {
+  switch (rows) {
+    case 1: return Kernel<1>::Run(p, row0, rows, panel);
+    case 2: return Kernel<2>::Run(p, row0, rows, panel);
+    case 3: return Kernel<3>::Run(p, row0, rows, panel);
+    default: return Kernel<4>::Run(p, row0, rows, panel);
+  }
+}
 }  // namespace
 
 // The kMxI8 byte (w + offset) of W element (n, k), from either storage. For the
-// scalar kernel and unpacking; the AVX2 kernel reads whole vectors.
+// scalar kernel and unpacking; the SIMD kernels read whole vectors.
 uint8_t I8WeightByte(const WeightPanels& w, int64_t n, int64_t k);
 
 // Computes y[row0, row0 + rows) × [16·panel, 16·panel + 16) ∩ N, all of K, from
@@ -184,5 +196,14 @@ using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel)
 // for that kind (the driver then takes the next level down).
 TileFn ScalarTile(Kind kind);
 TileFn Avx2Tile(Kind kind, const Problem& p);
+TileFn Avx512Tile(Kind kind, const Problem& p);
+
+// Tile kernels a test supplies in place of a level's own (the avx512 kernels
+// compiled against SIMDe run this way on CPUs without AVX-512): tried first;
+// where `select` returns nullptr the driver takes its usual levels.
+struct TileOverride {
+  TileFn (*select)(Kind kind, const Problem& p);
+  const char* name;  // the level name KernelInfo reports for them
+};
 
 }  // namespace mx::kernels::internal

@@ -156,6 +156,13 @@ QuantizedMatrix PackedWeight::Unpacked() const {
 absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& w,
                                   std::span<const float> bias, std::span<float> y,
                                   const GemmOptions& options) {
+  return internal::LinearWith(x, w, bias, y, options, nullptr);
+}
+
+absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const PackedWeight& w,
+                                                std::span<const float> bias, std::span<float> y,
+                                                const GemmOptions& options,
+                                                const TileOverride* tiles) {
   if (absl::Status s = CheckArguments(x, w, bias, y.size()); !s.ok()) return s;
   const Kind kind = internal::KindFor(x.format, w.format());
 
@@ -182,14 +189,19 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
                             x.format,
                             w.rows(),
                             internal::FastScalesOk(decoded.range, panels->range)};
-  Isa isa = Resolve(options.isa);
-  internal::TileFn tile = nullptr;
-  if (isa >= Isa::kAvx2) tile = internal::Avx2Tile(kind, problem);
-  if (tile == nullptr) {
-    isa = Isa::kScalar;
-    tile = internal::ScalarTile(kind);
+  // The best level that has a kernel for this kind and these operands.
+  const Isa requested = Resolve(options.isa);
+  internal::TileFn tile = tiles ? tiles->select(kind, problem) : nullptr;
+  absl::string_view level = tiles ? tiles->name : "";
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
+    if (tile != nullptr) break;
+    if (isa > requested) continue;
+    tile = isa == Isa::kAvx512 ? internal::Avx512Tile(kind, problem)
+           : isa == Isa::kAvx2 ? internal::Avx2Tile(kind, problem)
+                               : internal::ScalarTile(kind);
+    level = IsaName(isa);
   }
-  info.name = absl::StrCat(IsaName(isa), "/", internal::KindName(kind));
+  info.name = absl::StrCat(level, "/", internal::KindName(kind));
 
   const bool redo_wide = MayHaveWideBlocks(decoded, *panels);
   if (redo_wide) absl::StrAppend(&info.name, "+exact_wide");

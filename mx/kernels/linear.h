@@ -29,6 +29,7 @@
 namespace mx::kernels {
 namespace internal {
 struct WeightPanels;
+struct TileOverride;
 }
 
 // A weight (N×K, blocked along K) converted to the kernels' own layout. The
@@ -78,6 +79,14 @@ struct KernelInfo {
 absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& w,
                                   std::span<const float> bias, std::span<float> y,
                                   const GemmOptions& options = {});
+
+namespace internal {
+// Linear with a test's tile kernels tried before the levels' own
+// (gemm_internal.h); Linear is this with none.
+absl::StatusOr<KernelInfo> LinearWith(const QuantizedMatrix& x, const PackedWeight& w,
+                                      std::span<const float> bias, std::span<float> y,
+                                      const GemmOptions& options, const TileOverride* tiles);
+}  // namespace internal
 
 // The same with W packed for this call only (tests, one-off GEMMs).
 absl::StatusOr<std::vector<float>> Linear(const QuantizedMatrix& x, const QuantizedMatrix& w,
