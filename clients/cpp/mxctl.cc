@@ -5,6 +5,7 @@
 //
 // Exit status: 0 on success; 1 when the daemon (or the RPC) failed; 2 on a usage
 // or input error. Errors are one line on stderr, `mxctl: error: ...`.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -123,7 +124,10 @@ void PrintFormats() {
 
 absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& remote,
                              const Args& args) {
-  if (command == "help" || command == "--help" || command == "-h") {
+  // `mxctl <command> --help` too: the usage covers every command's flags.
+  const bool asks_help = std::find(args.begin(), args.end(), "--help") != args.end() ||
+                         std::find(args.begin(), args.end(), "-h") != args.end();
+  if (command == "help" || command == "--help" || command == "-h" || asks_help) {
     std::printf("%s%s\n", kUsage, std::string(mx::FormatNameList()).c_str());
     return 0;
   }

@@ -190,6 +190,12 @@ TEST_F(Mxctl, HelpFormatsAndDemo) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("usage: mxctl <command>"), std::string::npos);
   EXPECT_NE(help.out.find("--format-b F2"), std::string::npos);
+  // After a command as well, instead of "unknown flag --help".
+  for (const char* command : {"bench --help", "quantize -h", "models register --help"}) {
+    const Result sub = Run(command);
+    EXPECT_EQ(sub.exit_code, 0) << command << ": " << sub.err;
+    EXPECT_NE(sub.out.find("usage: mxctl <command>"), std::string::npos) << command;
+  }
   const Result formats = Run("formats");
   EXPECT_EQ(formats.exit_code, 0);
   EXPECT_NE(formats.out.find("MXFP6_E3M2     6    3/2       4            28"), std::string::npos)
