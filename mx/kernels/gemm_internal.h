@@ -184,9 +184,12 @@ void ByRows(const Problem& p, int64_t row0, int rows, int64_t panel) {
 }
 }  // namespace
 
-// The kMxI8 byte (w + offset) of W element (n, k), from either storage. For the
-// scalar kernel and unpacking; the SIMD kernels read whole vectors.
+// The kMxI8 byte (w + offset) of W element (n, k), from either storage, and the
+// same for one block of a panel at once ([k in block][lane]). For the scalar
+// kernel and unpacking; the SIMD kernels read whole vectors.
 uint8_t I8WeightByte(const WeightPanels& w, int64_t n, int64_t k);
+void I8WeightBlock(const WeightPanels& w, int64_t panel, int64_t block,
+                   uint8_t (&out)[kBlockSize][kPanel]);
 
 // Computes y[row0, row0 + rows) × [16·panel, 16·panel + 16) ∩ N, all of K, from
 // the bias (or +0.0). rows <= kMaxTileRows.

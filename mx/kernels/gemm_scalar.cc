@@ -20,15 +20,24 @@ void MxTile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   Tile tile(p, panel, /*with_bias=*/true);
   for (int64_t b = 0; b < x.blocks; ++b) {
     const double* ws = w.scale_d.data() + (panel * x.blocks + b) * kPanel;
+    // This block of the panel's W, read once for all rows: kMxI8 bytes, or
+    // kMxF64 element values widened from FP16.
+    uint8_t w8[kBlockSize][kPanel];
+    double wd[kBlockSize][kPanel];
+    if constexpr (K == Kind::kMxI8) I8WeightBlock(w, panel, b, w8);
+    if constexpr (K == Kind::kMxF64) {
+      const uint16_t* wk = w.f16.data() + (panel * kp + b * kBlockSize) * kPanel;
+      for (int i = 0; i < kBlockSize; ++i) {
+        for (int j = 0; j < kPanel; ++j) wd[i][j] = Fp16ToFloat(wk[i * kPanel + j]);
+      }
+    }
     for (int r = 0; r < rows; ++r) {
       const int64_t row = row0 + r;
       double dot[kPanel] = {};
       if constexpr (K == Kind::kMxF64) {
         for (int i = 0; i < kBlockSize; ++i) {
-          const int64_t k = b * kBlockSize + i;
-          const double xv = x.f64[row * kp + k];
-          const uint16_t* wk = w.f16.data() + (panel * kp + k) * kPanel;
-          for (int j = 0; j < kPanel; ++j) dot[j] += xv * double{Fp16ToFloat(wk[j])};
+          const double xv = x.f64[row * kp + b * kBlockSize + i];
+          for (int j = 0; j < kPanel; ++j) dot[j] += xv * wd[i][j];
         }
       } else {
         int32_t acc[kPanel] = {};
@@ -36,9 +45,7 @@ void MxTile(const Problem& p, int64_t row0, int rows, int64_t panel) {
           const int64_t k = b * kBlockSize + i;
           if constexpr (K == Kind::kMxI8) {
             const int32_t xv = x.i8[row * kp + k];
-            for (int j = 0; j < kPanel; ++j) {
-              acc[j] += xv * int32_t{I8WeightByte(w, panel * kPanel + j, k)};
-            }
+            for (int j = 0; j < kPanel; ++j) acc[j] += xv * int32_t{w8[i][j]};
           } else {
             const int32_t xv = x.i16[row * kp + k];
             const int16_t* wk = w.i16.data() + ((panel * (kp / 2) + k / 2) * kPanel) * 2 + k % 2;

@@ -37,6 +37,25 @@ uint8_t I8WeightByte(const WeightPanels& w, int64_t n, int64_t k) {
   return w.u8[((panel * (w.k_padded / 4) + k / 4) * kPanel + lane) * 4 + k % 4];
 }
 
+void I8WeightBlock(const WeightPanels& w, int64_t panel, int64_t block,
+                   uint8_t (&out)[kBlockSize][kPanel]) {
+  const int64_t kp = w.k_padded;
+  for (int g = 0; g < 8; ++g) {
+    const int64_t group = block * 8 + g;
+    // Both layouts keep a group's 16 lanes × 4 k in order (for nibbles, in one
+    // nibble of the group pair's 64 bytes).
+    const uint8_t* bytes = w.nibbles ? w.u8.data() + (panel * (kp / 8) + group / 2) * 64
+                                     : w.u8.data() + (panel * (kp / 4) + group) * 64;
+    const int shift = static_cast<int>(group % 2) * 4;
+    for (int lane = 0; lane < kPanel; ++lane) {
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t byte = bytes[lane * 4 + i];
+        out[g * 4 + i][lane] = w.nibbles ? w.nibble_lut[(byte >> shift) & 0x0F] : byte;
+      }
+    }
+  }
+}
+
 const char* KindName(Kind kind) {
   switch (kind) {
     case Kind::kMxI8: return "mx_i8";
