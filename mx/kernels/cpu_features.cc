@@ -78,7 +78,7 @@ Isa CpuSupports() {
   return supported;
 }
 
-Isa KernelsBuiltFor() { return Isa::kAvx512; }
+Isa KernelsBuiltFor() { return Isa::kAmx; }
 
 std::span<const Isa> AvailableIsas() {
   const Isa best = std::min(CpuSupports(), KernelsBuiltFor());

@@ -31,9 +31,9 @@ absl::StatusOr<Isa> ParseIsa(absl::string_view name);
 // tile state to this process; a refusal leaves the answer at avx512.
 Isa CpuSupports();
 
-// The levels the fast kernels have code for in this build: scalar, avx2 and
-// avx512 (no AMX kernels yet: a CPU with AMX runs the avx512 ones). A level the
-// CPU supports but the kernels lack runs the best built level below it.
+// The levels the fast kernels have code for in this build: all four. Within a
+// level, a kind without its own kernel runs the best level below that has one
+// (amx has mx_i8 only; avx512 mx_i8, mx_i16 and f32).
 Isa KernelsBuiltFor();
 
 // The levels a caller may force on this machine: scalar up to

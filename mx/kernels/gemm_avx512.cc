@@ -10,13 +10,11 @@
 //
 // Kinds without a kernel here (kMxF64, kInt8) run the avx2 ones.
 //
-// Tests also compile this file against SIMDe's portable AVX-512
-// (MX_KERNELS_SIMDE, tests/mx/kernels/gemm_avx512_simde.cc), so its logic is
+// Tests also compile this file against SIMDe's portable AVX-512 (with
+// MX_KERNELS_EMULATED, tests/mx/kernels/simd_emulation.h), so its logic is
 // checked bit for bit on machines without AVX-512; the entry point is then
 // Avx512TileEmulated.
-#ifdef MX_KERNELS_SIMDE
-#define SIMDE_ENABLE_NATIVE_ALIASES
-#include <simde/x86/avx512.h>
+#ifdef MX_KERNELS_EMULATED
 #define MX_AVX512_ENTRY Avx512TileEmulated
 #else
 // GCC 12's avx512fintrin.h trips its own -Wuninitialized (the _mm512_undefined_*
@@ -31,41 +29,12 @@
 
 #include <cstring>
 
-#include "mx/element.h"
 #include "mx/kernels/gemm_internal.h"
 
 namespace mx::kernels::internal {
 namespace {
 
-#ifdef MX_KERNELS_SIMDE
-// SIMDe 0.7 has no 512-bit forms of these three conversions; lane by lane with
-// the instructions' semantics (int32 -> float rounds to nearest even, FP16 and
-// u16 widen exactly).
-inline __m512 Cvtepi32Ps(__m512i a) {
-  int32_t in[16];
-  float out[16];
-  _mm512_storeu_si512(in, a);
-  for (int i = 0; i < 16; ++i) out[i] = static_cast<float>(in[i]);
-  return _mm512_loadu_ps(out);
-}
-inline __m512i Cvtepu16Epi32(__m256i a) {
-  uint16_t in[16];
-  int32_t out[16];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
-  for (int i = 0; i < 16; ++i) out[i] = in[i];
-  return _mm512_loadu_si512(out);
-}
-inline __m512 CvtphPs(__m256i a) {
-  uint16_t in[16];
-  float out[16];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
-  for (int i = 0; i < 16; ++i) out[i] = Fp16ToFloat(in[i]);
-  return _mm512_loadu_ps(out);
-}
-#define _mm512_cvtepi32_ps Cvtepi32Ps
-#define _mm512_cvtepu16_epi32 Cvtepu16Epi32
-#define _mm512_cvtph_ps CvtphPs
-#endif
+#include "mx/kernels/i8_weights_avx512.inc"
 
 inline __m512i Broadcast32(const void* p) {
   int32_t v;
@@ -92,10 +61,7 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
-  const uint8_t* wp = w.u8.data() + panel * kp * kPanel / (kNibbles ? 2 : 1);
-  const __m512i lut = _mm512_broadcast_i32x4(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.nibble_lut.data())));
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const I8Weights512<kNibbles> weights(w, panel);
   Tile tile(p, panel, true);
   __m512 y[MR];
   for (int r = 0; r < MR; ++r) y[r] = LoadRow(tile, r);
@@ -106,14 +72,7 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
     }
     for (int64_t group = b * 8; group < b * 8 + 8; group += 2) {
       __m512i w0, w1;
-      if constexpr (kNibbles) {
-        const __m512i v = _mm512_loadu_si512(wp + group / 2 * 64);
-        w0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low4));
-        w1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
-      } else {
-        w0 = _mm512_loadu_si512(wp + group * 64);
-        w1 = _mm512_loadu_si512(wp + (group + 1) * 64);
-      }
+      weights.Pair(group, w0, w1);
       for (int r = 0; r < MR; ++r) {
         const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
         acc[r] = _mm512_dpbusd_epi32(acc[r], w0, Broadcast32(xr));

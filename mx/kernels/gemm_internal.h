@@ -142,6 +142,8 @@ struct Problem {
 };
 
 inline constexpr int kMaxTileRows = 4;
+// Rows per call of the amx level's kernel (one AMX tile of X).
+inline constexpr int kAmxTileRows = 16;
 
 // Up to 4 × 16 outputs of one tile in FP32, started from the bias (or +0.0) when
 // asked; a tile kernel accumulates here and Store() writes the valid columns to
@@ -200,6 +202,8 @@ using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel)
 TileFn ScalarTile(Kind kind);
 TileFn Avx2Tile(Kind kind, const Problem& p);
 TileFn Avx512Tile(Kind kind, const Problem& p);
+// Takes up to kAmxTileRows rows per call and writes y itself (no Tile).
+TileFn AmxTile(Kind kind, const Problem& p);
 
 // Tile kernels a test supplies in place of a level's own (the avx512 kernels
 // compiled against SIMDe run this way on CPUs without AVX-512): tried first;
@@ -207,6 +211,7 @@ TileFn Avx512Tile(Kind kind, const Problem& p);
 struct TileOverride {
   TileFn (*select)(Kind kind, const Problem& p);
   const char* name;  // the level name KernelInfo reports for them
+  int rows = kMaxTileRows;  // rows per call they take
 };
 
 }  // namespace mx::kernels::internal

@@ -193,13 +193,18 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
   const Isa requested = Resolve(options.isa);
   internal::TileFn tile = tiles ? tiles->select(kind, problem) : nullptr;
   absl::string_view level = tiles ? tiles->name : "";
-  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
+  int tile_rows = tiles ? tiles->rows : internal::kMaxTileRows;
+  for (Isa isa : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
     if (tile != nullptr) break;
     if (isa > requested) continue;
-    tile = isa == Isa::kAvx512 ? internal::Avx512Tile(kind, problem)
-           : isa == Isa::kAvx2 ? internal::Avx2Tile(kind, problem)
-                               : internal::ScalarTile(kind);
+    switch (isa) {
+      case Isa::kAmx: tile = internal::AmxTile(kind, problem); break;
+      case Isa::kAvx512: tile = internal::Avx512Tile(kind, problem); break;
+      case Isa::kAvx2: tile = internal::Avx2Tile(kind, problem); break;
+      case Isa::kScalar: tile = internal::ScalarTile(kind); break;
+    }
     level = IsaName(isa);
+    tile_rows = isa == Isa::kAmx ? internal::kAmxTileRows : internal::kMaxTileRows;
   }
   info.name = absl::StrCat(level, "/", internal::KindName(kind));
 
@@ -212,9 +217,8 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
     const int64_t panel = task % panels->panels;
     const int64_t first = (task / panels->panels) * kRowsPerTask;
     const int64_t end = std::min(x.rows, first + kRowsPerTask);
-    for (int64_t row = first; row < end; row += internal::kMaxTileRows) {
-      tile(problem, row, static_cast<int>(std::min<int64_t>(internal::kMaxTileRows, end - row)),
-           panel);
+    for (int64_t row = first; row < end; row += tile_rows) {
+      tile(problem, row, static_cast<int>(std::min<int64_t>(tile_rows, end - row)), panel);
     }
     if (redo_wide) RedoWideOutputs(problem, first, end, panel);
   };

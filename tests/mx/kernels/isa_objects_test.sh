@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The files compiled for AVX2 or AVX-512 (*_avx2.cc, *_avx512.cc) must define no
-# weak or unique symbols.
+# The files compiled for AVX2, AVX-512 or AMX (*_avx2.cc, *_avx512.cc, *_amx.cc)
+# must define no weak or unique symbols.
 # Such a symbol (an inline function, a template instantiation) can have a
 # baseline copy elsewhere, and the linker keeps one of them for every caller: if
 # it keeps the AVX2 one, the scalar level runs AVX2 code on a CPU without it
@@ -9,7 +9,7 @@
 set -euo pipefail
 checked=0
 for object in "$@"; do
-  [[ $object == *_avx2.cc.o || $object == *_avx512.cc.o ]] || continue
+  [[ $object == *_avx2.cc.o || $object == *_avx512.cc.o || $object == *_amx.cc.o ]] || continue
   checked=$((checked + 1))
   shared=$(nm -C "$object" | awk '$2 ~ /^[WVu]$/')  # nm failing fails the test
   if [[ -n $shared ]]; then
@@ -19,7 +19,7 @@ for object in "$@"; do
   fi
 done
 if ((checked == 0)); then
-  echo "no *_avx2.cc.o or *_avx512.cc.o among the arguments" >&2
+  echo "no *_avx2.cc.o, *_avx512.cc.o or *_amx.cc.o among the arguments" >&2
   exit 1
 fi
-echo "checked $checked AVX2/AVX-512 objects: no weak or unique symbols"
+echo "checked $checked AVX2/AVX-512/AMX objects: no weak or unique symbols"

@@ -1,0 +1,134 @@
+// The avx512 and amx levels' GEMM kernels compiled against SIMDe and an AMX
+// emulation (simd_emulation.h, gemm_*_emulated.cc), against mx::ReferenceLinear
+// bit for bit. The machines here have neither instruction set: the real
+// instructions run in linear_test only where a CPU has them (it tests every
+// level AvailableIsas() lists). Here the kernels' own logic — layouts, nibble
+// widening, AMX tile shapes, the order of the sums, the epilogue — is checked
+// on every CPU with AVX2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/mx/kernels/linear_test_util.h"
+
+namespace mx::kernels::internal {
+TileFn Avx512TileEmulated(Kind kind, const Problem& p);
+TileFn AmxTileEmulated(Kind kind, const Problem& p);
+}  // namespace mx::kernels::internal
+
+namespace mx::kernels {
+namespace {
+
+struct Level {
+  internal::TileOverride tiles;
+  // The kinds this level has kernels for; the others fall through to avx2.
+  std::vector<internal::Kind> kinds;
+};
+
+const Level& Avx512Level() {
+  static const Level level{{internal::Avx512TileEmulated, "avx512-simde", internal::kMaxTileRows},
+                           {internal::Kind::kMxI8, internal::Kind::kMxI16, internal::Kind::kF32}};
+  return level;
+}
+const Level& AmxLevel() {
+  static const Level level{{internal::AmxTileEmulated, "amx-emulated", internal::kAmxTileRows},
+                           {internal::Kind::kMxI8}};
+  return level;
+}
+
+class EmulatedLevel : public ::testing::TestWithParam<const Level*> {
+ protected:
+  void SetUp() override {
+    // The emulation itself is compiled for AVX2 (see simd_emulation.h).
+    if (CpuSupports() < Isa::kAvx2) GTEST_SKIP() << "the emulated kernels are built for AVX2";
+  }
+  // Runs the level's kernels first, checks every output, returns the kernel name.
+  std::string Run(const QuantizedMatrix& x, const QuantizedMatrix& w, std::span<const float> bias,
+                  const std::string& what, ThreadPool* pool = nullptr) {
+    KernelInfo info;
+    ExpectSameAsReference(x, w, bias, DefaultIsa(), what, pool, &info, &GetParam()->tiles);
+    return info.name;
+  }
+  // The name a call of `kind` must report when this level's kernel ran.
+  std::string Expected(internal::Kind kind) const {
+    for (internal::Kind k : GetParam()->kinds) {
+      if (k == kind) return absl::StrCat(GetParam()->tiles.name, "/", internal::KindName(kind));
+    }
+    return absl::StrCat(IsaName(DefaultIsa()), "/", internal::KindName(kind));
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Levels, EmulatedLevel, ::testing::Values(&Avx512Level(), &AmxLevel()),
+                         [](const auto& info) {
+                           return info.param == &AmxLevel() ? std::string("amx")
+                                                            : std::string("avx512");
+                         });
+
+// Every MX pair on ragged shapes (M up to 37: more than one 16-row AMX tile and
+// a short one), bias on and off.
+TEST_P(EmulatedLevel, EveryMxPairMatchesReference) {
+  const struct {
+    int64_t m, n, k;
+  } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 70}, {16, 16, 200}};
+  for (Format fx : kMxFormats) {
+    for (Format fw : kMxFormats) {
+      for (const auto& s : shapes) {
+        for (bool with_bias : {false, true}) {
+          const std::vector<float> bias = with_bias ? Gaussian(s.n, 3) : std::vector<float>{};
+          const std::string what = absl::StrCat(FormatName(fx), " x ", FormatName(fw), " ", s.m,
+                                                "x", s.n, "x", s.k, with_bias ? " bias" : "");
+          const std::string name = Run(Quantize(Gaussian(s.m * s.k, 1), s.m, s.k, fx),
+                                       Quantize(Gaussian(s.n * s.k, 2), s.n, s.k, fw), bias, what);
+          EXPECT_EQ(name, Expected(internal::KindFor(fx, fw))) << what;
+        }
+      }
+    }
+  }
+}
+
+// The float kind: FMA over k ascending from the bias, the reference's own order,
+// so even these bits match; FP32, FP16 and BF16 weights.
+TEST_P(EmulatedLevel, FloatFormatsMatchReference) {
+  const int64_t m = 7, n = 33, k = 45;
+  for (Format f : {Format::kFp32, Format::kFp16, Format::kBf16}) {
+    const std::string name = Run(Quantize(Gaussian(m * k, 4), m, k, f),
+                                 Quantize(Gaussian(n * k, 5), n, k, f), Gaussian(n, 6),
+                                 std::string(FormatName(f)));
+    EXPECT_EQ(name, Expected(internal::Kind::kF32)) << FormatName(f);
+  }
+}
+
+// MXINT8 W against MXFP4 X: the widest kMxI8 bytes (w + 127 up to 254), where the
+// avx2 kernel needs int16 groups and these do not. NaN and all-zero blocks, and
+// two threads (AMX tile state is per thread).
+TEST_P(EmulatedLevel, WideBytesNanAndZeroBlocksAndThreads) {
+  ThreadPool pool(2);
+  const int64_t m = 37, n = 70, k = 96;
+  std::vector<float> xv = Gaussian(m * k, 7), wv = Gaussian(n * k, 8, 100.0f);
+  xv[5 * k + 40] = std::nanf("");             // row 5, block 1: NaN
+  std::fill_n(wv.begin() + 3 * k, 32, 0.0f);  // row 3, block 0: zero
+  for (auto [fx, fw] : {std::pair{Format::kMxfp4E2m1, Format::kMxint8},
+                        std::pair{Format::kMxint8, Format::kMxfp4E2m1},
+                        std::pair{Format::kMxint8, Format::kMxint8}}) {
+    const std::string what = absl::StrCat(FormatName(fx), " x ", FormatName(fw));
+    const std::string name = Run(Quantize(xv, m, k, fx), Quantize(wv, n, k, fw), Gaussian(n, 9),
+                                 what, &pool);
+    EXPECT_EQ(name, Expected(internal::KindFor(fx, fw))) << what;
+  }
+}
+
+// Scales the fast epilogue cannot take exactly: the level declines and the
+// driver's exact scalar kernel runs.
+TEST_P(EmulatedLevel, ExtremeScalesFallToTheExactKernel) {
+  const int64_t m = 2, n = 16, k = 64;
+  const std::string name =
+      Run(Quantize(Gaussian(m * k, 10, 0x1p-100f), m, k, Format::kMxfp4E2m1),
+          Quantize(Gaussian(n * k, 11, 0x1p-40f), n, k, Format::kMxfp4E2m1), {}, "tiny scales");
+  EXPECT_EQ(name, "scalar/mx_i8");
+}
+
+}  // namespace
+}  // namespace mx::kernels

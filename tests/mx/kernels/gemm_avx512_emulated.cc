@@ -1,0 +1,4 @@
+// The avx512 tile kernels compiled against SIMDe (simd_emulation.h), for
+// avx512_emulated_test on CPUs without AVX-512.
+#include "tests/mx/kernels/simd_emulation.h"
+#include "mx/kernels/gemm_avx512.cc"

@@ -1,0 +1,115 @@
+// What the kernel tests need to run the avx512 and amx kernels on a CPU without
+// those instructions: SIMDe's portable AVX-512 under the intrinsics' own names,
+// the three conversions SIMDe 0.7 lacks, and an emulation of the AMX tile
+// instructions the amx kernels use. Included by the wrappers that compile a
+// kernel source with MX_KERNELS_EMULATED (gemm_*_emulated.cc), built with AVX2
+// and FMA so that SIMDe computes each 512-bit FMA as two native 256-bit ones:
+// one rounding, as the hardware's.
+#pragma once
+
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "mx/element.h"
+
+#define MX_KERNELS_EMULATED 1
+
+namespace mx::kernels::emulated {
+
+// int32 -> float rounds to nearest even; FP16 and u16 widen exactly.
+inline __m512 Cvtepi32Ps(__m512i a) {
+  int32_t in[16];
+  float out[16];
+  _mm512_storeu_si512(in, a);
+  for (int i = 0; i < 16; ++i) out[i] = static_cast<float>(in[i]);
+  return _mm512_loadu_ps(out);
+}
+inline __m512i Cvtepu16Epi32(__m256i a) {
+  uint16_t in[16];
+  int32_t out[16];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
+  for (int i = 0; i < 16; ++i) out[i] = in[i];
+  return _mm512_loadu_si512(out);
+}
+inline __m512 CvtphPs(__m256i a) {
+  uint16_t in[16];
+  float out[16];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
+  for (int i = 0; i < 16; ++i) out[i] = Fp16ToFloat(in[i]);
+  return _mm512_loadu_ps(out);
+}
+
+// AMX: eight tile registers of up to 16 rows × 64 bytes per thread, shaped by
+// the 64-byte configuration (palette 1: colsb[i] at bytes 16 + 2i, rows[i] at
+// byte 48 + i), with the semantics of the Intel SDM for the instructions below.
+struct TileState {
+  uint8_t data[8][16][64] = {};
+  uint16_t colsb[8] = {};
+  uint8_t rows[8] = {};
+};
+inline thread_local TileState tiles;
+
+inline void TileLoadConfig(const void* config) {
+  const auto* c = static_cast<const uint8_t*>(config);
+  for (int t = 0; t < 8; ++t) {
+    std::memcpy(&tiles.colsb[t], c + 16 + 2 * t, 2);
+    tiles.rows[t] = c[48 + t];
+  }
+}
+inline void TileRelease() { tiles = TileState{}; }
+inline void TileZero(int t) { std::memset(tiles.data[t], 0, sizeof(tiles.data[t])); }
+// Rows beyond the configured ones, and bytes beyond colsb, read as zero.
+inline void TileLoad(int t, const void* base, int64_t stride) {
+  TileZero(t);
+  for (int r = 0; r < tiles.rows[t]; ++r) {
+    std::memcpy(tiles.data[t][r], static_cast<const uint8_t*>(base) + r * stride, tiles.colsb[t]);
+  }
+}
+inline void TileStore(int t, void* base, int64_t stride) {
+  for (int r = 0; r < tiles.rows[t]; ++r) {
+    std::memcpy(static_cast<uint8_t*>(base) + r * stride, tiles.data[t][r], tiles.colsb[t]);
+  }
+}
+// TDPBSUD: C[m][n] += Σ_k Σ_{i<4} s8(A[m][4k+i]) · u8(B[k][4n+i]), int32 wrapping,
+// over k < colsb(A) / 4 and n < colsb(C) / 4.
+inline void TileDpbsud(int c, int a, int b) {
+  for (int m = 0; m < tiles.rows[c]; ++m) {
+    for (int n = 0; n < tiles.colsb[c] / 4; ++n) {
+      int32_t sum;
+      std::memcpy(&sum, &tiles.data[c][m][4 * n], 4);
+      uint32_t acc = static_cast<uint32_t>(sum);
+      for (int k = 0; k < tiles.colsb[a] / 4; ++k) {
+        for (int i = 0; i < 4; ++i) {
+          const int32_t x = static_cast<int8_t>(tiles.data[a][m][4 * k + i]);
+          const int32_t w = tiles.data[b][k][4 * n + i];
+          acc += static_cast<uint32_t>(x * w);
+        }
+      }
+      sum = static_cast<int32_t>(acc);
+      std::memcpy(&tiles.data[c][m][4 * n], &sum, 4);
+    }
+  }
+}
+
+}  // namespace mx::kernels::emulated
+
+// SIMDe includes the compiler's own immintrin.h, which defines the AMX macros
+// (for the real instructions) whatever the target flags.
+#undef _tile_loadconfig
+#undef _tile_release
+#undef _tile_zero
+#undef _tile_loadd
+#undef _tile_stored
+#undef _tile_dpbsud
+#define _mm512_cvtepi32_ps mx::kernels::emulated::Cvtepi32Ps
+#define _mm512_cvtepu16_epi32 mx::kernels::emulated::Cvtepu16Epi32
+#define _mm512_cvtph_ps mx::kernels::emulated::CvtphPs
+#define _tile_loadconfig(config) mx::kernels::emulated::TileLoadConfig(config)
+#define _tile_release() mx::kernels::emulated::TileRelease()
+#define _tile_zero(t) mx::kernels::emulated::TileZero(t)
+#define _tile_loadd(t, base, stride) mx::kernels::emulated::TileLoad(t, base, stride)
+#define _tile_stored(t, base, stride) mx::kernels::emulated::TileStore(t, base, stride)
+#define _tile_dpbsud(c, a, b) mx::kernels::emulated::TileDpbsud(c, a, b)
