@@ -186,10 +186,8 @@ void ByRows(const Problem& p, int64_t row0, int rows, int64_t panel) {
 }
 }  // namespace
 
-// The kMxI8 byte (w + offset) of W element (n, k), from either storage, and the
-// same for one block of a panel at once ([k in block][lane]). For the scalar
-// kernel and unpacking; the SIMD kernels read whole vectors.
-uint8_t I8WeightByte(const WeightPanels& w, int64_t n, int64_t k);
+// The kMxI8 bytes (w + offset) of one block of a panel, [k in block][lane], from
+// either storage: for the scalar kernel; the SIMD kernels read whole vectors.
 void I8WeightBlock(const WeightPanels& w, int64_t panel, int64_t block,
                    uint8_t (&out)[kBlockSize][kPanel]);
 

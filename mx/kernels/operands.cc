@@ -22,31 +22,24 @@ bool IsI8Element(Format f) {
 bool IsI16Element(Format f) { return IsI8Element(f) || f == Format::kMxfp6E3m2; }
 
 // MXFP4 W in kMxI8 (gemm_internal.h): the byte holding element (n, k), and
-// which nibble of it.
+// which nibble of it. A group pair's 64 bytes hold its 16 lanes × 4 k in order.
 int64_t NibbleByte(int64_t n, int64_t k, int64_t k_padded) {
-  const int64_t panel = n / kPanel, lane = n % kPanel;
-  return ((panel * (k_padded / 8) + k / 8) * 2 + lane / 8) * 32 + (lane % 8) * 4 + k % 4;
+  return (n / kPanel * (k_padded / 8) + k / 8) * 64 + n % kPanel * 4 + k % 4;
 }
 int NibbleShift(int64_t k) { return (k / 4) % 2 * 4; }
 
 }  // namespace
 
-uint8_t I8WeightByte(const WeightPanels& w, int64_t n, int64_t k) {
-  if (w.nibbles) return w.nibble_lut[(w.u8[NibbleByte(n, k, w.k_padded)] >> NibbleShift(k)) & 0x0F];
-  const int64_t panel = n / kPanel, lane = n % kPanel;
-  return w.u8[((panel * (w.k_padded / 4) + k / 4) * kPanel + lane) * 4 + k % 4];
-}
-
 void I8WeightBlock(const WeightPanels& w, int64_t panel, int64_t block,
                    uint8_t (&out)[kBlockSize][kPanel]) {
   const int64_t kp = w.k_padded;
   for (int g = 0; g < 8; ++g) {
-    const int64_t group = block * 8 + g;
-    // Both layouts keep a group's 16 lanes × 4 k in order (for nibbles, in one
+    const int64_t k0 = (block * 8 + g) * 4;  // the group's first k
+    // Both layouts keep a group's 16 lanes × 4 k in order (nibbles: in one
     // nibble of the group pair's 64 bytes).
-    const uint8_t* bytes = w.nibbles ? w.u8.data() + (panel * (kp / 8) + group / 2) * 64
-                                     : w.u8.data() + (panel * (kp / 4) + group) * 64;
-    const int shift = static_cast<int>(group % 2) * 4;
+    const uint8_t* bytes = w.u8.data() + (w.nibbles ? NibbleByte(panel * kPanel, k0, kp)
+                                                    : (panel * (kp / 4) + k0 / 4) * 64);
+    const int shift = NibbleShift(k0);
     for (int lane = 0; lane < kPanel; ++lane) {
       for (int i = 0; i < 4; ++i) {
         const uint8_t byte = bytes[lane * 4 + i];
