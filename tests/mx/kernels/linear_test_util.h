@@ -35,8 +35,8 @@ inline bool SameBits(float a, float b) {
   return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
 }
 
-// Runs Linear (with `tiles` tried first, when given) and compares every output
-// with the reference; on a mismatch, says where.
+// Runs Linear (or, with `tiles`, the driver with those tried first) and compares
+// every output with the reference; on a mismatch, says where.
 inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatrix& w,
                                   std::span<const float> bias, Isa isa, const std::string& what,
                                   ThreadPool* pool = nullptr, KernelInfo* info_out = nullptr,
@@ -45,8 +45,9 @@ inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatri
   absl::StatusOr<PackedWeight> packed = PackedWeight::Pack(w);
   ASSERT_TRUE(packed.ok()) << packed.status();
   std::vector<float> y(x.rows * w.rows, -1.0f);
-  absl::StatusOr<KernelInfo> info =
-      internal::LinearWith(x, *packed, bias, y, {.isa = isa, .pool = pool}, tiles);
+  const GemmOptions options{.isa = isa, .pool = pool};
+  absl::StatusOr<KernelInfo> info = tiles ? internal::LinearWith(x, *packed, bias, y, options, tiles)
+                                          : Linear(x, *packed, bias, y, options);
   ASSERT_TRUE(info.ok()) << info.status();
   if (info_out) *info_out = *info;
   int mismatches = 0;
