@@ -73,12 +73,10 @@ void MxI8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   // Outputs from the bias (or +0.0), the 16 valid-or-not columns of each row.
   const int64_t n0 = panel * kPanel;
   const int cols = static_cast<int>(std::min<int64_t>(kPanel, p.n - n0));
+  float start[kPanel] = {};
+  for (int j = 0; j < cols && p.bias; ++j) start[j] = p.bias[n0 + j];
   __m512 y[kAmxTileRows];
-  for (int r = 0; r < kAmxTileRows; ++r) {
-    float start[kPanel] = {};
-    for (int j = 0; j < cols && p.bias; ++j) start[j] = p.bias[n0 + j];
-    y[r] = _mm512_loadu_ps(start);
-  }
+  for (int r = 0; r < rows; ++r) y[r] = _mm512_loadu_ps(start);
   alignas(64) int32_t dots[kAmxTileRows][kPanel];
   alignas(64) uint8_t wide[kBlockSize / 4][64];  // nibbles widened: one block of B
   for (int64_t b = 0; b < x.blocks; ++b) {
