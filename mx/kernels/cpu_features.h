@@ -31,9 +31,11 @@ absl::StatusOr<Isa> ParseIsa(absl::string_view name);
 // tile state to this process; a refusal leaves the answer at avx512.
 Isa CpuSupports();
 
-// The levels the fast kernels have code for in this build: all four. Within a
-// level, a kind without its own kernel runs the best level below that has one
-// (amx has mx_i8 only; avx512 mx_i8, mx_i16 and f32).
+// The levels the fast kernels have code for in this build: all four. Not every
+// level has every kind of kernel: which ones each has is one table,
+// internal::kHasKernel in gemm_internal.h, and a kind without its own kernel at a
+// level runs the best level below that has one. KernelNameFor (linear.h) gives
+// the name Linear reports for a pair of formats at a level.
 Isa KernelsBuiltFor();
 
 // The levels a caller may force on this machine: scalar up to

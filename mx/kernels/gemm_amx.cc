@@ -11,7 +11,8 @@
 // instruction covers one block only (the scales change every 32 k), so the
 // epilogue, not the multiply, bounds this kernel.
 //
-// Other kinds run the avx512 kernels at this level.
+// Other kinds run the best level below that has them (kHasKernel in
+// gemm_internal.h: avx512 for kMxI16 and kF32, avx2 for kMxF64 and kInt8).
 //
 // Tests compile this file against an AMX emulation and SIMDe
 // (tests/mx/kernels/simd_emulation.h); the entry point is then AmxTileEmulated.

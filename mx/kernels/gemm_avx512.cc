@@ -8,7 +8,9 @@
 // two) add straight into int32, exact for every pair those kinds take. Within a
 // lane the sum over blocks runs in ascending block order, as everywhere.
 //
-// Kinds without a kernel here (kMxF64, kInt8) run the avx2 ones.
+// Kinds without a kernel here (kMxF64, kInt8) run the avx2 ones; the table of
+// which kinds each level has is kHasKernel (gemm_internal.h), and the tests check
+// that it and Avx512Tile below agree.
 //
 // Tests also compile this file against SIMDe's portable AVX-512 (with
 // MX_KERNELS_EMULATED, tests/mx/kernels/simd_emulation.h), so its logic is

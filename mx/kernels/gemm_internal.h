@@ -36,6 +36,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "mx/format.h"
@@ -195,13 +196,55 @@ void I8WeightBlock(const WeightPanels& w, int64_t panel, int64_t block,
 // the bias (or +0.0). rows <= kMaxTileRows.
 using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel);
 
+// Which ISA levels have a tile kernel of their own for each kind: the one table
+// of it. The driver runs a kind at LevelFor(kind, requested), and where that
+// level's tile function declines the operands (kMxI8/kMxI16 whose scales the
+// fast epilogue cannot take exactly) at the next level down that has the kind,
+// scalar in the end. The kernel names that Linear reports, KernelNameFor
+// (linear.h), and the tests' expectations all follow from it. A level marked
+// here returns a kernel for ordinary operands of the kind, and one not marked
+// returns nullptr for every operand: linear_test (real levels) and
+// emulated_levels_test (avx512 and amx, on any AVX2 machine) check both ways.
+inline constexpr int kKinds = 5;
+inline constexpr int kIsaLevels = 4;
+// kHasKernel[kind][level]. Not inline: each file that reads it gets its own
+// copy, never a weak symbol that an AVX2 object could share (see Tile below).
+constexpr bool kHasKernel[kKinds][kIsaLevels] = {
+    //            scalar avx2  avx512 amx
+    /* kMxI8  */ {true, true, true, true},
+    /* kMxI16 */ {true, true, true, false},
+    /* kMxF64 */ {true, true, false, false},
+    /* kInt8  */ {true, true, false, false},
+    /* kF32   */ {true, true, true, false},
+};
+static_assert(static_cast<int>(Kind::kF32) + 1 == kKinds &&
+              static_cast<int>(Isa::kAmx) + 1 == kIsaLevels);
+static_assert(
+    [] {
+      for (const auto& levels : kHasKernel) {
+        if (!levels[static_cast<int>(Isa::kScalar)]) return false;
+      }
+      return true;
+    }(),
+    "the scalar level has every kind: the last resort of the driver");
+
+bool HasKernel(Isa level, Kind kind);
+// The best level at or below `requested` that has a kernel for `kind`.
+Isa LevelFor(Kind kind, Isa requested);
+// "<level>/<kind>", the form of KernelInfo::name.
+std::string KernelName(Isa level, Kind kind);
+
 // The tile kernel of a kind at an ISA level, nullptr where the level has none
-// for that kind (the driver then takes the next level down).
+// for that kind or declines these operands (the driver then takes the next
+// level down that has the kind).
 TileFn ScalarTile(Kind kind);
 TileFn Avx2Tile(Kind kind, const Problem& p);
 TileFn Avx512Tile(Kind kind, const Problem& p);
 // Takes up to kAmxTileRows rows per call and writes y itself (no Tile).
 TileFn AmxTile(Kind kind, const Problem& p);
+// The one of the four above for `level`. Only for levels this CPU runs: the
+// avx512 and amx files are compiled with those instructions.
+TileFn TileAt(Isa level, Kind kind, const Problem& p);
 
 // Tile kernels a test supplies in place of a level's own (the avx512 kernels
 // compiled against SIMDe run this way on CPUs without AVX-512): tried first;

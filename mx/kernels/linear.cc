@@ -128,6 +128,41 @@ void RedoWideOutputs(const internal::Problem& p, int64_t first, int64_t end, int
 
 }  // namespace
 
+bool internal::HasKernel(Isa level, Kind kind) {
+  return kHasKernel[static_cast<int>(kind)][static_cast<int>(level)];
+}
+
+Isa internal::LevelFor(Kind kind, Isa requested) {
+  Isa level = requested;
+  while (level != Isa::kScalar && !HasKernel(level, kind)) {
+    level = static_cast<Isa>(static_cast<int>(level) - 1);
+  }
+  return level;
+}
+
+std::string internal::KernelName(Isa level, Kind kind) {
+  return absl::StrCat(IsaName(level), "/", KindName(kind));
+}
+
+internal::TileFn internal::TileAt(Isa level, Kind kind, const Problem& p) {
+  switch (level) {
+    case Isa::kScalar:
+      return ScalarTile(kind);
+    case Isa::kAvx2:
+      return Avx2Tile(kind, p);
+    case Isa::kAvx512:
+      return Avx512Tile(kind, p);
+    case Isa::kAmx:
+      return AmxTile(kind, p);
+  }
+  return nullptr;
+}
+
+std::string KernelNameFor(Format x, Format w, Isa isa) {
+  const Kind kind = internal::KindFor(x, w);
+  return internal::KernelName(internal::LevelFor(kind, Resolve(isa)), kind);
+}
+
 absl::StatusOr<PackedWeight> PackedWeight::Pack(const QuantizedMatrix& w) {
   if (absl::Status s = ValidateLayout(w); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("w ", s.message()));
@@ -189,24 +224,26 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
                             x.format,
                             w.rows(),
                             internal::FastScalesOk(decoded.range, panels->range)};
-  // The best level that has a kernel for this kind and these operands.
-  const Isa requested = Resolve(options.isa);
+  // The best level that has a kernel for this kind (kHasKernel) and takes these
+  // operands: a level may decline scales its fast epilogue cannot take exactly,
+  // and then the next level down that has the kind runs, scalar in the end.
   internal::TileFn tile = tiles ? tiles->select(kind, problem) : nullptr;
-  absl::string_view level = tiles ? tiles->name : "";
-  int tile_rows = tiles ? tiles->rows : internal::kMaxTileRows;
-  for (Isa isa : {Isa::kAmx, Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
-    if (tile != nullptr) break;
-    if (isa > requested) continue;
-    switch (isa) {
-      case Isa::kAmx: tile = internal::AmxTile(kind, problem); break;
-      case Isa::kAvx512: tile = internal::Avx512Tile(kind, problem); break;
-      case Isa::kAvx2: tile = internal::Avx2Tile(kind, problem); break;
-      case Isa::kScalar: tile = internal::ScalarTile(kind); break;
-    }
-    level = IsaName(isa);
-    tile_rows = isa == Isa::kAmx ? internal::kAmxTileRows : internal::kMaxTileRows;
+  if (tile != nullptr) {
+    info.name = absl::StrCat(tiles->name, "/", internal::KindName(kind));
   }
-  info.name = absl::StrCat(level, "/", internal::KindName(kind));
+  int tile_rows = tiles && tile ? tiles->rows : internal::kMaxTileRows;
+  for (Isa isa = internal::LevelFor(kind, Resolve(options.isa)); tile == nullptr;) {
+    tile = internal::TileAt(isa, kind, problem);
+    if (tile != nullptr) {
+      info.name = internal::KernelName(isa, kind);
+      if (isa == Isa::kAmx) tile_rows = internal::kAmxTileRows;
+      break;
+    }
+    if (isa == Isa::kScalar) {
+      return absl::InternalError(absl::StrCat("no kernel for ", internal::KindName(kind)));
+    }
+    isa = internal::LevelFor(kind, static_cast<Isa>(static_cast<int>(isa) - 1));
+  }
 
   const bool redo_wide = MayHaveWideBlocks(decoded, *panels);
   if (redo_wide) absl::StrAppend(&info.name, "+exact_wide");

@@ -80,6 +80,16 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
                                   std::span<const float> bias, std::span<float> y,
                                   const GemmOptions& options = {});
 
+// The KernelInfo::name that Linear reports for operands in formats x and w with
+// GemmOptions::isa = `isa`: "<level>/<kind>", the level being the best one at or
+// below Resolve(isa) that has a kernel for the pair's kind (gemm_internal.h,
+// kHasKernel). That is the name for ordinary operands; besides, a call whose
+// scales the fast epilogue cannot take exactly runs a lower level (scalar in the
+// end), Inf/NaN element codes or INT8 with K > 2^17 run "reference", and a call
+// with MXFP8_E5M2 blocks wide enough to look for pairs past FP64 adds
+// "+exact_wide".
+std::string KernelNameFor(Format x, Format w, Isa isa);
+
 namespace internal {
 // Linear with a test's tile kernels tried before the levels' own
 // (gemm_internal.h); Linear is this with none.
