@@ -24,18 +24,19 @@ namespace {
 
 struct Level {
   internal::TileOverride tiles;
-  // The kinds this level has kernels for; the others fall through to avx2.
-  std::vector<internal::Kind> kinds;
+  // The real level these kernels are: the kinds it has are the table's
+  // (internal::kHasKernel); the others fall through to avx2 here.
+  Isa isa;
 };
 
 const Level& Avx512Level() {
   static const Level level{{internal::Avx512TileEmulated, "avx512-simde", internal::kMaxTileRows},
-                           {internal::Kind::kMxI8, internal::Kind::kMxI16, internal::Kind::kF32}};
+                           Isa::kAvx512};
   return level;
 }
 const Level& AmxLevel() {
   static const Level level{{internal::AmxTileEmulated, "amx-emulated", internal::kAmxTileRows},
-                           {internal::Kind::kMxI8}};
+                           Isa::kAmx};
   return level;
 }
 
@@ -54,12 +55,13 @@ class EmulatedLevel : public ::testing::TestWithParam<const Level*> {
     ExpectSameAsReference(x, w, bias, Isa::kAvx2, what, pool, &info, &GetParam()->tiles);
     return info.name;
   }
-  // The name a call of `kind` must report: this level's kernel where it has one.
+  // The name a call of `kind` must report: this level's kernel where the table
+  // says it has one, else the kernel of the best real level up to avx2.
   std::string Expected(internal::Kind kind) const {
-    for (internal::Kind k : GetParam()->kinds) {
-      if (k == kind) return absl::StrCat(GetParam()->tiles.name, "/", internal::KindName(kind));
+    if (internal::HasKernel(GetParam()->isa, kind)) {
+      return absl::StrCat(GetParam()->tiles.name, "/", internal::KindName(kind));
     }
-    return absl::StrCat("avx2/", internal::KindName(kind));
+    return internal::KernelName(internal::LevelFor(kind, Isa::kAvx2), kind);
   }
 };
 
@@ -68,6 +70,13 @@ INSTANTIATE_TEST_SUITE_P(Levels, EmulatedLevel, ::testing::Values(&Avx512Level()
                            return info.param == &AmxLevel() ? std::string("amx")
                                                             : std::string("avx512");
                          });
+
+// The table of which kinds each level has (internal::kHasKernel) against the
+// level's own tile function: on every AVX2 machine, whatever the CPU runs.
+TEST_P(EmulatedLevel, KernelTableMatchesTheTileFunction) {
+  ExpectTileFunctionMatchesTheTable(GetParam()->isa, GetParam()->tiles.select,
+                                    GetParam()->tiles.name);
+}
 
 // Every MX pair on ragged shapes (M up to 37: more than one 16-row AMX tile and
 // a short one), bias on and off.

@@ -157,7 +157,9 @@ TEST_P(LinearAtIsa, WideE5m2BlocksAreExact) {
   const QuantizedMatrix x = Quantize(xv, m, k, Format::kMxfp8E5m2);
   const QuantizedMatrix w = Quantize(wv, n, k, Format::kMxfp8E5m2);
   ExpectSameAsReference(x, w, {}, GetParam(), "wide E5M2", nullptr, &info);
-  EXPECT_EQ(info.name, absl::StrCat(IsaName(GetParam()), "/mx_f64+exact_wide"));
+  EXPECT_EQ(info.name,
+            KernelNameFor(Format::kMxfp8E5m2, Format::kMxfp8E5m2, GetParam()) + "+exact_wide");
+  EXPECT_EQ(info.name.substr(info.name.find('/')), "/mx_f64+exact_wide");
   EXPECT_EQ(ReferenceLinear(x, w).value()[0], 0x1p30f + 0x1p7f);
 }
 
@@ -199,12 +201,13 @@ TEST_P(LinearAtIsa, WideE5m2BlocksAmongOrdinaryOnes) {
   }
 }
 
-// Which kernel runs: the level asked for, unless the fast epilogue would round
-// differently (extreme scales), then the exact scalar one.
+// Which kernel runs: the best level at or below the one asked for that has the
+// kind (kHasKernel: scalar and avx2 have every kind, avx512 and amx some),
+// unless the fast epilogue would round differently (extreme scales), then the
+// exact scalar one.
 TEST_P(LinearAtIsa, ReportsTheKernelThatRan) {
   const Isa isa = GetParam();
   const int64_t m = 2, n = 16, k = 64;
-  const std::string level(IsaName(isa));
   const struct {
     Format format;
     const char* kind;
@@ -217,13 +220,31 @@ TEST_P(LinearAtIsa, ReportsTheKernelThatRan) {
     ExpectSameAsReference(Quantize(Gaussian(m * k, 41), m, k, c.format),
                           Quantize(Gaussian(n * k, 42), n, k, c.format), {}, isa,
                           std::string(FormatName(c.format)), nullptr, &info);
-    EXPECT_EQ(info.name, absl::StrCat(level, "/", c.kind)) << FormatName(c.format);
+    EXPECT_EQ(info.name, KernelNameFor(c.format, c.format, isa)) << FormatName(c.format);
+    EXPECT_EQ(info.name.substr(info.name.find('/') + 1), c.kind) << FormatName(c.format);
+    // Levels up to avx2 have every kind: the level asked for runs.
+    if (isa <= Isa::kAvx2) {
+      EXPECT_EQ(info.name, absl::StrCat(IsaName(isa), "/", c.kind)) << FormatName(c.format);
+    }
   }
   KernelInfo info;
   ExpectSameAsReference(Quantize(Gaussian(m * k, 43, 0x1p-125f), m, k, Format::kMxfp4E2m1),
                         Quantize(Gaussian(n * k, 44, 0x1p-20f), n, k, Format::kMxfp4E2m1), {},
                         isa, "tiny scales", nullptr, &info);
   EXPECT_EQ(info.name, "scalar/mx_i8");
+}
+
+// The table of which kinds each level has against the level's own tile
+// function, on this CPU (the avx512 and amx ones again, emulated, on any AVX2
+// machine: emulated_levels_test).
+TEST_P(LinearAtIsa, KernelTableMatchesTheTileFunction) {
+  const Isa isa = GetParam();
+  ExpectTileFunctionMatchesTheTable(
+      isa,
+      [isa](internal::Kind kind, const internal::Problem& p) {
+        return internal::TileAt(isa, kind, p);
+      },
+      std::string(IsaName(isa)));
 }
 
 TEST_P(LinearAtIsa, ThreadPoolGivesTheSameBits) {
@@ -252,6 +273,30 @@ TEST_P(LinearAtIsa, ThreadedDecodeKeepsEveryTasksScales) {
                           &pool, &info);
     EXPECT_EQ(info.name.substr(0, 7), "scalar/") << FormatName(f);
   }
+}
+
+// LevelFor walks the table down from the level asked for: the best level at or
+// below it that has the kind, whatever the table holds.
+TEST(KernelTableTest, LevelForIsTheBestLevelAtOrBelowThatHasTheKind) {
+  for (int k = 0; k < internal::kKinds; ++k) {
+    const auto kind = static_cast<internal::Kind>(k);
+    EXPECT_TRUE(internal::HasKernel(Isa::kScalar, kind)) << internal::KindName(kind);
+    for (Isa requested : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
+      const Isa level = internal::LevelFor(kind, requested);
+      const std::string what = absl::StrCat(internal::KindName(kind), " at ", IsaName(requested));
+      EXPECT_LE(level, requested) << what;
+      EXPECT_TRUE(internal::HasKernel(level, kind)) << what;
+      for (int above = static_cast<int>(level) + 1; above <= static_cast<int>(requested); ++above) {
+        EXPECT_FALSE(internal::HasKernel(static_cast<Isa>(above), kind)) << what;
+      }
+    }
+  }
+  // The public name resolves the level as Linear does.
+  const Isa best = AvailableIsas().back();
+  EXPECT_EQ(
+      KernelNameFor(Format::kMxfp4E2m1, Format::kMxint8, Isa::kAmx),
+      internal::KernelName(internal::LevelFor(internal::Kind::kMxI8, best), internal::Kind::kMxI8));
+  EXPECT_EQ(KernelNameFor(Format::kBf16, Format::kMxfp4E2m1, Isa::kScalar), "scalar/f32");
 }
 
 // Packing keeps no copy of W: the exchange layout is rebuilt from the panels

@@ -1,18 +1,22 @@
-// Helpers shared by the GEMM kernel tests (linear_test, avx512_emulated_test):
-// inputs, and the bit-for-bit comparison of a kernel run with the reference.
+// Helpers shared by the GEMM kernel tests (linear_test, emulated_levels_test):
+// inputs, the bit-for-bit comparison of a kernel run with the reference, and the
+// check of the kernel table against a level's tile function.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "mx/kernels/gemm_internal.h"
 #include "mx/kernels/linear.h"
+#include "mx/kernels/operands.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
 
@@ -68,6 +72,49 @@ inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatri
 inline QuantizedMatrix Quantize(const std::vector<float>& v, int64_t rows, int64_t cols,
                                 Format f) {
   return QuantizeRows(v, rows, cols, f).value();
+}
+
+// The kernel table (internal::kHasKernel) against a level's tile function: for
+// ordinary operands (Gaussian values, scales the fast epilogue takes) of every
+// pair of formats, hence every kind and every layout of it (MXFP4 nibbles, FP16
+// and BF16 weights), `select` returns a kernel exactly where the table says the
+// level has the kind.
+inline void ExpectTileFunctionMatchesTheTable(
+    Isa level,
+    const std::function<internal::TileFn(internal::Kind, const internal::Problem&)>& select,
+    const std::string& what) {
+  const int64_t m = 5, n = 19, k = 70;
+  bool seen[internal::kKinds] = {};
+  uint32_t seed = 500;
+  for (const FormatTraits& tx : AllFormats()) {
+    for (const FormatTraits& tw : AllFormats()) {
+      const internal::Kind kind = internal::KindFor(tx.format, tw.format);
+      const QuantizedMatrix x = Quantize(Gaussian(m * k, ++seed), m, k, tx.format);
+      const QuantizedMatrix w = Quantize(Gaussian(n * k, ++seed, 0.1f), n, k, tw.format);
+      const auto panels = internal::PackPanels(w, kind);
+      const internal::DecodedX decoded = internal::DecodeActivations(x, kind, tw.format);
+      const internal::Problem problem{
+          .x = &decoded,
+          .w = panels.get(),
+          .bias = nullptr,
+          .y = nullptr,
+          .x_format = tx.format,
+          .n = n,
+          .fast_scales = internal::FastScalesOk(decoded.range, panels->range)};
+      const std::string pair =
+          absl::StrCat(what, ": ", tx.name, " x ", tw.name, " (", internal::KindName(kind), ")");
+      ASSERT_TRUE(problem.fast_scales) << pair << ": not ordinary operands";
+      const bool has_kernel = select(kind, problem) != nullptr;
+      EXPECT_EQ(has_kernel, internal::HasKernel(level, kind))
+          << pair << ": the tile function returns " << (has_kernel ? "a kernel" : "none")
+          << ", the table (kHasKernel) says " << IsaName(level)
+          << (internal::HasKernel(level, kind) ? " has one" : " has none");
+      seen[static_cast<int>(kind)] = true;
+    }
+  }
+  for (int kind = 0; kind < internal::kKinds; ++kind) {
+    EXPECT_TRUE(seen[kind]) << internal::KindName(static_cast<internal::Kind>(kind));
+  }
 }
 
 }  // namespace mx::kernels
