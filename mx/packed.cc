@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "mx/checked_math.h"
 #include "mx/element.h"
 
 namespace mx {
@@ -79,7 +80,7 @@ absl::Status ValidateShape(size_t value_count, int64_t rows, int64_t cols, const
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": dimensions must be in [0, 2^31], got ", rows, "x", cols));
   }
-  if (static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) != value_count) {
+  if (CheckedMul(static_cast<uint64_t>(rows), static_cast<uint64_t>(cols)) != value_count) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", rows, "x", cols, " = ",
                                                    rows * cols, " values, got ", value_count));
   }
@@ -95,6 +96,35 @@ QuantizedMatrix AllocateQuantized(Format format, int64_t rows, int64_t cols) {
   if (IsMx(format)) m.block_scales.resize(rows * BlocksPerRow(cols));
   if (format == Format::kInt8) m.row_scales.resize(rows);
   return m;
+}
+
+std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) return std::nullopt;
+  const uint64_t r = static_cast<uint64_t>(rows), c = static_cast<uint64_t>(cols);
+  LayoutSize size;
+  if (IsMx(format)) {
+    const uint64_t blocks = c / kBlockSize + (c % kBlockSize != 0);
+    const std::optional<uint64_t> scales = CheckedMul(r, blocks);
+    const std::optional<uint64_t> elements =
+        CheckedProduct({r, blocks, static_cast<uint64_t>(BlockBytes(format))});
+    if (!scales || !elements) return std::nullopt;
+    size.block_scale_bytes = *scales;
+    size.element_bytes = *elements;
+  } else {
+    const std::optional<uint64_t> elements =
+        CheckedProduct({r, c, static_cast<uint64_t>(Traits(format).element_bits / 8)});
+    if (!elements) return std::nullopt;
+    size.element_bytes = *elements;
+    if (format == Format::kInt8) size.row_scales = r;
+  }
+  // total_bytes() must not wrap either: every part is at most 2^64 / 4 here or
+  // the sum is refused.
+  const std::optional<uint64_t> scales = CheckedMul(size.row_scales, 4);
+  if (!scales || !CheckedAdd(size.element_bytes, size.block_scale_bytes) ||
+      !CheckedAdd(size.element_bytes + size.block_scale_bytes, *scales)) {
+    return std::nullopt;
+  }
+  return size;
 }
 
 int64_t RowBytes(Format format, int64_t cols) {
@@ -200,24 +230,29 @@ absl::Status ValidateLayout(const QuantizedMatrix& m) {
     return absl::InvalidArgumentError(
         absl::StrCat("shape: rows and cols must be in [0, 2^31], got ", m.rows, "x", m.cols));
   }
-  const auto expect = [&](const char* field, size_t actual, int64_t expected) {
-    return actual == static_cast<size_t>(expected)
+  const std::optional<LayoutSize> size = CheckedLayoutSize(m.format, m.rows, m.cols);
+  if (!size) {
+    return absl::InvalidArgumentError(absl::StrCat("shape: a ", m.rows, "x", m.cols, " ",
+                                                   FormatName(m.format),
+                                                   " matrix has more bytes than 64 bits count"));
+  }
+  const auto expect = [&](const char* field, size_t actual, uint64_t expected) {
+    return actual == expected
                ? absl::OkStatus()
                : absl::InvalidArgumentError(
                      absl::StrCat(field, ": expected ", expected, " for a ", m.rows, "x", m.cols,
                                   " ", FormatName(m.format), " matrix, got ", actual));
   };
   if (absl::Status s =
-          expect("elements (bytes)", m.elements.size(), m.rows * RowBytes(m.format, m.cols));
+          expect("elements (bytes)", m.elements.size(), size->element_bytes);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = expect("block_scales (bytes)", m.block_scales.size(),
-                              IsMx(m.format) ? m.rows * BlocksPerRow(m.cols) : 0);
+  if (absl::Status s = expect("block_scales (bytes)", m.block_scales.size(), size->block_scale_bytes);
       !s.ok()) {
     return s;
   }
-  return expect("row_scales (floats)", m.row_scales.size(), m.format == Format::kInt8 ? m.rows : 0);
+  return expect("row_scales (floats)", m.row_scales.size(), size->row_scales);
 }
 
 }  // namespace mx

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -39,6 +40,18 @@ inline int64_t BlocksPerRow(int64_t cols) { return (cols + kBlockSize - 1) / kBl
 inline int64_t BlockBytes(Format format) { return kBlockSize * Traits(format).element_bits / 8; }
 // Bytes of one packed row of `cols` elements.
 int64_t RowBytes(Format format, int64_t cols);
+
+// The buffer sizes of a rows × cols matrix in `format`'s layout, computed with
+// checked arithmetic: nullopt when rows or cols is negative or a size does not
+// fit in 64 bits. Every check of an operand's size from outside uses this.
+struct LayoutSize {
+  uint64_t element_bytes = 0;
+  uint64_t block_scale_bytes = 0;  // MX formats
+  uint64_t row_scales = 0;         // INT8: FP32 values, one per row
+  // All three in bytes; fits, because each part does and they are small multiples.
+  uint64_t total_bytes() const { return element_bytes + block_scale_bytes + 4 * row_scales; }
+};
+std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t cols);
 
 // INVALID_ARGUMENT unless rows and cols are in [0, 2^31] and rows · cols equals
 // value_count; `what` names the argument ("values: expected 2x3 = 6 values, ...").
