@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "server/call.h"
 #include "server/compute_work.h"
 #include "server/wire.h"
 
@@ -20,24 +21,16 @@ void Submit(const Core& core, Done done, Prepare prepare) {
   if (absl::Status s = core.scheduler->Submit(*std::move(item)); !s.ok()) done(s);
 }
 
-Done UnaryDone(const Core& core, grpc::ServerUnaryReactor* reactor, Rpc rpc) {
-  core.calls->Begin();
-  return [metrics = core.metrics, calls = core.calls, reactor, rpc](absl::Status status) {
-    metrics->RecordStatus(rpc, status.code());
-    reactor->Finish(ToGrpc(status));
-    calls->End();
-  };
-}
-
 // One Compute.Stream: requests are read one after another and each becomes its
 // own work item; responses are written in the order they finish. The reactor
 // finishes the stream once the client has half-closed and every request has been
-// answered, so no work item outlives it.
-class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
+// answered, so no work item outlives it. A message that is not a StreamRequest
+// ends the reading: what was read before it is still answered, then the stream
+// ends with INVALID_ARGUMENT naming it.
+class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(const Core& core, grpc::CallbackServerContext* context)
-      : core_(core), context_(context) {
-    core_.calls->Begin();
+      : core_(core), context_(context), record_(core, Rpc::kStream, context) {
     StartRead(&incoming_);
   }
 
@@ -48,8 +41,21 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
       FinishIfDone(lock);
       return;
     }
-    auto request = std::make_shared<v1::StreamRequest>(std::move(incoming_));
+    auto request = std::make_shared<v1::StreamRequest>();
+    absl::Status parsed =
+        ParseMessage(incoming_, request.get(), absl::StrCat("requests[", reads_, "]"));
+    ++reads_;
     incoming_.Clear();
+    if (!parsed.ok()) {
+      std::unique_lock lock(mu_);
+      stream_status_ = absl::InvalidArgumentError(
+          absl::StrCat(parsed.message(), "; the stream ends here, the requests before it are "
+                                         "answered"));
+      core_.metrics->RecordStatus(Rpc::kStream, absl::StatusCode::kInvalidArgument);
+      reads_done_ = true;
+      FinishIfDone(lock);
+      return;
+    }
     Dispatch(std::move(request));
     StartRead(&incoming_);
   }
@@ -59,7 +65,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     outgoing_.pop_front();
     if (!ok) broken_ = true;
     if (!outgoing_.empty() && !broken_) {
-      StartWrite(outgoing_.front().get());
+      StartWrite(&outgoing_.front());
     } else {
       writing_ = false;
       if (broken_) outgoing_.clear();
@@ -67,10 +73,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     }
   }
 
-  void OnCancel() override { cancelled_->store(true, std::memory_order_relaxed); }
+  void OnCancel() override { record_.MarkCancelled(); }
 
   void OnDone() override {
-    core_.calls->End();
+    record_.Done();
     delete this;
   }
 
@@ -88,16 +94,17 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
         response->set_status_message(
             absl::StrCat("request_id: ", id, " is already in flight on this stream"));
         core_.metrics->RecordStatus(Rpc::kStream, absl::StatusCode::kInvalidArgument);
-        QueueLocked(std::move(response), lock);
+        QueueLocked(Serialized(*response), lock);
         return;
       }
     }
-    const CallInfo call = CallInfo::From(context_, cancelled_);
+    // Each request's own arrival and the stream's deadline and cancellation.
+    const CallInfo call = CallInfo::From(context_, record_.info().cancelled);
     // The request and response live until `done` runs: the closure holds both.
     auto make_done = [this, request, response](Rpc op) {
       return Done([this, request, response, op](absl::Status status) {
         core_.metrics->RecordStatus(op, status.code());
-        Answer(request->request_id(), response, status);
+        Answer(request->request_id(), *response, status);
       });
     };
     switch (request->op_case()) {
@@ -123,20 +130,26 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     }
   }
 
-  void Answer(uint64_t id, std::shared_ptr<v1::StreamResponse> response, const absl::Status& status) {
+  static grpc::ByteBuffer Serialized(const v1::StreamResponse& response) {
+    grpc::ByteBuffer buffer;
+    SerializeMessage(response, &buffer);
+    return buffer;
+  }
+
+  void Answer(uint64_t id, v1::StreamResponse& response, const absl::Status& status) {
     if (!status.ok()) {
-      response->clear_result();
-      response->set_status_code(static_cast<int>(status.code()));
-      response->set_status_message(std::string(status.message()));
+      response.clear_result();
+      response.set_status_code(static_cast<int>(status.code()));
+      response.set_status_message(CapMessage(status.message()));
     }
+    grpc::ByteBuffer buffer = Serialized(response);  // outside the lock: it may be large
     std::unique_lock lock(mu_);
     in_flight_.erase(id);
-    QueueLocked(std::move(response), lock);
+    QueueLocked(std::move(buffer), lock);
   }
 
   // One answer is ready: write it (or drop it on a broken stream).
-  void QueueLocked(std::shared_ptr<v1::StreamResponse> response,
-                   std::unique_lock<std::mutex>& lock) {
+  void QueueLocked(grpc::ByteBuffer response, std::unique_lock<std::mutex>& lock) {
     --pending_;
     if (broken_) {
       FinishIfDone(lock);
@@ -145,7 +158,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     outgoing_.push_back(std::move(response));
     if (!writing_) {
       writing_ = true;
-      StartWrite(outgoing_.front().get());
+      StartWrite(&outgoing_.front());
     }
   }
 
@@ -154,61 +167,73 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   void FinishIfDone(std::unique_lock<std::mutex>& lock) {
     if (!reads_done_ || pending_ != 0 || writing_ || finished_) return;
     finished_ = true;
+    const absl::Status status = stream_status_;
     lock.unlock();
-    core_.metrics->RecordStatus(Rpc::kStream, absl::StatusCode::kOk);
-    Finish(grpc::Status::OK);
+    record_.SetStatus(status.code());
+    Finish(ToGrpc(status));
   }
 
   const Core& core_;
   grpc::CallbackServerContext* context_;
-  CancelFlag cancelled_ = std::make_shared<std::atomic<bool>>(false);
-  v1::StreamRequest incoming_;
+  CallRecord record_;
+  grpc::ByteBuffer incoming_;
+  uint64_t reads_ = 0;  // messages read so far (only the reading thread touches it)
   std::mutex mu_;
-  std::deque<std::shared_ptr<v1::StreamResponse>> outgoing_;  // front is being written
+  std::deque<grpc::ByteBuffer> outgoing_;  // front is being written
   std::set<uint64_t> in_flight_;
   int pending_ = 0;  // requests read but not yet answered
   bool reads_done_ = false;
   bool writing_ = false;
   bool broken_ = false;
   bool finished_ = false;
+  absl::Status stream_status_;  // OK unless a message could not be parsed
 };
+
+// A unary Compute call: prepare, submit, answered by the worker that runs it.
+template <typename Request, typename Response, typename Prepare>
+grpc::ServerUnaryReactor* ServeCompute(const Core& core, Rpc rpc,
+                                       grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response, Prepare prepare) {
+  using Call = UnaryCall<Request, Response>;
+  return Call::Start(core, rpc, context, request, response, [&](Call& call) {
+    Submit(core, call.Answerer(), [&](Done done) {
+      return prepare(call.request(), call.response(), call.info(), std::move(done));
+    });
+  });
+}
 
 }  // namespace
 
 grpc::ServerUnaryReactor* ComputeService::Gemm(grpc::CallbackServerContext* context,
-                                               const v1::GemmRequest* request,
-                                               v1::GemmResponse* response) {
-  auto* reactor = new CancellableReactor;
-  Submit(core_, UnaryDone(core_, reactor, Rpc::kGemm), [&](Done done) {
-    return PrepareGemm(core_, *request, response, CallInfo::From(context, reactor->cancelled()),
-                       done);
-  });
-  return reactor;
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) {
+  return ServeCompute<v1::GemmRequest, v1::GemmResponse>(
+      core_, Rpc::kGemm, context, request, response,
+      [this](const v1::GemmRequest& r, v1::GemmResponse* out, CallInfo call, Done done) {
+        return PrepareGemm(core_, r, out, call, std::move(done));
+      });
 }
 
 grpc::ServerUnaryReactor* ComputeService::LayerForward(grpc::CallbackServerContext* context,
-                                                       const v1::LayerForwardRequest* request,
-                                                       v1::LayerForwardResponse* response) {
-  auto* reactor = new CancellableReactor;
-  Submit(core_, UnaryDone(core_, reactor, Rpc::kLayerForward), [&](Done done) {
-    return PrepareForward(core_, *request, response,
-                          CallInfo::From(context, reactor->cancelled()), done);
-  });
-  return reactor;
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return ServeCompute<v1::LayerForwardRequest, v1::LayerForwardResponse>(
+      core_, Rpc::kLayerForward, context, request, response,
+      [this](const v1::LayerForwardRequest& r, v1::LayerForwardResponse* out, CallInfo call,
+             Done done) { return PrepareForward(core_, r, out, call, std::move(done)); });
 }
 
 grpc::ServerUnaryReactor* ComputeService::LayerBackward(grpc::CallbackServerContext* context,
-                                                        const v1::LayerBackwardRequest* request,
-                                                        v1::LayerBackwardResponse* response) {
-  auto* reactor = new CancellableReactor;
-  Submit(core_, UnaryDone(core_, reactor, Rpc::kLayerBackward), [&](Done done) {
-    return PrepareBackward(core_, *request, response,
-                           CallInfo::From(context, reactor->cancelled()), done);
-  });
-  return reactor;
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return ServeCompute<v1::LayerBackwardRequest, v1::LayerBackwardResponse>(
+      core_, Rpc::kLayerBackward, context, request, response,
+      [this](const v1::LayerBackwardRequest& r, v1::LayerBackwardResponse* out, CallInfo call,
+             Done done) { return PrepareBackward(core_, r, out, call, std::move(done)); });
 }
 
-grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* ComputeService::Stream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ComputeService::Stream(
     grpc::CallbackServerContext* context) {
   return new StreamReactor(core_, context);
 }

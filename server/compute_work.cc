@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "mx/checked_math.h"
 #include "mx/kernels/quantize_fast.h"
 #include "mx/status_macros.h"
 #include "server/wire.h"
@@ -26,13 +27,13 @@ struct Activation {
   }
 };
 
-absl::StatusOr<Activation> DecodeActivation(const v1::Operand& operand, absl::string_view field,
-                                            const ExpectedShape& expected,
+absl::StatusOr<Activation> DecodeActivation(const Core& core, const v1::Operand& operand,
+                                            absl::string_view field, const ExpectedShape& expected,
                                             std::optional<mx::Format> format) {
   Activation a;
   if (operand.has_packed()) {
-    MX_ASSIGN_OR_RETURN(a.packed,
-                        DecodePacked(operand.packed(), absl::StrCat(field, ".packed"), expected));
+    MX_ASSIGN_OR_RETURN(a.packed, DecodePacked(operand.packed(), absl::StrCat(field, ".packed"),
+                                               expected, core.max_message_bytes));
     a.rows = a.packed->rows;
     a.cols = a.packed->cols;
     a.format = a.packed->format;
@@ -47,22 +48,28 @@ absl::StatusOr<Activation> DecodeActivation(const v1::Operand& operand, absl::st
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": required; expected a tensor or a packed operand"));
   }
-  MX_ASSIGN_OR_RETURN(a.dense,
-                      DecodeMatrix(operand.tensor(), absl::StrCat(field, ".tensor"), expected));
+  MX_ASSIGN_OR_RETURN(a.dense, DecodeMatrix(operand.tensor(), absl::StrCat(field, ".tensor"),
+                                             expected, core.max_message_bytes));
   a.rows = a.dense->rows;
   a.cols = a.dense->cols;
   if (format) a.format = *format;
   return a;
 }
 
+// A result must fit in one response message; RESOURCE_EXHAUSTED otherwise (the
+// request is valid, the daemon's --max-message-bytes is what it exceeds).
 absl::Status CheckOutputSize(const Core& core, int64_t rows, int64_t cols, absl::string_view field,
                              absl::string_view what) {
-  const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * 4;
-  if (bytes + 4096 > static_cast<uint64_t>(core.max_message_bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": the ", what, " (", rows, " x ", cols, " FP32 = ", bytes,
-                     " bytes) would exceed the maximum message size of ", core.max_message_bytes,
-                     " bytes (--max-message-bytes); split the request"));
+  // Room for the response's other fields (shape, ExecutionInfo).
+  constexpr uint64_t kEnvelopeBytes = 4096;
+  const std::optional<uint64_t> bytes =
+      mx::CheckedProduct({static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), 4});
+  if (!bytes || *bytes > static_cast<uint64_t>(core.max_message_bytes) - kEnvelopeBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": the ", what, " (", rows, " x ", cols, " FP32 = ",
+        bytes ? absl::StrCat(*bytes) : std::string("more than 2^64"),
+        " bytes) would exceed the maximum message size of ", core.max_message_bytes,
+        " bytes (--max-message-bytes); split the request"));
   }
   return absl::OkStatus();
 }
@@ -108,7 +115,11 @@ void ZeroMatrix(int64_t rows, int64_t cols, v1::Tensor* tensor) {
 }
 
 fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model::GemmEstimate& b) {
-  return {a.macs + b.macs, a.bytes + b.bytes, a.seconds + b.seconds, a.joules + b.joules};
+  return {.macs = a.macs + b.macs,
+          .cycles = a.cycles + b.cycles,
+          .bytes = a.bytes + b.bytes,
+          .seconds = a.seconds + b.seconds,
+          .joules = a.joules + b.joules};
 }
 
 // Rows of several matrices of one format and width, stacked.
@@ -450,22 +461,25 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const Core& core,
         "format: required for Gemm (it has no model, hence no policy); expected one of ",
         mx::FormatNameList()));
   }
-  MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(request.a(), "a", {}, format_a));
+  mx::QuantizeOptions options;
+  MX_ASSIGN_OR_RETURN(options.rounding, FromProto(request.rounding(), "rounding"));
+  MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(core, request.a(), "a", {}, format_a));
   if (!format_b) format_b = a.format;
+  // B is K × N dense, or packed transposed as N rows of K.
   ExpectedShape b_shape;
   const std::string k_what = "K, the columns of a";
   if (request.b().has_packed()) {
     b_shape.cols = a.cols;
     b_shape.cols_what = k_what;
+    b_shape.rows_name = "N";
   } else {
     b_shape.rows = a.cols;
     b_shape.rows_what = k_what;
+    b_shape.cols_name = "N";
   }
-  MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(request.b(), "b", b_shape, format_b));
+  MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(core, request.b(), "b", b_shape, format_b));
   const int64_t n = b.packed ? b.rows : b.cols;
   MX_RETURN_IF_ERROR(CheckOutputSize(core, a.rows, n, "b", "result C = A·B"));
-  mx::QuantizeOptions options;
-  options.rounding = FromProto(request.rounding());
   return std::make_unique<GemmItem>(core, call, std::move(done), phase, std::move(a), std::move(b),
                                     options, response);
 }
@@ -499,7 +513,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const Core& core,
   // A packed input brings its own format; the weight keeps the resolved one.
   MX_ASSIGN_OR_RETURN(
       Activation x,
-      DecodeActivation(request.input(), "input", shape,
+      DecodeActivation(core, request.input(), "input", shape,
                        request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
   MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output"));
   return std::make_unique<ForwardItem>(core, call, std::move(done), layer.phase,
@@ -516,7 +530,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const Core& core,
   dy_shape.cols = spec.out_features;
   dy_shape.cols_what = absl::StrCat("out_features of layer '", spec.name, "'");
   MX_ASSIGN_OR_RETURN(DenseMatrix grad_output,
-                      DecodeMatrix(request.grad_output(), "grad_output", dy_shape));
+                      DecodeMatrix(request.grad_output(), "grad_output", dy_shape,
+                                   core.max_message_bytes));
   std::optional<DenseMatrix> input;
   if (request.has_input()) {
     ExpectedShape x_shape;
@@ -524,7 +539,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const Core& core,
     x_shape.rows_what = "M, the rows of grad_output";
     x_shape.cols = spec.in_features;
     x_shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
-    MX_ASSIGN_OR_RETURN(input, DecodeMatrix(request.input(), "input", x_shape));
+    MX_ASSIGN_OR_RETURN(input,
+                        DecodeMatrix(request.input(), "input", x_shape, core.max_message_bytes));
     MX_RETURN_IF_ERROR(
         CheckOutputSize(core, spec.out_features, spec.in_features, "input", "grad_weight"));
   }

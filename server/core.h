@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "fpga/model/energy_model.h"
@@ -19,6 +20,7 @@
 #include "server/backend.h"
 #include "server/energy_ledger.h"
 #include "server/metrics.h"
+#include "server/model_dirs.h"
 #include "server/policy_store.h"
 #include "server/registry.h"
 #include "server/scheduler.h"
@@ -59,8 +61,13 @@ struct Core {
   Metrics* metrics = nullptr;
   EnergyLedger* ledger = nullptr;
   fpga_model::EnergyModelParams energy_model;
+  const ModelDirs* model_dirs = nullptr;
   std::string default_policy;
   int64_t max_message_bytes = 0;
+  // ReportPower's bounds (--max-power-series, --power-sources, --max-power-watts).
+  int max_power_series = 64;
+  std::vector<std::string> power_sources;  // empty: any name that is not reserved
+  double max_power_watts = 10000;
 
   void UpdateMemoryGauges() const {
     metrics->SetWeightBytes(static_cast<double>(registry->budget().used()));
@@ -83,18 +90,6 @@ struct CallInfo {
 
   static CallInfo From(const grpc::CallbackServerContext* context, CancelFlag cancelled);
   bool Cancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
-};
-
-// A unary reactor that notices cancellation, for calls answered later by a
-// worker. Deletes itself when the call is done.
-class CancellableReactor final : public grpc::ServerUnaryReactor {
- public:
-  void OnCancel() override { cancelled_->store(true, std::memory_order_relaxed); }
-  void OnDone() override { delete this; }
-  const CancelFlag& cancelled() const { return cancelled_; }
-
- private:
-  CancelFlag cancelled_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 // Answers a request exactly once: status to the client, and the status counter.

@@ -27,6 +27,7 @@ struct Daemon::State {
   std::unique_ptr<PolicyStore> policies;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<EnergyLedger> ledger;
+  ModelDirs model_dirs;
   std::unique_ptr<Scheduler> scheduler;
   CallTracker calls;
   Core core;
@@ -87,9 +88,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(absl::StrCat("--default-policy: no policy named '",
                                                    options.default_policy, "'"));
   }
+  MX_ASSIGN_OR_RETURN(s->model_dirs, ModelDirs::Create(options.model_dirs));
   s->budget = std::make_unique<MemoryBudget>(options.weight_memory_bytes);
-  s->registry = std::make_unique<Registry>(s->budget.get());
   s->metrics = std::make_unique<Metrics>(options.backend);
+  s->registry = std::make_unique<Registry>(
+      s->budget.get(), [metrics = s->metrics.get()](int evicted) { metrics->RecordEvictions(evicted); });
   s->ledger = std::make_unique<EnergyLedger>();
   Scheduler::Options scheduler_options;
   scheduler_options.workers =
@@ -111,6 +114,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->core.ledger = s->ledger.get();
   s->core.default_policy = options.default_policy;
   s->core.max_message_bytes = options.max_message_bytes;
+  s->core.model_dirs = &s->model_dirs;
+  s->core.max_power_series = options.max_power_series;
+  s->core.power_sources = options.power_sources;
+  s->core.max_power_watts = options.max_power_watts;
   s->core.UpdateMemoryGauges();
 
   if (options.metrics_listen != "off") {

@@ -1,6 +1,7 @@
 #include "server/energy_ledger.h"
 
 #include <cmath>
+#include <limits>
 
 namespace mxserve {
 
@@ -19,7 +20,10 @@ void EnergyLedger::Add(const std::string& source, Phase phase, double when,
 }
 
 std::vector<EnergyRow> EnergyLedger::Report(double since) const {
-  const int64_t from = static_cast<int64_t>(std::floor(since));
+  // Seconds are int64: a `since` past them (up to 1.8e308) is after everything,
+  // not a cast that wraps around to the beginning.
+  const int64_t from = since >= 0x1p63 ? std::numeric_limits<int64_t>::max()
+                                       : static_cast<int64_t>(std::floor(since));
   std::lock_guard lock(mu_);
   std::vector<EnergyRow> rows;
   for (const auto& [key, series] : series_) {

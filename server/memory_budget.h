@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -17,8 +18,19 @@ class MemoryBudget {
  public:
   explicit MemoryBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
 
-  // RESOURCE_EXHAUSTED, saying what needed the bytes, when they do not fit.
+  // RESOURCE_EXHAUSTED, saying what needed the bytes, when they do not fit even
+  // after the reclaimer freed what it could.
   absl::Status Reserve(uint64_t bytes, absl::string_view what);
+  // True when `bytes` more fit now, after asking the reclaimer if they did not.
+  bool MakeRoom(uint64_t bytes);
+  // What frees memory on demand (the registry's copy cache): asked to make
+  // `bytes` fit when they do not. Set once, before the budget is shared; it must
+  // not reserve from this budget.
+  void SetReclaimer(std::function<void(uint64_t bytes)> reclaim) { reclaim_ = std::move(reclaim); }
+  bool Fits(uint64_t bytes) const {
+    const uint64_t used = used_.load(std::memory_order_relaxed);
+    return bytes <= limit_ && used <= limit_ - bytes;
+  }
   void Release(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
 
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
@@ -27,6 +39,7 @@ class MemoryBudget {
  private:
   const uint64_t limit_;
   std::atomic<uint64_t> used_{0};
+  std::function<void(uint64_t)> reclaim_;
 };
 
 class Reservation {

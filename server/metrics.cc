@@ -78,6 +78,12 @@ Metrics::Metrics(std::string backend)
     queue_[static_cast<int>(phase)] =
         &queue_family.Add({{"phase", std::string(PhaseName(phase))}}, LatencyBuckets());
   }
+  evictions_ = &BuildCounter()
+                    .Name("mxserve_weight_evictions_total")
+                    .Help("Quantized weight copies evicted, least recently used first, to make "
+                          "room within --weight-memory-bytes (made again on their next use)")
+                    .Register(*registry_)
+                    .Add({});
   batch_size_ = &BuildHistogram()
                      .Name("mxserve_batch_size")
                      .Help("Requests fused into one backend GEMM")

@@ -77,6 +77,8 @@ class Metrics {
   // Every finished RPC, by status code.
   void RecordStatus(Rpc rpc, absl::StatusCode code);
   void RecordQuantization(mx::Format format);
+  // Quantized weight copies evicted to make room (copy_cache.h).
+  void RecordEvictions(int copies) { evictions_->Increment(copies); }
 
   void SetQueueDepth(double depth) { queue_depth_->Set(depth); }
   void SetWeightBytes(double bytes) { weight_bytes_->Set(bytes); }
@@ -117,6 +119,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* power_family_;
   std::array<prometheus::Histogram*, 3> queue_;  // per phase
   prometheus::Histogram* batch_size_;
+  prometheus::Counter* evictions_;
   prometheus::Gauge* queue_depth_;
   prometheus::Gauge* weight_bytes_;
   prometheus::Gauge* models_;

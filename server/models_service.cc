@@ -9,7 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "mx/element.h"
 #include "mx/status_macros.h"
+#include "server/call.h"
 #include "server/log.h"
+#include "server/quote.h"
 #include "server/safetensors.h"
 #include "server/wire.h"
 
@@ -30,13 +32,6 @@ void FillModelInfo(const ModelSummary& s, v1::ModelInfo* info) {
     out->mutable_spec()->set_bias(layer.spec.bias);
     for (mx::Format f : layer.cached_formats) out->add_cached_formats(ToProto(f));
   }
-}
-
-// Finishes a unary call and counts its status.
-void FinishUnary(const Core& core, grpc::ServerUnaryReactor* reactor, Rpc rpc,
-                 const absl::Status& status) {
-  core.metrics->RecordStatus(rpc, status.code());
-  reactor->Finish(ToGrpc(status));
 }
 
 uint64_t TensorElements(const LayerSpec& spec, bool bias) {
@@ -78,23 +73,25 @@ void RunOnWorker(const Core& core, CallInfo call, std::function<void()> run,
 // tensor may come in any order but must not overlap; nothing reaches the model's
 // staging area unless the stream completes with every touched tensor full.
 
-class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
+class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   UploadReactor(const Core& core, grpc::CallbackServerContext* context,
-                v1::UploadWeightsResponse* response)
-      : core_(core), context_(context), response_(response) {
-    core_.calls->Begin();
-    StartRead(&chunk_);
+                grpc::ByteBuffer* response)
+      : core_(core), context_(context), record_(core, Rpc::kUploadWeights, context),
+        raw_response_(response) {
+    StartRead(&raw_chunk_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return Complete();
     if (absl::Status s = Accept(); !s.ok()) return Done(s);
-    StartRead(&chunk_);
+    StartRead(&raw_chunk_);
   }
 
+  void OnCancel() override { record_.MarkCancelled(); }
+
   void OnDone() override {
-    core_.calls->End();
+    record_.Done();
     delete this;
   }
 
@@ -109,13 +106,17 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
   absl::Status Accept() {
     const std::string field = absl::StrCat("chunks[", chunks_, "]");
     ++chunks_;
+    chunk_.Clear();
+    if (absl::Status s = ParseMessage(raw_chunk_, &chunk_, field); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(s.message(), "; nothing was staged"));
+    }
+    raw_chunk_.Clear();
     if (chunks_ == 1) {
       model_ = chunk_.model();  // FindLayer below reports an unknown model
     } else if (chunk_.model() != model_) {
-      return absl::InvalidArgumentError(absl::StrCat(field,
-                                                     ".model: every chunk of a stream must "
-                                                     "name the same model; expected '",
-                                                     model_, "', got '", chunk_.model(), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".model: every chunk of a stream must name the same model; expected ",
+                       Quote(model_), ", got ", Quote(chunk_.model())));
     }
     publish_ = publish_ || chunk_.publish();
     if (chunk_.role() != v1::TENSOR_ROLE_WEIGHT && chunk_.role() != v1::TENSOR_ROLE_BIAS) {
@@ -130,7 +131,7 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
                                                                     absl::StrCat(field, ".layer")));
       if (key.is_bias && !spec.bias) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ".role: layer '", spec.name, "' was registered without a bias"));
+            absl::StrCat(field, ".role: layer ", Quote(spec.name), " was registered without a bias"));
       }
       Pending pending;
       pending.spec = spec;
@@ -209,31 +210,37 @@ class UploadReactor final : public grpc::ServerReadReactor<v1::WeightChunk> {
     absl::StatusOr<uint64_t> version = core_.registry->Stage(model_, std::move(tensors), publish_);
     if (!version.ok()) return Done(version.status());
     core_.UpdateMemoryGauges();
-    response_->set_model(model_);
-    response_->set_tensors_staged(staged);
-    response_->set_bytes_received(bytes_);
+    response_.set_model(model_);
+    response_.set_tensors_staged(staged);
+    response_.set_bytes_received(bytes_);
     Log(LogLevel::kInfo, "weights_staged",
         {{"model", model_}, {"tensors", absl::StrCat(staged)}, {"bytes", absl::StrCat(bytes_)}});
     if (!publish_) return Done(absl::OkStatus());
-    response_->set_weight_version(*version);
+    response_.set_weight_version(*version);
     Warm(core_, model_, *version, [this](uint64_t) { Done(absl::OkStatus()); });
   }
 
-  void Done(const absl::Status& status) {
+  void Done(absl::Status status) {
     pending_.clear();  // releases the reservations of anything not staged
-    core_.metrics->RecordStatus(Rpc::kUploadWeights, status.code());
+    if (status.ok() && !SerializeMessage(response_, raw_response_)) {
+      status = absl::InternalError("the response could not be serialized");
+    }
     if (!status.ok()) {
       Log(LogLevel::kWarning, "upload_failed",
-          {{"model", model_},
+          {{"model", Quote(model_)},
            {"status", absl::StatusCodeToString(status.code())},
-           {"message", std::string(status.message())}});
+           {"message", CapMessage(status.message())}});
     }
+    record_.SetStatus(status.code());
     Finish(ToGrpc(status));
   }
 
   const Core& core_;
   grpc::CallbackServerContext* context_;
-  v1::UploadWeightsResponse* response_;
+  CallRecord record_;
+  grpc::ByteBuffer* raw_response_;
+  v1::UploadWeightsResponse response_;
+  grpc::ByteBuffer raw_chunk_;
   v1::WeightChunk chunk_;
   std::string model_;
   bool publish_ = false;
@@ -294,165 +301,162 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
 }
 
 grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerContext* context,
-                                                       const v1::RegisterModelRequest* request,
-                                                       v1::ModelInfo* response) {
-  auto* reactor = context->DefaultReactor();
-  const std::string policy = request->policy().empty() ? core_.default_policy : request->policy();
-  absl::Status status = core_.policies->Get(policy, "policy").status();
-  if (status.ok()) {
-    std::vector<LayerSpec> layers;
-    for (const auto& layer : request->layers()) {
-      layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::RegisterModelRequest, v1::ModelInfo>;
+  return Call::Start(core_, Rpc::kRegisterModel, context, request, response, [this](Call& call) {
+    const v1::RegisterModelRequest& r = call.request();
+    const std::string policy = r.policy().empty() ? core_.default_policy : r.policy();
+    absl::Status status = core_.policies->Get(policy, "policy").status();
+    if (status.ok()) {
+      std::vector<LayerSpec> layers;
+      for (const auto& layer : r.layers()) {
+        layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
+      }
+      status = core_.registry->Register(r.name(), std::move(layers), policy);
     }
-    status = core_.registry->Register(request->name(), std::move(layers), policy);
-  }
-  if (status.ok()) {
-    FillModelInfo(*core_.registry->Describe(request->name()), response);
-    core_.UpdateMemoryGauges();
-    Log(LogLevel::kInfo, "model_registered",
-        {{"model", request->name()},
-         {"layers", absl::StrCat(request->layers_size())},
-         {"policy", policy}});
-  }
-  FinishUnary(core_, reactor, Rpc::kRegisterModel, status);
-  return reactor;
+    if (status.ok()) {
+      FillModelInfo(*core_.registry->Describe(r.name()), call.response());
+      core_.UpdateMemoryGauges();
+      Log(LogLevel::kInfo, "model_registered",
+          {{"model", r.name()}, {"layers", absl::StrCat(r.layers_size())}, {"policy", policy}});
+    }
+    call.Answer(status);
+  });
 }
 
-grpc::ServerReadReactor<v1::WeightChunk>* ModelsService::UploadWeights(
-    grpc::CallbackServerContext* context, v1::UploadWeightsResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* ModelsService::UploadWeights(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new UploadReactor(core_, context, response);
 }
 
 grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerContext* context,
-                                                         const v1::LoadSafetensorsRequest* request,
-                                                         v1::UploadWeightsResponse* response) {
-  auto* reactor = new CancellableReactor;
-  const CallInfo call = CallInfo::From(context, reactor->cancelled());
-  core_.calls->Begin();
-  auto finish = [this, reactor](const absl::Status& status) {
-    FinishUnary(core_, reactor, Rpc::kLoadSafetensors, status);
-    core_.calls->End();
-  };
-  // Reading and widening a file is real work: it runs on a worker.
-  RunOnWorker(
-      core_, call,
-      [this, request, response, finish] {
-        auto load = [&]() -> absl::Status {
-          MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request->model()));
-          absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(request->path());
-          if (!file.ok()) {
-            return absl::Status(file.status().code() == absl::StatusCode::kNotFound
-                                    ? absl::StatusCode::kNotFound
-                                    : absl::StatusCode::kInvalidArgument,
-                                absl::StrCat("path: ", file.status().message()));
-          }
-          std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
-          uint64_t bytes = 0;
-          for (const auto& layer : model.layers) {
-            for (bool bias : {false, true}) {
-              if (bias && !layer.spec.bias) continue;
-              const std::string name =
-                  absl::StrCat(request->prefix(), layer.spec.name, bias ? ".bias" : ".weight");
-              const SafetensorsTensor* t = file->Find(name);
-              if (t == nullptr) {
-                return absl::InvalidArgumentError(absl::StrCat(
-                    "path: '", request->path(), "' has no tensor '", name, "' for layer '",
-                    layer.spec.name, "' (prefix '", request->prefix(), "')"));
-              }
-              const std::vector<int64_t> want =
-                  bias ? std::vector<int64_t>{layer.spec.out_features}
-                       : std::vector<int64_t>{layer.spec.out_features, layer.spec.in_features};
-              if (t->shape != want) {
-                return absl::InvalidArgumentError(absl::StrCat(
-                    "path: tensor '", name, "' has shape [", absl::StrJoin(t->shape, ", "),
-                    "], layer '", layer.spec.name, "' expects [", absl::StrJoin(want, ", "), "]"));
-              }
-              StoredTensor stored;
-              const uint64_t size = TensorElements(layer.spec, bias) * sizeof(float);
-              MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), size,
-                                             absl::StrCat("tensor '", name, "'"),
-                                             stored.reservation));
-              MX_ASSIGN_OR_RETURN(stored.values, file->ReadFloat32(name));
-              bytes += t->end - t->begin;
-              tensors.emplace_back(StagedTensorKey{layer.spec.name, bias}, std::move(stored));
-            }
-          }
-          const uint64_t staged = tensors.size();
-          MX_ASSIGN_OR_RETURN(
-              const uint64_t version,
-              core_.registry->Stage(request->model(), std::move(tensors), request->publish()));
-          core_.UpdateMemoryGauges();
-          response->set_model(request->model());
-          response->set_tensors_staged(staged);
-          response->set_bytes_received(bytes);
-          response->set_weight_version(version);
-          Log(LogLevel::kInfo, "weights_staged",
-              {{"model", request->model()},
-               {"tensors", absl::StrCat(staged)},
-               {"source", request->path()}});
-          return absl::OkStatus();
-        };
-        absl::Status status = load();
-        if (!status.ok() || !request->publish()) return finish(status);
-        Warm(core_, request->model(), response->weight_version(),
-             [finish](uint64_t) { finish(absl::OkStatus()); });
-      },
-      finish);
-  return reactor;
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::LoadSafetensorsRequest, v1::UploadWeightsResponse>;
+  return Call::Start(core_, Rpc::kLoadSafetensors, context, request, response, [this](Call& call) {
+    // Reading and widening a file is real work: it runs on a worker.
+    RunOnWorker(
+        core_, call.info(),
+        [this, &call] {
+          absl::Status status = Load(call.request(), call.response());
+          if (!status.ok() || !call.request().publish()) return call.Answer(status);
+          Warm(core_, call.request().model(), call.response()->weight_version(),
+               [&call](uint64_t) { call.Answer(absl::OkStatus()); });
+        },
+        call.Answerer());
+  });
+}
+
+absl::Status ModelsService::Load(const v1::LoadSafetensorsRequest& request,
+                                 v1::UploadWeightsResponse* response) {
+  MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request.model()));
+  MX_ASSIGN_OR_RETURN(UniqueFd fd, core_.model_dirs->Open(request.path(), "path"));
+  absl::StatusOr<SafetensorsFile> file =
+      SafetensorsFile::Read(std::move(fd), absl::StrCat("path: ", Quote(request.path())));
+  if (!file.ok()) return file.status();
+  std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
+  uint64_t bytes = 0;
+  for (const auto& layer : model.layers) {
+    for (bool bias : {false, true}) {
+      if (bias && !layer.spec.bias) continue;
+      const std::string name =
+          absl::StrCat(request.prefix(), layer.spec.name, bias ? ".bias" : ".weight");
+      const SafetensorsTensor* t = file->Find(name);
+      if (t == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("path: ", Quote(request.path()), " has no tensor ", Quote(name),
+                         " for layer ", Quote(layer.spec.name), " (prefix ",
+                         Quote(request.prefix()), ")"));
+      }
+      const std::vector<int64_t> want =
+          bias ? std::vector<int64_t>{layer.spec.out_features}
+               : std::vector<int64_t>{layer.spec.out_features, layer.spec.in_features};
+      if (t->shape != want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "path: tensor ", Quote(name), " has shape [", absl::StrJoin(t->shape, ", "),
+            "], layer ", Quote(layer.spec.name), " expects [", absl::StrJoin(want, ", "), "]"));
+      }
+      StoredTensor stored;
+      const uint64_t size = TensorElements(layer.spec, bias) * sizeof(float);
+      MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), size,
+                                     absl::StrCat("tensor ", Quote(name)), stored.reservation));
+      MX_ASSIGN_OR_RETURN(stored.values, file->ReadFloat32(name));
+      bytes += t->end - t->begin;
+      tensors.emplace_back(StagedTensorKey{layer.spec.name, bias}, std::move(stored));
+    }
+  }
+  const uint64_t staged = tensors.size();
+  MX_ASSIGN_OR_RETURN(const uint64_t version, core_.registry->Stage(request.model(),
+                                                                    std::move(tensors),
+                                                                    request.publish()));
+  core_.UpdateMemoryGauges();
+  response->set_model(request.model());
+  response->set_tensors_staged(staged);
+  response->set_bytes_received(bytes);
+  response->set_weight_version(version);
+  Log(LogLevel::kInfo, "weights_staged",
+      {{"model", request.model()},
+       {"tensors", absl::StrCat(staged)},
+       {"source", Quote(request.path())}});
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerContext* context,
-                                                        const v1::PublishVersionRequest* request,
-                                                        v1::ModelInfo* response) {
-  auto* reactor = context->DefaultReactor();
-  core_.calls->Begin();
-  PublishAndWarm(core_, request->model(),
-                 [this, reactor, request, response](absl::StatusOr<uint64_t> version) {
-                   absl::Status status = version.status();
-                   if (status.ok()) {
-                     absl::StatusOr<ModelSummary> summary =
-                         core_.registry->Describe(request->model());
-                     if (summary.ok()) FillModelInfo(*summary, response);
-                     status = summary.status();
-                   }
-                   FinishUnary(core_, reactor, Rpc::kPublishVersion, status);
-                   core_.calls->End();
-                 });
-  return reactor;
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::PublishVersionRequest, v1::ModelInfo>;
+  return Call::Start(core_, Rpc::kPublishVersion, context, request, response, [this](Call& call) {
+    PublishAndWarm(core_, call.request().model(), [this, &call](absl::StatusOr<uint64_t> version) {
+      absl::Status status = version.status();
+      if (status.ok()) {
+        absl::StatusOr<ModelSummary> summary = core_.registry->Describe(call.request().model());
+        if (summary.ok()) FillModelInfo(*summary, call.response());
+        status = summary.status();
+      }
+      call.Answer(status);
+    });
+  });
 }
 
 grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext* context,
-                                                    const v1::ListModelsRequest*,
-                                                    v1::ListModelsResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  for (const ModelSummary& s : core_.registry->List()) FillModelInfo(s, response->add_models());
-  FinishUnary(core_, reactor, Rpc::kListModels, absl::OkStatus());
-  return reactor;
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>;
+  return Call::Start(core_, Rpc::kListModels, context, request, response, [this](Call& call) {
+    for (const ModelSummary& s : core_.registry->List()) {
+      FillModelInfo(s, call.response()->add_models());
+    }
+    call.Answer(absl::OkStatus());
+  });
 }
 
 grpc::ServerUnaryReactor* ModelsService::DescribeModel(grpc::CallbackServerContext* context,
-                                                       const v1::DescribeModelRequest* request,
-                                                       v1::ModelInfo* response) {
-  auto* reactor = context->DefaultReactor();
-  absl::StatusOr<ModelSummary> summary = core_.registry->Describe(request->name());
-  if (summary.ok()) FillModelInfo(*summary, response);
-  FinishUnary(core_, reactor, Rpc::kDescribeModel, summary.status());
-  return reactor;
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::DescribeModelRequest, v1::ModelInfo>;
+  return Call::Start(core_, Rpc::kDescribeModel, context, request, response, [this](Call& call) {
+    absl::StatusOr<ModelSummary> summary = core_.registry->Describe(call.request().name());
+    if (summary.ok()) FillModelInfo(*summary, call.response());
+    call.Answer(summary.status());
+  });
 }
 
 grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext* context,
-                                                     const v1::DeleteModelRequest* request,
-                                                     v1::DeleteModelResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  absl::StatusOr<uint64_t> freed = core_.registry->Delete(request->name());
-  if (freed.ok()) {
-    response->set_freed_bytes(*freed);
-    core_.UpdateMemoryGauges();
-    Log(LogLevel::kInfo, "model_deleted",
-        {{"model", request->name()}, {"freed_bytes", absl::StrCat(*freed)}});
-  }
-  FinishUnary(core_, reactor, Rpc::kDeleteModel, freed.status());
-  return reactor;
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::DeleteModelRequest, v1::DeleteModelResponse>;
+  return Call::Start(core_, Rpc::kDeleteModel, context, request, response, [this](Call& call) {
+    const std::string& name = call.request().name();
+    absl::StatusOr<uint64_t> freed = core_.registry->Delete(name);
+    if (freed.ok()) {
+      call.response()->set_freed_bytes(*freed);
+      core_.UpdateMemoryGauges();
+      Log(LogLevel::kInfo, "model_deleted",
+          {{"model", name}, {"freed_bytes", absl::StrCat(*freed)}});
+    }
+    call.Answer(freed.status());
+  });
 }
 
 }  // namespace mxserve

@@ -6,32 +6,42 @@
 
 namespace mxserve {
 
-class ModelsService final : public v1::Models::CallbackService {
+using RawModelsService = v1::Models::WithRawCallbackMethod_RegisterModel<
+    v1::Models::WithRawCallbackMethod_UploadWeights<v1::Models::WithRawCallbackMethod_LoadSafetensors<
+        v1::Models::WithRawCallbackMethod_PublishVersion<v1::Models::WithRawCallbackMethod_ListModels<
+            v1::Models::WithRawCallbackMethod_DescribeModel<
+                v1::Models::WithRawCallbackMethod_DeleteModel<v1::Models::Service>>>>>>>;
+
+// Messages are taken raw and parsed in call.h.
+class ModelsService final : public RawModelsService {
  public:
   explicit ModelsService(const Core& core) : core_(core) {}
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
-                                          const v1::RegisterModelRequest* request,
-                                          v1::ModelInfo* response) override;
-  grpc::ServerReadReactor<v1::WeightChunk>* UploadWeights(
-      grpc::CallbackServerContext* context, v1::UploadWeightsResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* UploadWeights(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* LoadSafetensors(grpc::CallbackServerContext* context,
-                                            const v1::LoadSafetensorsRequest* request,
-                                            v1::UploadWeightsResponse* response) override;
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PublishVersion(grpc::CallbackServerContext* context,
-                                           const v1::PublishVersionRequest* request,
-                                           v1::ModelInfo* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const v1::ListModelsRequest* request,
-                                       v1::ListModelsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DescribeModel(grpc::CallbackServerContext* context,
-                                          const v1::DescribeModelRequest* request,
-                                          v1::ModelInfo* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeleteModel(grpc::CallbackServerContext* context,
-                                        const v1::DeleteModelRequest* request,
-                                        v1::DeleteModelResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
+  // LoadSafetensors' work, on a worker: stages (and maybe publishes) the file's tensors.
+  absl::Status Load(const v1::LoadSafetensorsRequest& request, v1::UploadWeightsResponse* response);
+
   const Core& core_;
 };
 

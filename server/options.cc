@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "mx/status_macros.h"
@@ -22,6 +23,8 @@ struct FlagSpec {
   std::string help;
   std::function<std::string(const DaemonOptions&)> default_text;
   std::function<absl::Status(const std::string&, DaemonOptions&)> set;
+  // Repeatable flags add a value each time (a config file gives them as a list).
+  bool repeatable = false;
 };
 
 absl::Status FlagError(const std::string& name, absl::string_view what) {
@@ -128,6 +131,49 @@ const std::vector<FlagSpec>& Flags() {
        "copy built in",
        [](const DaemonOptions& o) { return o.energy_model.empty() ? "''" : o.energy_model; },
        StringSetter(&DaemonOptions::energy_model)},
+      {"model-dir", "DIR",
+       "a directory Models.LoadSafetensors may read files from (repeatable); a client's path "
+       "must lie inside one, after symbolic links. Without any, file loading is off",
+       [](const DaemonOptions& o) {
+         return o.model_dirs.empty() ? std::string("none (loading off)")
+                                     : absl::StrJoin(o.model_dirs, ", ");
+       },
+       [](const std::string& text, DaemonOptions& o) {
+         if (text.empty()) return FlagError("model-dir", "expected a directory, got ''");
+         o.model_dirs.push_back(text);
+         return absl::OkStatus();
+       },
+       /*repeatable=*/true},
+      {"max-power-series", "N",
+       "most distinct (source, device) pairs Telemetry.ReportPower may create (each is a metric "
+       "series); a new pair beyond it is refused RESOURCE_EXHAUSTED",
+       [](const DaemonOptions& o) { return absl::StrCat(o.max_power_series); },
+       IntSetter("max-power-series", &DaemonOptions::max_power_series, 1, 4096)},
+      {"power-sources", "LIST",
+       "comma-separated source names ReportPower accepts, e.g. gpu_baseline; empty accepts any "
+       "name except the daemon's own (fpga, fpga_model)",
+       [](const DaemonOptions& o) {
+         return o.power_sources.empty() ? std::string("any") : absl::StrJoin(o.power_sources, ",");
+       },
+       [](const std::string& text, DaemonOptions& o) {
+         o.power_sources = absl::StrSplit(text, ',', absl::SkipWhitespace());
+         for (std::string& source : o.power_sources) {
+           source = std::string(absl::StripAsciiWhitespace(source));
+         }
+         return absl::OkStatus();
+       }},
+      {"max-power-watts", "W",
+       "largest power a ReportPower sample may claim; larger samples are refused as implausible",
+       [](const DaemonOptions& o) { return absl::StrCat(o.max_power_watts); },
+       [](const std::string& text, DaemonOptions& o) {
+         double value;
+         if (!absl::SimpleAtod(text, &value) || !(value > 0) || value > 1e7) {
+           return FlagError("max-power-watts",
+                            absl::StrCat("expected watts in (0, 1e7], got '", text, "'"));
+         }
+         o.max_power_watts = value;
+         return absl::OkStatus();
+       }},
       {"grace-seconds", "S",
        "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
        [](const DaemonOptions& o) { return absl::StrCat(o.grace_seconds); },
@@ -142,6 +188,11 @@ const std::vector<FlagSpec>& Flags() {
        }},
   };
   return *flags;
+}
+
+// Empties a repeatable flag's list before the command line fills it.
+void ClearRepeatable(absl::string_view name, DaemonOptions& options) {
+  if (name == "model-dir") options.model_dirs.clear();
 }
 
 const FlagSpec* FindFlag(absl::string_view name) {
@@ -165,17 +216,21 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
     if (flag == nullptr) {
       return FlagError("config", absl::StrCat("'", path, "': unknown setting '", key, "'"));
     }
-    std::string text_value;
-    if (value.is_string()) {
-      text_value = value.get<std::string>();
-    } else if (value.is_number()) {
-      text_value = value.dump();
-    } else {
-      return FlagError("config",
-                       absl::StrCat("'", path, "': ", key, ": expected a string or a number"));
-    }
-    if (absl::Status s = flag->set(text_value, options); !s.ok()) {
-      return FlagError("config", absl::StrCat("'", path, "': ", s.message()));
+    const bool list = flag->repeatable && value.is_array();
+    for (const auto& item : list ? value : nlohmann::json::array({value})) {
+      std::string text_value;
+      if (item.is_string()) {
+        text_value = item.get<std::string>();
+      } else if (item.is_number()) {
+        text_value = item.dump();
+      } else {
+        return FlagError("config", absl::StrCat("'", path, "': ", key, ": expected a string",
+                                                flag->repeatable ? ", a list of strings" : "",
+                                                " or a number"));
+      }
+      if (absl::Status s = flag->set(text_value, options); !s.ok()) {
+        return FlagError("config", absl::StrCat("'", path, "': ", s.message()));
+      }
     }
   }
   return absl::OkStatus();
@@ -246,6 +301,11 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
     }
   }
   if (!config.empty()) MX_RETURN_IF_ERROR(ApplyConfigFile(config, parsed.options));
+  // A repeatable flag on the command line replaces the file's list, as any flag
+  // given there wins.
+  for (const auto& [name, value] : given) {
+    if (FindFlag(name)->repeatable) ClearRepeatable(name, parsed.options);
+  }
   for (const auto& [name, value] : given) {
     MX_RETURN_IF_ERROR(FindFlag(name)->set(value, parsed.options));
   }

@@ -28,6 +28,13 @@ struct DaemonOptions {
   std::string default_policy = "D-phase-adaptive";
   std::string energy_model;  // empty: the built-in copy of fpga/model/energy_model.json
   double grace_seconds = 10;
+  // Directories LoadSafetensors may read from; none: file loading is off.
+  std::vector<std::string> model_dirs;
+  // ReportPower's bounds: distinct (source, device) pairs, the sources allowed
+  // (empty: any that is not reserved), and the largest plausible sample.
+  int max_power_series = 64;
+  std::vector<std::string> power_sources;
+  double max_power_watts = 10000;
 };
 
 struct ParsedCommandLine {

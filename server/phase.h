@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "server/quote.h"
 
 namespace mxserve {
 
@@ -34,7 +35,7 @@ inline absl::StatusOr<Phase> ParsePhase(absl::string_view name) {
     if (lower == PhaseName(phase)) return phase;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown phase '", name, "'; expected rollout, reward or update"));
+      absl::StrCat("unknown phase ", Quote(name), "; expected rollout, reward or update"));
 }
 
 }  // namespace mxserve

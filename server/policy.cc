@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "mx/status_macros.h"
 #include "server/glob.h"
+#include "server/quote.h"
 
 namespace mxserve {
 namespace {
@@ -37,7 +38,14 @@ absl::StatusOr<std::string> StringField(const Json& object, const std::string& k
 
 absl::StatusOr<mx::Format> FormatField(const Json& value, const std::string& field) {
   if (!value.is_string()) return FieldError(field, "expected a format name (a string)");
-  absl::StatusOr<mx::Format> format = mx::ParseFormat(value.get<std::string>());
+  const std::string name = value.get<std::string>();
+  // Format names are short: a long one is answered without repeating it whole.
+  constexpr size_t kLongestFormatName = 32;
+  if (name.size() > kLongestFormatName) {
+    return FieldError(field, absl::StrCat("unknown format ", Quote(name), "; expected one of ",
+                                          mx::FormatNameList()));
+  }
+  absl::StatusOr<mx::Format> format = mx::ParseFormat(name);
   if (!format.ok()) return FieldError(field, format.status().message());
   return format;
 }
@@ -46,7 +54,8 @@ absl::Status CheckKeys(const Json& object, std::initializer_list<absl::string_vi
                        const std::string& field) {
   for (const auto& [key, value] : object.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-      return FieldError(field.empty() ? key : absl::StrCat(field, ".", key), "unknown field");
+      return FieldError(field.empty() ? Shorten(key) : absl::StrCat(field, ".", Shorten(key)),
+                        "unknown field");
     }
   }
   return absl::OkStatus();
@@ -64,11 +73,13 @@ absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field
     rule.phase = *parsed;
   }
   MX_ASSIGN_OR_RETURN(rule.layers, StringField(value, "layers", field + ".layers", true));
-  if (rule.layers.empty())
-    return FieldError(field + ".layers", "expected a glob, @sensitive or @tolerant");
+  if (rule.layers.empty() || rule.layers.size() > kMaxPolicyGlobChars) {
+    return FieldError(field + ".layers", absl::StrCat("expected a glob of 1-", kMaxPolicyGlobChars,
+                                                      " characters, @sensitive or @tolerant"));
+  }
   if (rule.layers[0] == '@' && rule.layers != kSensitiveLayers && rule.layers != kTolerantLayers) {
-    return FieldError(field + ".layers", absl::StrCat("unknown layer class '", rule.layers,
-                                                      "'; expected @sensitive or @tolerant"));
+    return FieldError(field + ".layers", absl::StrCat("unknown layer class ", Quote(rule.layers),
+                                                      "; expected @sensitive or @tolerant"));
   }
   if (!value.contains("format")) return FieldError(field + ".format", "missing");
   MX_ASSIGN_OR_RETURN(rule.format, FormatField(value["format"], field + ".format"));
@@ -78,6 +89,11 @@ absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field
 }  // namespace
 
 absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
+  if (text.size() > kMaxPolicyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("policy: the document has ", text.size(),
+                                                   " bytes; at most ", kMaxPolicyBytes,
+                                                   " are accepted"));
+  }
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
   if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
@@ -86,8 +102,8 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   Policy policy;
   MX_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
   if (!IsValidName(policy.name)) {
-    return FieldError("name", absl::StrCat("expected 1-128 characters of [A-Za-z0-9._-], got '",
-                                           policy.name, "'"));
+    return FieldError("name", absl::StrCat("expected 1-128 characters of [A-Za-z0-9._-], got ",
+                                           Quote(policy.name)));
   }
   MX_ASSIGN_OR_RETURN(policy.description, StringField(json, "description", "description", false));
 
@@ -97,7 +113,7 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   std::array<bool, 3> seen{};
   for (const auto& [key, value] : defaults->items()) {
     absl::StatusOr<Phase> phase = ParsePhase(key);
-    if (!phase.ok()) return FieldError("defaults." + key, phase.status().message());
+    if (!phase.ok()) return FieldError("defaults." + Shorten(key), phase.status().message());
     const size_t index = static_cast<size_t>(*phase);
     MX_ASSIGN_OR_RETURN(policy.defaults[index], FormatField(value, "defaults." + key));
     seen[index] = true;
@@ -110,6 +126,10 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
 
   if (const auto rules = json.find("rules"); rules != json.end()) {
     if (!rules->is_array()) return FieldError("rules", "expected an array");
+    if (rules->size() > kMaxPolicyRules) {
+      return FieldError("rules", absl::StrCat("expected at most ", kMaxPolicyRules,
+                                              " rules, got ", rules->size()));
+    }
     for (size_t i = 0; i < rules->size(); ++i) {
       MX_ASSIGN_OR_RETURN(PolicyRule rule, ParseRule((*rules)[i], absl::StrCat("rules[", i, "]")));
       policy.rules.push_back(std::move(rule));

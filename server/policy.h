@@ -37,6 +37,12 @@ struct Policy {
   std::vector<PolicyRule> rules;
 };
 
+// Bounds on a policy document (server/README.md documents them): resolving
+// runs every rule's glob against a layer name, so both stay small.
+inline constexpr size_t kMaxPolicyBytes = 64 << 10;
+inline constexpr size_t kMaxPolicyRules = 1024;
+inline constexpr size_t kMaxPolicyGlobChars = 256;
+
 // Parses and validates a policy document. Errors are INVALID_ARGUMENT and name the
 // field: "policy.rules[1].format: unknown format 'MXFP5'; expected one of ...".
 absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json);

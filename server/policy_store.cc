@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/quote.h"
 
 namespace mxserve {
 namespace {
@@ -87,10 +88,12 @@ absl::StatusOr<StoredPolicy> PolicyStore::Get(absl::string_view name,
   std::lock_guard lock(mu_);
   auto it = policies_.find(name);
   if (it == policies_.end()) {
-    std::vector<std::string> names;
-    for (const auto& [known, stored] : policies_) names.push_back(known);
-    return absl::NotFoundError(absl::StrCat(field, ": no policy named '", name,
-                                            "'; known: ", absl::StrJoin(names, ", ")));
+    // Only the built-ins are named: other users' policy names are theirs.
+    std::vector<std::string> builtins;
+    for (const Policy& policy : BuiltinPolicies()) builtins.push_back(policy.name);
+    return absl::NotFoundError(absl::StrCat(field, ": no policy named ", Quote(name),
+                                            "; built in: ", absl::StrJoin(builtins, ", "),
+                                            " (ListPolicies lists every policy)"));
   }
   return it->second;
 }
@@ -107,16 +110,16 @@ absl::Status PolicyStore::Delete(absl::string_view name,
   std::lock_guard lock(mu_);
   auto it = policies_.find(name);
   if (it == policies_.end()) {
-    return absl::NotFoundError(absl::StrCat("name: no policy named '", name, "'"));
+    return absl::NotFoundError(absl::StrCat("name: no policy named ", Quote(name)));
   }
   if (it->second.builtin) {
     return absl::FailedPreconditionError(
-        absl::StrCat("name: '", name, "' is a built-in policy and cannot be deleted"));
+        absl::StrCat("name: ", Quote(name), " is a built-in policy and cannot be deleted"));
   }
   if (in_use(name)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "name: policy '", name,
-        "' is in use (a model's active policy, or the daemon's --default-policy)"));
+        "name: policy ", Quote(name),
+        " is in use (a model's active policy, or the daemon's --default-policy)"));
   }
   if (!dir_.empty()) {
     std::error_code error;

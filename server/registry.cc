@@ -4,8 +4,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "mx/checked_math.h"
 #include "mx/kernels/quantize_fast.h"
 #include "server/layer_sensitivity.h"
+#include "server/quote.h"
 
 namespace mxserve {
 namespace {
@@ -13,13 +15,20 @@ namespace {
 constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
 absl::Status ModelNotFound(absl::string_view name) {
-  return absl::NotFoundError(absl::StrCat("model: no model named '", name, "'"));
+  return absl::NotFoundError(absl::StrCat("model: no model named ", Quote(name)));
 }
 
 }  // namespace
 
+Registry::Registry(MemoryBudget* budget, std::function<void(int)> on_evict) : budget_(budget) {
+  budget_->SetReclaimer([this, on_evict = std::move(on_evict)](uint64_t bytes) {
+    const int evicted = copies_.EvictUntil([this, bytes] { return budget_->Fits(bytes); });
+    if (evicted > 0 && on_evict) on_evict(evicted);
+  });
+}
+
 bool ValidModelName(absl::string_view name) {
-  if (name.empty() || name.size() > 128) return false;
+  if (name.empty() || name.size() > kMaxModelNameChars) return false;
   for (char c : name) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
       return false;
@@ -28,11 +37,22 @@ bool ValidModelName(absl::string_view name) {
   return true;
 }
 
+LayerWeights::~LayerWeights() {
+  if (copies_ != nullptr) copies_->Forget(this);
+}
+
 absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, WeightLayout layout,
                                                           MemoryBudget& budget) const {
   std::lock_guard lock(mu_);
   auto key = std::make_pair(format, layout);
-  if (auto it = cache_.find(key); it != cache_.end()) return Quantized{it->second.weight, false};
+  if (auto it = cache_.find(key); it != cache_.end()) {
+    if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
+      if (copies_ != nullptr) copies_->Touch(this, copy);  // back in the cache if it was evicted
+      return Quantized{std::shared_ptr<const mx::kernels::PackedWeight>(copy, copy->weight.get()),
+                       false};
+    }
+    cache_.erase(it);  // evicted and released: make it again
+  }
   absl::StatusOr<mx::QuantizedMatrix> q =
       layout == WeightLayout::kForward
           ? mx::kernels::QuantizeRows(weight_->values, spec_.out_features, spec_.in_features,
@@ -42,23 +62,29 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   if (!q.ok()) return q.status();
   absl::StatusOr<mx::kernels::PackedWeight> packed = mx::kernels::PackedWeight::Pack(*q);
   if (!packed.ok()) return packed.status();
-  CachedCopy copy;
+  auto copy = std::make_shared<CachedCopy>();
   const std::string what =
-      absl::StrCat("the ", mx::FormatName(format), " copy of layer '", spec_.name, "'");
-  if (absl::Status s = ReserveInto(budget, packed->bytes(), what, copy.reservation); !s.ok()) {
+      absl::StrCat("the ", mx::FormatName(format), " copy of layer ", Quote(spec_.name));
+  if (absl::Status s = ReserveInto(budget, packed->bytes(), what, copy->reservation); !s.ok()) {
     return s;
   }
-  copy.weight = std::make_shared<const mx::kernels::PackedWeight>(*std::move(packed));
-  auto weight = copy.weight;
-  cache_.emplace(key, std::move(copy));
-  return Quantized{std::move(weight), true};
+  copy->weight = std::make_shared<const mx::kernels::PackedWeight>(*std::move(packed));
+  std::shared_ptr<const CachedCopy> held = std::move(copy);
+  cache_[key] = held;
+  if (copies_ != nullptr) {
+    copies_->Touch(this, held);
+  } else {
+    owned_.push_back(held);
+  }
+  return Quantized{std::shared_ptr<const mx::kernels::PackedWeight>(held, held->weight.get()),
+                   true};
 }
 
 std::vector<mx::Format> LayerWeights::CachedFormats() const {
   std::lock_guard lock(mu_);
   std::vector<mx::Format> formats;
   for (const auto& [key, copy] : cache_) {
-    if (key.second == WeightLayout::kForward) formats.push_back(key.first);
+    if (key.second == WeightLayout::kForward && !copy.expired()) formats.push_back(key.first);
   }
   return formats;
 }
@@ -66,7 +92,9 @@ std::vector<mx::Format> LayerWeights::CachedFormats() const {
 uint64_t LayerWeights::Bytes() const {
   std::lock_guard lock(mu_);
   uint64_t bytes = weight_->reservation.bytes() + (bias_ ? bias_->reservation.bytes() : 0);
-  for (const auto& [key, copy] : cache_) bytes += copy.reservation.bytes();
+  for (const auto& [key, weak] : cache_) {
+    if (std::shared_ptr<const CachedCopy> copy = weak.lock()) bytes += copy->reservation.bytes();
+  }
   return bytes;
 }
 
@@ -74,7 +102,8 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
                                 const std::string& policy) {
   if (!ValidModelName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "name: '", name, "' is not a model name; expected 1-128 of [A-Za-z0-9._-]"));
+        "name: ", Quote(name), " is not a model name; expected 1-", kMaxModelNameChars,
+        " of [A-Za-z0-9._-]"));
   }
   if (layers.empty()) {
     return absl::InvalidArgumentError("layers: a model needs at least one layer");
@@ -87,9 +116,10 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& spec = layers[i];
     const std::string field = absl::StrCat("layers[", i, "]");
-    if (spec.name.empty() || spec.name.size() > 256) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".name: expected a non-empty name of at most 256 characters"));
+    if (spec.name.empty() || spec.name.size() > kMaxLayerNameChars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".name: expected a non-empty name of at most ", kMaxLayerNameChars,
+          " characters, got ", Quote(spec.name)));
     }
     if (spec.out_features <= 0 || spec.out_features > kMaxDimension) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".out_features: expected 1 to ",
@@ -101,12 +131,16 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
     }
     if (!model->index.emplace(spec.name, static_cast<int>(i)).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".name: layer '", spec.name, "' is declared twice"));
+          absl::StrCat(field, ".name: layer ", Quote(spec.name), " is declared twice"));
     }
-    fp32_bytes += static_cast<uint64_t>(spec.out_features) * spec.in_features * sizeof(float);
+    // At most 2^42 bytes a layer; the sum over many layers could still wrap.
+    const uint64_t layer_bytes =
+        static_cast<uint64_t>(spec.out_features) * spec.in_features * sizeof(float);
+    fp32_bytes = mx::CheckedAdd(fp32_bytes, layer_bytes).value_or(UINT64_MAX);
     names.push_back(spec.name);
   }
-  if (fp32_bytes > budget_->limit() - std::min(budget_->limit(), budget_->used())) {
+  // Cached copies give way to a new model's masters.
+  if (!budget_->MakeRoom(fp32_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "layers: the model's FP32 weights need ", fp32_bytes, " bytes, but only ",
         budget_->limit() - std::min(budget_->limit(), budget_->used()),
@@ -117,7 +151,7 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   model->published.resize(model->layers.size());
   std::lock_guard lock(mu_);
   if (models_.contains(name)) {
-    return absl::AlreadyExistsError(absl::StrCat("name: a model named '", name, "' exists"));
+    return absl::AlreadyExistsError(absl::StrCat("name: a model named ", Quote(name), " exists"));
   }
   models_.emplace(name, std::move(model));
   return absl::OkStatus();
@@ -137,16 +171,16 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
   auto it = (*model)->index.find(layer);
   if (it == (*model)->index.end()) {
     return absl::NotFoundError(
-        absl::StrCat("layer: model '", model_name, "' has no layer '", layer, "'"));
+        absl::StrCat("layer: model ", Quote(model_name), " has no layer ", Quote(layer)));
   }
   const Model& m = **model;
   if (m.version == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "model: '", model_name, "' has no published weights yet (upload, then PublishVersion)"));
+        "model: ", Quote(model_name), " has no published weights yet (upload, then PublishVersion)"));
   }
   if (m.version < min_version) {
     return absl::FailedPreconditionError(
-        absl::StrCat("min_weight_version: model '", model_name, "' is at weight version ",
+        absl::StrCat("min_weight_version: model ", Quote(model_name), " is at weight version ",
                      m.version, ", the request requires at least ", min_version));
   }
   return LayerView{m.published[it->second], m.sensitive[it->second], m.policy};
@@ -161,7 +195,7 @@ absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name,
   auto it = (*model)->index.find(layer);
   if (it == (*model)->index.end()) {
     return absl::NotFoundError(
-        absl::StrCat(field, ": model '", model_name, "' has no layer '", layer, "'"));
+        absl::StrCat(field, ": model ", Quote(model_name), " has no layer ", Quote(layer)));
   }
   return (*model)->layers[it->second];
 }
@@ -169,7 +203,7 @@ absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name,
 absl::Status Registry::CheckPublishable(const Model& model, const StagedMap& staged) const {
   if (staged.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("model: '", model.name, "' has nothing staged to publish"));
+        absl::StrCat("model: ", Quote(model.name), " has nothing staged to publish"));
   }
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const LayerSpec& spec = model.layers[i];
@@ -178,11 +212,11 @@ absl::Status Registry::CheckPublishable(const Model& model, const StagedMap& sta
                           (model.published[i] && !model.published[i]->bias().empty());
     if (!has_weight) {
       return absl::FailedPreconditionError(
-          absl::StrCat("layer: '", spec.name, "' has no weight staged or published"));
+          absl::StrCat("layer: ", Quote(spec.name), " has no weight staged or published"));
     }
     if (spec.bias && !has_bias) {
       return absl::FailedPreconditionError(
-          absl::StrCat("layer: '", spec.name, "' is declared with a bias, but none is staged"));
+          absl::StrCat("layer: ", Quote(spec.name), " is declared with a bias, but none is staged"));
     }
   }
   return absl::OkStatus();
@@ -200,7 +234,8 @@ uint64_t Registry::PublishLocked(Model& model) {
     auto bias = b != model.staged.end() ? b->second : nullptr;
     if (!weight) weight = previous->weight_tensor();
     if (!bias && spec.bias) bias = previous->bias_tensor();
-    model.published[i] = std::make_shared<const LayerWeights>(spec, version, weight, bias);
+    model.published[i] =
+        std::make_shared<const LayerWeights>(spec, version, weight, bias, &copies_);
   }
   model.staged.clear();
   model.version = version;
@@ -217,8 +252,8 @@ absl::StatusOr<uint64_t> Registry::Stage(
   StagedMap staged = model.staged;
   for (auto& [key, tensor] : tensors) {
     if (!model.index.contains(key.layer)) {
-      return absl::NotFoundError(absl::StrCat("layer: model '", model_name,
-                                              "' has no layer '", key.layer, "'"));
+      return absl::NotFoundError(absl::StrCat("layer: model ", Quote(model_name),
+                                              " has no layer ", Quote(key.layer)));
     }
     staged[key] = std::make_shared<const StoredTensor>(std::move(tensor));
   }

@@ -7,13 +7,15 @@
 // the weights under a running GEMM, and an old version is freed when its last
 // reader finishes.
 //
-// Each (layer, version, format, layout) is quantized at most once: LayerWeights
-// keeps the copies it made and hands them out to every later request. All bytes
+// Each (layer, version, format, layout) is quantized once while its copy is
+// cached: LayerWeights hands the copy it made to every later request. All bytes
 // held — FP32 masters, staged tensors, quantized copies — count against one
-// MemoryBudget.
+// MemoryBudget; copies are evicted, least recently used first, when something
+// else needs the room (copy_cache.h), and made again on their next use.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +28,7 @@
 #include "mx/format.h"
 #include "mx/kernels/linear.h"
 #include "mx/packed.h"
+#include "server/copy_cache.h"
 #include "server/memory_budget.h"
 
 namespace mxserve {
@@ -50,12 +53,17 @@ enum class WeightLayout { kForward, kTransposed };
 // One layer at one published version. Values are immutable; the cache grows.
 class LayerWeights {
  public:
+  // `cache` (may be null: no eviction) keeps this version's copies.
   LayerWeights(LayerSpec spec, uint64_t version, std::shared_ptr<const StoredTensor> weight,
-               std::shared_ptr<const StoredTensor> bias)
+               std::shared_ptr<const StoredTensor> bias, CopyCache* cache = nullptr)
       : spec_(std::move(spec)),
         version_(version),
         weight_(std::move(weight)),
-        bias_(std::move(bias)) {}
+        bias_(std::move(bias)),
+        copies_(cache) {}
+  ~LayerWeights();
+  LayerWeights(const LayerWeights&) = delete;
+  LayerWeights& operator=(const LayerWeights&) = delete;
 
   const LayerSpec& spec() const { return spec_; }
   uint64_t version() const { return version_; }
@@ -70,29 +78,30 @@ class LayerWeights {
     bool created = false;  // false: served from the cache
   };
   // The weight in `format` and `layout`, quantized and packed for the kernels on
-  // first use (under this layer's lock, so concurrent first users wait for one
-  // conversion). The budget is charged for the packed copy as a whole.
+  // first use or after an eviction (under this layer's lock, so concurrent first
+  // users wait for one conversion). The budget is charged for the packed copy
+  // as a whole.
   absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget) const;
 
   const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
   const std::shared_ptr<const StoredTensor>& bias_tensor() const { return bias_; }
 
-  // Formats held in the forward layout.
+  // Formats held in the forward layout (not evicted).
   std::vector<mx::Format> CachedFormats() const;
   // FP32 masters (counted once even when shared with another version) + copies.
   uint64_t Bytes() const;
 
  private:
-  struct CachedCopy {
-    std::shared_ptr<const mx::kernels::PackedWeight> weight;
-    Reservation reservation;
-  };
   const LayerSpec spec_;
   const uint64_t version_;
   const std::shared_ptr<const StoredTensor> weight_;
   const std::shared_ptr<const StoredTensor> bias_;
+  CopyCache* const copies_;
   mutable std::mutex mu_;
-  mutable std::map<std::pair<mx::Format, WeightLayout>, CachedCopy> cache_;
+  // Strong references live in copies_ (or, without one, in owned_) and in the
+  // requests using a copy: an evicted copy expires here once they are done.
+  mutable std::map<std::pair<mx::Format, WeightLayout>, std::weak_ptr<const CachedCopy>> cache_;
+  mutable std::vector<std::shared_ptr<const CachedCopy>> owned_;
 };
 
 // A tensor an upload fills; committed to a model's staging area as a whole.
@@ -126,7 +135,9 @@ struct ModelSummary {
 
 class Registry {
  public:
-  explicit Registry(MemoryBudget* budget) : budget_(budget) {}
+  // Installs the copy cache as `budget`'s reclaimer; `on_evict` (may be empty)
+  // is told how many copies each reclaim evicted.
+  explicit Registry(MemoryBudget* budget, std::function<void(int evicted)> on_evict = {});
 
   MemoryBudget& budget() const { return *budget_; }
 
@@ -178,9 +189,14 @@ class Registry {
   ModelSummary Summarize(const Model& model) const;
 
   MemoryBudget* budget_;
+  CopyCache copies_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Model>, std::less<>> models_;
 };
+
+// Name limits (server/README.md documents them).
+inline constexpr size_t kMaxModelNameChars = 128;  // [A-Za-z0-9._-]+
+inline constexpr size_t kMaxLayerNameChars = 256;  // any bytes
 
 // The model-name rule of RegisterModel: [A-Za-z0-9._-]+, at most 128 characters.
 bool ValidModelName(absl::string_view name);

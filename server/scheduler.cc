@@ -14,7 +14,6 @@ Scheduler::Scheduler(Options options, std::function<void(size_t)> on_depth)
 Scheduler::~Scheduler() { Shutdown(); }
 
 absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
-  size_t depth;
   {
     std::lock_guard lock(mu_);
     if (stopping_) return absl::UnavailableError("the daemon is shutting down");
@@ -24,7 +23,9 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
                                                        " waiting; --queue-size); retry later"));
     }
     ++waiting_;
-    depth = waiting_;
+    // Told under the lock, so reports reach the gauge in the order the depth
+    // changed (outside it, a late report could leave an idle queue reading 1).
+    if (on_depth_) on_depth_(waiting_);
     auto open = item->batch_key.empty() ? open_batches_.end() : open_batches_.find(item->batch_key);
     if (open != open_batches_.end() &&
         open->second->items.size() < static_cast<size_t>(options_.max_batch)) {
@@ -34,7 +35,6 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
     }
   }
   cv_.notify_all();
-  if (on_depth_) on_depth_(depth);
   return absl::OkStatus();
 }
 
@@ -72,9 +72,8 @@ void Scheduler::WorkerLoop() {
       }
     }
     waiting_ -= batch.items.size();
-    const size_t depth = waiting_;
+    if (on_depth_) on_depth_(waiting_);
     lock.unlock();
-    if (on_depth_) on_depth_(depth);
     Execute(std::move(batch.items));
     lock.lock();
   }
@@ -84,11 +83,13 @@ void Scheduler::Execute(std::vector<std::unique_ptr<WorkItem>> batch) {
   const auto now = Clock::now();
   std::vector<WorkItem*> runnable;
   for (auto& item : batch) {
-    if (item->Cancelled()) {
-      item->Fail(absl::CancelledError("the client cancelled the request before it ran"));
-    } else if (item->deadline <= now) {
+    const bool cancelled = item->Cancelled();
+    if (item->deadline <= now ||
+        (cancelled && GaveUpCode(now, item->deadline) == absl::StatusCode::kDeadlineExceeded)) {
       item->Fail(absl::DeadlineExceededError(
           "the request's deadline passed while it waited in the queue; it was not computed"));
+    } else if (cancelled) {
+      item->Fail(absl::CancelledError("the client cancelled the request before it ran"));
     } else {
       runnable.push_back(item.get());
     }

@@ -30,6 +30,20 @@ namespace mxserve {
 
 using Clock = std::chrono::steady_clock;
 
+// A client's deadline timer starts before the daemon's by the request's transit
+// time, so the client gives up (and the daemon sees a cancellation) a little
+// before the daemon's own deadline. A cancellation this close to the deadline
+// is counted as the deadline passing, which is what the client saw.
+inline constexpr Clock::duration kDeadlineSlack = std::chrono::milliseconds(20);
+
+// What a client that gave up at `when` saw: DEADLINE_EXCEEDED when that was
+// (nearly) its deadline, CANCELLED otherwise.
+inline absl::StatusCode GaveUpCode(Clock::time_point when, Clock::time_point deadline) {
+  return deadline != Clock::time_point::max() && when >= deadline - kDeadlineSlack
+             ? absl::StatusCode::kDeadlineExceeded
+             : absl::StatusCode::kCancelled;
+}
+
 class WorkItem {
  public:
   virtual ~WorkItem() = default;
@@ -55,7 +69,9 @@ class Scheduler {
     std::chrono::microseconds batch_window{0};
     int max_batch = 16;
   };
-  // `on_depth` (may be empty) is told the number of waiting items on every change.
+  // `on_depth` (may be empty) is told the number of waiting items on every
+  // change, in order, under the scheduler's lock: it must be quick and must not
+  // call back into the scheduler.
   Scheduler(Options options, std::function<void(size_t)> on_depth = {});
   ~Scheduler();
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "mx/element.h"
+#include "mx/status_macros.h"
 #include "mx/kernels/quantize_fast.h"
 
 namespace mxserve {
@@ -21,8 +22,8 @@ std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
 }
 
 std::string ExpectedText(const ExpectedShape& e) {
-  const std::string rows = e.rows >= 0 ? absl::StrCat(e.rows) : "M";
-  const std::string cols = e.cols >= 0 ? absl::StrCat(e.cols) : "K";
+  const std::string rows = e.rows >= 0 ? absl::StrCat(e.rows) : e.rows_name;
+  const std::string cols = e.cols >= 0 ? absl::StrCat(e.cols) : e.cols_name;
   return absl::StrCat("[", rows, ", ", cols, "]");
 }
 
@@ -31,6 +32,11 @@ absl::Status CheckDim(absl::string_view field, int64_t got, int64_t want, absl::
   if (want < 0 || got == want) return absl::OkStatus();
   return FieldError(field, absl::StrCat("expected ", want, " ", dim, " (", what, "), got ", got));
 }
+
+// Largest rows or cols of an operand: keeps every count well inside 64 bits.
+constexpr int64_t kMaxDimension = int64_t{1} << 31;
+
+bool DimensionOk(int64_t value) { return value >= 1 && value <= kMaxDimension; }
 
 }  // namespace
 
@@ -63,9 +69,17 @@ absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field) {
   return static_cast<Phase>(value - 1);
 }
 
-mx::Rounding FromProto(v1::Rounding rounding) {
-  return rounding == v1::ROUNDING_NEAREST_AWAY ? mx::Rounding::kNearestAway
-                                               : mx::Rounding::kNearestEven;
+absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view field) {
+  switch (rounding) {
+    case v1::ROUNDING_NEAREST_EVEN:
+      return mx::Rounding::kNearestEven;
+    case v1::ROUNDING_NEAREST_AWAY:
+      return mx::Rounding::kNearestAway;
+    default:
+      return FieldError(field, absl::StrCat("unknown rounding value ", static_cast<int>(rounding),
+                                            "; expected ROUNDING_NEAREST_EVEN or "
+                                            "ROUNDING_NEAREST_AWAY"));
+  }
 }
 
 absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
@@ -84,8 +98,20 @@ absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
   }
 }
 
+absl::Status CheckOperandBytes(absl::string_view field, mx::Format format, int64_t rows,
+                               int64_t cols, int64_t max_bytes) {
+  const std::optional<mx::LayoutSize> size = mx::CheckedLayoutSize(format, rows, cols);
+  if (size && size->total_bytes() <= static_cast<uint64_t>(max_bytes)) return absl::OkStatus();
+  return FieldError(field, absl::StrCat("a ", rows, " x ", cols, " ", mx::FormatName(format),
+                                        " operand takes ",
+                                        size ? absl::StrCat(size->total_bytes(), " bytes")
+                                             : std::string("more than 2^64 bytes"),
+                                        ", more than one message may carry (", max_bytes,
+                                        " bytes, --max-message-bytes)"));
+}
+
 absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_view field,
-                                         const ExpectedShape& expected) {
+                                         const ExpectedShape& expected, int64_t max_bytes) {
   DenseMatrix m;
   absl::StatusOr<mx::Format> dtype = FromProto(tensor.dtype(), absl::StrCat(field, ".dtype"));
   if (!dtype.ok()) return dtype.status();
@@ -97,7 +123,7 @@ absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_
   }
   m.rows = tensor.shape(0);
   m.cols = tensor.shape(1);
-  if (m.rows <= 0 || m.cols <= 0 || m.rows > (int64_t{1} << 31) || m.cols > (int64_t{1} << 31)) {
+  if (!DimensionOk(m.rows) || !DimensionOk(m.cols)) {
     return FieldError(shape_field, absl::StrCat("dimensions must be in [1, 2^31], got ",
                                                 ShapeText(tensor.shape())));
   }
@@ -111,8 +137,9 @@ absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_
                                                 " (columns: ", expected.cols_what, "), got ",
                                                 ShapeText(tensor.shape())));
   }
-  const uint64_t bytes = static_cast<uint64_t>(m.rows) * static_cast<uint64_t>(m.cols) *
-                         (mx::Traits(m.dtype).element_bits / 8);
+  MX_RETURN_IF_ERROR(CheckOperandBytes(shape_field, m.dtype, m.rows, m.cols, max_bytes));
+  // Exact now: the product fits and is at most max_bytes.
+  const uint64_t bytes = mx::CheckedLayoutSize(m.dtype, m.rows, m.cols)->element_bytes;
   if (tensor.data().size() != bytes) {
     return FieldError(absl::StrCat(field, ".data"),
                       absl::StrCat("expected ", bytes, " bytes (", m.rows, " x ", m.cols, " ",
@@ -142,7 +169,7 @@ absl::StatusOr<mx::QuantizedMatrix> QuantizeDense(const DenseMatrix& matrix, mx:
 
 absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed,
                                                  absl::string_view field,
-                                                 const ExpectedShape& expected) {
+                                                 const ExpectedShape& expected, int64_t max_bytes) {
   auto format = FromProto(packed.format(), absl::StrCat(field, ".format"));
   if (!format.ok()) return format.status();
   if (!format->has_value()) {
@@ -150,55 +177,45 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
   }
   const std::string rows_field = absl::StrCat(field, ".rows");
   const std::string cols_field = absl::StrCat(field, ".cols");
-  if (packed.rows() <= 0 || packed.cols() <= 0 || packed.rows() > (int64_t{1} << 31) ||
-      packed.cols() > (int64_t{1} << 31)) {
-    return FieldError(rows_field, absl::StrCat("rows and cols must be in [1, 2^31], got ",
-                                               packed.rows(), " x ", packed.cols()));
+  if (!DimensionOk(packed.rows())) {
+    return FieldError(rows_field, absl::StrCat("expected 1 to 2^31, got ", packed.rows()));
   }
-  if (auto s = CheckDim(rows_field, packed.rows(), expected.rows, expected.rows_what, "rows");
-      !s.ok()) {
-    return s;
+  if (!DimensionOk(packed.cols())) {
+    return FieldError(cols_field, absl::StrCat("expected 1 to 2^31, got ", packed.cols()));
   }
-  if (auto s = CheckDim(cols_field, packed.cols(), expected.cols, expected.cols_what, "cols");
-      !s.ok()) {
-    return s;
-  }
+  MX_RETURN_IF_ERROR(CheckDim(rows_field, packed.rows(), expected.rows, expected.rows_what, "rows"));
+  MX_RETURN_IF_ERROR(CheckDim(cols_field, packed.cols(), expected.cols, expected.cols_what, "cols"));
   mx::QuantizedMatrix m;
   m.format = **format;
   m.rows = packed.rows();
   m.cols = packed.cols();
-  const uint64_t want_elements = static_cast<uint64_t>(m.rows) * mx::RowBytes(m.format, m.cols);
-  if (packed.elements().size() != want_elements) {
+  MX_RETURN_IF_ERROR(CheckOperandBytes(field, m.format, m.rows, m.cols, max_bytes));
+  const mx::LayoutSize size = *mx::CheckedLayoutSize(m.format, m.rows, m.cols);
+  if (packed.elements().size() != size.element_bytes) {
     return FieldError(absl::StrCat(field, ".elements"),
-                      absl::StrCat("expected ", want_elements, " bytes (", m.rows, " rows of ",
-                                   mx::RowBytes(m.format, m.cols), " bytes in ",
+                      absl::StrCat("expected ", size.element_bytes, " bytes (", m.rows,
+                                   " rows of ", mx::RowBytes(m.format, m.cols), " bytes in ",
                                    mx::FormatName(m.format), "), got ", packed.elements().size()));
   }
-  m.elements.assign(packed.elements().begin(), packed.elements().end());
-  if (mx::IsMx(m.format)) {
-    const uint64_t want_scales = static_cast<uint64_t>(m.rows) * mx::BlocksPerRow(m.cols);
-    if (packed.block_scales().size() != want_scales) {
-      return FieldError(
-          absl::StrCat(field, ".block_scales"),
-          absl::StrCat("expected ", want_scales, " bytes (", m.rows, " rows x ",
-                       mx::BlocksPerRow(m.cols), " blocks), got ", packed.block_scales().size()));
-    }
-    m.block_scales.assign(packed.block_scales().begin(), packed.block_scales().end());
-  } else if (!packed.block_scales().empty()) {
-    return FieldError(absl::StrCat(field, ".block_scales"),
-                      absl::StrCat("must be empty for ", mx::FormatName(m.format)));
+  if (packed.block_scales().size() != size.block_scale_bytes) {
+    return FieldError(
+        absl::StrCat(field, ".block_scales"),
+        mx::IsMx(m.format)
+            ? absl::StrCat("expected ", size.block_scale_bytes, " bytes (", m.rows, " rows x ",
+                           mx::BlocksPerRow(m.cols), " blocks), got ",
+                           packed.block_scales().size())
+            : absl::StrCat("must be empty for ", mx::FormatName(m.format)));
   }
-  if (m.format == mx::Format::kInt8) {
-    if (packed.row_scales_size() != m.rows) {
-      return FieldError(absl::StrCat(field, ".row_scales"),
-                        absl::StrCat("expected ", m.rows, " values (one per row), got ",
-                                     packed.row_scales_size()));
-    }
-    m.row_scales.assign(packed.row_scales().begin(), packed.row_scales().end());
-  } else if (packed.row_scales_size() != 0) {
+  if (static_cast<uint64_t>(packed.row_scales_size()) != size.row_scales) {
     return FieldError(absl::StrCat(field, ".row_scales"),
-                      absl::StrCat("must be empty for ", mx::FormatName(m.format)));
+                      m.format == mx::Format::kInt8
+                          ? absl::StrCat("expected ", m.rows, " values (one per row), got ",
+                                         packed.row_scales_size())
+                          : absl::StrCat("must be empty for ", mx::FormatName(m.format)));
   }
+  m.elements.assign(packed.elements().begin(), packed.elements().end());
+  m.block_scales.assign(packed.block_scales().begin(), packed.block_scales().end());
+  m.row_scales.assign(packed.row_scales().begin(), packed.row_scales().end());
   if (absl::Status s = mx::ValidateLayout(m); !s.ok()) {
     return FieldError(field, s.message());
   }

@@ -12,18 +12,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "grpcpp/support/status.h"
 #include "mx/format.h"
 #include "mx/packed.h"
 #include "mxserve/v1/common.pb.h"
 #include "server/phase.h"
 
 namespace mxserve {
-
-// absl and gRPC share the canonical status codes.
-inline grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 // Wire enum values are mx::Format + 1; 0 (FORMAT_UNSPECIFIED) means "not given".
 v1::Format ToProto(mx::Format format);
@@ -35,7 +29,8 @@ v1::Phase ToProto(Phase phase);
 // PHASE_UNSPECIFIED and unknown values are INVALID_ARGUMENT naming `field`.
 absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field);
 
-mx::Rounding FromProto(v1::Rounding rounding);
+// INVALID_ARGUMENT naming `field` for a value outside the enum.
+absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view field);
 
 // DTYPE_FP32/BF16/FP16 as mx::Format::kFp32/kBf16/kFp16; anything else is
 // INVALID_ARGUMENT naming `field`.
@@ -52,14 +47,26 @@ struct DenseMatrix {
 
 // Validates a [rows, cols] tensor. `rows`/`cols` < 0 accept any size; otherwise
 // the dimension must match and `what` explains where the number comes from.
+// `rows_name`/`cols_name` name a free dimension in messages ("expected [M, 896]").
 struct ExpectedShape {
   int64_t rows = -1;
   int64_t cols = -1;
   std::string rows_what;  // e.g. "M (rows of a)"
   std::string cols_what;  // e.g. "in_features of layer 'q'"
+  std::string rows_name = "M";
+  std::string cols_name = "K";
 };
+
+// Every operand's size check: the bytes a rows × cols operand of `format` takes
+// on the wire, in checked arithmetic, must fit in one message of `max_bytes`.
+// INVALID_ARGUMENT naming `field` otherwise, before anything is allocated.
+absl::Status CheckOperandBytes(absl::string_view field, mx::Format format, int64_t rows,
+                               int64_t cols, int64_t max_bytes);
+
+// A dense [rows, cols] tensor, its data exactly rows · cols elements of its dtype.
+// `max_bytes` is the largest message the daemon takes (--max-message-bytes).
 absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_view field,
-                                         const ExpectedShape& expected);
+                                         const ExpectedShape& expected, int64_t max_bytes);
 
 // The values of a dense matrix widened to FP32.
 std::vector<float> ToFloat(const DenseMatrix& matrix);
@@ -71,7 +78,7 @@ absl::StatusOr<mx::QuantizedMatrix> QuantizeDense(const DenseMatrix& matrix, mx:
 // A packed operand, checked against the layout rules and the expected shape.
 absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed,
                                                  absl::string_view field,
-                                                 const ExpectedShape& expected);
+                                                 const ExpectedShape& expected, int64_t max_bytes);
 
 // An FP32 [rows, cols] tensor holding `values`.
 void EncodeMatrix(std::span<const float> values, int64_t rows, int64_t cols, v1::Tensor* tensor);

@@ -19,6 +19,14 @@ namespace mx_test {
 
 namespace v1 = mxserve::v1;
 
+// A gRPC status has this code and its message contains `text`.
+#define EXPECT_STATUS(status, code, text)                                              \
+  do {                                                                                 \
+    const grpc::Status s_ = (status);                                                  \
+    EXPECT_EQ(s_.error_code(), grpc::StatusCode::code) << s_.error_message();          \
+    EXPECT_NE(s_.error_message().find(text), std::string::npos) << s_.error_message(); \
+  } while (0)
+
 inline v1::Tensor Matrix(const std::vector<float>& values, int64_t rows, int64_t cols) {
   v1::Tensor t;
   t.add_shape(rows);

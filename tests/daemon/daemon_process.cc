@@ -168,6 +168,18 @@ double MetricValue(const std::string& exposition, const std::string& series) {
   return -1;
 }
 
+double AwaitMetric(const std::string& address, const std::string& series, double want,
+                   double timeout_seconds) {
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+  double value = -1;
+  while (true) {
+    value = MetricValue(ScrapeMetrics(address), series);
+    if (value == want || std::chrono::steady_clock::now() >= until) return value;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 void StopSuiteDaemon(DaemonProcess*& daemon) {
   if (daemon != nullptr && daemon->ok()) {
     EXPECT_EQ(daemon->Stop(), 0) << daemon->Log();

@@ -55,6 +55,12 @@ std::string ScrapeMetrics(const std::string& address);
 // or -1 when absent.
 double MetricValue(const std::string& exposition, const std::string& series);
 
+// Scrapes until `series` reads `want` or `timeout_seconds` pass; returns the
+// last value read (-1: absent). The daemon counts an RPC's status once gRPC is
+// done with the call, a moment after the client has its answer.
+double AwaitMetric(const std::string& address, const std::string& series, double want,
+                   double timeout_seconds = 10);
+
 // For a suite's shared daemon, from TearDownTestSuite: expects a clean exit (0)
 // from a daemon that started, with its log on failure, then frees it.
 void StopSuiteDaemon(DaemonProcess*& daemon);

@@ -58,13 +58,6 @@ class ErrorsTest : public ::testing::Test {
 DaemonProcess* ErrorsTest::daemon_ = nullptr;
 TestLayer* ErrorsTest::layer_ = nullptr;
 
-#define EXPECT_STATUS(status, code, text)                                          \
-  do {                                                                             \
-    const grpc::Status s_ = (status);                                              \
-    EXPECT_EQ(s_.error_code(), grpc::StatusCode::code) << s_.error_message();      \
-    EXPECT_NE(s_.error_message().find(text), std::string::npos) << s_.error_message(); \
-  } while (0)
-
 TEST_F(ErrorsTest, LayerForwardRequests) {
   const auto x = TestValues(2 * 64, 1);
   v1::LayerForwardRequest r = Forward(x, 2);
@@ -137,13 +130,13 @@ TEST_F(ErrorsTest, GemmRequests) {
   g.set_format(v1::FORMAT_MXFP4_E2M1);
   grpc::ClientContext c2;
   EXPECT_STATUS(stub->Gemm(&c2, g, &response), INVALID_ARGUMENT,
-                "b.tensor.shape: expected [3, K] (rows: K, the columns of a), got [4, 2]");
+                "b.tensor.shape: expected [3, N] (rows: K, the columns of a), got [4, 2]");
   // The result would not fit in one message: the request says so up front.
   g.set_format(v1::FORMAT_FP32);
   *g.mutable_a()->mutable_tensor() = Matrix(TestValues(300, 1), 300, 1);
   *g.mutable_b()->mutable_tensor() = Matrix(TestValues(300, 1), 1, 300);
   grpc::ClientContext c3;
-  EXPECT_STATUS(stub->Gemm(&c3, g, &response), INVALID_ARGUMENT,
+  EXPECT_STATUS(stub->Gemm(&c3, g, &response), RESOURCE_EXHAUSTED,
                 "would exceed the maximum message size of 262144 bytes");
 }
 
@@ -256,14 +249,16 @@ TEST_F(ErrorsTest, PowerSamplesAreValidated) {
   s.set_source("gpu_baseline");
   s.set_device("cuda:0");
   s.set_phase(v1::PHASE_ROLLOUT);
-  s.set_timestamp_seconds(1000);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  s.set_timestamp_seconds(now - 10);
   s.set_watts(100);
   writer->Write(s);
-  s.set_timestamp_seconds(999);
+  s.set_timestamp_seconds(now - 11);
   writer->Write(s);
   writer->WritesDone();
   EXPECT_STATUS(writer->Finish(), INVALID_ARGUMENT,
-                "samples[1].timestamp_seconds: 999 is earlier than the previous sample");
+                "is earlier than the previous sample");
   EXPECT_EQ(response.samples_accepted(), 0u);  // the response of a failed call is not sent
 }
 

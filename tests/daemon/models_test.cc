@@ -78,7 +78,8 @@ class ModelsTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(daemon_.ok()); }
   grpc::Channel* channel() { return daemon_.channel().get(); }
-  DaemonProcess daemon_{{"--workers", "2", "--weight-memory-bytes", "1M"}};
+  DaemonProcess daemon_{
+      {"--workers", "2", "--weight-memory-bytes", "1M", "--model-dir", ::testing::TempDir()}};
 };
 
 TEST_F(ModelsTest, SafetensorsLoadThenVersionBumpChangesResults) {
@@ -151,10 +152,11 @@ TEST_F(ModelsTest, MemoryLimitRejectsAndNothingIsHalfRegistered) {
   // "two" (2 × 320 KB) registers while memory is free ...
   const TestLayer a = MakeLayer("a", 200, 400, false, 1), b = MakeLayer("b", 200, 400, false, 2);
   ASSERT_TRUE(Register(channel(), "two", {a, b}, "fp16-baseline").ok());
-  // ... then "one" takes 320 KB + its FP16 copy (173 KB as packed panels) ...
-  const TestLayer one = MakeLayer("a", 200, 400, false, 3);
+  // ... then "one" takes 480 KB + its FP16 copy (about 240 KB as packed panels) ...
+  const TestLayer one = MakeLayer("a", 300, 400, false, 3);
   ASSERT_TRUE(RegisterAndPublish(channel(), "one", {one}, "fp16-baseline").ok());
-  // ... so the upload of "two" fails at its second tensor and stages nothing.
+  // ... so the upload of "two" fails at its second tensor, even with the copy
+  // evicted (masters are not a cache), and stages nothing.
   v1::UploadWeightsResponse response;
   s = Upload(channel(), "two", {a, b}, true, &response, 40000);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
@@ -167,6 +169,7 @@ TEST_F(ModelsTest, MemoryLimitRejectsAndNothingIsHalfRegistered) {
   const auto x = TestValues(400, 4);
   v1::LayerForwardResponse r;
   ASSERT_TRUE(Forward(channel(), "one", "a", v1::PHASE_ROLLOUT, v1::FORMAT_FP16, x, 1, 400, &r).ok());
+  EXPECT_EQ(r.info().weight_version(), 1u);
   EXPECT_TRUE(SameBits(Floats(r.output()), Reference(one, x, 1, mx::Format::kFp16)));
   // Deleting "one" frees its bytes, and the upload of "two" now fits.
   auto models = v1::Models::NewStub(daemon_.channel());
@@ -177,12 +180,40 @@ TEST_F(ModelsTest, MemoryLimitRejectsAndNothingIsHalfRegistered) {
   ASSERT_TRUE(models->DeleteModel(&context, del, &deleted).ok());
   // The FP32 master and the FP16 copy as the kernels hold it (padded panels).
   const uint64_t copy_bytes =
-      mx::kernels::PackedWeight::Pack(*mx::QuantizeRows(one.weight, 200, 400, mx::Format::kFp16))
+      mx::kernels::PackedWeight::Pack(*mx::QuantizeRows(one.weight, 300, 400, mx::Format::kFp16))
           ->bytes();
-  EXPECT_EQ(deleted.freed_bytes(), 200u * 400 * 4 + copy_bytes);
+  EXPECT_EQ(deleted.freed_bytes(), 300u * 400 * 4 + copy_bytes);
   s = Upload(channel(), "two", {a, b}, true, &response, 40000);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(response.weight_version(), 1u);
+}
+
+// Quantized copies are a cache: with a tight budget, a forward in one more format
+// must not block the next weight version (it did until DeleteModel before the
+// copies could be evicted).
+TEST_F(ModelsTest, CachedCopiesGiveWayToTheNextVersion) {
+  // 480 KB of FP32 master in a 1 MiB budget, its FP16 copy warmed at publish.
+  const TestLayer v1_layer = MakeLayer("a", 300, 400, false, 7);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "tight", {v1_layer}, "fp16-baseline").ok());
+  const auto x = TestValues(2 * 400, 8);
+  v1::LayerForwardResponse r;
+  for (v1::Format f : {v1::FORMAT_MXFP4_E2M1, v1::FORMAT_FP16}) {
+    ASSERT_TRUE(Forward(channel(), "tight", "a", v1::PHASE_ROLLOUT, f, x, 2, 400, &r).ok());
+  }
+  EXPECT_EQ(Describe(channel(), "tight").layers(0).cached_formats_size(), 2);
+  // Version 2's master needs 480 KB more: only evicting copies makes it fit.
+  const TestLayer v2_layer = MakeLayer("a", 300, 400, false, 9);
+  v1::UploadWeightsResponse uploaded;
+  grpc::Status s = Upload(channel(), "tight", {v2_layer}, /*publish=*/true, &uploaded, 30000);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(uploaded.weight_version(), 2u);
+  const std::string metrics = ScrapeMetrics(daemon_.metrics_address());
+  EXPECT_GE(MetricValue(metrics, "mxserve_weight_evictions_total"), 1) << metrics;
+  // The new version answers with its own bits, in an evicted format too.
+  ASSERT_TRUE(
+      Forward(channel(), "tight", "a", v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, x, 2, 400, &r, 2)
+          .ok());
+  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(v2_layer, x, 2, mx::Format::kMxfp4E2m1)));
 }
 
 TEST_F(ModelsTest, AnUploadWhosePublishFailsStagesNothing) {

@@ -1,6 +1,7 @@
 // Metrics scraped over HTTP and energy accounting: request counts per phase and
 // format equal what was sent; power samples integrate by the trapezoid rule into
 // the phase of the later sample; the FPGA model's energy adds up per phase.
+#include <chrono>
 #include <cmath>
 
 #include "tests/daemon/api_util.h"
@@ -70,7 +71,9 @@ TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
             7);
   EXPECT_EQ(MetricValue(m, "mxserve_flops_total{format=\"MXFP8_E4M3\",phase=\"reward\"}"),
             3 * 2.0 * 4 * 64 * 128);
-  EXPECT_EQ(MetricValue(m, "mxserve_rpc_completed_total{code=\"OK\",rpc=\"LayerForward\"}"), 11);
+  EXPECT_EQ(AwaitMetric(daemon_.metrics_address(),
+                        "mxserve_rpc_completed_total{code=\"OK\",rpc=\"LayerForward\"}", 11),
+            11);
   EXPECT_EQ(MetricValue(m, "mxserve_models"), 1);
   EXPECT_GT(MetricValue(m, "mxserve_weight_bytes"), 64 * 128 * 4);
   EXPECT_NEAR(MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"fpga_model\"}"),
@@ -93,7 +96,12 @@ TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
   grpc::ClientContext context;
   v1::ReportPowerResponse response;
   auto writer = telemetry->ReportPower(&context, &response);
-  const double t0 = 1.9e9;  // a Unix time in the future of every other entry
+  // Recent (samples must be near the daemon's clock), and the report below
+  // starts just before it.
+  const double t0 = std::floor(std::chrono::duration<double>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count()) -
+                    30;
   // cuda:0: 100 W → 200 W over 1 s (rollout) = 150 J, then 200 W → 200 W over 0.5 s
   // (update) = 100 J. cuda:1 independently: 50 W flat for 2 s (rollout) = 100 J.
   struct S {

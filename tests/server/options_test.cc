@@ -30,6 +30,30 @@ TEST(Options, BothSpellingsAndSizes) {
   EXPECT_EQ(*ParseBytes("3K"), 3072u);
 }
 
+TEST(Options, ModelDirsRepeatAndPowerBounds) {
+  auto parsed = ParseCommandLine({"--model-dir", "/srv/a", "--model-dir=/srv/b", "--power-sources",
+                                  "gpu_baseline, lab", "--max-power-series", "8",
+                                  "--max-power-watts", "700"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.model_dirs, (std::vector<std::string>{"/srv/a", "/srv/b"}));
+  EXPECT_EQ(parsed->options.power_sources, (std::vector<std::string>{"gpu_baseline", "lab"}));
+  EXPECT_EQ(parsed->options.max_power_series, 8);
+  EXPECT_EQ(parsed->options.max_power_watts, 700);
+  EXPECT_TRUE(ParseCommandLine({}).value().options.model_dirs.empty());  // loading off
+  EXPECT_EQ(ParseCommandLine({"--max-power-watts", "-1"}).status().message(),
+            "--max-power-watts: expected watts in (0, 1e7], got '-1'");
+  // A config file gives a repeatable flag as a list; the command line replaces it.
+  const std::string path = ::testing::TempDir() + "/mxserved_model_dirs.json";
+  std::ofstream(path) << R"({"model-dir": ["/srv/x", "/srv/y"], "max-power-series": 2})";
+  parsed = ParseCommandLine({"--config", path});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.model_dirs, (std::vector<std::string>{"/srv/x", "/srv/y"}));
+  parsed = ParseCommandLine({"--config", path, "--model-dir", "/srv/z"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.model_dirs, (std::vector<std::string>{"/srv/z"}));
+  EXPECT_EQ(parsed->options.max_power_series, 2);
+}
+
 // Without XRT the fpga backend is not built; asking for it says so and names the
 // alternative, before anything starts.
 TEST(Options, FpgaBackendNeedsXrt) {

@@ -72,8 +72,11 @@ class Daemon:
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    d = Daemon()
+def daemon(tmp_path_factory):
+    # LoadSafetensors reads only inside --model-dir: tests write their files there.
+    model_dir = tmp_path_factory.mktemp("models")
+    d = Daemon("--model-dir", str(model_dir))
+    d.model_dir = model_dir
     yield d
     assert d.stop() == 0, "mxserved did not exit cleanly:\n" + "\n".join(d.log_lines[-20:])
 

@@ -206,10 +206,10 @@ def write_safetensors(path, tensors):
     path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
-def test_load_safetensors(client, model_name, tmp_path):
+def test_load_safetensors(client, daemon, model_name):
     w = RNG.standard_normal((16, 40)).astype(np.float32)
     b = RNG.standard_normal(16).astype(np.float32)
-    path = tmp_path / "tiny.safetensors"
+    path = daemon.model_dir / f"{model_name}.safetensors"
     write_safetensors(path, {"net.fc.weight": w, "net.fc.bias": b})
     client.register_model(model_name, [("fc", 16, 40, True)])
     loaded = client.load_safetensors(model_name, path, prefix="net.", publish=True)
@@ -218,9 +218,15 @@ def test_load_safetensors(client, model_name, tmp_path):
     y = client.forward(model_name, "fc", x, format="FP32", phase="update").output
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.T + b, rtol=1e-5, atol=1e-5)
     with pytest.raises(mxserve.MxserveError) as error:
-        client.load_safetensors(model_name, tmp_path / "missing.safetensors")
-    assert error.value.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+        client.load_safetensors(model_name, daemon.model_dir / "missing.safetensors")
+    assert error.value.code == grpc.StatusCode.NOT_FOUND
     assert "missing.safetensors" in error.value.message
+    # Outside --model-dir: refused from the path alone, whether or not the file exists.
+    for outside in ("/etc/passwd", "/no/such/file", str(daemon.model_dir / ".." / "x")):
+        with pytest.raises(mxserve.MxserveError) as error:
+            client.load_safetensors(model_name, outside)
+        assert error.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert "--model-dir" in error.value.message
 
 
 def test_power_and_energy(client):

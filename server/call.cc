@@ -1,0 +1,26 @@
+#include "server/call.h"
+
+namespace mxserve {
+
+CallRecord::CallRecord(const Core& core, Rpc rpc, grpc::CallbackServerContext* context)
+    : core_(core),
+      rpc_(rpc),
+      context_(context),
+      info_(CallInfo::From(context, std::make_shared<std::atomic<bool>>(false))) {
+  core_.calls->Begin();
+}
+
+void CallRecord::Done() {
+  // IsCancelled: the call failed before its status reached the client (the
+  // client cancelled, its deadline passed, the connection broke), whatever the
+  // daemon answered. When that happened at the deadline, the client saw
+  // DEADLINE_EXCEEDED.
+  absl::StatusCode seen = code_;
+  if (context_->IsCancelled()) {
+    seen = GaveUpCode(cancelled_at_.value_or(Clock::now()), info_.deadline);
+  }
+  core_.metrics->RecordStatus(rpc_, seen);
+  core_.calls->End();
+}
+
+}  // namespace mxserve
