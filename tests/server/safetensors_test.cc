@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "mx/element.h"
+#include "server/model_dirs.h"
 
 namespace mxserve {
 namespace {
@@ -71,8 +72,10 @@ TEST_F(Safetensors, BrokenFilesAreRejectedWithTheReason) {
   const std::string ok_entry = R"("t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
   const std::string data(8, '\0');
   const std::pair<std::string, std::string> cases[] = {
-      {Write("", "", 1000), "header length 1000 exceeds the file"},
-      {Write("{" + ok_entry, data), "header is not a JSON object"},
+      {Write("", "", 1000),
+       "not a safetensors file (its header length field exceeds the file's 8 bytes or the "
+       "104857600-byte limit)"},
+      {Write("{" + ok_entry, data), "safetensors header: not a JSON object"},
       {Write(R"({"t": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", data),
        "tensor 't': dtype 'I64' unsupported; expected F32, BF16 or F16"},
       {Write(R"({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", data),
@@ -98,6 +101,74 @@ TEST_F(Safetensors, BrokenFilesAreRejectedWithTheReason) {
   EXPECT_EQ(SafetensorsFile::Open((dir_ / "absent").string()).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(SafetensorsFile::Open(Write("{" + ok_entry + "}", data)).ok());
+}
+
+TEST_F(Safetensors, ErrorsNeverRepeatTheFilesBytes) {
+  // The first 8 bytes of /etc/shadow read as a header length: "root:*:2".
+  const std::string path = (dir_ / "shadow").string();
+  std::ofstream(path) << "root:*:20000:0:99999:7:::\n";
+  uint64_t as_length;
+  std::memcpy(&as_length, "root:*:2", 8);
+  const absl::Status s = SafetensorsFile::Open(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().find(std::to_string(as_length)), absl::string_view::npos) << s;
+  EXPECT_EQ(s.message().find("root"), absl::string_view::npos) << s;
+}
+
+TEST(SafetensorsHeader, OverlappingRangesAreRefused) {
+  // The format forbids tensors that share bytes, in any order in the header.
+  const auto parsed = ParseSafetensorsHeader(
+      R"({"b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+          "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+      12);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find(
+                "tensors 'a' and 'b' overlap (data_offsets [0, 8) and [4, 12))"),
+            absl::string_view::npos)
+      << parsed.status();
+  // Adjacent ranges and empty tensors at a boundary are fine; order is by data.
+  const auto fine = ParseSafetensorsHeader(
+      R"({"b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+          "e": {"dtype": "F16", "shape": [0], "data_offsets": [8, 8]},
+          "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+      16);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  ASSERT_EQ(fine->size(), 3u);
+  EXPECT_EQ((*fine)[0].name, "a");
+  EXPECT_EQ((*fine)[2].name, "b");
+}
+
+TEST(SafetensorsHeader, HugeShapesDoNotWrap) {
+  // 2^32 · 2^32 elements wrapped to 0 in unchecked arithmetic and matched 0 bytes.
+  const auto parsed = ParseSafetensorsHeader(
+      R"({"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", 0);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("too many elements"), absl::string_view::npos)
+      << parsed.status();
+}
+
+class ModelDirsTest : public Safetensors {};
+
+TEST_F(ModelDirsTest, OpensOnlyInsideTheDirectoriesAsSpelledOrResolved) {
+  std::filesystem::create_directory(dir_ / "models");
+  std::filesystem::create_directory_symlink(dir_ / "models", dir_ / "alias");
+  std::ofstream(dir_ / "models" / "w.safetensors") << "x";
+  std::ofstream(dir_ / "outside.safetensors") << "x";
+  auto dirs = ModelDirs::Create({(dir_ / "alias").string()});
+  ASSERT_TRUE(dirs.ok()) << dirs.status();
+  EXPECT_TRUE(dirs->Open("w.safetensors", "path").ok());
+  EXPECT_TRUE(dirs->Open((dir_ / "alias" / "w.safetensors").string(), "path").ok());
+  EXPECT_TRUE(dirs->Open((dir_ / "models" / "w.safetensors").string(), "path").ok());
+  for (const std::string& path : {(dir_ / "outside.safetensors").string(),
+                                  std::string("../outside.safetensors"),
+                                  (dir_ / "alias" / ".." / "outside.safetensors").string()}) {
+    EXPECT_EQ(dirs->Open(path, "path").status().code(), absl::StatusCode::kPermissionDenied)
+        << path;
+  }
+  EXPECT_EQ(ModelDirs::Create({(dir_ / "absent").string()}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ModelDirs::Create({}).value().Open("x", "path").status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

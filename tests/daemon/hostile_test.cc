@@ -1,0 +1,676 @@
+// The daemon against a hostile or careless client: each case below once crashed
+// it, corrupted what it held, leaked what it should not, or answered with the
+// wrong status. Every test ends by checking that the shared daemon still serves
+// its model with the reference bits.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
+#include "tests/daemon/api_util.h"
+#include "tests/daemon/daemon_process.h"
+#include "tests/daemon/raw_call.h"
+
+namespace mx_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A safetensors file: little-endian u64 header length, the header, the data.
+void WriteSafetensors(const fs::path& path, const std::string& header, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t length = header.size();
+  out.write(reinterpret_cast<const char*>(&length), 8);
+  out << header << data;
+}
+
+std::string Bytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+}
+
+class HostileTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string pattern = (fs::temp_directory_path() / "mxserve_hostile.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    model_dir_ = new fs::path(pattern);
+    daemon_ = new DaemonProcess(
+        {"--workers", "2", "--max-message-bytes", "1M", "--model-dir", model_dir_->string()});
+    ASSERT_TRUE(daemon_->ok());
+    layer_ = new TestLayer(MakeLayer("blocks.1.mlp.down_proj", 16, 64, true, 71));
+    ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "m", {*layer_}).ok());
+  }
+  static void TearDownTestSuite() {
+    StopSuiteDaemon(daemon_);
+    delete layer_;
+    fs::remove_all(*model_dir_);
+    delete model_dir_;
+  }
+  void TearDown() override { ExpectStillServing(); }
+
+  static std::vector<float> Reference(const std::vector<float>& x, int64_t m,
+                                      const TestLayer& layer, mx::Format f) {
+    auto qx = mx::QuantizeRows(x, m, layer.in, f);
+    auto qw = mx::QuantizeRows(layer.weight, layer.out, layer.in, f);
+    return *mx::ReferenceLinear(*qx, *qw, layer.bias_values);
+  }
+
+  // The model still answers with the reference bits: nothing it held was lost.
+  static void ExpectStillServing() {
+    const auto x = TestValues(2 * 64, 72);
+    v1::LayerForwardResponse response;
+    grpc::ClientContext context;
+    const grpc::Status s =
+        v1::Compute::NewStub(daemon_->channel())
+            ->LayerForward(&context, ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, x, 2),
+                           &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(SameBits(Floats(response.output()),
+                         Reference(x, 2, *layer_, mx::Format::kMxfp8E4m3)));
+  }
+
+  static std::string Metrics() { return ScrapeMetrics(daemon_->metrics_address()); }
+
+  static DaemonProcess* daemon_;
+  static TestLayer* layer_;
+  static fs::path* model_dir_;
+};
+DaemonProcess* HostileTest::daemon_ = nullptr;
+TestLayer* HostileTest::layer_ = nullptr;
+fs::path* HostileTest::model_dir_ = nullptr;
+
+// ---------------------------------------------------------------------------
+// The 40-byte request: dense FP32 operands of shape [2^31, 2^31] with no data.
+// M·K·4 wrapped to 0 bytes, so the empty data passed; the daemon then crashed.
+
+constexpr char kFortyByteGemm[] =
+    "0801100a22100a0e0a0a8080808008808080800810012a100a0e0a0a808080800880808080081001";
+
+v1::GemmRequest FortyByteGemm() {
+  v1::GemmRequest request;
+  EXPECT_TRUE(request.ParseFromString(absl::HexStringToBytes(kFortyByteGemm)));
+  EXPECT_EQ(request.ByteSizeLong(), 40u);
+  return request;
+}
+
+grpc::Status CallGemm(const std::shared_ptr<grpc::Channel>& channel,
+                      const v1::GemmRequest& request) {
+  grpc::ClientContext context;
+  v1::GemmResponse response;
+  return v1::Compute::NewStub(channel)->Gemm(&context, request, &response);
+}
+
+TEST_F(HostileTest, TheFortyByteGemmIsInvalidArgument) {
+  v1::GemmRequest request = FortyByteGemm();
+  EXPECT_EQ(request.a().tensor().shape(0), int64_t{1} << 31);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                "a.tensor.shape: a 2147483648 x 2147483648 FP32 operand takes more than 2^64 "
+                "bytes, more than one message may carry (1048576 bytes, --max-message-bytes)");
+  // Quantized to MXFP4 (was std::bad_alloc), and with only B that large.
+  request.set_format(v1::FORMAT_MXFP4_E2M1);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT, "a.tensor.shape");
+  request = FortyByteGemm();
+  *request.mutable_a()->mutable_tensor() = Matrix({1.0f}, 1, 1);
+  request.mutable_b()->mutable_tensor()->set_shape(0, 1);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                "b.tensor.shape: a 1 x 2147483648 FP32 operand takes 8589934592 bytes");
+}
+
+TEST_F(HostileTest, PackedOperandsOfEveryFormatAtTheLimitAreInvalidArgument) {
+  // rows = cols = 2^31: rows · RowBytes wrapped to 0 for FP32 (was std::length_error).
+  for (int f = 0; f < 10; ++f) {
+    v1::GemmRequest request;
+    request.set_phase(v1::PHASE_ROLLOUT);
+    auto* a = request.mutable_a()->mutable_packed();
+    a->set_format(Wire(f));
+    a->set_rows(int64_t{1} << 31);
+    a->set_cols(int64_t{1} << 31);
+    *request.mutable_b()->mutable_packed() = *a;
+    EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                  "a.packed: a 2147483648 x 2147483648 ");
+  }
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_ROLLOUT);
+  auto* a = request.mutable_a()->mutable_packed();
+  a->set_format(v1::FORMAT_MXFP8_E4M3);
+  a->set_rows(1);
+  a->set_cols(-32);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                "a.packed.cols: expected 1 to 2^31, got -32");
+  a->set_cols(32);
+  a->set_rows(0);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                "a.packed.rows: expected 1 to 2^31, got 0");
+}
+
+TEST_F(HostileTest, TheFortyByteGemmInsideAStreamAnswersThatRequestOnly) {
+  grpc::ClientContext context;
+  auto stream = v1::Compute::NewStub(daemon_->channel())->Stream(&context);
+  v1::StreamRequest request;
+  request.set_request_id(7);
+  *request.mutable_gemm() = FortyByteGemm();
+  ASSERT_TRUE(stream->Write(request));
+  request.set_request_id(8);
+  *request.mutable_forward() =
+      ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, TestValues(64, 3), 1);
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  std::map<uint64_t, v1::StreamResponse> answers;
+  v1::StreamResponse response;
+  while (stream->Read(&response)) answers[response.request_id()] = response;
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(answers.size(), 2u);
+  EXPECT_EQ(answers[7].status_code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(answers[7].status_message().find("a.tensor.shape"), std::string::npos)
+      << answers[7].status_message();
+  EXPECT_EQ(answers[8].status_code(), 0) << answers[8].status_message();
+  EXPECT_TRUE(SameBits(Floats(answers[8].forward().output()),
+                       Reference(TestValues(64, 3), 1, *layer_, mx::Format::kMxfp8E4m3)));
+}
+
+// ---------------------------------------------------------------------------
+// Bytes that are not the method's message.
+
+constexpr char kGarbage[] = "\xff\xff\xff";  // field 31 with wire type 7: no message parses it
+
+TEST_F(HostileTest, UnparseableUnaryRequestsAreInvalidArgumentNamingTheMessage) {
+  const std::pair<const char*, const char*> methods[] = {
+      {"/mxserve.v1.Compute/Gemm", "mxserve.v1.GemmRequest"},
+      {"/mxserve.v1.Compute/LayerForward", "mxserve.v1.LayerForwardRequest"},
+      {"/mxserve.v1.Compute/LayerBackward", "mxserve.v1.LayerBackwardRequest"},
+      {"/mxserve.v1.Models/RegisterModel", "mxserve.v1.RegisterModelRequest"},
+      {"/mxserve.v1.Models/LoadSafetensors", "mxserve.v1.LoadSafetensorsRequest"},
+      {"/mxserve.v1.Models/PublishVersion", "mxserve.v1.PublishVersionRequest"},
+      {"/mxserve.v1.Models/ListModels", "mxserve.v1.ListModelsRequest"},
+      {"/mxserve.v1.Models/DescribeModel", "mxserve.v1.DescribeModelRequest"},
+      {"/mxserve.v1.Models/DeleteModel", "mxserve.v1.DeleteModelRequest"},
+      {"/mxserve.v1.Policies/PutPolicy", "mxserve.v1.PutPolicyRequest"},
+      {"/mxserve.v1.Policies/GetPolicy", "mxserve.v1.GetPolicyRequest"},
+      {"/mxserve.v1.Policies/ListPolicies", "mxserve.v1.ListPoliciesRequest"},
+      {"/mxserve.v1.Policies/DeletePolicy", "mxserve.v1.DeletePolicyRequest"},
+      {"/mxserve.v1.Policies/SetActivePolicy", "mxserve.v1.SetActivePolicyRequest"},
+      {"/mxserve.v1.Policies/ResolvePolicy", "mxserve.v1.ResolvePolicyRequest"},
+      {"/mxserve.v1.Telemetry/GetEnergyReport", "mxserve.v1.GetEnergyReportRequest"},
+  };
+  for (const auto& [method, message] : methods) {
+    const RawResult result = RawCall(daemon_->channel(), method, {kGarbage});
+    EXPECT_STATUS(result.status, INVALID_ARGUMENT,
+                  absl::StrCat("request: not a valid ", message, " message"));
+    EXPECT_TRUE(result.responses.empty()) << method;
+  }
+  EXPECT_EQ(AwaitMetric(daemon_->metrics_address(),
+                        "mxserve_rpc_completed_total{code=\"INVALID_ARGUMENT\",rpc=\"ListModels\"}",
+                        1),
+            1);
+}
+
+TEST_F(HostileTest, ACorruptUploadChunkStagesNothing) {
+  // [weight chunk, 3 unparseable bytes, bias chunk with publish]: before, the
+  // stream ended as OK at the bad message with the weight staged.
+  v1::WeightChunk weight;
+  weight.set_model("m");
+  weight.set_layer(layer_->name);
+  weight.set_role(v1::TENSOR_ROLE_WEIGHT);
+  weight.set_dtype(v1::DTYPE_FP32);
+  weight.set_data(Bytes(layer_->weight));
+  v1::WeightChunk bias = weight;
+  bias.set_role(v1::TENSOR_ROLE_BIAS);
+  bias.set_data(Bytes(layer_->bias_values));
+  bias.set_publish(true);
+  const RawResult result =
+      RawCall(daemon_->channel(), "/mxserve.v1.Models/UploadWeights",
+              {weight.SerializeAsString(), kGarbage, bias.SerializeAsString()});
+  EXPECT_STATUS(result.status, INVALID_ARGUMENT,
+                "chunks[1]: not a valid mxserve.v1.WeightChunk message (protobuf parsing failed); "
+                "nothing was staged");
+  grpc::ClientContext context;
+  v1::DescribeModelRequest describe;
+  describe.set_name("m");
+  v1::ModelInfo info;
+  ASSERT_TRUE(v1::Models::NewStub(daemon_->channel())->DescribeModel(&context, describe, &info).ok());
+  EXPECT_EQ(info.staged_tensors(), 0u);
+  EXPECT_EQ(info.weight_version(), 1u);
+}
+
+TEST_F(HostileTest, ACorruptStreamMessageEndsTheStreamAfterAnsweringWhatCameBefore) {
+  v1::StreamRequest first;
+  first.set_request_id(1);
+  *first.mutable_forward() = ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, TestValues(64, 5), 1);
+  v1::StreamRequest after = first;
+  after.set_request_id(2);
+  const RawResult result = RawCall(daemon_->channel(), "/mxserve.v1.Compute/Stream",
+                                   {first.SerializeAsString(), kGarbage, after.SerializeAsString()});
+  EXPECT_STATUS(result.status, INVALID_ARGUMENT,
+                "requests[1]: not a valid mxserve.v1.StreamRequest message");
+  ASSERT_EQ(result.responses.size(), 1u);  // request 1 answered, request 2 never read
+  v1::StreamResponse response;
+  ASSERT_TRUE(response.ParseFromString(result.responses[0]));
+  EXPECT_EQ(response.request_id(), 1u);
+  EXPECT_EQ(response.status_code(), 0) << response.status_message();
+}
+
+TEST_F(HostileTest, ACorruptPowerSampleEndsTheStreamKeepingWhatCameBefore) {
+  const double t = Now() - 10;
+  v1::PowerSample sample;
+  sample.set_source("corrupt_test");
+  sample.set_device("d0");
+  sample.set_phase(v1::PHASE_REWARD);
+  sample.set_timestamp_seconds(t);
+  sample.set_watts(100);
+  v1::PowerSample second = sample;
+  second.set_timestamp_seconds(t + 2);
+  const RawResult result =
+      RawCall(daemon_->channel(), "/mxserve.v1.Telemetry/ReportPower",
+              {sample.SerializeAsString(), second.SerializeAsString(), kGarbage});
+  EXPECT_STATUS(result.status, INVALID_ARGUMENT,
+                "samples[2]: not a valid mxserve.v1.PowerSample message");
+  // What came before the bad message stays accounted: 100 W over 2 s.
+  EXPECT_EQ(AwaitMetric(daemon_->metrics_address(),
+                        "mxserve_energy_joules_total{phase=\"reward\",source=\"corrupt_test\"}",
+                        200),
+            200);
+}
+
+// ---------------------------------------------------------------------------
+// LoadSafetensors reads only inside --model-dir and never repeats file bytes.
+
+grpc::Status Load(const std::shared_ptr<grpc::Channel>& channel, const std::string& path,
+                  const std::string& model = "m") {
+  v1::LoadSafetensorsRequest request;
+  request.set_model(model);
+  request.set_path(path);
+  grpc::ClientContext context;
+  v1::UploadWeightsResponse response;
+  return v1::Models::NewStub(channel)->LoadSafetensors(&context, request, &response);
+}
+
+TEST(ModelDirTest, WithoutModelDirLoadingIsOff) {
+  DaemonProcess daemon({"--workers", "1"});
+  ASSERT_TRUE(daemon.ok());
+  ASSERT_TRUE(Register(daemon.channel().get(), "m", {MakeLayer("l", 4, 32, false, 1)}).ok());
+  EXPECT_STATUS(Load(daemon.channel(), "/etc/passwd"), FAILED_PRECONDITION,
+                "path: loading files is off: the daemon was started without --model-dir");
+}
+
+TEST_F(HostileTest, PathsOutsideModelDirAreRefusedAlikeWhetherOrNotTheyExist) {
+  const std::string refused = "is not inside a directory the daemon may load from (--model-dir";
+  for (const std::string& path :
+       {std::string("/etc/shadow"), std::string("/etc/passwd"), std::string("/no/such/file"),
+        (*model_dir_ / ".." / "x.safetensors").string(), std::string("../../../etc/passwd"),
+        std::string("")}) {
+    const grpc::Status s = Load(daemon_->channel(), path);
+    EXPECT_STATUS(s, PERMISSION_DENIED, refused);
+    EXPECT_EQ(s.error_message().find("root"), std::string::npos) << s.error_message();
+  }
+  // A symbolic link inside that leads out is followed, then refused.
+  fs::create_symlink("/etc/passwd", *model_dir_ / "escape.safetensors");
+  EXPECT_STATUS(Load(daemon_->channel(), "escape.safetensors"), PERMISSION_DENIED, refused);
+  EXPECT_STATUS(Load(daemon_->channel(), (*model_dir_ / "escape.safetensors").string()),
+                PERMISSION_DENIED, refused);
+  // Inside, a missing file is NOT_FOUND and a directory is not a file.
+  EXPECT_STATUS(Load(daemon_->channel(), "missing.safetensors"), NOT_FOUND,
+                "path: no file 'missing.safetensors' in the daemon's --model-dir");
+  fs::create_directory(*model_dir_ / "sub");
+  EXPECT_STATUS(Load(daemon_->channel(), "sub"), INVALID_ARGUMENT, "is not a regular file");
+}
+
+TEST_F(HostileTest, ErrorsAboutAFileNeverRepeatItsBytes) {
+  // A file that starts like /etc/shadow: its first 8 bytes were echoed as the
+  // "header length".
+  {
+    std::ofstream out(*model_dir_ / "shadow_like", std::ios::binary);
+    out << "root:*:20000:0:99999:7:::\n";
+  }
+  grpc::Status s = Load(daemon_->channel(), "shadow_like");
+  EXPECT_STATUS(s, INVALID_ARGUMENT, "not a safetensors file");
+  EXPECT_EQ(s.error_message().find("root"), std::string::npos) << s.error_message();
+  uint64_t as_length;  // the first 8 bytes read as the header length
+  std::memcpy(&as_length, "root:*:2", 8);
+  EXPECT_EQ(s.error_message().find(absl::StrCat(as_length)), std::string::npos);
+}
+
+TEST_F(HostileTest, OverlappingDataOffsetsAreRefused) {
+  const TestLayer l = MakeLayer("o", 4, 32, false, 11);
+  ASSERT_TRUE(Register(daemon_->channel().get(), "overlap", {l}).ok());
+  // Two tensors that alias the same bytes: the format forbids it.
+  WriteSafetensors(*model_dir_ / "overlap.safetensors",
+                   R"({"o.weight": {"dtype": "F32", "shape": [4, 32], "data_offsets": [0, 512]},)"
+                   R"( "alias": {"dtype": "F32", "shape": [4], "data_offsets": [496, 512]}})",
+                   Bytes(l.weight));
+  EXPECT_STATUS(Load(daemon_->channel(), "overlap.safetensors", "overlap"), INVALID_ARGUMENT,
+                "tensors 'o.weight' and 'alias' overlap (data_offsets [0, 512) and [496, 512))");
+  // The same file without the alias loads, by a path relative to --model-dir.
+  WriteSafetensors(*model_dir_ / "fine.safetensors",
+                   R"({"o.weight": {"dtype": "F32", "shape": [4, 32], "data_offsets": [0, 512]}})",
+                   Bytes(l.weight));
+  EXPECT_TRUE(Load(daemon_->channel(), "fine.safetensors", "overlap").ok());
+  EXPECT_TRUE(Load(daemon_->channel(), (*model_dir_ / "." / "fine.safetensors").string(), "overlap")
+                  .ok());
+}
+
+// ---------------------------------------------------------------------------
+// Client strings come back cut, and other users' names do not come back at all.
+
+TEST_F(HostileTest, LongNamesAreCutInErrors) {
+  const std::string huge(100000, 'n');
+  const std::string cut = absl::StrCat("'", std::string(64, 'n'), "…' (100000 bytes)");
+  v1::LayerForwardRequest forward = ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0,
+                                                   TestValues(64, 1), 1);
+  forward.set_model(huge);
+  grpc::ClientContext c1;
+  v1::LayerForwardResponse out;
+  grpc::Status s = v1::Compute::NewStub(daemon_->channel())->LayerForward(&c1, forward, &out);
+  EXPECT_STATUS(s, NOT_FOUND, absl::StrCat("model: no model named ", cut));
+  EXPECT_LT(s.error_message().size(), 200u);
+  forward.set_model("m");
+  forward.set_layer(huge);
+  grpc::ClientContext c2;
+  s = v1::Compute::NewStub(daemon_->channel())->LayerForward(&c2, forward, &out);
+  EXPECT_STATUS(s, NOT_FOUND, absl::StrCat("layer: model 'm' has no layer ", cut));
+
+  v1::RegisterModelRequest reg;
+  reg.set_name(huge);
+  grpc::ClientContext c3;
+  v1::ModelInfo info;
+  s = v1::Models::NewStub(daemon_->channel())->RegisterModel(&c3, reg, &info);
+  EXPECT_STATUS(s, INVALID_ARGUMENT, absl::StrCat("name: ", cut, " is not a model name"));
+  EXPECT_LT(s.error_message().size(), 300u);
+
+  v1::PutPolicyRequest put;
+  put.set_json(absl::StrCat(R"({"name": ")", std::string(60000, 'p'), R"("})"));
+  grpc::ClientContext c4;
+  v1::PolicyInfo policy;
+  s = v1::Policies::NewStub(daemon_->channel())->PutPolicy(&c4, put, &policy);
+  EXPECT_STATUS(s, INVALID_ARGUMENT, "policy.name: expected 1-128 characters");
+  EXPECT_LT(s.error_message().size(), 300u);
+  // A document over the limit is refused by its size alone.
+  put.set_json(std::string(100000, ' '));
+  grpc::ClientContext c5;
+  s = v1::Policies::NewStub(daemon_->channel())->PutPolicy(&c5, put, &policy);
+  EXPECT_STATUS(s, INVALID_ARGUMENT, "policy: the document has 100000 bytes; at most 65536");
+
+  v1::PowerSample sample;
+  sample.set_source(huge);
+  grpc::ClientContext c6;
+  v1::ReportPowerResponse power;
+  auto writer = v1::Telemetry::NewStub(daemon_->channel())->ReportPower(&c6, &power);
+  writer->Write(sample);
+  writer->WritesDone();
+  s = writer->Finish();
+  EXPECT_STATUS(s, INVALID_ARGUMENT,
+                absl::StrCat("samples[0].source: expected 1-64 characters of [A-Za-z0-9_.:/-], got ",
+                             cut));
+  EXPECT_LT(s.error_message().size(), 300u);
+}
+
+TEST_F(HostileTest, PolicyNotFoundDoesNotListOtherUsersPolicies) {
+  auto policies = v1::Policies::NewStub(daemon_->channel());
+  v1::PutPolicyRequest put;
+  put.set_json(R"({"name": "someone-elses-secret",
+                   "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})");
+  grpc::ClientContext c1;
+  v1::PolicyInfo info;
+  ASSERT_TRUE(policies->PutPolicy(&c1, put, &info).ok());
+  v1::GetPolicyRequest get;
+  get.set_name("nope");
+  grpc::ClientContext c2;
+  const grpc::Status s = policies->GetPolicy(&c2, get, &info);
+  EXPECT_STATUS(s, NOT_FOUND, "name: no policy named 'nope'; built in: fp16-baseline");
+  EXPECT_EQ(s.error_message().find("someone-elses-secret"), std::string::npos) << s.error_message();
+}
+
+// ---------------------------------------------------------------------------
+// ReportPower: bounded label sets, plausible samples, reserved sources.
+
+grpc::Status ReportPower(const std::shared_ptr<grpc::Channel>& channel,
+                         const std::vector<v1::PowerSample>& samples,
+                         v1::ReportPowerResponse* response) {
+  grpc::ClientContext context;
+  auto writer = v1::Telemetry::NewStub(channel)->ReportPower(&context, response);
+  for (const auto& s : samples) {
+    if (!writer->Write(s)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+v1::PowerSample Sample(const std::string& source, const std::string& device, double t,
+                       double watts) {
+  v1::PowerSample s;
+  s.set_source(source);
+  s.set_device(device);
+  s.set_phase(v1::PHASE_ROLLOUT);
+  s.set_timestamp_seconds(t);
+  s.set_watts(watts);
+  return s;
+}
+
+TEST(PowerSeriesTest, SeriesAreCappedAndSamplesMustBePlausible) {
+  DaemonProcess daemon({"--workers", "1", "--max-power-series", "4"});
+  ASSERT_TRUE(daemon.ok());
+  DaemonProcess* daemon_ = &daemon;  // the suite's name for it, below
+  const double t = Now() - 5;
+  v1::ReportPowerResponse response;
+  // The daemon's own sources cannot be reported.
+  for (const char* reserved : {"fpga_model", "fpga"}) {
+    EXPECT_STATUS(ReportPower(daemon_->channel(), {Sample(reserved, "d", t, 10)}, &response),
+                  INVALID_ARGUMENT,
+                  absl::StrCat("samples[0].source: '", reserved,
+                               "' is reserved for the daemon's own accounting"));
+  }
+  // Implausible values: they used to add +inf or 1e302 J forever.
+  EXPECT_STATUS(ReportPower(daemon_->channel(),
+                            {Sample("plaus", "d", t, 10), Sample("plaus", "d", t + 1, 1e308)},
+                            &response),
+                INVALID_ARGUMENT, "samples[1].watts: expected 0 to 10000 (--max-power-watts)");
+  EXPECT_STATUS(ReportPower(daemon_->channel(), {Sample("plaus", "d", 1e300, 10)}, &response),
+                INVALID_ARGUMENT, "samples[0].timestamp_seconds: expected a Unix time within");
+  EXPECT_STATUS(ReportPower(daemon_->channel(), {Sample("plaus", "d", 1000, 10)}, &response),
+                INVALID_ARGUMENT, "samples[0].timestamp_seconds");
+  // A gap longer than a minute is not integrated: what the device did then is unknown.
+  ASSERT_TRUE(ReportPower(daemon_->channel(),
+                          {Sample("gap", "d", t - 200, 100), Sample("gap", "d", t - 100, 100),
+                           Sample("gap", "d", t - 99, 100)},
+                          &response)
+                  .ok());
+  EXPECT_EQ(response.samples_accepted(), 3u);
+  EXPECT_DOUBLE_EQ(response.joules_added(), 100);
+  // --max-power-series 4: "plaus/d" and "gap/d" exist; two more fit, a fifth does not.
+  EXPECT_TRUE(ReportPower(daemon_->channel(), {Sample("s3", "d", t, 1), Sample("s4", "d", t, 1)},
+                          &response)
+                  .ok());
+  EXPECT_STATUS(ReportPower(daemon_->channel(), {Sample("s5", "d", t, 1)}, &response),
+                RESOURCE_EXHAUSTED, "(--max-power-series)");
+  // Known series keep working.
+  EXPECT_TRUE(ReportPower(daemon_->channel(), {Sample("s3", "d", t + 1, 1)}, &response).ok());
+  // 500 new pairs add no series (before: 791 → 2,292).
+  std::vector<v1::PowerSample> flood;
+  for (int i = 0; i < 500; ++i) flood.push_back(Sample(absl::StrCat("flood", i), "d", t, 1));
+  EXPECT_STATUS(ReportPower(daemon_->channel(), flood, &response), RESOURCE_EXHAUSTED,
+                "--max-power-series");
+  const std::string m = ScrapeMetrics(daemon.metrics_address());
+  size_t power_series = 0;
+  for (size_t at = m.find("\nmxserve_power_watts{"); at != std::string::npos;
+       at = m.find("\nmxserve_power_watts{", at + 1)) {
+    ++power_series;
+  }
+  EXPECT_LE(power_series, 4u) << m;
+  EXPECT_EQ(m.find("flood"), std::string::npos);
+}
+
+TEST(PowerSourcesTest, OnlyListedSourcesAreAccepted) {
+  DaemonProcess daemon({"--workers", "1", "--power-sources", "gpu_baseline, lab_meter"});
+  ASSERT_TRUE(daemon.ok());
+  v1::ReportPowerResponse response;
+  const double t = Now();
+  EXPECT_TRUE(ReportPower(daemon.channel(), {Sample("lab_meter", "d", t, 1)}, &response).ok());
+  EXPECT_STATUS(ReportPower(daemon.channel(), {Sample("other", "d", t, 1)}, &response),
+                INVALID_ARGUMENT,
+                "samples[0].source: 'other' is not one of the sources this daemon accepts "
+                "(--power-sources: gpu_baseline, lab_meter)");
+}
+
+// ---------------------------------------------------------------------------
+// The smaller items.
+
+TEST_F(HostileTest, EnergyReportSinceFarFutureIsEmpty) {
+  ExpectStillServing();  // a forward: the fpga_model rows have something
+  v1::GetEnergyReportRequest request;
+  request.set_since_seconds(1e19);  // past int64 seconds: the cast wrapped to "all history"
+  grpc::ClientContext context;
+  v1::EnergyReport report;
+  ASSERT_TRUE(
+      v1::Telemetry::NewStub(daemon_->channel())->GetEnergyReport(&context, request, &report).ok());
+  ASSERT_GT(report.entries_size(), 0);  // the fpga_model rows of the forwards so far
+  for (const auto& e : report.entries()) {
+    EXPECT_EQ(e.joules(), 0) << e.source();
+    EXPECT_EQ(e.requests(), 0u) << e.source();
+  }
+}
+
+TEST_F(HostileTest, GemmFieldsAreChecked) {
+  v1::GemmRequest g = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_FP32, TestValues(6, 1),
+                                  TestValues(12, 2), 2, 3, 4);
+  g.set_rounding(static_cast<v1::Rounding>(7));
+  EXPECT_STATUS(CallGemm(daemon_->channel(), g), INVALID_ARGUMENT,
+                "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN or "
+                "ROUNDING_NEAREST_AWAY");
+  g.set_rounding(v1::ROUNDING_NEAREST_AWAY);
+  grpc::Status s = CallGemm(daemon_->channel(), g);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  // B's second dimension is N, not K.
+  *g.mutable_b()->mutable_tensor() = Matrix(TestValues(8, 2), 4, 2);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), g), INVALID_ARGUMENT,
+                "b.tensor.shape: expected [3, N] (rows: K, the columns of a), got [4, 2]");
+  // A result over --max-message-bytes is RESOURCE_EXHAUSTED, as documented.
+  g = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_FP32, TestValues(600, 1), TestValues(600, 2), 600,
+                  1, 600);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), g), RESOURCE_EXHAUSTED,
+                "b: the result C = A·B (600 x 600 FP32 = 1440000 bytes) would exceed the maximum "
+                "message size of 1048576 bytes");
+}
+
+TEST_F(HostileTest, QueueDepthReadsZeroOnAnIdleDaemon) {
+  auto stub = v1::Compute::NewStub(daemon_->channel());
+  std::vector<std::future<grpc::Status>> calls;
+  for (int i = 0; i < 64; ++i) {
+    calls.push_back(std::async(std::launch::async, [&stub, i] {
+      grpc::ClientContext context;
+      v1::LayerForwardResponse response;
+      return stub->LayerForward(
+          &context, ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, TestValues(64, i), 1),
+          &response);
+    }));
+  }
+  for (auto& call : calls) EXPECT_TRUE(call.get().ok());
+  EXPECT_EQ(MetricValue(Metrics(), "mxserve_queue_depth"), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Statuses are counted as the client saw them, and SIGTERM runs queued work.
+
+class BigLayerTest : public ::testing::Test {
+ protected:
+  // A layer large enough that one forward takes a while on any CPU.
+  static constexpr int64_t kOut = 4864, kIn = 896;
+  void Start(std::vector<std::string> flags) {
+    daemon_ = std::make_unique<DaemonProcess>(std::move(flags));
+    ASSERT_TRUE(daemon_->ok());
+    layer_ = MakeLayer("big", kOut, kIn, false, 91);
+    v1::UploadWeightsResponse response;
+    ASSERT_TRUE(Register(daemon_->channel().get(), "big", {layer_}, "fp16-baseline").ok());
+    ASSERT_TRUE(Upload(daemon_->channel().get(), "big", {layer_}, true, &response, 1 << 20).ok());
+  }
+  std::unique_ptr<DaemonProcess> daemon_;
+  TestLayer layer_;
+};
+
+TEST_F(BigLayerTest, AnAnswerAfterTheDeadlineIsCountedAsDeadlineExceeded) {
+  Start({"--workers", "1"});
+  const std::string series = "mxserve_rpc_completed_total{code=\"%s\",rpc=\"LayerForward\"}";
+  auto count = [&](const char* code) {
+    return std::max(0.0, MetricValue(ScrapeMetrics(daemon_->metrics_address()),
+                                     absl::StrReplaceAll(series, {{"%s", code}})));
+  };
+  // FP32, 512 rows: about 4.5 GFLOP, far longer than the 20 ms deadline, which
+  // passes while the request runs (not while it waits: the queue is empty).
+  const auto x = TestValues(512 * kIn, 92);
+  const int calls = 3;
+  for (int i = 0; i < calls; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(20));
+    v1::LayerForwardResponse response;
+    const grpc::Status s = v1::Compute::NewStub(daemon_->channel())
+                               ->LayerForward(&context,
+                                              ForwardRequest("big", layer_, v1::PHASE_UPDATE,
+                                                             static_cast<int>(mx::Format::kFp32),
+                                                             x, 512),
+                                              &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  }
+  // Wait for the worker to finish them all; then the daemon's books match.
+  AwaitMetric(daemon_->metrics_address(),
+              absl::StrReplaceAll(series, {{"%s", "DEADLINE_EXCEEDED"}}), calls, 30);
+  EXPECT_EQ(count("DEADLINE_EXCEEDED"), calls);
+  EXPECT_EQ(count("OK"), 0) << "answers the client never saw were counted as OK";
+  EXPECT_EQ(count("CANCELLED"), 0);
+}
+
+TEST_F(BigLayerTest, SigtermRunsAQueuedFusedBatchToTheEnd) {
+  Start({"--workers", "1", "--grace-seconds", "60", "--max-message-bytes", "256M"});
+  // 12 forwards of 512 rows (10 MB answers each): the first runs alone, the other
+  // 11 queue and then fuse into one batch. SIGTERM arrives while they wait.
+  constexpr int kCalls = 12;
+  struct Call {
+    grpc::ClientContext context;
+    v1::LayerForwardResponse response;
+    std::promise<grpc::Status> done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  auto stub = v1::Compute::NewStub(daemon_->channel());
+  std::vector<std::vector<float>> inputs;
+  for (int i = 0; i < kCalls; ++i) inputs.push_back(TestValues(512 * kIn, 100 + i));
+  for (int i = 0; i < kCalls; ++i) {
+    auto call = std::make_unique<Call>();
+    stub->async()->LayerForward(
+        &call->context,
+        new v1::LayerForwardRequest(ForwardRequest(
+            "big", layer_, v1::PHASE_ROLLOUT, static_cast<int>(mx::Format::kMxfp8E4m3), inputs[i],
+            512)),
+        &call->response, [c = call.get()](grpc::Status s) { c->done.set_value(s); });
+    calls.push_back(std::move(call));
+  }
+  // (The requests above leak a little: the callback API does not own them.)
+  ASSERT_EQ(AwaitMetric(daemon_->metrics_address(), "mxserve_queue_depth", kCalls - 1, 60),
+            kCalls - 1);
+  kill(daemon_->pid(), SIGTERM);
+  for (int i = 0; i < kCalls; ++i) {
+    const grpc::Status s = calls[i]->done.get_future().get();
+    EXPECT_TRUE(s.ok()) << "call " << i << ": " << s.error_code() << " " << s.error_message();
+    EXPECT_EQ(calls[i]->response.output().data().size(), 512u * kOut * 4) << "call " << i;
+  }
+  auto qx = mx::QuantizeRows(inputs.back(), 512, kIn, mx::Format::kMxfp8E4m3);
+  auto qw = mx::QuantizeRows(layer_.weight, kOut, kIn, mx::Format::kMxfp8E4m3);
+  EXPECT_TRUE(SameBits(Floats(calls.back()->response.output()), *mx::ReferenceLinear(*qx, *qw)));
+  EXPECT_EQ(calls.back()->response.info().batch_size(), kCalls - 1u);
+  EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
+  EXPECT_EQ(daemon_->Log().find("grace_expired"), std::string::npos) << daemon_->Log();
+}
+
+}  // namespace
+}  // namespace mx_test
