@@ -65,7 +65,10 @@ DeviceOperand ToDevice(const mx::QuantizedMatrix& m) {
     std::memcpy(out + r * row_words * 8, m.elements.data() + r * row_bytes, row_bytes);
   }
   d.scales.assign((m.row_scales.size() + 1) / 2 + 1, 0);
-  std::memcpy(d.scales.data(), m.row_scales.data(), m.row_scales.size() * sizeof(float));
+  // Only INT8 has row scales; memcpy from an empty vector's null data is UB.
+  if (!m.row_scales.empty()) {
+    std::memcpy(d.scales.data(), m.row_scales.data(), m.row_scales.size() * sizeof(float));
+  }
   return d;
 }
 
@@ -82,7 +85,9 @@ mx::QuantizedMatrix FromDevice(const DeviceOperand& d) {
   for (int64_t r = 0; r < d.rows; ++r) {
     std::memcpy(m.elements.data() + r * row_bytes, in + r * row_words * 8, row_bytes);
   }
-  std::memcpy(m.row_scales.data(), d.scales.data(), m.row_scales.size() * sizeof(float));
+  if (!m.row_scales.empty()) {
+    std::memcpy(m.row_scales.data(), d.scales.data(), m.row_scales.size() * sizeof(float));
+  }
   return m;
 }
 

@@ -4,6 +4,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+// CPUID.(EAX=7,ECX=0):EDX feature bits of AMX (Intel SDM, vol. 2A, CPUID). GCC's
+// cpuid.h names them; clang 14's does not.
+#ifndef bit_AMX_BF16
+#define bit_AMX_BF16 (1u << 22)
+#endif
+#ifndef bit_AMX_TILE
+#define bit_AMX_TILE (1u << 24)
+#endif
+#ifndef bit_AMX_INT8
+#define bit_AMX_INT8 (1u << 25)
+#endif
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

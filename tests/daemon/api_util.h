@@ -38,7 +38,7 @@ inline v1::Tensor Matrix(const std::vector<float>& values, int64_t rows, int64_t
 
 inline std::vector<float> Floats(const v1::Tensor& t) {
   std::vector<float> out(t.data().size() / 4);
-  std::memcpy(out.data(), t.data().data(), out.size() * 4);
+  if (!out.empty()) std::memcpy(out.data(), t.data().data(), out.size() * 4);
   return out;
 }
 

@@ -213,7 +213,13 @@ TEST_F(ErrorsTest, TruncatedAndMalformedUploadsStageNothing) {
     c.set_role(v1::TENSOR_ROLE_WEIGHT);
     c.set_dtype(dtype);
     c.set_offset_elements(offset);
-    c.set_data(std::string(reinterpret_cast<const char*>(layer_->weight.data() + offset),
+    // The weight's own values where the chunk lies inside it, zeros past its end
+    // (a chunk that falls outside the tensor is one of the cases).
+    std::vector<float> values(count, 0.0f);
+    for (size_t i = 0; i < count && offset + i < layer_->weight.size(); ++i) {
+      values[i] = layer_->weight[offset + i];
+    }
+    c.set_data(std::string(reinterpret_cast<const char*>(values.data()),
                            count * (dtype == v1::DTYPE_FP32 ? 4 : 2)));
     c.set_publish(true);
     return c;

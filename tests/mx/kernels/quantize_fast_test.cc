@@ -482,7 +482,8 @@ TEST_P(QuantizeFastHalf, MatchesReferenceBitForBit) {
   }
   for (const auto& [codes, shape] : cases) {
     const auto [rows, cols] = shape;
-    const auto input = [&, cols = cols](int64_t r, int64_t c) {
+    // Copies for the lambda: clang 14 cannot capture structured bindings.
+    const auto input = [&codes = codes, cols = cols](int64_t r, int64_t c) {
       return absl::StrCat("code ", Hex(codes[r * cols + c]));
     };
     for (Format format : kAllFormats) {
@@ -554,8 +555,8 @@ TEST(QuantizeFast, GoldenInputsMatchReference) {
       if (a.size() != static_cast<size_t>(m * k) || b.size() != static_cast<size_t>(k * n))
         continue;
       ++inputs;
-      const auto a_input = [&](int64_t r, int64_t c) { return Show(a[r * k + c]); };
-      const auto b_input = [&](int64_t r, int64_t c) { return Show(b[c * n + r]); };
+      const auto a_input = [&a, k = k](int64_t r, int64_t c) { return Show(a[r * k + c]); };
+      const auto b_input = [&b, n = n](int64_t r, int64_t c) { return Show(b[c * n + r]); };
       const QuantizedMatrix want_a = mx::QuantizeRows(a, m, k, format).value();
       const QuantizedMatrix want_b = mx::QuantizeColumns(b, k, n, format).value();
       for (Isa isa : mx::kernels::AvailableIsas()) {
