@@ -3,7 +3,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
@@ -15,6 +17,7 @@
 #include "server/log.h"
 #include "server/models_service.h"
 #include "server/policies_service.h"
+#include "server/quote.h"
 #include "server/telemetry_service.h"
 
 namespace mxserve {
@@ -59,6 +62,17 @@ absl::StatusOr<fpga_model::EnergyModelParams> LoadModel(const std::string& path)
   return params;
 }
 
+// protobuf's own log lines (it writes to stderr by default): a client whose
+// string fields are not UTF-8 made it print one ERROR line per message, and
+// could flood the daemon's log. Parse failures are answered INVALID_ARGUMENT
+// (call.h); anything else protobuf reports becomes a logfmt warning.
+void ProtobufLog(google::protobuf::LogLevel level, const char* filename, int line,
+                 const std::string& message) {
+  if (absl::StrContains(message, "parsing a protocol buffer")) return;
+  Log(level >= google::protobuf::LOGLEVEL_ERROR ? LogLevel::kError : LogLevel::kWarning,
+      "protobuf", {{"message", CapMessage(message)}, {"at", absl::StrCat(filename, ":", line)}});
+}
+
 constexpr const char* kServices[] = {"mxserve.v1.Compute", "mxserve.v1.Models",
                                      "mxserve.v1.Policies", "mxserve.v1.Telemetry"};
 
@@ -72,6 +86,7 @@ const std::string& Daemon::grpc_address() const { return state_->grpc_address; }
 const std::string& Daemon::metrics_address() const { return state_->metrics_address; }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  google::protobuf::SetLogHandler(&ProtobufLog);
   auto s = std::make_unique<State>();
   s->options = options;
   const int hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -55,7 +57,14 @@ std::string FormatLogLine(LogLevel level, absl::string_view event, const LogFiel
   return line;
 }
 
+namespace {
+std::atomic<bool> logging{true};
+}  // namespace
+
+void SetLogging(bool enabled) { logging.store(enabled, std::memory_order_relaxed); }
+
 void Log(LogLevel level, absl::string_view event, const LogFields& fields) {
+  if (!logging.load(std::memory_order_relaxed)) return;
   std::string line = FormatLogLine(level, event, fields);
   line.push_back('\n');
   // One write per line keeps lines from different threads whole.

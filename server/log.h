@@ -24,4 +24,8 @@ std::string FormatLogLine(LogLevel level, absl::string_view event, const LogFiel
 // Writes one line to stderr atomically (one write call).
 void Log(LogLevel level, absl::string_view event, const LogFields& fields = {});
 
+// Turns logging off (or on again), for a process that embeds a daemon and
+// calls it millions of times: the fuzz targets.
+void SetLogging(bool enabled);
+
 }  // namespace mxserve
