@@ -1,0 +1,163 @@
+// What the fuzz targets share with their seed corpus (make_seeds.cc): the RPC
+// method table, the model the fuzzed daemon serves, and valid messages of every
+// kind, from which the fuzzer mutates.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "mxserve/v1/compute.pb.h"
+#include "mxserve/v1/models.pb.h"
+#include "mxserve/v1/policies.pb.h"
+#include "mxserve/v1/telemetry.pb.h"
+
+namespace mx_fuzz {
+
+namespace v1 = mxserve::v1;
+
+struct RpcMethod {
+  const char* name;
+  bool streaming;  // client streaming or bidi: several messages
+};
+
+// fuzz_rpc's input starts with an index into this table.
+inline constexpr RpcMethod kRpcMethods[] = {
+    {"/mxserve.v1.Compute/Gemm", false},
+    {"/mxserve.v1.Compute/LayerForward", false},
+    {"/mxserve.v1.Compute/LayerBackward", false},
+    {"/mxserve.v1.Compute/Stream", true},
+    {"/mxserve.v1.Models/RegisterModel", false},
+    {"/mxserve.v1.Models/UploadWeights", true},
+    {"/mxserve.v1.Models/LoadSafetensors", false},
+    {"/mxserve.v1.Models/PublishVersion", false},
+    {"/mxserve.v1.Models/ListModels", false},
+    {"/mxserve.v1.Models/DescribeModel", false},
+    {"/mxserve.v1.Models/DeleteModel", false},
+    {"/mxserve.v1.Policies/PutPolicy", false},
+    {"/mxserve.v1.Policies/GetPolicy", false},
+    {"/mxserve.v1.Policies/ListPolicies", false},
+    {"/mxserve.v1.Policies/DeletePolicy", false},
+    {"/mxserve.v1.Policies/SetActivePolicy", false},
+    {"/mxserve.v1.Policies/ResolvePolicy", false},
+    {"/mxserve.v1.Telemetry/ReportPower", true},
+    {"/mxserve.v1.Telemetry/GetEnergyReport", false},
+};
+
+inline constexpr const char* kSeedModel = "m";
+
+struct SeedLayer {
+  const char* name;
+  int64_t out, in;
+  bool bias;
+};
+inline constexpr SeedLayer kSeedLayers[] = {{"blocks.0.attn.q_proj", 32, 64, true},
+                                            {"lm_head", 16, 32, false}};
+
+// Deterministic values with a spread of magnitudes.
+inline std::vector<float> SeedValues(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t state = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    state = state * 1664525u + 1013904223u;
+    v[i] = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * (i % 7 == 3 ? 40.0f : 1.0f);
+  }
+  return v;
+}
+
+inline std::string Bytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+}
+
+inline v1::RegisterModelRequest SeedModel() {
+  v1::RegisterModelRequest request;
+  request.set_name(kSeedModel);
+  for (const SeedLayer& l : kSeedLayers) {
+    auto* spec = request.add_layers();
+    spec->set_name(l.name);
+    spec->set_out_features(l.out);
+    spec->set_in_features(l.in);
+    spec->set_bias(l.bias);
+  }
+  return request;
+}
+
+// The seed model's weights as a safetensors file (names as the layers').
+inline void WriteSeedSafetensors(const std::filesystem::path& path) {
+  std::string header = "{", data;
+  uint32_t seed = 1;
+  auto add = [&](absl::string_view name, const std::vector<float>& values, absl::string_view shape) {
+    const size_t begin = data.size();
+    data += Bytes(values);
+    absl::StrAppend(&header, header.size() > 1 ? ", " : "", "\"", name,
+                    R"(": {"dtype": "F32", "shape": )", shape, R"(, "data_offsets": [)", begin,
+                    ", ", data.size(), "]}");
+  };
+  for (const SeedLayer& l : kSeedLayers) {
+    add(absl::StrCat(l.name, ".weight"), SeedValues(l.out * l.in, seed++),
+        absl::StrCat("[", l.out, ", ", l.in, "]"));
+    if (l.bias) add(absl::StrCat(l.name, ".bias"), SeedValues(l.out, seed++),
+                    absl::StrCat("[", l.out, "]"));
+  }
+  header += "}";
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t length = header.size();
+  out.write(reinterpret_cast<const char*>(&length), 8);
+  out << header << data;
+}
+
+inline v1::Tensor Matrix(const std::vector<float>& values, int64_t rows, int64_t cols) {
+  v1::Tensor t;
+  t.add_shape(rows);
+  t.add_shape(cols);
+  t.set_dtype(v1::DTYPE_FP32);
+  t.set_data(Bytes(values));
+  return t;
+}
+
+inline v1::LayerForwardRequest SeedForward(v1::Format format) {
+  v1::LayerForwardRequest r;
+  r.set_model(kSeedModel);
+  r.set_layer(kSeedLayers[0].name);
+  r.set_phase(v1::PHASE_ROLLOUT);
+  r.set_format(format);
+  *r.mutable_input()->mutable_tensor() = Matrix(SeedValues(2 * 64, 9), 2, 64);
+  return r;
+}
+
+inline v1::LayerBackwardRequest SeedBackward(bool with_input) {
+  v1::LayerBackwardRequest r;
+  r.set_model(kSeedModel);
+  r.set_layer(kSeedLayers[0].name);
+  r.set_phase(v1::PHASE_UPDATE);
+  r.set_format(v1::FORMAT_MXFP8_E4M3);
+  *r.mutable_grad_output() = Matrix(SeedValues(2 * 32, 10), 2, 32);
+  if (with_input) *r.mutable_input() = Matrix(SeedValues(2 * 64, 11), 2, 64);
+  return r;
+}
+
+inline v1::GemmRequest SeedGemm(v1::Format format) {
+  v1::GemmRequest r;
+  r.set_phase(v1::PHASE_REWARD);
+  r.set_format(format);
+  *r.mutable_a()->mutable_tensor() = Matrix(SeedValues(3 * 64, 12), 3, 64);
+  *r.mutable_b()->mutable_tensor() = Matrix(SeedValues(64 * 5, 13), 64, 5);
+  return r;
+}
+
+// The policy document every PutPolicy seed starts from.
+inline constexpr char kSeedPolicy[] = R"({
+  "name": "fuzz-policy",
+  "description": "a seed",
+  "defaults": {"rollout": "MXFP4", "reward": "MXFP8", "update": "FP16"},
+  "rules": [
+    {"phase": "*", "layers": "lm_head", "format": "FP16"},
+    {"phase": "rollout", "layers": "@sensitive", "format": "MXFP8_E4M3"},
+    {"phase": "update", "layers": "blocks.*.attn.?_proj", "format": "BF16"}
+  ]
+})";
+
+}  // namespace mx_fuzz
