@@ -5,7 +5,18 @@ JOBS ?= 2
 # Keep nested makes (cmake --build) from printing "Entering directory" lines.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test run bench bench-overhead format clean
+.PHONY: all deps configure build test run bench bench-overhead format clean \
+        test-asan test-tsan fuzz
+
+# Sanitizer builds: clang, each in its own tree, without the benchmarks and the
+# Python client (neither is what they check).
+ASAN_DIR ?= build-asan
+TSAN_DIR ?= build-tsan
+SANITIZER_CMAKE = -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+                  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMXSERVE_BUILD_BENCH=OFF \
+                  -DMXSERVE_BUILD_PYTHON=OFF
+# Seconds `make fuzz` gives each fuzz target, and its corpus (kept between runs).
+FUZZ_SECONDS ?= 60
 
 all: build
 
@@ -23,11 +34,16 @@ test: build
 
 # The daemon in the foreground: CPU emulation, policy D, metrics. Ctrl-C stops it.
 # MXSERVED_FLAGS adds flags, e.g. MXSERVED_FLAGS="--workers 4 --batch-window-us 500".
+# MODEL_DIR is where Models.LoadSafetensors may read files (created if missing).
+MODEL_DIR ?= models
 run: build
+	@mkdir -p $(MODEL_DIR)
 	@echo "mxserved: gRPC on 127.0.0.1:50051, metrics on http://127.0.0.1:9464/metrics;" \
-	      "try build/bin/mxctl health in another terminal. Ctrl-C stops it."
+	      "safetensors load from $(MODEL_DIR)/; try build/bin/mxctl health in another" \
+	      "terminal. Ctrl-C stops it."
 	@exec $(BUILD_DIR)/bin/mxserved --backend cpu --default-policy D-phase-adaptive \
-	      --listen 127.0.0.1:50051 --metrics-listen 127.0.0.1:9464 $(MXSERVED_FLAGS)
+	      --listen 127.0.0.1:50051 --metrics-listen 127.0.0.1:9464 \
+	      --model-dir $(MODEL_DIR) $(MXSERVED_FLAGS)
 
 bench: build
 	@$(BUILD_DIR)/bin/mx_bench
@@ -36,8 +52,48 @@ bench: build
 bench-overhead: build
 	@BUILD_DIR=$(abspath $(BUILD_DIR)) bash bench/overhead.sh
 
+# AddressSanitizer + UndefinedBehaviorSanitizer over the unit, daemon and
+# fuzz tests (the fuzz targets run under libFuzzer for a few seconds each).
+test-asan: deps
+	@cmake -S . -B $(ASAN_DIR) $(SANITIZER_CMAKE) -DMXSERVE_SANITIZE=address,undefined \
+	       -DMXSERVE_FUZZ=ON >/dev/null
+	@cmake --build $(ASAN_DIR) -j$(JOBS)
+	@cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j$(JOBS)
+
+# ThreadSanitizer over the daemon's shared state without gRPC in between: the
+# scheduler (queue, batching, deadlines, shutdown) and the registry, copy cache,
+# memory budget and energy ledger under many threads. The gRPC reactors are not
+# among them: Debian's gRPC is not built with TSan, and a TSan daemon reports
+# gRPC's own inline code (std::function, reference counts) handing its objects
+# between threads by the hundred (see tests/tsan.supp).
+TSAN_TESTS = Scheduler\.|Concurrency\.
+test-tsan: deps
+	@cmake -S . -B $(TSAN_DIR) $(SANITIZER_CMAKE) -DMXSERVE_SANITIZE=thread >/dev/null
+	@cmake --build $(TSAN_DIR) -j$(JOBS) --target server_tests
+	@{ cat tests/tsan.supp; ldd $(TSAN_DIR)/bin/server_tests | \
+	   awk '$$1 ~ /^lib(absl_|grpc|gpr|protobuf|upb|re2|cares|address_sorting|ssl|crypto)/ \
+	        {print "called_from_lib:" $$1}' | sort -u; } > $(TSAN_DIR)/tsan.supp
+	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
+	    suppressions=$(abspath $(TSAN_DIR))/tsan.supp" ctest --output-on-failure -j$(JOBS) \
+	    -R '$(TSAN_TESTS)'
+
+# Each fuzz target under libFuzzer (ASan + UBSan) for FUZZ_SECONDS; new inputs
+# are kept in $(ASAN_DIR)/tests/fuzz/corpus/<target>, crashes in .../work/<target>.
+fuzz: deps
+	@cmake -S . -B $(ASAN_DIR) $(SANITIZER_CMAKE) -DMXSERVE_SANITIZE=address,undefined \
+	       -DMXSERVE_FUZZ=ON >/dev/null
+	@cmake --build $(ASAN_DIR) -j$(JOBS) --target fuzz_rpc fuzz_safetensors fuzz_policy \
+	       fuzz_operands fuzz_seeds
+	@for t in rpc safetensors policy operands; do \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+	  ( cd $(ASAN_DIR)/tests/fuzz/work/$$t && ../../../../bin/fuzz_$$t \
+	      -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
+	      ../../corpus/$$t ../../seeds/$$t ) || exit 1; \
+	done
+
 format:
 	@git ls-files '*.h' '*.cc' | xargs clang-format -i
 
 clean:
-	@rm -rf $(BUILD_DIR)
+	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)

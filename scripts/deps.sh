@@ -17,6 +17,7 @@ packages=(
   libdnnl-dev                                  # benchmark peer (oneDNN BF16 matmul)
   prometheus-cpp-dev                           # the daemon's /metrics exposer
   prometheus                                   # the real server, for the end-to-end test
+  clang libclang-rt-14-dev                     # sanitizer builds and libFuzzer (make test-asan, fuzz)
   python3 python3-grpcio python3-protobuf      # the Python client (clients/python) ...
   python3-numpy python3-torch python3-pytest   # ... its arrays, torch offload, tests
 )

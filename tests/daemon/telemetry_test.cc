@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "fpga/model/energy_model.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
 
@@ -89,6 +90,48 @@ TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
   EXPECT_EQ(reward->requests(), 3u);
   EXPECT_NEAR(reward->joules(), model_joules[v1::PHASE_REWARD], 1e-12);
   EXPECT_GT(reward->busy_seconds(), 0);
+}
+
+// LayerBackward with its input runs two GEMMs (grad_input and grad_weight); it
+// booked 0 J when the two estimates were summed positionally into a struct that
+// had gained a field. ExecutionInfo, the ledger and the metric must all equal the
+// FPGA model's estimate of both.
+TEST_F(TelemetryTest, BackwardWithInputBooksBothGemmsEnergy) {
+  const TestLayer layer = MakeLayer("model.layers.3.mlp.down_proj", 48, 96, true, 83);
+  ASSERT_TRUE(RegisterAndPublish(daemon_.channel().get(), "bw", {layer}).ok());
+  const int64_t m = 5, n = layer.out, k = layer.in;
+  v1::LayerBackwardRequest r;
+  r.set_model("bw");
+  r.set_layer(layer.name);
+  r.set_phase(v1::PHASE_UPDATE);
+  r.set_format(v1::FORMAT_MXFP8_E4M3);
+  *r.mutable_grad_output() = Matrix(TestValues(m * n, 84), m, n);
+  *r.mutable_input() = Matrix(TestValues(m * k, 85), m, k);
+  grpc::ClientContext context;
+  v1::LayerBackwardResponse response;
+  ASSERT_TRUE(v1::Compute::NewStub(daemon_.channel())->LayerBackward(&context, r, &response).ok());
+  const auto params = fpga_model::LoadEnergyModel(
+      std::string(MXSERVE_SOURCE_DIR) + "/fpga/model/energy_model.json");
+  ASSERT_TRUE(params.ok()) << params.status();
+  const auto f = mx::Format::kMxfp8E4m3;
+  const auto grad_input = fpga_model::EstimateGemm(*params, f, f, m, k, n);
+  const auto grad_weight = fpga_model::EstimateGemm(*params, f, f, n, k, m);
+  const double joules = grad_input.joules + grad_weight.joules;
+  const double seconds = grad_input.seconds + grad_weight.seconds;
+  ASSERT_GT(joules, 0);
+  EXPECT_DOUBLE_EQ(response.info().model_joules(), joules);
+  EXPECT_DOUBLE_EQ(response.info().model_seconds(), seconds);
+  grpc::ClientContext c2;
+  v1::EnergyReport report;
+  ASSERT_TRUE(v1::Telemetry::NewStub(daemon_.channel())->GetEnergyReport(&c2, {}, &report).ok());
+  const v1::EnergyEntry* update = Entry(report, "fpga_model", v1::PHASE_UPDATE);
+  ASSERT_NE(update, nullptr);
+  EXPECT_DOUBLE_EQ(update->joules(), joules);
+  EXPECT_DOUBLE_EQ(update->busy_seconds(), seconds);
+  const std::string metrics = ScrapeMetrics(daemon_.metrics_address());
+  EXPECT_DOUBLE_EQ(
+      MetricValue(metrics, "mxserve_bytes_moved_total{format=\"MXFP8_E4M3\",phase=\"update\"}"),
+      grad_input.bytes + grad_weight.bytes);
 }
 
 TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
