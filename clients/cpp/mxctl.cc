@@ -52,7 +52,7 @@ Commands (on the daemon at --server, default 127.0.0.1:50051):
   models upload --model M --layer L --weight W.f32 [--bias B.f32] [--publish]
              W is OUTxIN row-major float32, sent in chunks of at most 1 MiB
   models load --model M --path FILE.safetensors [--prefix P] [--publish]
-             FILE is read by the daemon on its host
+             FILE is read by the daemon on its host, inside one of its --model-dir
   models publish|describe|delete M        (or --model M)
   policy put --file P.json | get NAME | list | delete NAME
   policy activate --model M --policy P
