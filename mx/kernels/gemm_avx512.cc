@@ -23,7 +23,9 @@
 // helpers behind _mm512_set1_*); the warnings point into the header.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__  // a GCC-only warning group
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #define MX_AVX512_ENTRY Avx512Tile
