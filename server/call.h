@@ -68,7 +68,18 @@ class CallRecord {
   CallRecord(const CallRecord&) = delete;
   CallRecord& operator=(const CallRecord&) = delete;
 
-  // What the daemon answers (before Finish).
+  // The status a reactor finishes with: `status`, or INTERNAL if the response
+  // of an OK answer cannot be serialized into `raw`; recorded as what the
+  // daemon answered. Every reactor's Finish goes through this.
+  template <typename Message>
+  absl::Status Settle(absl::Status status, const Message& response, grpc::ByteBuffer* raw) {
+    if (status.ok() && !SerializeMessage(response, raw)) {
+      status = absl::InternalError("the response could not be serialized");
+    }
+    code_ = status.code();
+    return status;
+  }
+  // The same for a stream whose answers went out as it ran (no final message).
   void SetStatus(absl::StatusCode code) { code_ = code; }
   // From OnDone: records the status by what reached the client and ends the
   // call's count.
@@ -95,14 +106,13 @@ class CallRecord {
 template <typename Request, typename Response>
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  using Handler = std::function<void(UnaryCall&)>;
-
-  // Parses the request and runs `handler` on it, or answers INVALID_ARGUMENT.
-  // The reactor deletes itself in OnDone.
+  // Parses the request and runs `handler(call)` on it, or answers
+  // INVALID_ARGUMENT. The reactor deletes itself in OnDone.
+  template <typename Handler>
   static grpc::ServerUnaryReactor* Start(const Core& core, Rpc rpc,
                                          grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* raw_request,
-                                         grpc::ByteBuffer* raw_response, const Handler& handler) {
+                                         grpc::ByteBuffer* raw_response, Handler&& handler) {
     auto* call = new UnaryCall(core, rpc, context, raw_response);
     if (absl::Status s = ParseMessage(*raw_request, &call->request_, "request"); !s.ok()) {
       call->Answer(s);
@@ -118,12 +128,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
 
   // Answers the call: the response when `status` is OK, else the error.
   void Answer(const absl::Status& status) {
-    absl::Status sent = status;
-    if (sent.ok() && !SerializeMessage(response_, raw_response_)) {
-      sent = absl::InternalError("the response could not be serialized");
-    }
-    record_.SetStatus(sent.code());
-    Finish(ToGrpc(sent));
+    Finish(ToGrpc(record_.Settle(status, response_, raw_response_)));
   }
   // Answer() as a callable that may outlive the handler (work items hold it).
   Done Answerer() {

@@ -222,16 +222,13 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void Done(absl::Status status) {
     pending_.clear();  // releases the reservations of anything not staged
-    if (status.ok() && !SerializeMessage(response_, raw_response_)) {
-      status = absl::InternalError("the response could not be serialized");
-    }
+    status = record_.Settle(std::move(status), response_, raw_response_);
     if (!status.ok()) {
       Log(LogLevel::kWarning, "upload_failed",
           {{"model", Quote(model_)},
            {"status", absl::StatusCodeToString(status.code())},
            {"message", CapMessage(status.message())}});
     }
-    record_.SetStatus(status.code());
     Finish(ToGrpc(status));
   }
 
@@ -303,26 +300,22 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
 grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  using Call = UnaryCall<v1::RegisterModelRequest, v1::ModelInfo>;
-  return Call::Start(core_, Rpc::kRegisterModel, context, request, response, [this](Call& call) {
-    const v1::RegisterModelRequest& r = call.request();
-    const std::string policy = r.policy().empty() ? core_.default_policy : r.policy();
-    absl::Status status = core_.policies->Get(policy, "policy").status();
-    if (status.ok()) {
-      std::vector<LayerSpec> layers;
-      for (const auto& layer : r.layers()) {
-        layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
-      }
-      status = core_.registry->Register(r.name(), std::move(layers), policy);
-    }
-    if (status.ok()) {
-      FillModelInfo(*core_.registry->Describe(r.name()), call.response());
-      core_.UpdateMemoryGauges();
-      Log(LogLevel::kInfo, "model_registered",
-          {{"model", r.name()}, {"layers", absl::StrCat(r.layers_size())}, {"policy", policy}});
-    }
-    call.Answer(status);
-  });
+  return ServeNow<v1::RegisterModelRequest, v1::ModelInfo>(
+      core_, Rpc::kRegisterModel, context, request, response,
+      [this](const v1::RegisterModelRequest& r, v1::ModelInfo* out) -> absl::Status {
+        const std::string policy = r.policy().empty() ? core_.default_policy : r.policy();
+        MX_RETURN_IF_ERROR(core_.policies->Get(policy, "policy").status());
+        std::vector<LayerSpec> layers;
+        for (const auto& layer : r.layers()) {
+          layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
+        }
+        MX_RETURN_IF_ERROR(core_.registry->Register(r.name(), std::move(layers), policy));
+        FillModelInfo(*core_.registry->Describe(r.name()), out);
+        core_.UpdateMemoryGauges();
+        Log(LogLevel::kInfo, "model_registered",
+            {{"model", r.name()}, {"layers", absl::StrCat(r.layers_size())}, {"policy", policy}});
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ModelsService::UploadWeights(
@@ -422,41 +415,39 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext* context,
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
-  using Call = UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>;
-  return Call::Start(core_, Rpc::kListModels, context, request, response, [this](Call& call) {
-    for (const ModelSummary& s : core_.registry->List()) {
-      FillModelInfo(s, call.response()->add_models());
-    }
-    call.Answer(absl::OkStatus());
-  });
+  return ServeNow<v1::ListModelsRequest, v1::ListModelsResponse>(
+      core_, Rpc::kListModels, context, request, response,
+      [this](const v1::ListModelsRequest&, v1::ListModelsResponse* out) {
+        for (const ModelSummary& s : core_.registry->List()) FillModelInfo(s, out->add_models());
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* ModelsService::DescribeModel(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request,
                                                        grpc::ByteBuffer* response) {
-  using Call = UnaryCall<v1::DescribeModelRequest, v1::ModelInfo>;
-  return Call::Start(core_, Rpc::kDescribeModel, context, request, response, [this](Call& call) {
-    absl::StatusOr<ModelSummary> summary = core_.registry->Describe(call.request().name());
-    if (summary.ok()) FillModelInfo(*summary, call.response());
-    call.Answer(summary.status());
-  });
+  return ServeNow<v1::DescribeModelRequest, v1::ModelInfo>(
+      core_, Rpc::kDescribeModel, context, request, response,
+      [this](const v1::DescribeModelRequest& r, v1::ModelInfo* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(ModelSummary summary, core_.registry->Describe(r.name()));
+        FillModelInfo(summary, out);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
-  using Call = UnaryCall<v1::DeleteModelRequest, v1::DeleteModelResponse>;
-  return Call::Start(core_, Rpc::kDeleteModel, context, request, response, [this](Call& call) {
-    const std::string& name = call.request().name();
-    absl::StatusOr<uint64_t> freed = core_.registry->Delete(name);
-    if (freed.ok()) {
-      call.response()->set_freed_bytes(*freed);
-      core_.UpdateMemoryGauges();
-      Log(LogLevel::kInfo, "model_deleted",
-          {{"model", name}, {"freed_bytes", absl::StrCat(*freed)}});
-    }
-    call.Answer(freed.status());
-  });
+  return ServeNow<v1::DeleteModelRequest, v1::DeleteModelResponse>(
+      core_, Rpc::kDeleteModel, context, request, response,
+      [this](const v1::DeleteModelRequest& r, v1::DeleteModelResponse* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(const uint64_t freed, core_.registry->Delete(r.name()));
+        out->set_freed_bytes(freed);
+        core_.UpdateMemoryGauges();
+        Log(LogLevel::kInfo, "model_deleted",
+            {{"model", r.name()}, {"freed_bytes", absl::StrCat(freed)}});
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace mxserve

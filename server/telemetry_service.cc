@@ -117,13 +117,10 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void Done(absl::Status status) {
-    if (status.ok() && !SerializeMessage(response_, raw_response_)) {
-      status = absl::InternalError("the response could not be serialized");
-    }
+    status = record_.Settle(std::move(status), response_, raw_response_);
     if (!status.ok()) {
       Log(LogLevel::kWarning, "power_rejected", {{"message", CapMessage(status.message())}});
     }
-    record_.SetStatus(status.code());
     Finish(ToGrpc(status));
   }
 
