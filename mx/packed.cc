@@ -14,7 +14,6 @@ namespace mx {
 namespace {
 
 // Largest rows or cols accepted: keeps every byte count well inside int64.
-constexpr int64_t kMaxDimension = int64_t{1} << 31;
 
 // Reads `bits` (<= 8) bits starting at bit `position` of a little-endian bit string.
 uint32_t ReadBits(const uint8_t* data, int64_t position, int bits) {

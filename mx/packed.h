@@ -34,6 +34,10 @@ struct QuantizedMatrix {
   std::vector<float> row_scales;
 };
 
+// Largest rows or cols of an operand: keeps every byte count well inside 64
+// bits, and is what ValidateShape, ValidateLayout and the daemon accept.
+inline constexpr int64_t kMaxDimension = int64_t{1} << 31;
+
 // Layout arithmetic, shared by every producer and consumer of the layout.
 inline int64_t BlocksPerRow(int64_t cols) { return (cols + kBlockSize - 1) / kBlockSize; }
 // Bytes of one packed MX block of 32 elements.
