@@ -95,8 +95,8 @@ absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
   }
 }
 
-absl::StatusOr<mx::LayoutSize> OperandSize(absl::string_view field, mx::Format format,
-                                           int64_t rows, int64_t cols, int64_t max_bytes) {
+absl::StatusOr<mx::LayoutSize> OperandSize(absl::string_view field, mx::Format format, int64_t rows,
+                                           int64_t cols, int64_t max_bytes) {
   const std::optional<mx::LayoutSize> size = mx::CheckedLayoutSize(format, rows, cols);
   if (size && size->total_bytes() <= static_cast<uint64_t>(max_bytes)) return *size;
   return FieldError(field, absl::StrCat("a ", rows, " x ", cols, " ", mx::FormatName(format),

@@ -60,8 +60,8 @@ struct ExpectedShape {
 // Every operand's size check: the buffer sizes of a rows × cols operand of
 // `format`, in checked arithmetic, which must fit in one message of `max_bytes`.
 // INVALID_ARGUMENT naming `field` otherwise, before anything is allocated.
-absl::StatusOr<mx::LayoutSize> OperandSize(absl::string_view field, mx::Format format,
-                                           int64_t rows, int64_t cols, int64_t max_bytes);
+absl::StatusOr<mx::LayoutSize> OperandSize(absl::string_view field, mx::Format format, int64_t rows,
+                                           int64_t cols, int64_t max_bytes);
 
 // A dense [rows, cols] tensor, its data exactly rows · cols elements of its dtype.
 // `max_bytes` is the largest message the daemon takes (--max-message-bytes).
