@@ -22,8 +22,8 @@ std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
 }
 
 std::string ExpectedText(const ExpectedShape& e) {
-  const std::string rows = e.rows >= 0 ? absl::StrCat(e.rows) : e.rows_name;
-  const std::string cols = e.cols >= 0 ? absl::StrCat(e.cols) : e.cols_name;
+  const std::string rows = e.rows >= 0 ? absl::StrCat(e.rows) : std::string(e.rows_name);
+  const std::string cols = e.cols >= 0 ? absl::StrCat(e.cols) : std::string(e.cols_name);
   return absl::StrCat("[", rows, ", ", cols, "]");
 }
 

@@ -53,8 +53,8 @@ struct ExpectedShape {
   int64_t cols = -1;
   std::string rows_what;  // e.g. "M (rows of a)"
   std::string cols_what;  // e.g. "in_features of layer 'q'"
-  std::string rows_name = "M";
-  std::string cols_name = "K";
+  absl::string_view rows_name = "M";  // always a literal
+  absl::string_view cols_name = "K";
 };
 
 // Every operand's size check: the buffer sizes of a rows × cols operand of
