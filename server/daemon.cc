@@ -12,13 +12,13 @@
 #include "grpcpp/server_builder.h"
 #include "mx/status_macros.h"
 #include "prometheus/exposer.h"
-#include "server/compute_service.h"
+#include "server/rpc/compute_service.h"
 #include "server/energy_model_default.h"
-#include "server/log.h"
-#include "server/models_service.h"
-#include "server/policies_service.h"
-#include "server/quote.h"
-#include "server/telemetry_service.h"
+#include "server/telemetry/log.h"
+#include "server/rpc/models_service.h"
+#include "server/rpc/policies_service.h"
+#include "server/base/quote.h"
+#include "server/rpc/telemetry_service.h"
 
 namespace mxserve {
 

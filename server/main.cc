@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "mx/kernels/cpu_features.h"
 #include "server/daemon.h"
-#include "server/log.h"
+#include "server/telemetry/log.h"
 #include "server/options.h"
 
 int main(int argc, char** argv) {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "mx/status_macros.h"
-#include "server/backend.h"
+#include "server/compute/backends/backend.h"
 
 namespace mxserve {
 namespace {

@@ -15,7 +15,7 @@
 #include "mx/kernels/quantize_fast.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
-#include "server/wire.h"
+#include "server/compute/wire.h"
 #include "tests/fuzz/fuzz_seeds.h"
 
 namespace {

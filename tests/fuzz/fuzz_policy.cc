@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include "absl/strings/string_view.h"
 
-#include "server/policy.h"
+#include "server/policy/policy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view input(reinterpret_cast<const char*>(data), size);

@@ -23,7 +23,7 @@
 
 #include "mxserve/v1/models.pb.h"
 #include "server/daemon.h"
-#include "server/log.h"
+#include "server/telemetry/log.h"
 #include "tests/daemon/raw_call.h"
 #include "tests/fuzz/fuzz_seeds.h"
 

@@ -10,7 +10,7 @@
 #include "absl/strings/string_view.h"
 
 #include "mx/format.h"
-#include "server/safetensors.h"
+#include "server/model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view input(reinterpret_cast<const char*>(data), size);

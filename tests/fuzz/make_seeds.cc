@@ -7,7 +7,7 @@
 #include <string>
 
 #include "mx/packed.h"
-#include "server/policy.h"
+#include "server/policy/policy.h"
 #include "tests/fuzz/fuzz_seeds.h"
 
 namespace {

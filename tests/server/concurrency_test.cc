@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "server/energy_ledger.h"
-#include "server/memory_budget.h"
-#include "server/registry.h"
+#include "server/telemetry/energy_ledger.h"
+#include "server/model/memory_budget.h"
+#include "server/model/registry.h"
 
 namespace mxserve {
 namespace {

@@ -1,11 +1,11 @@
 // The policy engine: parsing and its error messages, globs, the sensitivity
 // heuristic, first-match resolution, and the built-in presets.
-#include "server/policy.h"
+#include "server/policy/policy.h"
 
 #include <gtest/gtest.h>
 
-#include "server/glob.h"
-#include "server/layer_sensitivity.h"
+#include "server/policy/glob.h"
+#include "server/policy/layer_sensitivity.h"
 
 namespace mxserve {
 namespace {

@@ -1,5 +1,5 @@
 // Client text in messages: quoted, escaped, and cut.
-#include "server/quote.h"
+#include "server/base/quote.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Safetensors reading on small files the test writes, valid and broken.
-#include "server/safetensors.h"
+#include "server/model/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "mx/element.h"
-#include "server/model_dirs.h"
+#include "server/model/model_dirs.h"
 
 namespace mxserve {
 namespace {

@@ -1,6 +1,6 @@
 // The scheduler without a daemon: what it tells the queue-depth gauge, how it
 // answers work that cannot run, and that queued work runs through Shutdown.
-#include "server/scheduler.h"
+#include "server/compute/scheduler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,555 @@
+#include "server/compute/compute_work.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "mx/checked_math.h"
+#include "mx/kernels/quantize_fast.h"
+#include "mx/status_macros.h"
+#include "server/compute/wire.h"
+#include "server/telemetry/clock.h"
+
+namespace mxserve {
+namespace {
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// An activation as it arrived: dense (quantized on the worker) or packed.
+struct Activation {
+  std::optional<DenseMatrix> dense;
+  std::optional<mx::QuantizedMatrix> packed;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  mx::Format format = mx::Format::kFp32;  // its compute format
+
+  absl::StatusOr<mx::QuantizedMatrix> Take(const mx::QuantizeOptions& options) {
+    if (packed) return *std::move(packed);
+    return QuantizeDense(*dense, format, options);
+  }
+};
+
+absl::StatusOr<Activation> DecodeActivation(const ComputeContext& core, const v1::Operand& operand,
+                                            absl::string_view field, const ExpectedShape& expected,
+                                            std::optional<mx::Format> format) {
+  Activation a;
+  if (operand.has_packed()) {
+    MX_ASSIGN_OR_RETURN(a.packed, DecodePacked(operand.packed(), absl::StrCat(field, ".packed"),
+                                               expected, core.max_message_bytes));
+    a.rows = a.packed->rows;
+    a.cols = a.packed->cols;
+    a.format = a.packed->format;
+    if (format && *format != a.format) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".packed.format: the operand is packed in ", mx::FormatName(a.format),
+                       " but the request asks for ", mx::FormatName(*format)));
+    }
+    return a;
+  }
+  if (!operand.has_tensor()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": required; expected a tensor or a packed operand"));
+  }
+  MX_ASSIGN_OR_RETURN(a.dense, DecodeMatrix(operand.tensor(), absl::StrCat(field, ".tensor"),
+                                             expected, core.max_message_bytes));
+  a.rows = a.dense->rows;
+  a.cols = a.dense->cols;
+  if (format) a.format = *format;
+  return a;
+}
+
+// A result must fit in one response message; RESOURCE_EXHAUSTED otherwise (the
+// request is valid, the daemon's --max-message-bytes is what it exceeds).
+absl::Status CheckOutputSize(const ComputeContext& core, int64_t rows, int64_t cols, absl::string_view field,
+                             absl::string_view what) {
+  // Room for the response's other fields (shape, ExecutionInfo).
+  constexpr uint64_t kEnvelopeBytes = 4096;
+  const std::optional<uint64_t> bytes =
+      mx::CheckedProduct({static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), 4});
+  if (!bytes || *bytes > static_cast<uint64_t>(core.max_message_bytes) - kEnvelopeBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": the ", what, " (", rows, " x ", cols, " FP32 = ",
+        bytes ? absl::StrCat(*bytes) : std::string("more than 2^64"),
+        " bytes) would exceed the maximum message size of ", core.max_message_bytes,
+        " bytes (--max-message-bytes); split the request"));
+  }
+  return absl::OkStatus();
+}
+
+void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t version, size_t batch,
+              double queue_seconds, double compute_seconds, const fpga_model::GemmEstimate& model,
+              const std::string& kernel, v1::ExecutionInfo* info) {
+  info->set_format(ToProto(x));
+  info->set_weight_format(ToProto(w));
+  info->set_backend(std::string(core.backend->name()));
+  info->set_weight_version(version);
+  info->set_batch_size(static_cast<uint32_t>(batch));
+  info->set_queue_seconds(queue_seconds);
+  info->set_compute_seconds(compute_seconds);
+  info->set_model_seconds(model.seconds);
+  info->set_model_joules(model.joules);
+  info->set_kernel(kernel);
+}
+
+// Counts a finished compute request, its modelled energy and, where the backend
+// measures board power, that power over the request's share of device time.
+void Account(const ComputeContext& core, Rpc rpc, Phase phase, mx::Format format, Clock::time_point arrival,
+             double queue_seconds, double flops, const fpga_model::GemmEstimate& model,
+             double device_seconds) {
+  core.metrics->RecordCompute({rpc, phase, format, Seconds(Clock::now() - arrival), queue_seconds,
+                               flops, model.bytes, model.seconds, model.joules});
+  const double now = UnixSeconds();
+  core.ledger->Add("fpga_model", phase, now, {model.joules, model.seconds, 1});
+  if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
+    core.ledger->Add("fpga", phase, now, {*watts * device_seconds, device_seconds, 1});
+    core.metrics->AddEnergy("fpga", phase, *watts * device_seconds, device_seconds);
+    core.metrics->SetPower("fpga", "board", *watts);
+  }
+}
+
+// An FP32 [rows, cols] tensor of zeros: the null backend's answer.
+void ZeroMatrix(int64_t rows, int64_t cols, v1::Tensor* tensor) {
+  tensor->clear_shape();
+  tensor->add_shape(rows);
+  tensor->add_shape(cols);
+  tensor->set_dtype(v1::DTYPE_FP32);
+  tensor->mutable_data()->assign(static_cast<size_t>(rows * cols) * sizeof(float), '\0');
+}
+
+fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model::GemmEstimate& b) {
+  return {.macs = a.macs + b.macs,
+          .cycles = a.cycles + b.cycles,
+          .bytes = a.bytes + b.bytes,
+          .seconds = a.seconds + b.seconds,
+          .joules = a.joules + b.joules};
+}
+
+// Rows of several matrices of one format and width, stacked.
+mx::QuantizedMatrix Stack(std::vector<mx::QuantizedMatrix>& parts) {
+  mx::QuantizedMatrix out;
+  out.format = parts.front().format;
+  out.cols = parts.front().cols;
+  for (auto& part : parts) {
+    out.rows += part.rows;
+    out.elements.insert(out.elements.end(), part.elements.begin(), part.elements.end());
+    out.block_scales.insert(out.block_scales.end(), part.block_scales.begin(),
+                            part.block_scales.end());
+    out.row_scales.insert(out.row_scales.end(), part.row_scales.begin(), part.row_scales.end());
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> WeightCopy(
+    const ComputeContext& core, const LayerWeights& weights, mx::Format format, WeightLayout layout) {
+  MX_ASSIGN_OR_RETURN(auto copy, weights.Get(format, layout, core.registry->budget()));
+  if (copy.created) {
+    core.metrics->RecordQuantization(format);
+    core.UpdateMemoryGauges();
+  }
+  return copy.weight;
+}
+
+class ComputeItem : public WorkItem {
+ public:
+  ComputeItem(const ComputeContext& core, CallInfo call, Done done)
+      : core_(core), call_(call), done_(std::move(done)) {
+    arrival = call.arrival;
+    deadline = call.deadline;
+  }
+  bool Cancelled() const override { return call_.Cancelled(); }
+  void Fail(absl::Status status) override { done_(std::move(status)); }
+
+ protected:
+  const ComputeContext& core_;
+  CallInfo call_;
+  Done done_;
+};
+
+// ---------------------------------------------------------------------------
+// Gemm: C = A·B, B quantized per column (held transposed) or sent packed so.
+
+class GemmItem final : public ComputeItem {
+ public:
+  GemmItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, Activation a, Activation b,
+           mx::QuantizeOptions options, v1::GemmResponse* response)
+      : ComputeItem(core, call, std::move(done)),
+        phase_(phase),
+        a_(std::move(a)),
+        b_(std::move(b)),
+        options_(options),
+        response_(response) {}
+
+  void Run(std::span<WorkItem* const>) override {
+    const double queue_seconds = Seconds(Clock::now() - arrival);
+    if (!core_.backend->computes()) {
+      const int64_t n = b_.packed ? b_.rows : b_.cols;
+      ZeroMatrix(a_.rows, n, response_->mutable_c());
+      const auto model =
+          fpga_model::EstimateGemm(core_.energy_model, a_.format, b_.format, a_.rows, n, a_.cols);
+      FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, "",
+               response_->mutable_info());
+      Account(core_, Rpc::kGemm, phase_, a_.format, arrival, queue_seconds,
+              2.0 * a_.rows * n * a_.cols, model, 0);
+      return done_(absl::OkStatus());
+    }
+    absl::StatusOr<mx::QuantizedMatrix> qa = a_.Take(options_);
+    if (!qa.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("a: ", qa.status().message())));
+    absl::StatusOr<mx::QuantizedMatrix> qb;
+    if (b_.packed) {
+      qb = *std::move(b_.packed);
+    } else {
+      // B arrives K×N; the backend wants its N columns as rows of K.
+      qb = mx::kernels::QuantizeColumns(ToFloat(*b_.dense), b_.rows, b_.cols, b_.format, options_);
+    }
+    if (!qb.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("b: ", qb.status().message())));
+    const int64_t m = qa->rows, k = qa->cols, n = qb->rows;
+    std::vector<float> c(static_cast<size_t>(m * n));
+    const auto start = Clock::now();
+    absl::StatusOr<std::string> kernel = core_.backend->Linear(*qa, *qb, {}, c);
+    if (!kernel.ok()) return Fail(kernel.status());
+    const double compute_seconds = Seconds(Clock::now() - start);
+    EncodeMatrix(c, m, n, response_->mutable_c());
+    const auto model =
+        fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
+    FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model, *kernel,
+             response_->mutable_info());
+    Account(core_, Rpc::kGemm, phase_, qa->format, arrival, queue_seconds, 2.0 * m * n * k, model,
+            compute_seconds);
+    done_(absl::OkStatus());
+  }
+
+ private:
+  Phase phase_;
+  Activation a_, b_;
+  mx::QuantizeOptions options_;
+  v1::GemmResponse* response_;
+};
+
+// ---------------------------------------------------------------------------
+// LayerForward: Y = X·Wᵀ + bias, batched across requests of one key.
+
+class ForwardItem final : public ComputeItem {
+ public:
+  ForwardItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, LayerView view,
+              mx::Format weight_format, Activation x, v1::LayerForwardResponse* response)
+      : ComputeItem(core, call, std::move(done)),
+        phase_(phase),
+        view_(std::move(view)),
+        weight_format_(weight_format),
+        x_(std::move(x)),
+        response_(response) {
+    // One GEMM serves a batch only when everything but the rows of X agrees. The
+    // LayerWeights address pins model, layer and weight version (it is alive while
+    // this item holds it).
+    batch_key = absl::StrCat("forward/", reinterpret_cast<uintptr_t>(view_.weights.get()), "/",
+                             static_cast<int>(x_.format), "/", static_cast<int>(weight_format_));
+  }
+
+  void Run(std::span<WorkItem* const> batch) override {
+    const auto started = Clock::now();
+    const LayerWeights& weights = *view_.weights;
+    const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
+    if (!core_.backend->computes()) {
+      core_.metrics->RecordBatch(static_cast<int>(batch.size()));
+      for (WorkItem* item : batch) {
+        auto* member = static_cast<ForwardItem*>(item);
+        ZeroMatrix(member->x_.rows, n, member->response_->mutable_output());
+        member->Answer({}, member->x_.rows, n, k, batch.size(), Seconds(started - member->arrival),
+                       0, "");
+      }
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> w =
+        WeightCopy(core_, weights, weight_format_, WeightLayout::kForward);
+    if (!w.ok()) {
+      for (WorkItem* item : batch) item->Fail(w.status());
+      return;
+    }
+    std::vector<ForwardItem*> members;
+    std::vector<mx::QuantizedMatrix> xs;
+    for (WorkItem* item : batch) {
+      auto* member = static_cast<ForwardItem*>(item);
+      absl::StatusOr<mx::QuantizedMatrix> x = member->x_.Take({});
+      if (!x.ok()) {
+        member->Fail(absl::InvalidArgumentError(absl::StrCat("input: ", x.status().message())));
+        continue;
+      }
+      members.push_back(member);
+      xs.push_back(*std::move(x));
+    }
+    if (members.empty()) return;
+    const mx::QuantizedMatrix stacked = xs.size() > 1 ? Stack(xs) : mx::QuantizedMatrix();
+    const mx::QuantizedMatrix& x = xs.size() > 1 ? stacked : xs.front();
+    // Alone, a request's GEMM writes straight into its response; a batch shares
+    // one buffer that is then split.
+    const bool alone = members.size() == 1;
+    std::vector<float> shared;
+    std::span<float> y;
+    if (alone) {
+      v1::Tensor* output = members.front()->response_->mutable_output();
+      ZeroMatrix(x.rows, n, output);
+      y = {reinterpret_cast<float*>(output->mutable_data()->data()),
+           static_cast<size_t>(x.rows * n)};
+    } else {
+      shared.resize(static_cast<size_t>(x.rows * n));
+      y = shared;
+    }
+    const auto start = Clock::now();
+    absl::StatusOr<std::string> kernel = core_.backend->Linear(x, **w, weights.bias(), y);
+    const double compute_seconds = Seconds(Clock::now() - start);
+    core_.metrics->RecordBatch(static_cast<int>(members.size()));
+    int64_t row = 0;
+    for (ForwardItem* member : members) {
+      if (!kernel.ok()) {
+        member->Fail(kernel.status());
+        continue;
+      }
+      const int64_t m = member->x_.rows;
+      member->Answer(
+          alone ? std::span<const float>() : std::span<const float>(y).subspan(row * n, m * n), m,
+          n, k, members.size(), Seconds(started - member->arrival), compute_seconds, *kernel);
+      row += m;
+    }
+  }
+
+ private:
+  // `y` empty: the output is already in the response.
+  void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
+              double queue_seconds, double compute_seconds, const std::string& kernel) {
+    if (!y.empty()) EncodeMatrix(y, m, n, response_->mutable_output());
+    const auto model =
+        fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
+    FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
+             compute_seconds, model, kernel, response_->mutable_info());
+    Account(core_, Rpc::kLayerForward, phase_, weight_format_, arrival, queue_seconds,
+            2.0 * m * n * k, model, compute_seconds / static_cast<double>(batch));
+    done_(absl::OkStatus());
+  }
+
+  Phase phase_;
+  LayerView view_;
+  mx::Format weight_format_;
+  Activation x_;
+  v1::LayerForwardResponse* response_;
+};
+
+// ---------------------------------------------------------------------------
+// LayerBackward: grad_input = dY·W, grad_weight = dYᵀ·X, grad_bias = Σ_rows dY.
+
+class BackwardItem final : public ComputeItem {
+ public:
+  BackwardItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, LayerView view,
+               mx::Format format, DenseMatrix grad_output, std::optional<DenseMatrix> input,
+               v1::LayerBackwardResponse* response)
+      : ComputeItem(core, call, std::move(done)),
+        phase_(phase),
+        view_(std::move(view)),
+        format_(format),
+        grad_output_(grad_output),
+        input_(input),
+        response_(response) {}
+
+  void Run(std::span<WorkItem* const>) override {
+    const double queue_seconds = Seconds(Clock::now() - arrival);
+    const LayerWeights& weights = *view_.weights;
+    const int64_t m = grad_output_.rows;
+    const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
+    if (!core_.backend->computes()) {
+      ZeroMatrix(m, k, response_->mutable_grad_input());
+      if (input_) ZeroMatrix(n, k, response_->mutable_grad_weight());
+      if (weights.spec().bias) {
+        EncodeVector(std::vector<float>(static_cast<size_t>(n), 0.0f),
+                     response_->mutable_grad_bias());
+      }
+      auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
+      FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model, "",
+               response_->mutable_info());
+      Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, 2.0 * m * n * k,
+              model, 0);
+      return done_(absl::OkStatus());
+    }
+    absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> wt =
+        WeightCopy(core_, weights, format_, WeightLayout::kTransposed);
+    if (!wt.ok()) return Fail(wt.status());
+    absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});
+    if (!dy.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message())));
+    }
+    // grad_input [M, K]: dY (M×N, blocked along N) times W (N×K), W held as K rows of N.
+    std::vector<float> grad_input(static_cast<size_t>(m * k));
+    double compute_seconds = 0;
+    auto start = Clock::now();
+    absl::StatusOr<std::string> kernel = core_.backend->Linear(*dy, **wt, {}, grad_input);
+    if (!kernel.ok()) return Fail(kernel.status());
+    compute_seconds += Seconds(Clock::now() - start);
+    auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
+    double flops = 2.0 * m * n * k;
+    EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
+
+    const std::vector<float> dy_values = ToFloat(grad_output_);
+    if (input_) {
+      // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): dY and X quantized per column,
+      // i.e. along M, held as N and K rows.
+      absl::StatusOr<mx::QuantizedMatrix> dyt =
+          mx::kernels::QuantizeColumns(dy_values, m, n, format_);
+      absl::StatusOr<mx::QuantizedMatrix> xt =
+          mx::kernels::QuantizeColumns(ToFloat(*input_), m, k, format_);
+      if (!dyt.ok() || !xt.ok()) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message())));
+      }
+      std::vector<float> grad_weight(static_cast<size_t>(n * k));
+      start = Clock::now();
+      if (absl::StatusOr<std::string> k = core_.backend->Linear(*dyt, *xt, {}, grad_weight);
+          !k.ok()) {
+        return Fail(k.status());
+      }
+      compute_seconds += Seconds(Clock::now() - start);
+      model = Sum(model, fpga_model::EstimateGemm(core_.energy_model, format_, format_, n, k, m));
+      flops += 2.0 * m * n * k;
+      EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
+    }
+    if (weights.spec().bias) {
+      // Column sums of dY in FP32, rows in ascending order from +0.
+      std::vector<float> grad_bias(static_cast<size_t>(n), 0.0f);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = 0; c < n; ++c) grad_bias[c] += dy_values[r * n + c];
+      }
+      EncodeVector(grad_bias, response_->mutable_grad_bias());
+    }
+    FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
+             *kernel, response_->mutable_info());
+    Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model,
+            compute_seconds);
+    done_(absl::OkStatus());
+  }
+
+ private:
+  Phase phase_;
+  LayerView view_;
+  mx::Format format_;
+  DenseMatrix grad_output_;
+  std::optional<DenseMatrix> input_;
+  v1::LayerBackwardResponse* response_;
+};
+
+}  // namespace
+
+absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view, Phase phase,
+                                              v1::Format requested) {
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> explicit_format, FromProto(requested, "format"));
+  if (explicit_format) return *explicit_format;
+  absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
+  if (!policy.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("format: unspecified, and the model's active policy cannot be used: ",
+                     policy.status().message()));
+  }
+  return Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive).format;
+}
+
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core,
+                                                      const v1::GemmRequest& request,
+                                                      v1::GemmResponse* response, CallInfo call,
+                                                      Done done) {
+  MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_a, FromProto(request.format(), "format"));
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_b,
+                      FromProto(request.format_b(), "format_b"));
+  if (!format_a && !request.a().has_packed()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format: required for Gemm (it has no model, hence no policy); expected one of ",
+        mx::FormatNameList()));
+  }
+  mx::QuantizeOptions options;
+  MX_ASSIGN_OR_RETURN(options.rounding, FromProto(request.rounding(), "rounding"));
+  MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(core, request.a(), "a", {}, format_a));
+  if (!format_b) format_b = a.format;
+  // B is K × N dense, or packed transposed as N rows of K.
+  ExpectedShape b_shape;
+  const std::string k_what = "K, the columns of a";
+  if (request.b().has_packed()) {
+    b_shape.cols = a.cols;
+    b_shape.cols_what = k_what;
+    b_shape.rows_name = "N";
+  } else {
+    b_shape.rows = a.cols;
+    b_shape.rows_what = k_what;
+    b_shape.cols_name = "N";
+  }
+  MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(core, request.b(), "b", b_shape, format_b));
+  const int64_t n = b.packed ? b.rows : b.cols;
+  MX_RETURN_IF_ERROR(CheckOutputSize(core, a.rows, n, "b", "result C = A·B"));
+  return std::make_unique<GemmItem>(core, call, std::move(done), phase, std::move(a), std::move(b),
+                                    options, response);
+}
+
+// What LayerForward and LayerBackward resolve first: phase, the layer's
+// published weights (at least `min_version`), and the format.
+struct LayerRequest {
+  Phase phase;
+  LayerView view;
+  mx::Format format;
+};
+
+template <typename Request>
+absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, const Request& request) {
+  MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
+  MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
+                                                            request.min_weight_version()));
+  MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
+  return LayerRequest{phase, std::move(view), format};
+}
+
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& core,
+                                                         const v1::LayerForwardRequest& request,
+                                                         v1::LayerForwardResponse* response,
+                                                         CallInfo call, Done done) {
+  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
+  const LayerSpec& spec = layer.view.weights->spec();
+  ExpectedShape shape;
+  shape.cols = spec.in_features;
+  shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
+  // A packed input brings its own format; the weight keeps the resolved one.
+  MX_ASSIGN_OR_RETURN(
+      Activation x,
+      DecodeActivation(core, request.input(), "input", shape,
+                       request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
+  MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output"));
+  return std::make_unique<ForwardItem>(core, call, std::move(done), layer.phase,
+                                       std::move(layer.view), layer.format, std::move(x), response);
+}
+
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& core,
+                                                          const v1::LayerBackwardRequest& request,
+                                                          v1::LayerBackwardResponse* response,
+                                                          CallInfo call, Done done) {
+  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
+  const LayerSpec& spec = layer.view.weights->spec();
+  ExpectedShape dy_shape;
+  dy_shape.cols = spec.out_features;
+  dy_shape.cols_what = absl::StrCat("out_features of layer '", spec.name, "'");
+  MX_ASSIGN_OR_RETURN(DenseMatrix grad_output,
+                      DecodeMatrix(request.grad_output(), "grad_output", dy_shape,
+                                   core.max_message_bytes));
+  std::optional<DenseMatrix> input;
+  if (request.has_input()) {
+    ExpectedShape x_shape;
+    x_shape.rows = grad_output.rows;
+    x_shape.rows_what = "M, the rows of grad_output";
+    x_shape.cols = spec.in_features;
+    x_shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
+    MX_ASSIGN_OR_RETURN(input,
+                        DecodeMatrix(request.input(), "input", x_shape, core.max_message_bytes));
+    MX_RETURN_IF_ERROR(
+        CheckOutputSize(core, spec.out_features, spec.in_features, "input", "grad_weight"));
+  }
+  MX_RETURN_IF_ERROR(
+      CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input"));
+  return std::make_unique<BackwardItem>(core, call, std::move(done), layer.phase,
+                                        std::move(layer.view), layer.format, grad_output, input,
+                                        response);
+}
+
+}  // namespace mxserve

@@ -1,0 +1,56 @@
+// What the compute work items read: the daemon's parts they use and the limits
+// that bound a request, and the call a work item answers. Filled once by Daemon
+// (the rpc room's Core extends it with what only the services need).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "fpga/model/energy_model.h"
+#include "server/compute/backends/backend.h"
+#include "server/compute/scheduler.h"
+#include "server/model/registry.h"
+#include "server/policy/policy_store.h"
+#include "server/telemetry/energy_ledger.h"
+#include "server/telemetry/metrics.h"
+
+namespace mxserve {
+
+struct ComputeContext {
+  Registry* registry = nullptr;
+  PolicyStore* policies = nullptr;
+  Scheduler* scheduler = nullptr;
+  Backend* backend = nullptr;
+  Metrics* metrics = nullptr;
+  EnergyLedger* ledger = nullptr;
+  fpga_model::EnergyModelParams energy_model;
+  std::string default_policy;
+  int64_t max_message_bytes = 0;
+
+  void UpdateMemoryGauges() const {
+    metrics->SetWeightBytes(static_cast<double>(registry->budget().used()));
+    metrics->SetModels(static_cast<double>(registry->model_count()));
+  }
+};
+
+// Set by a reactor's OnCancel, the callback API's notice that the client
+// cancelled, its deadline passed, or the connection broke.
+using CancelFlag = std::shared_ptr<std::atomic<bool>>;
+
+// When a call arrived, when it must be done by, and whether its client gave up.
+struct CallInfo {
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point deadline = Clock::time_point::max();
+  CancelFlag cancelled;  // null: never cancelled
+
+  bool Cancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
+};
+
+// Answers a request exactly once: status to the client, and the status counter.
+using Done = std::function<void(absl::Status)>;
+
+}  // namespace mxserve

@@ -1,0 +1,54 @@
+#include "server/model/copy_cache.h"
+
+#include <vector>
+
+namespace mxserve {
+
+void CopyCache::Touch(const void* owner, std::shared_ptr<const CachedCopy> copy) {
+  std::lock_guard lock(mu_);
+  if (auto it = index_.find(copy.get()); it != index_.end()) {
+    entries_.splice(entries_.end(), entries_, it->second);
+    return;
+  }
+  const CachedCopy* key = copy.get();
+  entries_.push_back({owner, std::move(copy)});
+  index_[key] = std::prev(entries_.end());
+}
+
+void CopyCache::Forget(const void* owner) {
+  std::vector<std::shared_ptr<const CachedCopy>> released;  // freed after the lock
+  std::lock_guard lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->owner == owner) {
+      index_.erase(it->copy.get());
+      released.push_back(std::move(it->copy));
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+int CopyCache::EvictUntil(const std::function<bool()>& fits) {
+  int evicted = 0;
+  while (!fits()) {
+    std::shared_ptr<const CachedCopy> victim;
+    {
+      std::lock_guard lock(mu_);
+      if (entries_.empty()) break;
+      victim = std::move(entries_.front().copy);
+      index_.erase(victim.get());
+      entries_.pop_front();
+    }
+    ++evicted;
+    victim.reset();  // frees its bytes unless a running request still holds it
+  }
+  return evicted;
+}
+
+size_t CopyCache::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+}  // namespace mxserve

@@ -1,0 +1,360 @@
+#include "server/model/registry.h"
+
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "mx/checked_math.h"
+#include "mx/kernels/quantize_fast.h"
+#include "server/policy/layer_sensitivity.h"
+#include "server/base/quote.h"
+
+namespace mxserve {
+namespace {
+
+constexpr int64_t kMaxDimension = int64_t{1} << 20;
+
+absl::Status ModelNotFound(absl::string_view name) {
+  return absl::NotFoundError(absl::StrCat("model: no model named ", Quote(name)));
+}
+
+}  // namespace
+
+Registry::Registry(MemoryBudget* budget, std::function<void(int)> on_evict) : budget_(budget) {
+  budget_->SetReclaimer([this, on_evict = std::move(on_evict)](uint64_t bytes) {
+    const int evicted = copies_.EvictUntil([this, bytes] { return budget_->Fits(bytes); });
+    if (evicted > 0 && on_evict) on_evict(evicted);
+  });
+}
+
+bool ValidModelName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxModelNameChars) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
+LayerWeights::~LayerWeights() {
+  if (copies_ != nullptr) copies_->Forget(this);
+}
+
+absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, WeightLayout layout,
+                                                          MemoryBudget& budget) const {
+  std::lock_guard lock(mu_);
+  auto key = std::make_pair(format, layout);
+  if (auto it = cache_.find(key); it != cache_.end()) {
+    if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
+      if (copies_ != nullptr) copies_->Touch(this, copy);  // back in the cache if it was evicted
+      return Quantized{std::shared_ptr<const mx::kernels::PackedWeight>(copy, copy->weight.get()),
+                       false};
+    }
+    cache_.erase(it);  // evicted and released: make it again
+  }
+  absl::StatusOr<mx::QuantizedMatrix> q =
+      layout == WeightLayout::kForward
+          ? mx::kernels::QuantizeRows(weight_->values, spec_.out_features, spec_.in_features,
+                                      format)
+          : mx::kernels::QuantizeColumns(weight_->values, spec_.out_features, spec_.in_features,
+                                         format);
+  if (!q.ok()) return q.status();
+  absl::StatusOr<mx::kernels::PackedWeight> packed = mx::kernels::PackedWeight::Pack(*q);
+  if (!packed.ok()) return packed.status();
+  auto copy = std::make_shared<CachedCopy>();
+  const std::string what =
+      absl::StrCat("the ", mx::FormatName(format), " copy of layer ", Quote(spec_.name));
+  if (absl::Status s = ReserveInto(budget, packed->bytes(), what, copy->reservation); !s.ok()) {
+    return s;
+  }
+  copy->weight = std::make_shared<const mx::kernels::PackedWeight>(*std::move(packed));
+  std::shared_ptr<const CachedCopy> held = std::move(copy);
+  cache_[key] = held;
+  if (copies_ != nullptr) {
+    copies_->Touch(this, held);
+  } else {
+    owned_.push_back(held);
+  }
+  return Quantized{std::shared_ptr<const mx::kernels::PackedWeight>(held, held->weight.get()),
+                   true};
+}
+
+std::vector<mx::Format> LayerWeights::CachedFormats() const {
+  std::lock_guard lock(mu_);
+  std::vector<mx::Format> formats;
+  for (const auto& [key, copy] : cache_) {
+    if (key.second == WeightLayout::kForward && !copy.expired()) formats.push_back(key.first);
+  }
+  return formats;
+}
+
+uint64_t LayerWeights::Bytes() const {
+  std::lock_guard lock(mu_);
+  uint64_t bytes = weight_->reservation.bytes() + (bias_ ? bias_->reservation.bytes() : 0);
+  for (const auto& [key, weak] : cache_) {
+    if (std::shared_ptr<const CachedCopy> copy = weak.lock()) bytes += copy->reservation.bytes();
+  }
+  return bytes;
+}
+
+absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> layers,
+                                const std::string& policy) {
+  if (!ValidModelName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name: ", Quote(name), " is not a model name; expected 1-", kMaxModelNameChars,
+        " of [A-Za-z0-9._-]"));
+  }
+  if (layers.empty()) {
+    return absl::InvalidArgumentError("layers: a model needs at least one layer");
+  }
+  auto model = std::make_unique<Model>();
+  model->name = name;
+  model->policy = policy;
+  uint64_t fp32_bytes = 0;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& spec = layers[i];
+    const std::string field = absl::StrCat("layers[", i, "]");
+    if (spec.name.empty() || spec.name.size() > kMaxLayerNameChars) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".name: expected a non-empty name of at most ", kMaxLayerNameChars,
+          " characters, got ", Quote(spec.name)));
+    }
+    if (spec.out_features <= 0 || spec.out_features > kMaxDimension) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".out_features: expected 1 to ",
+                                                     kMaxDimension, ", got ", spec.out_features));
+    }
+    if (spec.in_features <= 0 || spec.in_features > kMaxDimension) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".in_features: expected 1 to ",
+                                                     kMaxDimension, ", got ", spec.in_features));
+    }
+    if (!model->index.emplace(spec.name, static_cast<int>(i)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name: layer ", Quote(spec.name), " is declared twice"));
+    }
+    // At most 2^42 bytes a layer; the sum over many layers could still wrap.
+    const uint64_t layer_bytes =
+        static_cast<uint64_t>(spec.out_features) * spec.in_features * sizeof(float);
+    fp32_bytes = mx::CheckedAdd(fp32_bytes, layer_bytes).value_or(UINT64_MAX);
+    names.push_back(spec.name);
+  }
+  // Cached copies give way to a new model's masters.
+  if (!budget_->MakeRoom(fp32_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "layers: the model's FP32 weights need ", fp32_bytes, " bytes, but only ",
+        budget_->limit() - std::min(budget_->limit(), budget_->used()),
+        " of the weight memory limit (--weight-memory-bytes) are free"));
+  }
+  model->sensitive = DefaultSensitiveLayers(names);
+  model->layers = std::move(layers);
+  model->published.resize(model->layers.size());
+  std::lock_guard lock(mu_);
+  if (models_.contains(name)) {
+    return absl::AlreadyExistsError(absl::StrCat("name: a model named ", Quote(name), " exists"));
+  }
+  models_.emplace(name, std::move(model));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Registry::Model*> Registry::FindModel(absl::string_view name) const {
+  auto it = models_.find(name);
+  if (it == models_.end()) return ModelNotFound(name);
+  return it->second.get();
+}
+
+absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::string_view layer,
+                                           uint64_t min_version) const {
+  std::lock_guard lock(mu_);
+  absl::StatusOr<const Model*> model = FindModel(model_name);
+  if (!model.ok()) return model.status();
+  auto it = (*model)->index.find(layer);
+  if (it == (*model)->index.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("layer: model ", Quote(model_name), " has no layer ", Quote(layer)));
+  }
+  const Model& m = **model;
+  if (m.version == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model: ", Quote(model_name), " has no published weights yet (upload, then PublishVersion)"));
+  }
+  if (m.version < min_version) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("min_weight_version: model ", Quote(model_name), " is at weight version ",
+                     m.version, ", the request requires at least ", min_version));
+  }
+  return LayerView{m.published[it->second], m.sensitive[it->second], m.policy};
+}
+
+absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name,
+                                              absl::string_view layer,
+                                              absl::string_view field) const {
+  std::lock_guard lock(mu_);
+  absl::StatusOr<const Model*> model = FindModel(model_name);
+  if (!model.ok()) return model.status();
+  auto it = (*model)->index.find(layer);
+  if (it == (*model)->index.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": model ", Quote(model_name), " has no layer ", Quote(layer)));
+  }
+  return (*model)->layers[it->second];
+}
+
+absl::Status Registry::CheckPublishable(const Model& model, const StagedMap& staged) const {
+  if (staged.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model: ", Quote(model.name), " has nothing staged to publish"));
+  }
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerSpec& spec = model.layers[i];
+    const bool has_weight = model.published[i] || staged.contains({spec.name, false});
+    const bool has_bias = staged.contains({spec.name, true}) ||
+                          (model.published[i] && !model.published[i]->bias().empty());
+    if (!has_weight) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer: ", Quote(spec.name), " has no weight staged or published"));
+    }
+    if (spec.bias && !has_bias) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer: ", Quote(spec.name), " is declared with a bias, but none is staged"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Registry::PublishLocked(Model& model) {
+  const uint64_t version = model.version + 1;
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const LayerSpec& spec = model.layers[i];
+    auto w = model.staged.find({spec.name, false});
+    auto b = model.staged.find({spec.name, true});
+    if (w == model.staged.end() && b == model.staged.end()) continue;  // unchanged: keep copies
+    std::shared_ptr<const LayerWeights> previous = model.published[i];
+    auto weight = w != model.staged.end() ? w->second : nullptr;
+    auto bias = b != model.staged.end() ? b->second : nullptr;
+    if (!weight) weight = previous->weight_tensor();
+    if (!bias && spec.bias) bias = previous->bias_tensor();
+    model.published[i] =
+        std::make_shared<const LayerWeights>(spec, version, weight, bias, &copies_);
+  }
+  model.staged.clear();
+  model.version = version;
+  return version;
+}
+
+absl::StatusOr<uint64_t> Registry::Stage(
+    absl::string_view model_name, std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
+    bool publish) {
+  std::lock_guard lock(mu_);
+  auto it = models_.find(model_name);
+  if (it == models_.end()) return ModelNotFound(model_name);
+  Model& model = *it->second;
+  StagedMap staged = model.staged;
+  for (auto& [key, tensor] : tensors) {
+    if (!model.index.contains(key.layer)) {
+      return absl::NotFoundError(absl::StrCat("layer: model ", Quote(model_name),
+                                              " has no layer ", Quote(key.layer)));
+    }
+    staged[key] = std::make_shared<const StoredTensor>(std::move(tensor));
+  }
+  // With publish, the tensors are staged only if the publish can happen too.
+  if (publish) {
+    if (absl::Status s = CheckPublishable(model, staged); !s.ok()) return s;
+  }
+  model.staged = std::move(staged);
+  return publish ? PublishLocked(model) : 0;
+}
+
+absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
+  std::lock_guard lock(mu_);
+  auto it = models_.find(model_name);
+  if (it == models_.end()) return ModelNotFound(model_name);
+  Model& model = *it->second;
+  if (absl::Status s = CheckPublishable(model, model.staged); !s.ok()) return s;
+  return PublishLocked(model);
+}
+
+ModelSummary Registry::Summarize(const Model& model) const {
+  ModelSummary s;
+  s.name = model.name;
+  s.policy = model.policy;
+  s.version = model.version;
+  s.staged_tensors = model.staged.size();
+  std::set<const StoredTensor*> counted;
+  for (const auto& [key, tensor] : model.staged) {
+    s.bytes += tensor->reservation.bytes();
+    counted.insert(tensor.get());
+  }
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    ModelSummary::Layer layer{model.layers[i], {}, model.sensitive[i]};
+    if (const auto& weights = model.published[i]) {
+      layer.cached_formats = weights->CachedFormats();
+      s.bytes += weights->Bytes();
+    }
+    s.layers.push_back(std::move(layer));
+  }
+  return s;
+}
+
+absl::StatusOr<ModelSummary> Registry::Describe(absl::string_view model_name) const {
+  std::lock_guard lock(mu_);
+  absl::StatusOr<const Model*> model = FindModel(model_name);
+  if (!model.ok()) return model.status();
+  return Summarize(**model);
+}
+
+std::vector<ModelSummary> Registry::List() const {
+  std::lock_guard lock(mu_);
+  std::vector<ModelSummary> out;
+  for (const auto& [name, model] : models_) out.push_back(Summarize(*model));
+  return out;
+}
+
+absl::StatusOr<uint64_t> Registry::Delete(absl::string_view model_name) {
+  std::unique_ptr<Model> doomed;
+  uint64_t bytes = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto it = models_.find(model_name);
+    if (it == models_.end()) return ModelNotFound(model_name);
+    bytes = Summarize(*it->second).bytes;
+    doomed = std::move(it->second);
+    models_.erase(it);
+  }
+  return bytes;  // `doomed` frees outside the lock; readers still holding layers keep theirs
+}
+
+absl::StatusOr<std::string> Registry::SetPolicy(absl::string_view model_name,
+                                                const std::string& policy) {
+  std::lock_guard lock(mu_);
+  auto it = models_.find(model_name);
+  if (it == models_.end()) return ModelNotFound(model_name);
+  return std::exchange(it->second->policy, policy);
+}
+
+bool Registry::PolicyInUse(absl::string_view policy) const {
+  std::lock_guard lock(mu_);
+  for (const auto& [name, model] : models_) {
+    if (model->policy == policy) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(absl::string_view model_name) const {
+  std::lock_guard lock(mu_);
+  absl::StatusOr<const Model*> model = FindModel(model_name);
+  if (!model.ok()) return model.status();
+  std::vector<LayerView> out;
+  const Model& m = **model;
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    if (m.published[i]) out.push_back({m.published[i], m.sensitive[i], m.policy});
+  }
+  return out;
+}
+
+size_t Registry::model_count() const {
+  std::lock_guard lock(mu_);
+  return models_.size();
+}
+
+}  // namespace mxserve

@@ -1,0 +1,204 @@
+// The registry: models, their linear layers, weight versions and the quantized
+// copies of each weight.
+//
+// Weights move in two steps. Uploads stage FP32 tensors in a model's staging area;
+// Publish turns the staged tensors into weight version N+1 in one swap. Requests
+// read a published version through a shared pointer, so an update never changes
+// the weights under a running GEMM, and an old version is freed when its last
+// reader finishes.
+//
+// Each (layer, version, format, layout) is quantized once while its copy is
+// cached: LayerWeights hands the copy it made to every later request. All bytes
+// held — FP32 masters, staged tensors, quantized copies — count against one
+// MemoryBudget; copies are evicted, least recently used first, when something
+// else needs the room (copy_cache.h), and made again on their next use.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mx/format.h"
+#include "mx/kernels/linear.h"
+#include "mx/packed.h"
+#include "server/model/copy_cache.h"
+#include "server/model/memory_budget.h"
+
+namespace mxserve {
+
+struct LayerSpec {
+  std::string name;
+  int64_t out_features = 0;  // N, rows of W
+  int64_t in_features = 0;   // K, columns of W
+  bool bias = false;
+};
+
+// An FP32 tensor and its share of the memory budget.
+struct StoredTensor {
+  std::vector<float> values;
+  Reservation reservation;
+};
+
+// How a weight is quantized: blocked along in_features (W as N×K, for the
+// forward pass) or along out_features (Wᵀ as K×N rows, for grad_input = dY·W).
+enum class WeightLayout { kForward, kTransposed };
+
+// One layer at one published version. Values are immutable; the cache grows.
+class LayerWeights {
+ public:
+  // `cache` (may be null: no eviction) keeps this version's copies.
+  LayerWeights(LayerSpec spec, uint64_t version, std::shared_ptr<const StoredTensor> weight,
+               std::shared_ptr<const StoredTensor> bias, CopyCache* cache = nullptr)
+      : spec_(std::move(spec)),
+        version_(version),
+        weight_(std::move(weight)),
+        bias_(std::move(bias)),
+        copies_(cache) {}
+  ~LayerWeights();
+  LayerWeights(const LayerWeights&) = delete;
+  LayerWeights& operator=(const LayerWeights&) = delete;
+
+  const LayerSpec& spec() const { return spec_; }
+  uint64_t version() const { return version_; }
+  const std::vector<float>& weight() const { return weight_->values; }
+  // Empty for a layer without bias.
+  std::span<const float> bias() const {
+    return bias_ ? std::span<const float>(bias_->values) : std::span<const float>();
+  }
+
+  struct Quantized {
+    std::shared_ptr<const mx::kernels::PackedWeight> weight;
+    bool created = false;  // false: served from the cache
+  };
+  // The weight in `format` and `layout`, quantized and packed for the kernels on
+  // first use or after an eviction (under this layer's lock, so concurrent first
+  // users wait for one conversion). The budget is charged for the packed copy
+  // as a whole.
+  absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget) const;
+
+  const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
+  const std::shared_ptr<const StoredTensor>& bias_tensor() const { return bias_; }
+
+  // Formats held in the forward layout (not evicted).
+  std::vector<mx::Format> CachedFormats() const;
+  // FP32 masters (counted once even when shared with another version) + copies.
+  uint64_t Bytes() const;
+
+ private:
+  const LayerSpec spec_;
+  const uint64_t version_;
+  const std::shared_ptr<const StoredTensor> weight_;
+  const std::shared_ptr<const StoredTensor> bias_;
+  CopyCache* const copies_;
+  mutable std::mutex mu_;
+  // Strong references live in copies_ (or, without one, in owned_) and in the
+  // requests using a copy: an evicted copy expires here once they are done.
+  mutable std::map<std::pair<mx::Format, WeightLayout>, std::weak_ptr<const CachedCopy>> cache_;
+  mutable std::vector<std::shared_ptr<const CachedCopy>> owned_;
+};
+
+// A tensor an upload fills; committed to a model's staging area as a whole.
+struct StagedTensorKey {
+  std::string layer;
+  bool is_bias = false;
+  auto operator<=>(const StagedTensorKey&) const = default;
+};
+
+// What a request reads: the layer's published weights and how to resolve its
+// format.
+struct LayerView {
+  std::shared_ptr<const LayerWeights> weights;
+  bool sensitive = false;
+  std::string policy;  // the model's active policy
+};
+
+struct ModelSummary {
+  std::string name;
+  std::string policy;
+  uint64_t version = 0;
+  uint64_t staged_tensors = 0;
+  uint64_t bytes = 0;
+  struct Layer {
+    LayerSpec spec;
+    std::vector<mx::Format> cached_formats;
+    bool sensitive = false;
+  };
+  std::vector<Layer> layers;
+};
+
+class Registry {
+ public:
+  // Installs the copy cache as `budget`'s reclaimer; `on_evict` (may be empty)
+  // is told how many copies each reclaim evicted.
+  explicit Registry(MemoryBudget* budget, std::function<void(int evicted)> on_evict = {});
+
+  MemoryBudget& budget() const { return *budget_; }
+
+  // ALREADY_EXISTS, or INVALID_ARGUMENT naming the field (name, layers[i].name, ...).
+  absl::Status Register(const std::string& name, std::vector<LayerSpec> layers,
+                        const std::string& policy);
+  // NOT_FOUND "model: ..." / "layer: ..."; FAILED_PRECONDITION before the first
+  // publish or below min_version.
+  absl::StatusOr<LayerView> Lookup(absl::string_view model, absl::string_view layer,
+                                   uint64_t min_version) const;
+  // The spec of a layer, for validating uploads (NOT_FOUND naming `field`).
+  absl::StatusOr<LayerSpec> FindLayer(absl::string_view model, absl::string_view layer,
+                                      absl::string_view field) const;
+  // Replaces staged tensors, all or none. With `publish`, also makes them the
+  // next version, and stages nothing unless that publish succeeds; returns the
+  // new version (0 without publish).
+  absl::StatusOr<uint64_t> Stage(absl::string_view model,
+                                 std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
+                                 bool publish);
+  // Makes the staged tensors version N+1; returns the new version's layers.
+  absl::StatusOr<uint64_t> Publish(absl::string_view model);
+  absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
+  std::vector<ModelSummary> List() const;
+  // Returns the bytes the model held.
+  absl::StatusOr<uint64_t> Delete(absl::string_view model);
+  // Returns the previous policy.
+  absl::StatusOr<std::string> SetPolicy(absl::string_view model, const std::string& policy);
+  bool PolicyInUse(absl::string_view policy) const;
+  // The published layers of a model (empty before the first publish).
+  absl::StatusOr<std::vector<LayerView>> PublishedLayers(absl::string_view model) const;
+  size_t model_count() const;
+
+ private:
+  struct Model {
+    std::string name;
+    std::vector<LayerSpec> layers;
+    std::vector<bool> sensitive;
+    std::map<std::string, int, std::less<>> index;
+    std::string policy;
+    uint64_t version = 0;
+    std::vector<std::shared_ptr<const LayerWeights>> published;  // per layer
+    std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>> staged;
+  };
+  using StagedMap = std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>>;
+  absl::StatusOr<const Model*> FindModel(absl::string_view name) const;
+  // FAILED_PRECONDITION unless every layer would have its weight (and bias).
+  absl::Status CheckPublishable(const Model& model, const StagedMap& staged) const;
+  uint64_t PublishLocked(Model& model);
+  ModelSummary Summarize(const Model& model) const;
+
+  MemoryBudget* budget_;
+  CopyCache copies_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Model>, std::less<>> models_;
+};
+
+// Name limits (server/README.md documents them).
+inline constexpr size_t kMaxModelNameChars = 128;  // [A-Za-z0-9._-]+
+inline constexpr size_t kMaxLayerNameChars = 256;  // any bytes
+
+// The model-name rule of RegisterModel: [A-Za-z0-9._-]+, at most 128 characters.
+bool ValidModelName(absl::string_view name);
+
+}  // namespace mxserve

@@ -1,0 +1,170 @@
+#include "server/policy/policy.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "mx/status_macros.h"
+#include "server/policy/glob.h"
+#include "server/base/quote.h"
+
+namespace mxserve {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status FieldError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("policy.", field, ": ", problem));
+}
+
+// Names used as policy identifiers: non-empty, [A-Za-z0-9._-], at most 128.
+bool IsValidName(absl::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> StringField(const Json& object, const std::string& key,
+                                        const std::string& field, bool required) {
+  const auto it = object.find(key);
+  if (it == object.end()) {
+    if (required) return FieldError(field, "missing");
+    return std::string();
+  }
+  if (!it->is_string()) return FieldError(field, "expected a string");
+  return it->get<std::string>();
+}
+
+absl::StatusOr<mx::Format> FormatField(const Json& value, const std::string& field) {
+  if (!value.is_string()) return FieldError(field, "expected a format name (a string)");
+  const std::string name = value.get<std::string>();
+  // Format names are short: a long one is answered without repeating it whole.
+  constexpr size_t kLongestFormatName = 32;
+  if (name.size() > kLongestFormatName) {
+    return FieldError(field, absl::StrCat("unknown format ", Quote(name), "; expected one of ",
+                                          mx::FormatNameList()));
+  }
+  absl::StatusOr<mx::Format> format = mx::ParseFormat(name);
+  if (!format.ok()) return FieldError(field, format.status().message());
+  return format;
+}
+
+absl::Status CheckKeys(const Json& object, std::initializer_list<absl::string_view> allowed,
+                       const std::string& field) {
+  for (const auto& [key, value] : object.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      return FieldError(field.empty() ? Shorten(key) : absl::StrCat(field, ".", Shorten(key)),
+                        "unknown field");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field) {
+  if (!value.is_object()) return FieldError(field, "expected an object");
+  MX_RETURN_IF_ERROR(CheckKeys(value, {"phase", "layers", "format"}, field));
+  PolicyRule rule;
+  MX_ASSIGN_OR_RETURN(const std::string phase, StringField(value, "phase", field + ".phase", true));
+  if (phase != "*") {
+    absl::StatusOr<Phase> parsed = ParsePhase(phase);
+    if (!parsed.ok())
+      return FieldError(field + ".phase", absl::StrCat(parsed.status().message(), " or *"));
+    rule.phase = *parsed;
+  }
+  MX_ASSIGN_OR_RETURN(rule.layers, StringField(value, "layers", field + ".layers", true));
+  if (rule.layers.empty() || rule.layers.size() > kMaxPolicyGlobChars) {
+    return FieldError(field + ".layers", absl::StrCat("expected a glob of 1-", kMaxPolicyGlobChars,
+                                                      " characters, @sensitive or @tolerant"));
+  }
+  if (rule.layers[0] == '@' && rule.layers != kSensitiveLayers && rule.layers != kTolerantLayers) {
+    return FieldError(field + ".layers", absl::StrCat("unknown layer class ", Quote(rule.layers),
+                                                      "; expected @sensitive or @tolerant"));
+  }
+  if (!value.contains("format")) return FieldError(field + ".format", "missing");
+  MX_ASSIGN_OR_RETURN(rule.format, FormatField(value["format"], field + ".format"));
+  return rule;
+}
+
+}  // namespace
+
+absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
+  if (text.size() > kMaxPolicyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("policy: the document has ", text.size(),
+                                                   " bytes; at most ", kMaxPolicyBytes,
+                                                   " are accepted"));
+  }
+  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
+  if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
+  MX_RETURN_IF_ERROR(CheckKeys(json, {"name", "description", "defaults", "rules"}, ""));
+
+  Policy policy;
+  MX_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
+  if (!IsValidName(policy.name)) {
+    return FieldError("name", absl::StrCat("expected 1-128 characters of [A-Za-z0-9._-], got ",
+                                           Quote(policy.name)));
+  }
+  MX_ASSIGN_OR_RETURN(policy.description, StringField(json, "description", "description", false));
+
+  const auto defaults = json.find("defaults");
+  if (defaults == json.end()) return FieldError("defaults", "missing (a format per phase)");
+  if (!defaults->is_object()) return FieldError("defaults", "expected an object of phase: format");
+  std::array<bool, 3> seen{};
+  for (const auto& [key, value] : defaults->items()) {
+    absl::StatusOr<Phase> phase = ParsePhase(key);
+    if (!phase.ok()) return FieldError("defaults." + Shorten(key), phase.status().message());
+    const size_t index = static_cast<size_t>(*phase);
+    MX_ASSIGN_OR_RETURN(policy.defaults[index], FormatField(value, "defaults." + key));
+    seen[index] = true;
+  }
+  for (Phase phase : kAllPhases) {
+    if (!seen[static_cast<size_t>(phase)]) {
+      return FieldError(absl::StrCat("defaults.", PhaseName(phase)), "missing");
+    }
+  }
+
+  if (const auto rules = json.find("rules"); rules != json.end()) {
+    if (!rules->is_array()) return FieldError("rules", "expected an array");
+    if (rules->size() > kMaxPolicyRules) {
+      return FieldError("rules", absl::StrCat("expected at most ", kMaxPolicyRules,
+                                              " rules, got ", rules->size()));
+    }
+    for (size_t i = 0; i < rules->size(); ++i) {
+      MX_ASSIGN_OR_RETURN(PolicyRule rule, ParseRule((*rules)[i], absl::StrCat("rules[", i, "]")));
+      policy.rules.push_back(std::move(rule));
+    }
+  }
+  return policy;
+}
+
+std::string PolicyToJson(const Policy& policy) {
+  Json json;
+  json["name"] = policy.name;
+  json["description"] = policy.description;
+  for (Phase phase : kAllPhases) {
+    json["defaults"][std::string(PhaseName(phase))] =
+        std::string(mx::FormatName(policy.defaults[static_cast<size_t>(phase)]));
+  }
+  json["rules"] = Json::array();
+  for (const PolicyRule& rule : policy.rules) {
+    json["rules"].push_back({{"phase", rule.phase ? std::string(PhaseName(*rule.phase)) : "*"},
+                             {"layers", rule.layers},
+                             {"format", std::string(mx::FormatName(rule.format))}});
+  }
+  return json.dump(2);
+}
+
+ResolvedFormat Resolve(const Policy& policy, Phase phase, absl::string_view layer, bool sensitive) {
+  for (size_t i = 0; i < policy.rules.size(); ++i) {
+    const PolicyRule& rule = policy.rules[i];
+    if (rule.phase && *rule.phase != phase) continue;
+    const bool matches = rule.layers == kSensitiveLayers  ? sensitive
+                         : rule.layers == kTolerantLayers ? !sensitive
+                                                          : GlobMatch(rule.layers, layer);
+    if (matches) return {rule.format, static_cast<int>(i)};
+  }
+  return {policy.defaults[static_cast<size_t>(phase)], -1};
+}
+
+}  // namespace mxserve

@@ -1,0 +1,46 @@
+// The policies the daemon knows: the built-in presets plus user policies, kept in
+// memory and, when --policy-dir is set, persisted there as <name>.json (loaded at
+// start, written on Put, removed on Delete).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/policy/policy.h"
+
+namespace mxserve {
+
+struct StoredPolicy {
+  std::shared_ptr<const Policy> policy;
+  bool builtin = false;
+};
+
+class PolicyStore {
+ public:
+  // Loads every *.json in `dir` (empty: no persistence). A bad file fails the
+  // start with its path and the parser's message.
+  static absl::StatusOr<std::unique_ptr<PolicyStore>> Create(const std::string& dir);
+
+  // INVALID_ARGUMENT for bad JSON; PERMISSION_DENIED-free: replacing a built-in is
+  // FAILED_PRECONDITION. Returns the stored policy.
+  absl::StatusOr<StoredPolicy> Put(absl::string_view json);
+  // NOT_FOUND naming `field`.
+  absl::StatusOr<StoredPolicy> Get(absl::string_view name, absl::string_view field = "name") const;
+  std::vector<StoredPolicy> List() const;
+  // FAILED_PRECONDITION for a built-in or while `in_use(name)` says a model uses it.
+  absl::Status Delete(absl::string_view name, absl::FunctionRef<bool(absl::string_view)> in_use);
+
+ private:
+  explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}
+  std::string dir_;
+  mutable std::mutex mu_;
+  std::map<std::string, StoredPolicy, std::less<>> policies_;
+};
+
+}  // namespace mxserve

@@ -1,0 +1,170 @@
+// The ends of every RPC the daemon serves, in one place.
+//
+// Services take their messages as raw bytes (gRPC's "raw callback" methods) and
+// parse them here, so a message that is not a valid mxserve.v1 message gets
+// INVALID_ARGUMENT naming it. (With generated message types, gRPC answers an
+// unparseable unary request with a bare UNIMPLEMENTED, and ends a client stream
+// at an unparseable message as if the client had half-closed: a corrupt upload
+// chunk would then stage the chunks before it.)
+//
+// Every call is counted from its start until gRPC's OnDone, when its status and
+// response have left the daemon or it was cancelled; shutdown waits for that, not
+// merely for Finish(), so a fused batch's large responses are still being sent
+// when the connections close. OnDone also records the status the client saw:
+// a call answered OK after its deadline passed reached the client as
+// DEADLINE_EXCEEDED, and is counted so.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/server_callback.h"
+#include "grpcpp/support/status.h"
+#include "server/rpc/core.h"
+#include "server/base/quote.h"
+
+namespace mxserve {
+
+// absl and gRPC share the canonical status codes. Messages are capped
+// (CapMessage): client text in them is already cut, this bounds the rest.
+inline grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      CapMessage(status.message()));
+}
+
+// Parses `buffer` into `message`. INVALID_ARGUMENT naming `what` (e.g.
+// "request" or "chunks[3]") and the expected message type when it is not one.
+template <typename Message>
+absl::Status ParseMessage(const grpc::ByteBuffer& buffer, Message* message,
+                          absl::string_view what) {
+  grpc::ByteBuffer copy(buffer);  // shares the slices; Deserialize consumes it
+  if (grpc::SerializationTraits<Message>::Deserialize(&copy, message).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(what, ": not a valid ",
+                                                 Message::descriptor()->full_name(),
+                                                 " message (protobuf parsing failed)"));
+}
+
+// Serializes `message` into `buffer`; false only if protobuf refuses (a message
+// over 2 GiB, which --max-message-bytes rules out).
+template <typename Message>
+bool SerializeMessage(const Message& message, grpc::ByteBuffer* buffer) {
+  bool own_buffer = false;
+  return grpc::SerializationTraits<Message>::Serialize(message, buffer, &own_buffer).ok();
+}
+
+// The call's arrival, its deadline as gRPC reports it (none when gRPC gives a
+// time more than a year away), and `cancelled`.
+CallInfo CallInfoOf(const grpc::CallbackServerContext* context, CancelFlag cancelled);
+
+// The bookkeeping every reactor shares: counted as open from construction until
+// Done() (called from OnDone), and its status recorded there as the client saw it.
+class CallRecord {
+ public:
+  CallRecord(const Core& core, Rpc rpc, grpc::CallbackServerContext* context);
+  CallRecord(const CallRecord&) = delete;
+  CallRecord& operator=(const CallRecord&) = delete;
+
+  // The status a reactor finishes with: `status`, or INTERNAL if the response
+  // of an OK answer cannot be serialized into `raw`; recorded as what the
+  // daemon answered. Every reactor's Finish goes through this.
+  template <typename Message>
+  absl::Status Settle(absl::Status status, const Message& response, grpc::ByteBuffer* raw) {
+    if (status.ok() && !SerializeMessage(response, raw)) {
+      status = absl::InternalError("the response could not be serialized");
+    }
+    code_ = status.code();
+    return status;
+  }
+  // The same for a stream whose answers went out as it ran (no final message).
+  void SetStatus(absl::StatusCode code) { code_ = code; }
+  // From OnDone: records the status by what reached the client and ends the
+  // call's count.
+  void Done();
+
+  const CallInfo& info() const { return info_; }
+  // For OnCancel: the client gave up now.
+  void MarkCancelled() {
+    cancelled_at_ = Clock::now();
+    info_.cancelled->store(true, std::memory_order_relaxed);
+  }
+
+ private:
+  const Core& core_;
+  const Rpc rpc_;
+  grpc::CallbackServerContext* const context_;
+  CallInfo info_;
+  absl::StatusCode code_ = absl::StatusCode::kUnknown;
+  std::optional<Clock::time_point> cancelled_at_;  // set in OnCancel, read in OnDone
+};
+
+// One unary call: owns its request and response, parses the one and serializes
+// the other, and answers exactly once.
+template <typename Request, typename Response>
+class UnaryCall final : public grpc::ServerUnaryReactor {
+ public:
+  // Parses the request and runs `handler(call)` on it, or answers
+  // INVALID_ARGUMENT. The reactor deletes itself in OnDone.
+  template <typename Handler>
+  static grpc::ServerUnaryReactor* Start(const Core& core, Rpc rpc,
+                                         grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* raw_request,
+                                         grpc::ByteBuffer* raw_response, Handler&& handler) {
+    auto* call = new UnaryCall(core, rpc, context, raw_response);
+    if (absl::Status s = ParseMessage(*raw_request, &call->request_, "request"); !s.ok()) {
+      call->Answer(s);
+    } else {
+      handler(*call);
+    }
+    return call;
+  }
+
+  const Request& request() const { return request_; }
+  Response* response() { return &response_; }
+  const CallInfo& info() const { return record_.info(); }
+
+  // Answers the call: the response when `status` is OK, else the error.
+  void Answer(const absl::Status& status) {
+    Finish(ToGrpc(record_.Settle(status, response_, raw_response_)));
+  }
+  // Answer() as a callable that may outlive the handler (work items hold it).
+  Done Answerer() {
+    return [this](absl::Status status) { Answer(status); };
+  }
+
+  void OnCancel() override { record_.MarkCancelled(); }
+  void OnDone() override {
+    record_.Done();
+    delete this;
+  }
+
+ private:
+  UnaryCall(const Core& core, Rpc rpc, grpc::CallbackServerContext* context,
+            grpc::ByteBuffer* raw_response)
+      : record_(core, rpc, context), raw_response_(raw_response) {}
+
+  CallRecord record_;
+  grpc::ByteBuffer* raw_response_;
+  Request request_;
+  Response response_;
+};
+
+// A unary call answered on gRPC's thread by `body(request, response)`.
+template <typename Request, typename Response, typename Body>
+grpc::ServerUnaryReactor* ServeNow(const Core& core, Rpc rpc, grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                   Body body) {
+  using Call = UnaryCall<Request, Response>;
+  return Call::Start(core, rpc, context, request, response,
+                     [&](Call& call) { call.Answer(body(call.request(), call.response())); });
+}
+
+}  // namespace mxserve

@@ -1,0 +1,453 @@
+#include "server/rpc/models_service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "mx/element.h"
+#include "mx/status_macros.h"
+#include "server/rpc/call.h"
+#include "server/telemetry/log.h"
+#include "server/base/quote.h"
+#include "server/model/safetensors.h"
+#include "server/compute/wire.h"
+
+namespace mxserve {
+namespace {
+
+void FillModelInfo(const ModelSummary& s, v1::ModelInfo* info) {
+  info->set_name(s.name);
+  info->set_policy(s.policy);
+  info->set_weight_version(s.version);
+  info->set_staged_tensors(s.staged_tensors);
+  info->set_weight_bytes(s.bytes);
+  for (const auto& layer : s.layers) {
+    v1::LayerInfo* out = info->add_layers();
+    out->mutable_spec()->set_name(layer.spec.name);
+    out->mutable_spec()->set_out_features(layer.spec.out_features);
+    out->mutable_spec()->set_in_features(layer.spec.in_features);
+    out->mutable_spec()->set_bias(layer.spec.bias);
+    for (mx::Format f : layer.cached_formats) out->add_cached_formats(ToProto(f));
+  }
+}
+
+uint64_t TensorElements(const LayerSpec& spec, bool bias) {
+  return bias ? static_cast<uint64_t>(spec.out_features)
+              : static_cast<uint64_t>(spec.out_features) * static_cast<uint64_t>(spec.in_features);
+}
+
+std::string TensorName(const StagedTensorKey& key) {
+  return absl::StrCat(key.layer, key.is_bias ? ".bias" : ".weight");
+}
+
+// A worker-thread job: any function run once, failing cleanly when dropped.
+class FunctionItem final : public WorkItem {
+ public:
+  FunctionItem(CallInfo call, std::function<void()> run, std::function<void(absl::Status)> fail)
+      : call_(call), run_(std::move(run)), fail_(std::move(fail)) {
+    arrival = call.arrival;
+    deadline = call.deadline;
+  }
+  void Run(std::span<WorkItem* const>) override { run_(); }
+  void Fail(absl::Status status) override { fail_(std::move(status)); }
+  bool Cancelled() const override { return call_.Cancelled(); }
+
+ private:
+  CallInfo call_;
+  std::function<void()> run_;
+  std::function<void(absl::Status)> fail_;
+};
+
+// Submits `run` to the workers; `fail` answers when it cannot run.
+void RunOnWorker(const Core& core, CallInfo call, std::function<void()> run,
+                 std::function<void(absl::Status)> fail) {
+  auto item = std::make_unique<FunctionItem>(call, std::move(run), fail);
+  if (absl::Status s = core.scheduler->Submit(std::move(item)); !s.ok()) fail(s);
+}
+
+// ---------------------------------------------------------------------------
+// UploadWeights: a client stream of chunks filling whole tensors. Chunks of one
+// tensor may come in any order but must not overlap; nothing reaches the model's
+// staging area unless the stream completes with every touched tensor full.
+
+class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  UploadReactor(const Core& core, grpc::CallbackServerContext* context,
+                grpc::ByteBuffer* response)
+      : core_(core), context_(context), record_(core, Rpc::kUploadWeights, context),
+        raw_response_(response) {
+    StartRead(&raw_chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Complete();
+    if (absl::Status s = Accept(); !s.ok()) return Done(s);
+    StartRead(&raw_chunk_);
+  }
+
+  void OnCancel() override { record_.MarkCancelled(); }
+
+  void OnDone() override {
+    record_.Done();
+    delete this;
+  }
+
+ private:
+  struct Pending {
+    LayerSpec spec;
+    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+    StoredTensor tensor;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [offset, end) in elements
+  };
+
+  absl::Status Accept() {
+    const std::string field = absl::StrCat("chunks[", chunks_, "]");
+    ++chunks_;
+    chunk_.Clear();
+    if (absl::Status s = ParseMessage(raw_chunk_, &chunk_, field); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(s.message(), "; nothing was staged"));
+    }
+    raw_chunk_.Clear();
+    if (chunks_ == 1) {
+      model_ = chunk_.model();  // FindLayer below reports an unknown model
+    } else if (chunk_.model() != model_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".model: every chunk of a stream must name the same model; expected ",
+                       Quote(model_), ", got ", Quote(chunk_.model())));
+    }
+    publish_ = publish_ || chunk_.publish();
+    if (chunk_.role() != v1::TENSOR_ROLE_WEIGHT && chunk_.role() != v1::TENSOR_ROLE_BIAS) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".role: expected TENSOR_ROLE_WEIGHT or TENSOR_ROLE_BIAS, got ",
+                       static_cast<int>(chunk_.role())));
+    }
+    const StagedTensorKey key{chunk_.layer(), chunk_.role() == v1::TENSOR_ROLE_BIAS};
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      MX_ASSIGN_OR_RETURN(LayerSpec spec, core_.registry->FindLayer(model_, chunk_.layer(),
+                                                                    absl::StrCat(field, ".layer")));
+      if (key.is_bias && !spec.bias) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".role: layer ", Quote(spec.name), " was registered without a bias"));
+      }
+      Pending pending;
+      pending.spec = spec;
+      const uint64_t elements = TensorElements(spec, key.is_bias);
+      MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), elements * sizeof(float),
+                                     absl::StrCat("tensor '", TensorName(key), "'"),
+                                     pending.tensor.reservation));
+      pending.tensor.values.resize(elements);
+      it = pending_.emplace(key, std::move(pending)).first;
+    }
+    Pending& pending = it->second;
+    MX_ASSIGN_OR_RETURN(const mx::Format dtype,
+                        FromProto(chunk_.dtype(), absl::StrCat(field, ".dtype")));
+    const size_t element_bytes = mx::Traits(dtype).element_bits / 8;
+    if (pending.dtype == v1::DTYPE_UNSPECIFIED) pending.dtype = chunk_.dtype();
+    if (chunk_.dtype() != pending.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".dtype: tensor '", TensorName(key), "' started as ",
+          v1::DType_Name(pending.dtype), ", this chunk is ", v1::DType_Name(chunk_.dtype())));
+    }
+    const std::string& data = chunk_.data();
+    if (data.empty() || data.size() % element_bytes != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".data: expected a non-empty whole number of ", element_bytes,
+                       "-byte elements, got ", data.size(), " bytes"));
+    }
+    const uint64_t count = data.size() / element_bytes;
+    const uint64_t total = pending.tensor.values.size();
+    const uint64_t offset = chunk_.offset_elements();
+    if (offset > total || count > total - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".offset_elements: elements [", offset, ", ", offset + count,
+          ") fall outside tensor '", TensorName(key), "' of ", total, " elements (",
+          key.is_bias
+              ? absl::StrCat("[", pending.spec.out_features, "]")
+              : absl::StrCat("[", pending.spec.out_features, ", ", pending.spec.in_features, "]"),
+          ")"));
+    }
+    mx::WidenToFloat(dtype, data.data(), count, pending.tensor.values.data() + offset);
+    pending.ranges.emplace_back(offset, offset + count);
+    bytes_ += data.size();
+    return absl::OkStatus();
+  }
+
+  // The client half-closed (or went away): check, stage, maybe publish.
+  void Complete() {
+    if (context_->IsCancelled()) {
+      return Done(absl::CancelledError("the upload was cancelled; nothing was staged"));
+    }
+    if (chunks_ == 0) {
+      return Done(absl::InvalidArgumentError("chunks: the stream held no chunk; nothing staged"));
+    }
+    std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
+    for (auto& [key, pending] : pending_) {
+      std::sort(pending.ranges.begin(), pending.ranges.end());
+      uint64_t filled = 0;
+      for (const auto& [begin, end] : pending.ranges) {
+        if (begin < filled) {
+          return Done(absl::InvalidArgumentError(
+              absl::StrCat("offset_elements: chunks of tensor '", TensorName(key),
+                           "' overlap at element ", begin, "; nothing was staged")));
+        }
+        if (begin > filled) break;
+        filled = end;
+      }
+      if (filled != pending.tensor.values.size()) {
+        return Done(absl::InvalidArgumentError(
+            absl::StrCat("data: tensor '", TensorName(key), "' is incomplete: elements from ",
+                         filled, " of ", pending.tensor.values.size(),
+                         " were not received (truncated stream?); nothing was staged")));
+      }
+      tensors.emplace_back(key, std::move(pending.tensor));
+    }
+    const uint64_t staged = tensors.size();
+    pending_.clear();
+    absl::StatusOr<uint64_t> version = core_.registry->Stage(model_, std::move(tensors), publish_);
+    if (!version.ok()) return Done(version.status());
+    core_.UpdateMemoryGauges();
+    response_.set_model(model_);
+    response_.set_tensors_staged(staged);
+    response_.set_bytes_received(bytes_);
+    Log(LogLevel::kInfo, "weights_staged",
+        {{"model", model_}, {"tensors", absl::StrCat(staged)}, {"bytes", absl::StrCat(bytes_)}});
+    if (!publish_) return Done(absl::OkStatus());
+    response_.set_weight_version(*version);
+    Warm(core_, model_, *version, [this](uint64_t) { Done(absl::OkStatus()); });
+  }
+
+  void Done(absl::Status status) {
+    pending_.clear();  // releases the reservations of anything not staged
+    status = record_.Settle(std::move(status), response_, raw_response_);
+    if (!status.ok()) {
+      Log(LogLevel::kWarning, "upload_failed",
+          {{"model", Quote(model_)},
+           {"status", absl::StatusCodeToString(status.code())},
+           {"message", CapMessage(status.message())}});
+    }
+    Finish(ToGrpc(status));
+  }
+
+  const Core& core_;
+  grpc::CallbackServerContext* context_;
+  CallRecord record_;
+  grpc::ByteBuffer* raw_response_;
+  v1::UploadWeightsResponse response_;
+  grpc::ByteBuffer raw_chunk_;
+  v1::WeightChunk chunk_;
+  std::string model_;
+  bool publish_ = false;
+  uint64_t chunks_ = 0;
+  uint64_t bytes_ = 0;
+  std::map<StagedTensorKey, Pending> pending_;
+};
+
+}  // namespace
+
+void PublishAndWarm(const Core& core, const std::string& model,
+                    std::function<void(absl::StatusOr<uint64_t>)> done) {
+  absl::StatusOr<uint64_t> version = core.registry->Publish(model);
+  if (!version.ok()) return done(version.status());
+  Warm(core, model, *version, [done](uint64_t published) { done(published); });
+}
+
+void Warm(const Core& core, const std::string& model, uint64_t published,
+          std::function<void(uint64_t)> done) {
+  Log(LogLevel::kInfo, "weights_published",
+      {{"model", model}, {"version", absl::StrCat(published)}});
+  // Quantize, on a worker, what the active policy will ask for. A failure here is
+  // not the publish's: the request that needs the copy reports it. The warm-up
+  // runs even if the client stops waiting.
+  CallInfo call;
+  RunOnWorker(
+      core, call,
+      [&core, model, published, done] {
+        absl::StatusOr<std::vector<LayerView>> layers = core.registry->PublishedLayers(model);
+        if (layers.ok()) {
+          for (const LayerView& view : *layers) {
+            if (view.weights->version() != published) continue;  // unchanged layers are warm
+            std::set<mx::Format> formats;
+            absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy);
+            if (!policy.ok()) break;
+            for (Phase phase : kAllPhases) {
+              formats.insert(
+                  Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive)
+                      .format);
+            }
+            for (mx::Format format : formats) {
+              auto copy =
+                  view.weights->Get(format, WeightLayout::kForward, core.registry->budget());
+              if (copy.ok() && copy->created) core.metrics->RecordQuantization(format);
+              if (!copy.ok()) {
+                Log(LogLevel::kWarning, "warm_failed",
+                    {{"model", model},
+                     {"layer", view.weights->spec().name},
+                     {"message", std::string(copy.status().message())}});
+              }
+            }
+          }
+        }
+        core.UpdateMemoryGauges();
+        done(published);
+      },
+      [done, published](absl::Status) { done(published); });
+}
+
+grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return ServeNow<v1::RegisterModelRequest, v1::ModelInfo>(
+      core_, Rpc::kRegisterModel, context, request, response,
+      [this](const v1::RegisterModelRequest& r, v1::ModelInfo* out) -> absl::Status {
+        const std::string policy = r.policy().empty() ? core_.default_policy : r.policy();
+        MX_RETURN_IF_ERROR(core_.policies->Get(policy, "policy").status());
+        std::vector<LayerSpec> layers;
+        for (const auto& layer : r.layers()) {
+          layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
+        }
+        MX_RETURN_IF_ERROR(core_.registry->Register(r.name(), std::move(layers), policy));
+        FillModelInfo(*core_.registry->Describe(r.name()), out);
+        core_.UpdateMemoryGauges();
+        Log(LogLevel::kInfo, "model_registered",
+            {{"model", r.name()}, {"layers", absl::StrCat(r.layers_size())}, {"policy", policy}});
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* ModelsService::UploadWeights(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new UploadReactor(core_, context, response);
+}
+
+grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::LoadSafetensorsRequest, v1::UploadWeightsResponse>;
+  return Call::Start(core_, Rpc::kLoadSafetensors, context, request, response, [this](Call& call) {
+    // Reading and widening a file is real work: it runs on a worker.
+    RunOnWorker(
+        core_, call.info(),
+        [this, &call] {
+          absl::Status status = Load(call.request(), call.response());
+          if (!status.ok() || !call.request().publish()) return call.Answer(status);
+          Warm(core_, call.request().model(), call.response()->weight_version(),
+               [&call](uint64_t) { call.Answer(absl::OkStatus()); });
+        },
+        call.Answerer());
+  });
+}
+
+absl::Status ModelsService::Load(const v1::LoadSafetensorsRequest& request,
+                                 v1::UploadWeightsResponse* response) {
+  MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request.model()));
+  MX_ASSIGN_OR_RETURN(UniqueFd fd, core_.model_dirs->Open(request.path(), "path"));
+  absl::StatusOr<SafetensorsFile> file =
+      SafetensorsFile::Read(std::move(fd), absl::StrCat("path: ", Quote(request.path())));
+  if (!file.ok()) return file.status();
+  std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
+  uint64_t bytes = 0;
+  for (const auto& layer : model.layers) {
+    for (bool bias : {false, true}) {
+      if (bias && !layer.spec.bias) continue;
+      const std::string name =
+          absl::StrCat(request.prefix(), layer.spec.name, bias ? ".bias" : ".weight");
+      const SafetensorsTensor* t = file->Find(name);
+      if (t == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("path: ", Quote(request.path()), " has no tensor ", Quote(name),
+                         " for layer ", Quote(layer.spec.name), " (prefix ",
+                         Quote(request.prefix()), ")"));
+      }
+      const std::vector<int64_t> want =
+          bias ? std::vector<int64_t>{layer.spec.out_features}
+               : std::vector<int64_t>{layer.spec.out_features, layer.spec.in_features};
+      if (t->shape != want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "path: tensor ", Quote(name), " has shape [", absl::StrJoin(t->shape, ", "),
+            "], layer ", Quote(layer.spec.name), " expects [", absl::StrJoin(want, ", "), "]"));
+      }
+      StoredTensor stored;
+      const uint64_t size = TensorElements(layer.spec, bias) * sizeof(float);
+      MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), size,
+                                     absl::StrCat("tensor ", Quote(name)), stored.reservation));
+      MX_ASSIGN_OR_RETURN(stored.values, file->ReadFloat32(name));
+      bytes += t->end - t->begin;
+      tensors.emplace_back(StagedTensorKey{layer.spec.name, bias}, std::move(stored));
+    }
+  }
+  const uint64_t staged = tensors.size();
+  MX_ASSIGN_OR_RETURN(const uint64_t version, core_.registry->Stage(request.model(),
+                                                                    std::move(tensors),
+                                                                    request.publish()));
+  core_.UpdateMemoryGauges();
+  response->set_model(request.model());
+  response->set_tensors_staged(staged);
+  response->set_bytes_received(bytes);
+  response->set_weight_version(version);
+  Log(LogLevel::kInfo, "weights_staged",
+      {{"model", request.model()},
+       {"tensors", absl::StrCat(staged)},
+       {"source", Quote(request.path())}});
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::PublishVersionRequest, v1::ModelInfo>;
+  return Call::Start(core_, Rpc::kPublishVersion, context, request, response, [this](Call& call) {
+    PublishAndWarm(core_, call.request().model(), [this, &call](absl::StatusOr<uint64_t> version) {
+      absl::Status status = version.status();
+      if (status.ok()) {
+        absl::StatusOr<ModelSummary> summary = core_.registry->Describe(call.request().model());
+        if (summary.ok()) FillModelInfo(*summary, call.response());
+        status = summary.status();
+      }
+      call.Answer(status);
+    });
+  });
+}
+
+grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return ServeNow<v1::ListModelsRequest, v1::ListModelsResponse>(
+      core_, Rpc::kListModels, context, request, response,
+      [this](const v1::ListModelsRequest&, v1::ListModelsResponse* out) {
+        for (const ModelSummary& s : core_.registry->List()) FillModelInfo(s, out->add_models());
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ModelsService::DescribeModel(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return ServeNow<v1::DescribeModelRequest, v1::ModelInfo>(
+      core_, Rpc::kDescribeModel, context, request, response,
+      [this](const v1::DescribeModelRequest& r, v1::ModelInfo* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(ModelSummary summary, core_.registry->Describe(r.name()));
+        FillModelInfo(summary, out);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return ServeNow<v1::DeleteModelRequest, v1::DeleteModelResponse>(
+      core_, Rpc::kDeleteModel, context, request, response,
+      [this](const v1::DeleteModelRequest& r, v1::DeleteModelResponse* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(const uint64_t freed, core_.registry->Delete(r.name()));
+        out->set_freed_bytes(freed);
+        core_.UpdateMemoryGauges();
+        Log(LogLevel::kInfo, "model_deleted",
+            {{"model", r.name()}, {"freed_bytes", absl::StrCat(freed)}});
+        return absl::OkStatus();
+      });
+}
+
+}  // namespace mxserve

@@ -1,0 +1,127 @@
+#include "server/rpc/policies_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "mx/status_macros.h"
+#include "server/rpc/call.h"
+#include "server/telemetry/log.h"
+#include "server/compute/wire.h"
+
+namespace mxserve {
+namespace {
+
+void FillPolicyInfo(const StoredPolicy& stored, v1::PolicyInfo* info) {
+  info->set_name(stored.policy->name);
+  info->set_json(PolicyToJson(*stored.policy));
+  info->set_builtin(stored.builtin);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* PoliciesService::PutPolicy(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return ServeNow<v1::PutPolicyRequest, v1::PolicyInfo>(
+      core_, Rpc::kPutPolicy, context, request, response,
+      [this](const auto& r, auto* out) { return Put(r, out); });
+}
+
+grpc::ServerUnaryReactor* PoliciesService::GetPolicy(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return ServeNow<v1::GetPolicyRequest, v1::PolicyInfo>(
+      core_, Rpc::kGetPolicy, context, request, response,
+      [this](const auto& r, auto* out) { return Get(r, out); });
+}
+
+grpc::ServerUnaryReactor* PoliciesService::ListPolicies(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return ServeNow<v1::ListPoliciesRequest, v1::ListPoliciesResponse>(
+      core_, Rpc::kListPolicies, context, request, response,
+      [this](const auto&, auto* out) { return List(out); });
+}
+
+grpc::ServerUnaryReactor* PoliciesService::DeletePolicy(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return ServeNow<v1::DeletePolicyRequest, v1::DeletePolicyResponse>(
+      core_, Rpc::kDeletePolicy, context, request, response,
+      [this](const auto& r, auto*) { return Delete(r); });
+}
+
+grpc::ServerUnaryReactor* PoliciesService::SetActivePolicy(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return ServeNow<v1::SetActivePolicyRequest, v1::SetActivePolicyResponse>(
+      core_, Rpc::kSetActivePolicy, context, request, response,
+      [this](const auto& r, auto* out) { return SetActive(r, out); });
+}
+
+grpc::ServerUnaryReactor* PoliciesService::ResolvePolicy(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeNow<v1::ResolvePolicyRequest, v1::ResolvePolicyResponse>(
+      core_, Rpc::kResolvePolicy, context, request, response,
+      [this](const auto& r, auto* out) { return Resolve(r, out); });
+}
+
+absl::Status PoliciesService::Put(const v1::PutPolicyRequest& request, v1::PolicyInfo* response) {
+  MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Put(request.json()));
+  FillPolicyInfo(stored, response);
+  Log(LogLevel::kInfo, "policy_put", {{"policy", stored.policy->name}});
+  return absl::OkStatus();
+}
+
+absl::Status PoliciesService::Get(const v1::GetPolicyRequest& request, v1::PolicyInfo* response) {
+  MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Get(request.name()));
+  FillPolicyInfo(stored, response);
+  return absl::OkStatus();
+}
+
+absl::Status PoliciesService::List(v1::ListPoliciesResponse* response) {
+  for (const StoredPolicy& stored : core_.policies->List()) {
+    FillPolicyInfo(stored, response->add_policies());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PoliciesService::Delete(const v1::DeletePolicyRequest& request) {
+  MX_RETURN_IF_ERROR(core_.policies->Delete(request.name(), [this](absl::string_view name) {
+    return name == core_.default_policy || core_.registry->PolicyInUse(name);
+  }));
+  Log(LogLevel::kInfo, "policy_deleted", {{"policy", request.name()}});
+  return absl::OkStatus();
+}
+
+absl::Status PoliciesService::SetActive(const v1::SetActivePolicyRequest& request,
+                                        v1::SetActivePolicyResponse* response) {
+  MX_RETURN_IF_ERROR(core_.policies->Get(request.policy(), "policy").status());
+  MX_ASSIGN_OR_RETURN(std::string previous,
+                      core_.registry->SetPolicy(request.model(), request.policy()));
+  response->set_previous_policy(previous);
+  Log(LogLevel::kInfo, "policy_activated",
+      {{"model", request.model()}, {"policy", request.policy()}, {"previous", previous}});
+  return absl::OkStatus();
+}
+
+absl::Status PoliciesService::Resolve(const v1::ResolvePolicyRequest& request,
+                                      v1::ResolvePolicyResponse* response) {
+  MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request.model()));
+  const std::string name = request.policy().empty() ? model.policy : request.policy();
+  MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Get(name, "policy"));
+  response->set_policy(name);
+  for (Phase phase : kAllPhases) {
+    for (const auto& layer : model.layers) {
+      const ResolvedFormat resolved =
+          ::mxserve::Resolve(*stored.policy, phase, layer.spec.name, layer.sensitive);
+      v1::ResolvedFormat* entry = response->add_entries();
+      entry->set_phase(ToProto(phase));
+      entry->set_layer(layer.spec.name);
+      entry->set_format(ToProto(resolved.format));
+      entry->set_rule(resolved.rule);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mxserve

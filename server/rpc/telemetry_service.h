@@ -1,0 +1,57 @@
+// mxserve.v1.Telemetry: power samples in, energy reports out.
+//
+// Power samples come from outside the daemon and become metric labels and
+// ledger entries, so they are bounded: source and device names are short and
+// plain, the daemon's own sources ("fpga", "fpga_model") are reserved, the
+// (source, device) pairs are capped (--max-power-series) or listed
+// (--power-sources), and a sample must be plausible (watts up to
+// --max-power-watts, a timestamp near the daemon's clock).
+#pragma once
+
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "mxserve/v1/telemetry.grpc.pb.h"
+#include "server/rpc/core.h"
+
+namespace mxserve {
+
+// Sources the daemon books itself; clients cannot report as them.
+inline constexpr const char* kReservedPowerSources[] = {"fpga", "fpga_model"};
+// A sample may be this far ahead of the daemon's clock (clocks drift)...
+inline constexpr double kMaxPowerClockAheadSeconds = 60;
+// ... and at most this old (the energy ledger's resolution window).
+inline constexpr double kMaxPowerSampleAgeSeconds = 24 * 3600;
+// Consecutive samples of a device further apart than this are not integrated:
+// the later one starts a new integration, as a new stream would.
+inline constexpr double kMaxPowerGapSeconds = 60;
+
+using RawTelemetryService = v1::Telemetry::WithRawCallbackMethod_ReportPower<
+    v1::Telemetry::WithRawCallbackMethod_GetEnergyReport<v1::Telemetry::Service>>;
+
+class TelemetryService final : public RawTelemetryService {
+ public:
+  explicit TelemetryService(const Core& core) : core_(core) {}
+
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ReportPower(grpc::CallbackServerContext* context,
+                                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetEnergyReport(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
+
+  // OK when samples of (source, device) may be accounted: the source is not
+  // reserved and is allowed, and the pair is known or there is room for it.
+  // Errors name `field`.
+  absl::Status AdmitSeries(const std::string& source, const std::string& device,
+                           absl::string_view field);
+
+ private:
+  const Core& core_;
+  std::mutex mu_;
+  std::set<std::pair<std::string, std::string>> series_;  // admitted (source, device)
+};
+
+}  // namespace mxserve

@@ -1,0 +1,137 @@
+// The daemon's Prometheus metrics (prefix mxserve_, base units, low-cardinality
+// labels rpc/phase/format/backend/source/code). Handles for the hot path — one
+// per (rpc, phase, format) and per (source, phase) — are created on first use
+// and then read from fixed arrays, so serving a request never looks a metric up
+// by its labels.
+//
+// The list of families with their meaning is in server/README.md ("Metrics").
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "mx/format.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/base/phase.h"
+
+namespace mxserve {
+
+// Every RPC the daemon serves, for the `rpc` label.
+enum class Rpc : int {
+  kGemm,
+  kLayerForward,
+  kLayerBackward,
+  kStream,
+  kRegisterModel,
+  kUploadWeights,
+  kLoadSafetensors,
+  kPublishVersion,
+  kListModels,
+  kDescribeModel,
+  kDeleteModel,
+  kPutPolicy,
+  kGetPolicy,
+  kListPolicies,
+  kDeletePolicy,
+  kSetActivePolicy,
+  kResolvePolicy,
+  kReportPower,
+  kGetEnergyReport,
+  kCount,
+};
+absl::string_view RpcName(Rpc rpc);
+
+// The work of one completed compute request.
+struct ComputeRecord {
+  Rpc rpc;  // kGemm, kLayerForward or kLayerBackward
+  Phase phase;
+  mx::Format format;
+  double latency_seconds = 0;  // arrival to response
+  double queue_seconds = 0;
+  double flops = 0;
+  double bytes = 0;          // bytes the FPGA model moves for it
+  double model_seconds = 0;  // the FPGA model's time and energy
+  double model_joules = 0;
+};
+
+class Metrics {
+ public:
+  explicit Metrics(std::string backend);
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // Counts, latency, queue time, FLOPs, bytes, and the fpga_model energy.
+  void RecordCompute(const ComputeRecord& record);
+  void RecordBatch(int size);
+  // Every finished RPC, by status code.
+  void RecordStatus(Rpc rpc, absl::StatusCode code);
+  void RecordQuantization(mx::Format format);
+  // Quantized weight copies evicted to make room (copy_cache.h).
+  void RecordEvictions(int copies) { evictions_->Increment(copies); }
+
+  void SetQueueDepth(double depth) { queue_depth_->Set(depth); }
+  void SetWeightBytes(double bytes) { weight_bytes_->Set(bytes); }
+  void SetModels(double models) { models_->Set(models); }
+
+  // Energy and busy time from measured power (ReportPower, board sensors).
+  void AddEnergy(const std::string& source, Phase phase, double joules, double busy_seconds);
+  void SetPower(const std::string& source, const std::string& device, double watts);
+
+ private:
+  static constexpr int kRpcs = static_cast<int>(Rpc::kCount);
+  static constexpr int kCodes = 17;
+  static constexpr int kFormats = 10;
+  static constexpr int kComputeRpcs = 3;
+  struct ComputeSeries {
+    prometheus::Counter* requests;
+    prometheus::Histogram* latency;
+    prometheus::Counter* flops;
+    prometheus::Counter* bytes;
+  };
+  struct EnergySeries {
+    prometheus::Counter* joules;
+    prometheus::Counter* busy;
+  };
+  ComputeSeries* Compute(Rpc rpc, Phase phase, mx::Format format);
+  EnergySeries* Energy(const std::string& source, Phase phase);
+
+  const std::string backend_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* requests_family_;
+  prometheus::Family<prometheus::Histogram>* latency_family_;
+  prometheus::Family<prometheus::Counter>* flops_family_;
+  prometheus::Family<prometheus::Counter>* bytes_family_;
+  prometheus::Family<prometheus::Counter>* status_family_;
+  prometheus::Family<prometheus::Counter>* quantizations_family_;
+  prometheus::Family<prometheus::Counter>* energy_family_;
+  prometheus::Family<prometheus::Counter>* busy_family_;
+  prometheus::Family<prometheus::Gauge>* power_family_;
+  std::array<prometheus::Histogram*, 3> queue_;  // per phase
+  prometheus::Histogram* batch_size_;
+  prometheus::Counter* evictions_;
+  prometheus::Gauge* queue_depth_;
+  prometheus::Gauge* weight_bytes_;
+  prometheus::Gauge* models_;
+
+  std::mutex mu_;  // guards creation of the lazily made series below
+  std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * kFormats> compute_{};
+  std::array<std::atomic<prometheus::Counter*>, kRpcs * kCodes> status_{};
+  std::array<std::atomic<prometheus::Counter*>, kFormats> quantizations_{};
+  std::array<std::atomic<EnergySeries*>, 3> model_energy_{};  // source fpga_model
+  std::map<std::tuple<std::string, Phase>, std::unique_ptr<EnergySeries>> energy_;
+  std::map<std::tuple<int, int, int>, std::unique_ptr<ComputeSeries>> compute_storage_;
+  std::map<std::tuple<std::string, std::string>, prometheus::Gauge*> power_;
+};
+
+}  // namespace mxserve
