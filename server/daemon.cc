@@ -2,8 +2,8 @@
 
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -12,13 +12,13 @@
 #include "grpcpp/server_builder.h"
 #include "mx/status_macros.h"
 #include "prometheus/exposer.h"
-#include "server/rpc/compute_service.h"
+#include "server/base/quote.h"
 #include "server/energy_model_default.h"
-#include "server/telemetry/log.h"
+#include "server/rpc/compute_service.h"
 #include "server/rpc/models_service.h"
 #include "server/rpc/policies_service.h"
-#include "server/base/quote.h"
 #include "server/rpc/telemetry_service.h"
+#include "server/telemetry/log.h"
 
 namespace mxserve {
 
@@ -69,8 +69,8 @@ absl::StatusOr<fpga_model::EnergyModelParams> LoadModel(const std::string& path)
 void ProtobufLog(google::protobuf::LogLevel level, const char* filename, int line,
                  const std::string& message) {
   if (absl::StrContains(message, "parsing a protocol buffer")) return;
-  Log(level >= google::protobuf::LOGLEVEL_ERROR ? LogLevel::kError : LogLevel::kWarning,
-      "protobuf", {{"message", CapMessage(message)}, {"at", absl::StrCat(filename, ":", line)}});
+  Log(level >= google::protobuf::LOGLEVEL_ERROR ? LogLevel::kError : LogLevel::kWarning, "protobuf",
+      {{"message", CapMessage(message)}, {"at", absl::StrCat(filename, ":", line)}});
 }
 
 constexpr const char* kServices[] = {"mxserve.v1.Compute", "mxserve.v1.Models",
@@ -91,23 +91,26 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->options = options;
   const int hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   MX_ASSIGN_OR_RETURN(
-      s->backend,
-      MakeBackend(options.backend,
-                  {.kernel_threads =
-                       options.kernel_threads > 0 ? options.kernel_threads : hardware_threads,
-                   .xclbin = options.xclbin,
-                   .fpga_device = static_cast<unsigned>(options.fpga_device)}));
+      s->backend, MakeBackend(options.backend,
+                              {.kernel_threads = options.kernel_threads > 0 ? options.kernel_threads
+                                                                            : hardware_threads,
+                               .xclbin = options.xclbin,
+                               .fpga_device = static_cast<unsigned>(options.fpga_device)}));
   MX_ASSIGN_OR_RETURN(s->core.energy_model, LoadModel(options.energy_model));
   MX_ASSIGN_OR_RETURN(s->policies, PolicyStore::Create(options.policy_dir));
   if (!s->policies->Get(options.default_policy).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--default-policy: no policy named '",
-                                                   options.default_policy, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--default-policy: no policy named '", options.default_policy, "'"));
   }
   MX_ASSIGN_OR_RETURN(s->model_dirs, ModelDirs::Create(options.model_dirs));
   s->budget = std::make_unique<MemoryBudget>(options.weight_memory_bytes);
   s->metrics = std::make_unique<Metrics>(options.backend);
   s->registry = std::make_unique<Registry>(
-      s->budget.get(), [metrics = s->metrics.get()](int evicted) { metrics->RecordEvictions(evicted); });
+      s->budget.get(),
+      [backend = s->backend.get()](mx::QuantizedMatrix w) {
+        return backend->PrepareWeight(std::move(w));
+      },
+      [metrics = s->metrics.get()](int evicted) { metrics->RecordEvictions(evicted); });
   s->ledger = std::make_unique<EnergyLedger>();
   Scheduler::Options scheduler_options;
   scheduler_options.workers =
@@ -171,10 +174,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   s->grpc_address = WithPort(options.listen, port);
   grpc::HealthCheckServiceInterface* health = s->server->GetHealthCheckService();
-  health->SetServingStatus(false);
-  for (const char* service : kServices) health->SetServingStatus(service, false);
-  // The CPU and null backends are ready once constructed; an FPGA backend would
-  // report readiness after loading its xclbin.
+  // Every backend is ready once made: the fpga backend opened its card and
+  // loaded the xclbin in MakeBackend, before the server was built.
   health->SetServingStatus(true);
   for (const char* service : kServices) health->SetServingStatus(service, true);
   return std::unique_ptr<Daemon>(new Daemon(std::move(s)));

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
-#include <list>
-#include <map>
 #include <mutex>
 #include <utility>
 
@@ -32,51 +30,25 @@ xrt::bo ToDeviceBo(const xrt::device& device, const xrt::kernel& kernel, int arg
 
 }  // namespace
 
+// W in device buffers (xrt::bo copies share the buffer).
+struct XrtWeight::Buffers {
+  xrt::bo elements, scales;
+  mx::Format format;
+  uint64_t bytes;  // HBM the two buffers take
+};
+
 struct XrtGemmDevice::Impl {
   XrtOptions options;
   xrt::device device;
   xrt::kernel kernel;
-  std::mutex run_mu;    // one run at a time on the one kernel instance
-  std::mutex cache_mu;  // the resident-weight cache
+  std::mutex run_mu;  // one run at a time on the one kernel instance
 
-  // W in device buffers (xrt::bo copies share the buffer).
-  struct DeviceWeight {
-    xrt::bo elements, scales;
-    mx::Format format;
-    uint64_t bytes;  // HBM the two buffers take
-  };
+  using DeviceWeight = XrtWeight::Buffers;
   DeviceWeight Upload(const mx::QuantizedMatrix& w) {
     const DeviceOperand d = ToDevice(w);
-    return {ToDeviceBo(device, kernel, kW, d.elements), ToDeviceBo(device, kernel, kWScales, d.scales),
-            d.format, (d.elements.size() + d.scales.size()) * sizeof(mxhls::Word)};
-  }
-
-  // Resident weights, most recently used first.
-  struct Resident {
-    mx::kernels::PackedWeight weight;  // keeps the panels (the key) alive
-    DeviceWeight on_device;
-  };
-  std::list<Resident> lru;
-  std::map<const void*, std::list<Resident>::iterator> by_panels;
-  uint64_t resident_bytes = 0;
-
-  DeviceWeight ResidentWeight(const mx::kernels::PackedWeight& w) {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    const void* key = &w.panels();
-    if (auto it = by_panels.find(key); it != by_panels.end()) {
-      lru.splice(lru.begin(), lru, it->second);
-      return lru.front().on_device;
-    }
-    DeviceWeight on_device = Upload(w.Unpacked());
-    while (!lru.empty() && resident_bytes + on_device.bytes > options.weight_cache_bytes) {
-      resident_bytes -= lru.back().on_device.bytes;
-      by_panels.erase(&lru.back().weight.panels());
-      lru.pop_back();
-    }
-    resident_bytes += on_device.bytes;
-    lru.push_front({w, std::move(on_device)});
-    by_panels[key] = lru.begin();
-    return lru.front().on_device;
+    return {ToDeviceBo(device, kernel, kW, d.elements),
+            ToDeviceBo(device, kernel, kWScales, d.scales), d.format,
+            (d.elements.size() + d.scales.size()) * sizeof(mxhls::Word)};
   }
 
   // X up, the kernel run, Y down. Transfers happen outside the run lock, so one
@@ -98,8 +70,8 @@ struct XrtGemmDevice::Impl {
     {
       std::lock_guard<std::mutex> lock(run_mu);
       xrt::run run = kernel(x_bo, xs_bo, w.elements, w.scales, bias_bo, y_bo,
-                            static_cast<int>(x.rows), static_cast<int>(n),
-                            static_cast<int>(x.cols), ControlWord(x.format, w.format, !bias.empty()));
+                            static_cast<int>(x.rows), static_cast<int>(n), static_cast<int>(x.cols),
+                            ControlWord(x.format, w.format, !bias.empty()));
       run.wait();
     }
     y_bo.sync(XCL_BO_SYNC_BO_FROM_DEVICE);
@@ -107,6 +79,12 @@ struct XrtGemmDevice::Impl {
     return KernelName(x.format, w.format);
   }
 };
+
+XrtWeight::XrtWeight(std::unique_ptr<Buffers> buffers, mx::Format format, int64_t rows,
+                     int64_t cols, uint64_t bytes)
+    : buffers_(std::move(buffers)), format_(format), rows_(rows), cols_(cols), bytes_(bytes) {}
+
+XrtWeight::~XrtWeight() = default;
 
 absl::StatusOr<std::unique_ptr<XrtGemmDevice>> XrtGemmDevice::Open(const XrtOptions& options) {
   if (options.xclbin_path.empty()) {
@@ -153,16 +131,26 @@ std::optional<double> XrtGemmDevice::LatestPowerWatts() const {
   return watts;
 }
 
-absl::StatusOr<std::string> XrtGemmDevice::Linear(const mx::QuantizedMatrix& x,
-                                                  const mx::kernels::PackedWeight& w,
-                                                  std::span<const float> bias,
-                                                  std::span<float> y) {
+absl::StatusOr<std::shared_ptr<const XrtWeight>> XrtGemmDevice::Upload(
+    const mx::QuantizedMatrix& w) {
+  try {
+    auto buffers = std::make_unique<XrtWeight::Buffers>(impl_->Upload(w));
+    const uint64_t bytes = buffers->bytes;
+    return std::shared_ptr<const XrtWeight>(
+        new XrtWeight(std::move(buffers), w.format, w.rows, w.cols, bytes));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("fpga: uploading a weight: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> XrtGemmDevice::Linear(const mx::QuantizedMatrix& x, const XrtWeight& w,
+                                                  std::span<const float> bias, std::span<float> y) {
   if (absl::Status s = CheckKernelShapes(x.rows, w.rows(), x.cols, w.cols(), bias.size(), y.size());
       !s.ok()) {
     return s;
   }
   try {
-    return impl_->Run(x, impl_->ResidentWeight(w), w.rows(), bias, y);
+    return impl_->Run(x, w.buffers(), w.rows(), bias, y);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("fpga: ", e.what()));
   }
@@ -170,8 +158,7 @@ absl::StatusOr<std::string> XrtGemmDevice::Linear(const mx::QuantizedMatrix& x,
 
 absl::StatusOr<std::string> XrtGemmDevice::Linear(const mx::QuantizedMatrix& x,
                                                   const mx::QuantizedMatrix& w,
-                                                  std::span<const float> bias,
-                                                  std::span<float> y) {
+                                                  std::span<const float> bias, std::span<float> y) {
   if (absl::Status s = CheckKernelShapes(x.rows, w.rows, x.cols, w.cols, bias.size(), y.size());
       !s.ok()) {
     return s;

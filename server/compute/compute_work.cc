@@ -138,7 +138,7 @@ mx::QuantizedMatrix Stack(std::vector<mx::QuantizedMatrix>& parts) {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> WeightCopy(
+absl::StatusOr<std::shared_ptr<const PreparedWeight>> WeightCopy(
     const ComputeContext& core, const LayerWeights& weights, mx::Format format, WeightLayout layout) {
   MX_ASSIGN_OR_RETURN(auto copy, weights.Get(format, layout, core.registry->budget()));
   if (copy.created) {
@@ -260,7 +260,7 @@ class ForwardItem final : public ComputeItem {
       }
       return;
     }
-    absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> w =
+    absl::StatusOr<std::shared_ptr<const PreparedWeight>> w =
         WeightCopy(core_, weights, weight_format_, WeightLayout::kForward);
     if (!w.ok()) {
       for (WorkItem* item : batch) item->Fail(w.status());
@@ -369,7 +369,7 @@ class BackwardItem final : public ComputeItem {
               model, 0);
       return done_(absl::OkStatus());
     }
-    absl::StatusOr<std::shared_ptr<const mx::kernels::PackedWeight>> wt =
+    absl::StatusOr<std::shared_ptr<const PreparedWeight>> wt =
         WeightCopy(core_, weights, format_, WeightLayout::kTransposed);
     if (!wt.ok()) return Fail(wt.status());
     absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});

@@ -46,9 +46,4 @@ int CopyCache::EvictUntil(const std::function<bool()>& fits) {
   return evicted;
 }
 
-size_t CopyCache::size() const {
-  std::lock_guard lock(mu_);
-  return entries_.size();
-}
-
 }  // namespace mxserve

@@ -9,20 +9,22 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 
-#include "mx/kernels/linear.h"
+#include "absl/base/thread_annotations.h"
 #include "server/model/memory_budget.h"
+#include "server/model/prepared_weight.h"
 
 namespace mxserve {
 
-// A quantized copy and its share of the budget (released when the last holder
+// A prepared copy and its share of the budget (released when the last holder
 // of the copy is gone).
 struct CachedCopy {
-  std::shared_ptr<const mx::kernels::PackedWeight> weight;
+  std::shared_ptr<const PreparedWeight> weight;
   Reservation reservation;
 };
 
@@ -36,16 +38,15 @@ class CopyCache {
   // Evicts least recently used copies until `fits()` says yes or none is left;
   // returns how many were evicted. Copies are released outside the lock.
   int EvictUntil(const std::function<bool()>& fits);
-  size_t size() const;
 
  private:
   struct Entry {
     const void* owner;
     std::shared_ptr<const CachedCopy> copy;
   };
-  mutable std::mutex mu_;
-  std::list<Entry> entries_;  // least recently used first
-  std::unordered_map<const CachedCopy*, std::list<Entry>::iterator> index_;
+  std::mutex mu_;
+  std::list<Entry> entries_ ABSL_GUARDED_BY(mu_);  // least recently used first
+  std::unordered_map<const CachedCopy*, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mxserve

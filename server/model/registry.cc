@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
 #include "mx/kernels/quantize_fast.h"
-#include "server/policy/layer_sensitivity.h"
 #include "server/base/quote.h"
+#include "server/policy/layer_sensitivity.h"
 
 namespace mxserve {
 namespace {
@@ -20,7 +20,8 @@ absl::Status ModelNotFound(absl::string_view name) {
 
 }  // namespace
 
-Registry::Registry(MemoryBudget* budget, std::function<void(int)> on_evict) : budget_(budget) {
+Registry::Registry(MemoryBudget* budget, WeightPreparer prepare, std::function<void(int)> on_evict)
+    : budget_(budget), prepare_(std::move(prepare)) {
   budget_->SetReclaimer([this, on_evict = std::move(on_evict)](uint64_t bytes) {
     const int evicted = copies_.EvictUntil([this, bytes] { return budget_->Fits(bytes); });
     if (evicted > 0 && on_evict) on_evict(evicted);
@@ -37,9 +38,7 @@ bool ValidModelName(absl::string_view name) {
   return true;
 }
 
-LayerWeights::~LayerWeights() {
-  if (copies_ != nullptr) copies_->Forget(this);
-}
+LayerWeights::~LayerWeights() { copies_.Forget(this); }
 
 absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, WeightLayout layout,
                                                           MemoryBudget& budget) const {
@@ -47,9 +46,8 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   auto key = std::make_pair(format, layout);
   if (auto it = cache_.find(key); it != cache_.end()) {
     if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
-      if (copies_ != nullptr) copies_->Touch(this, copy);  // back in the cache if it was evicted
-      return Quantized{std::shared_ptr<const mx::kernels::PackedWeight>(copy, copy->weight.get()),
-                       false};
+      copies_.Touch(this, copy);  // back in the cache if it was evicted
+      return Quantized{std::shared_ptr<const PreparedWeight>(copy, copy->weight.get()), false};
     }
     cache_.erase(it);  // evicted and released: make it again
   }
@@ -60,24 +58,20 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
           : mx::kernels::QuantizeColumns(weight_->values, spec_.out_features, spec_.in_features,
                                          format);
   if (!q.ok()) return q.status();
-  absl::StatusOr<mx::kernels::PackedWeight> packed = mx::kernels::PackedWeight::Pack(*q);
-  if (!packed.ok()) return packed.status();
+  absl::StatusOr<std::shared_ptr<const PreparedWeight>> prepared = prepare_(*std::move(q));
+  if (!prepared.ok()) return prepared.status();
   auto copy = std::make_shared<CachedCopy>();
   const std::string what =
       absl::StrCat("the ", mx::FormatName(format), " copy of layer ", Quote(spec_.name));
-  if (absl::Status s = ReserveInto(budget, packed->bytes(), what, copy->reservation); !s.ok()) {
+  if (absl::Status s = ReserveInto(budget, (*prepared)->bytes(), what, copy->reservation);
+      !s.ok()) {
     return s;
   }
-  copy->weight = std::make_shared<const mx::kernels::PackedWeight>(*std::move(packed));
+  copy->weight = *std::move(prepared);
   std::shared_ptr<const CachedCopy> held = std::move(copy);
   cache_[key] = held;
-  if (copies_ != nullptr) {
-    copies_->Touch(this, held);
-  } else {
-    owned_.push_back(held);
-  }
-  return Quantized{std::shared_ptr<const mx::kernels::PackedWeight>(held, held->weight.get()),
-                   true};
+  copies_.Touch(this, held);
+  return Quantized{std::shared_ptr<const PreparedWeight>(held, held->weight.get()), true};
 }
 
 std::vector<mx::Format> LayerWeights::CachedFormats() const {
@@ -101,9 +95,9 @@ uint64_t LayerWeights::Bytes() const {
 absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> layers,
                                 const std::string& policy) {
   if (!ValidModelName(name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "name: ", Quote(name), " is not a model name; expected 1-", kMaxModelNameChars,
-        " of [A-Za-z0-9._-]"));
+    return absl::InvalidArgumentError(absl::StrCat("name: ", Quote(name),
+                                                   " is not a model name; expected 1-",
+                                                   kMaxModelNameChars, " of [A-Za-z0-9._-]"));
   }
   if (layers.empty()) {
     return absl::InvalidArgumentError("layers: a model needs at least one layer");
@@ -117,9 +111,9 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
     const LayerSpec& spec = layers[i];
     const std::string field = absl::StrCat("layers[", i, "]");
     if (spec.name.empty() || spec.name.size() > kMaxLayerNameChars) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".name: expected a non-empty name of at most ", kMaxLayerNameChars,
-          " characters, got ", Quote(spec.name)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name: expected a non-empty name of at most ", kMaxLayerNameChars,
+                       " characters, got ", Quote(spec.name)));
     }
     if (spec.out_features <= 0 || spec.out_features > kMaxDimension) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".out_features: expected 1 to ",
@@ -141,10 +135,10 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   }
   // Cached copies give way to a new model's masters.
   if (!budget_->MakeRoom(fp32_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "layers: the model's FP32 weights need ", fp32_bytes, " bytes, but only ",
-        budget_->limit() - std::min(budget_->limit(), budget_->used()),
-        " of the weight memory limit (--weight-memory-bytes) are free"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("layers: the model's FP32 weights need ", fp32_bytes, " bytes, but only ",
+                     budget_->limit() - std::min(budget_->limit(), budget_->used()),
+                     " of the weight memory limit (--weight-memory-bytes) are free"));
   }
   model->sensitive = DefaultSensitiveLayers(names);
   model->layers = std::move(layers);
@@ -175,8 +169,9 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
   }
   const Model& m = **model;
   if (m.version == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model: ", Quote(model_name), " has no published weights yet (upload, then PublishVersion)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model: ", Quote(model_name),
+                     " has no published weights yet (upload, then PublishVersion)"));
   }
   if (m.version < min_version) {
     return absl::FailedPreconditionError(
@@ -186,8 +181,7 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
   return LayerView{m.published[it->second], m.sensitive[it->second], m.policy};
 }
 
-absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name,
-                                              absl::string_view layer,
+absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name, absl::string_view layer,
                                               absl::string_view field) const {
   std::lock_guard lock(mu_);
   absl::StatusOr<const Model*> model = FindModel(model_name);
@@ -215,8 +209,8 @@ absl::Status Registry::CheckPublishable(const Model& model, const StagedMap& sta
           absl::StrCat("layer: ", Quote(spec.name), " has no weight staged or published"));
     }
     if (spec.bias && !has_bias) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("layer: ", Quote(spec.name), " is declared with a bias, but none is staged"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer: ", Quote(spec.name), " is declared with a bias, but none is staged"));
     }
   }
   return absl::OkStatus();
@@ -235,7 +229,7 @@ uint64_t Registry::PublishLocked(Model& model) {
     if (!weight) weight = previous->weight_tensor();
     if (!bias && spec.bias) bias = previous->bias_tensor();
     model.published[i] =
-        std::make_shared<const LayerWeights>(spec, version, weight, bias, &copies_);
+        std::make_shared<const LayerWeights>(spec, version, weight, bias, copies_, prepare_);
   }
   model.staged.clear();
   model.version = version;
@@ -252,8 +246,8 @@ absl::StatusOr<uint64_t> Registry::Stage(
   StagedMap staged = model.staged;
   for (auto& [key, tensor] : tensors) {
     if (!model.index.contains(key.layer)) {
-      return absl::NotFoundError(absl::StrCat("layer: model ", Quote(model_name),
-                                              " has no layer ", Quote(key.layer)));
+      return absl::NotFoundError(
+          absl::StrCat("layer: model ", Quote(model_name), " has no layer ", Quote(key.layer)));
     }
     staged[key] = std::make_shared<const StoredTensor>(std::move(tensor));
   }
@@ -340,7 +334,8 @@ bool Registry::PolicyInUse(absl::string_view policy) const {
   return false;
 }
 
-absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(absl::string_view model_name) const {
+absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(
+    absl::string_view model_name) const {
   std::lock_guard lock(mu_);
   absl::StatusOr<const Model*> model = FindModel(model_name);
   if (!model.ok()) return model.status();

@@ -7,11 +7,12 @@
 // the weights under a running GEMM, and an old version is freed when its last
 // reader finishes.
 //
-// Each (layer, version, format, layout) is quantized once while its copy is
-// cached: LayerWeights hands the copy it made to every later request. All bytes
-// held — FP32 masters, staged tensors, quantized copies — count against one
-// MemoryBudget; copies are evicted, least recently used first, when something
-// else needs the room (copy_cache.h), and made again on their next use.
+// Each (layer, version, format, layout) is quantized once, and prepared once by
+// the backend (prepared_weight.h), while its copy is cached: LayerWeights hands
+// the copy it made to every later request. All bytes held — FP32 masters,
+// staged tensors, prepared copies — count against one MemoryBudget; copies are
+// evicted, least recently used first, when something else needs the room
+// (copy_cache.h), and made again on their next use.
 #pragma once
 
 #include <cstdint>
@@ -23,13 +24,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
-#include "mx/kernels/linear.h"
 #include "mx/packed.h"
 #include "server/model/copy_cache.h"
 #include "server/model/memory_budget.h"
+#include "server/model/prepared_weight.h"
 
 namespace mxserve {
 
@@ -53,14 +55,17 @@ enum class WeightLayout { kForward, kTransposed };
 // One layer at one published version. Values are immutable; the cache grows.
 class LayerWeights {
  public:
-  // `cache` (may be null: no eviction) keeps this version's copies.
+  // `cache` keeps this version's copies, `prepare` makes them; both outlive it
+  // (the registry owns them).
   LayerWeights(LayerSpec spec, uint64_t version, std::shared_ptr<const StoredTensor> weight,
-               std::shared_ptr<const StoredTensor> bias, CopyCache* cache = nullptr)
+               std::shared_ptr<const StoredTensor> bias, CopyCache& cache,
+               const WeightPreparer& prepare)
       : spec_(std::move(spec)),
         version_(version),
         weight_(std::move(weight)),
         bias_(std::move(bias)),
-        copies_(cache) {}
+        copies_(cache),
+        prepare_(prepare) {}
   ~LayerWeights();
   LayerWeights(const LayerWeights&) = delete;
   LayerWeights& operator=(const LayerWeights&) = delete;
@@ -74,13 +79,13 @@ class LayerWeights {
   }
 
   struct Quantized {
-    std::shared_ptr<const mx::kernels::PackedWeight> weight;
+    std::shared_ptr<const PreparedWeight> weight;
     bool created = false;  // false: served from the cache
   };
-  // The weight in `format` and `layout`, quantized and packed for the kernels on
-  // first use or after an eviction (under this layer's lock, so concurrent first
-  // users wait for one conversion). The budget is charged for the packed copy
-  // as a whole.
+  // The weight in `format` and `layout`, quantized and prepared by the backend
+  // on first use or after an eviction (under this layer's lock, so concurrent
+  // first users wait for one conversion). The budget is charged for the
+  // prepared copy as a whole.
   absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget) const;
 
   const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
@@ -96,12 +101,13 @@ class LayerWeights {
   const uint64_t version_;
   const std::shared_ptr<const StoredTensor> weight_;
   const std::shared_ptr<const StoredTensor> bias_;
-  CopyCache* const copies_;
+  CopyCache& copies_;
+  const WeightPreparer& prepare_;
   mutable std::mutex mu_;
-  // Strong references live in copies_ (or, without one, in owned_) and in the
-  // requests using a copy: an evicted copy expires here once they are done.
-  mutable std::map<std::pair<mx::Format, WeightLayout>, std::weak_ptr<const CachedCopy>> cache_;
-  mutable std::vector<std::shared_ptr<const CachedCopy>> owned_;
+  // Strong references live in copies_ and in the requests using a copy: an
+  // evicted copy expires here once they are done.
+  mutable std::map<std::pair<mx::Format, WeightLayout>, std::weak_ptr<const CachedCopy>> cache_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // A tensor an upload fills; committed to a model's staging area as a whole.
@@ -135,9 +141,11 @@ struct ModelSummary {
 
 class Registry {
  public:
-  // Installs the copy cache as `budget`'s reclaimer; `on_evict` (may be empty)
-  // is told how many copies each reclaim evicted.
-  explicit Registry(MemoryBudget* budget, std::function<void(int evicted)> on_evict = {});
+  // Installs the copy cache as `budget`'s reclaimer; `prepare` turns quantized
+  // weights into the backend's form; `on_evict` (may be empty) is told how
+  // many copies each reclaim evicted.
+  Registry(MemoryBudget* budget, WeightPreparer prepare,
+           std::function<void(int evicted)> on_evict = {});
 
   MemoryBudget& budget() const { return *budget_; }
 
@@ -157,7 +165,7 @@ class Registry {
   absl::StatusOr<uint64_t> Stage(absl::string_view model,
                                  std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
                                  bool publish);
-  // Makes the staged tensors version N+1; returns the new version's layers.
+  // Makes the staged tensors version N+1; returns the new version.
   absl::StatusOr<uint64_t> Publish(absl::string_view model);
   absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
   std::vector<ModelSummary> List() const;
@@ -189,9 +197,10 @@ class Registry {
   ModelSummary Summarize(const Model& model) const;
 
   MemoryBudget* budget_;
+  const WeightPreparer prepare_;
   CopyCache copies_;
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Model>, std::less<>> models_;
+  std::map<std::string, std::unique_ptr<Model>, std::less<>> models_ ABSL_GUARDED_BY(mu_);
 };
 
 // Name limits (server/README.md documents them).

@@ -11,9 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "server/telemetry/energy_ledger.h"
+#include "server/compute/backends/backend.h"
 #include "server/model/memory_budget.h"
 #include "server/model/registry.h"
+#include "server/telemetry/energy_ledger.h"
 
 namespace mxserve {
 namespace {
@@ -43,7 +44,10 @@ TEST(Concurrency, CopiesUploadsAndEvictionsKeepTheBudgetExact) {
   MemoryBudget budget(6 * kMasterBytes);
   std::atomic<int> evictions{0};
   {
-    Registry registry(&budget, [&](int n) { evictions += n; });
+    std::unique_ptr<Backend> cpu = MakeCpuBackend({});
+    Registry registry(
+        &budget, [&](mx::QuantizedMatrix w) { return cpu->PrepareWeight(std::move(w)); },
+        [&](int n) { evictions += n; });
     ASSERT_TRUE(registry.Register("m", {{"fc", kOut, kIn, false}}, "D-phase-adaptive").ok());
     std::vector<std::pair<StagedTensorKey, StoredTensor>> first;
     first.emplace_back(StagedTensorKey{"fc", false}, Master(budget, 1));
@@ -52,16 +56,16 @@ TEST(Concurrency, CopiesUploadsAndEvictionsKeepTheBudgetExact) {
     std::atomic<bool> stop{false};
     std::atomic<int> served{0}, refused{0};
     std::vector<std::thread> readers;
-    const mx::Format formats[] = {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3,
-                                  mx::Format::kBf16, mx::Format::kMxint8};
+    const mx::Format formats[] = {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3, mx::Format::kBf16,
+                                  mx::Format::kMxint8};
     for (int t = 0; t < 3; ++t) {
       readers.emplace_back([&, t] {
         for (int i = 0; !stop.load(); ++i) {
           absl::StatusOr<LayerView> view = registry.Lookup("m", "fc", 0);
           ASSERT_TRUE(view.ok()) << view.status();
           const mx::Format f = formats[(t + i) % 4];
-          auto copy = view->weights->Get(f, i % 3 ? WeightLayout::kForward
-                                                  : WeightLayout::kTransposed, budget);
+          auto copy = view->weights->Get(
+              f, i % 3 ? WeightLayout::kForward : WeightLayout::kTransposed, budget);
           if (copy.ok()) {
             EXPECT_EQ(copy->weight->format(), f);
             ++served;

@@ -1,15 +1,19 @@
 // The backend interface: where a GEMM actually runs. Every compute request of the
 // daemon reaches a backend as one call, Y = X·Wᵀ (+ bias), with both operands
-// already in their packed formats (a Gemm's B arrives transposed, a backward
-// pass's operands are arranged the same way by the caller).
+// quantized (a Gemm's B arrives transposed, a backward pass's operands are
+// arranged the same way by the caller). A layer's weight reaches it prepared:
+// the backend made it once, in its own form, when the registry first needed it.
 //
-//   cpu   the emulation of the FPGA datapath on the host (mx/ kernels)
+//   cpu      the emulation of the FPGA datapath on the host (mx/ kernels);
+//            weights are the kernels' packed panels            (cpu.cc)
 //   hls-sim  the FPGA kernel's C++ (fpga/hls) on the host: slow, bit-exact, and
-//            fed the very buffers the card would get
-//   fpga     the card through XRT (fpga/host/xrt_device); only in builds where
-//            CMake found XRT
-//   null  computes nothing and writes zeros of the right shape, so the daemon's
-//         own overhead can be measured apart from the arithmetic
+//            fed the very buffers the card would get; weights are those
+//            buffers                                           (hls_sim.cc)
+//   fpga     the card through XRT (fpga/host/xrt_device); weights are resident
+//            in HBM. Only in builds where CMake found XRT       (fpga.cc)
+//   null     computes nothing and writes zeros of the right shape, so the
+//            daemon's own overhead can be measured apart from the arithmetic;
+//            weights are nothing                               (null.cc)
 #pragma once
 
 #include <memory>
@@ -20,8 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "mx/kernels/linear.h"
 #include "mx/packed.h"
+#include "server/model/prepared_weight.h"
 
 namespace mxserve {
 
@@ -34,24 +38,24 @@ class Backend {
   // is left to measure is its own overhead (validation, scheduling, batching,
   // serialization), and answers zeros of the right shape.
   virtual bool computes() const { return true; }
+  // A layer's quantized weight (N rows of K) in this backend's own form, made
+  // once per (layer version, format, layout) and shared by every request.
+  virtual absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
+      mx::QuantizedMatrix w) = 0;
   // Y (x.rows × w.rows(), row-major) = X·Wᵀ + bias. x.cols == w.cols(), bias
   // empty or w.rows() values, y sized x.rows · w.rows(). Bits follow the numerics
-  // contract. W comes packed once, when the registry first quantized it. Returns
-  // the name of the kernel that ran (ExecutionInfo.kernel).
+  // contract. `w` is one this backend prepared. Returns the name of the kernel
+  // that ran (ExecutionInfo.kernel).
+  virtual absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const PreparedWeight& w,
+                                             std::span<const float> bias, std::span<float> y) = 0;
+  // The same with W for this call only: a Gemm's B, a backward pass's dYᵀ.
   virtual absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
-                                             const mx::kernels::PackedWeight& w,
-                                             std::span<const float> bias,
-                                             std::span<float> y) = 0;
+                                             const mx::QuantizedMatrix& w,
+                                             std::span<const float> bias, std::span<float> y) = 0;
   // Latest measured board power, watts (the fpga backend's sampler); nullopt
   // where nothing is measured. The daemon charges it to the "fpga" energy
   // source for the time each request keeps the device busy.
   virtual std::optional<double> BoardPowerWatts() const { return std::nullopt; }
-  // The same with W for this call only: a Gemm's B, a backward pass's dYᵀ. By
-  // default W is packed for the CPU kernels; backends that take the exchange
-  // layout (hls-sim, fpga) override it and skip that round trip.
-  virtual absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x,
-                                             const mx::QuantizedMatrix& w,
-                                             std::span<const float> bias, std::span<float> y);
 };
 
 // The backend names --backend accepts, for help and errors.
@@ -71,8 +75,23 @@ struct BackendOptions {
 // anything; INVALID_ARGUMENT naming --backend otherwise.
 absl::Status CheckBackendName(absl::string_view name);
 
-// INVALID_ARGUMENT naming --backend for an unknown name.
+// INVALID_ARGUMENT naming --backend for an unknown name. The fpga backend has
+// opened its card and loaded the xclbin when this returns.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,
                                                      const BackendOptions& options = {});
+
+// Each backend's maker (backends/<name>.cc).
+std::unique_ptr<Backend> MakeCpuBackend(const BackendOptions& options);
+std::unique_ptr<Backend> MakeHlsSimBackend();
+std::unique_ptr<Backend> MakeNullBackend();
+absl::StatusOr<std::unique_ptr<Backend>> MakeFpgaBackend(const BackendOptions& options);
+
+// The prepared weight `backend` made, as its own type; INTERNAL if another
+// backend made it (a daemon wiring error, never a client's).
+template <typename Prepared>
+absl::StatusOr<const Prepared*> Own(const PreparedWeight& w, absl::string_view backend) {
+  if (const auto* own = dynamic_cast<const Prepared*>(&w)) return own;
+  return absl::InternalError(std::string(backend) + ": the weight was prepared by another backend");
+}
 
 }  // namespace mxserve
