@@ -236,22 +236,41 @@ absl::Status ValidateLayout(const QuantizedMatrix& m) {
                                                    " matrix has more bytes than 64 bits count"));
   }
   const auto expect = [&](const char* field, size_t actual, uint64_t expected) {
-    return actual == expected
-               ? absl::OkStatus()
-               : absl::InvalidArgumentError(
-                     absl::StrCat(field, ": expected ", expected, " for a ", m.rows, "x", m.cols,
-                                  " ", FormatName(m.format), " matrix, got ", actual));
+    return actual == expected ? absl::OkStatus()
+                              : absl::InvalidArgumentError(absl::StrCat(
+                                    field, ": expected ", expected, " for a ", m.rows, "x", m.cols,
+                                    " ", FormatName(m.format), " matrix, got ", actual));
   };
-  if (absl::Status s =
-          expect("elements (bytes)", m.elements.size(), size->element_bytes);
+  if (absl::Status s = expect("elements (bytes)", m.elements.size(), size->element_bytes);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = expect("block_scales (bytes)", m.block_scales.size(), size->block_scale_bytes);
+  if (absl::Status s =
+          expect("block_scales (bytes)", m.block_scales.size(), size->block_scale_bytes);
       !s.ok()) {
     return s;
   }
   return expect("row_scales (floats)", m.row_scales.size(), size->row_scales);
+}
+
+absl::StatusOr<QuantizedMatrix> StackRows(std::span<const QuantizedMatrix> parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("StackRows: no parts");
+  QuantizedMatrix out;
+  out.format = parts.front().format;
+  out.cols = parts.front().cols;
+  for (const QuantizedMatrix& part : parts) {
+    if (part.format != out.format || part.cols != out.cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StackRows: a ", FormatName(part.format), " part of ", part.cols,
+                       " columns among ", FormatName(out.format), " parts of ", out.cols));
+    }
+    out.rows += part.rows;
+    out.elements.insert(out.elements.end(), part.elements.begin(), part.elements.end());
+    out.block_scales.insert(out.block_scales.end(), part.block_scales.begin(),
+                            part.block_scales.end());
+    out.row_scales.insert(out.row_scales.end(), part.row_scales.begin(), part.row_scales.end());
+  }
+  return out;
 }
 
 }  // namespace mx

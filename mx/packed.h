@@ -86,6 +86,12 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
                                                 Format format, const QuantizeOptions& options = {});
 
 // The element code at (row, col) and the value it stands for (scale applied).
+// The rows of `parts`, in order, as one matrix: several requests' inputs to one
+// weight as a single operand. Quantization is per row (per block along K), so
+// each row's bits are those it had alone. INVALID_ARGUMENT unless every part
+// has the first one's format and column count; `parts` must not be empty.
+absl::StatusOr<QuantizedMatrix> StackRows(std::span<const QuantizedMatrix> parts);
+
 uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col);
 float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col);
 

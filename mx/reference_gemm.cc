@@ -199,4 +199,12 @@ absl::StatusOr<std::vector<float>> ReferenceGemm(std::span<const float> a, Forma
   return ReferenceLinear(*qa, *qb);
 }
 
+std::vector<float> ColumnSums(std::span<const float> dy, int64_t rows, int64_t cols) {
+  std::vector<float> sums(static_cast<size_t>(cols), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) sums[c] += dy[r * cols + c];
+  }
+  return sums;
+}
+
 }  // namespace mx

@@ -43,6 +43,11 @@ absl::StatusOr<std::vector<float>> ReferenceGemm(std::span<const float> a, Forma
                                                  int64_t m, int64_t k, int64_t n,
                                                  const QuantizeOptions& options = {});
 
+// A linear layer's grad_bias: the column sums of dY (rows × cols, row-major),
+// in FP32, each column's rows added in ascending order starting from +0. The
+// order is part of the contract (FP32 addition does not associate).
+std::vector<float> ColumnSums(std::span<const float> dy, int64_t rows, int64_t cols);
+
 // value · 2^exponent rounded once to FP32, to nearest with ties to even, with
 // FP32 subnormals and overflow to ±Inf. The one rounding of an exact block dot.
 float RoundScaledToFloat(__int128 value, int exponent);

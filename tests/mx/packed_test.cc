@@ -117,4 +117,46 @@ TEST(Packed, ShapeErrorsNameTheFieldAndTheExpectation) {
             "block_scales (bytes): expected 2 for a 2x32 MXFP4_E2M1 matrix, got 3");
 }
 
+TEST(StackRows, EachRowKeepsTheBitsItHadAlone) {
+  // Rows are quantized independently, so a batch's stacked input is bit for bit
+  // the quantization of the stacked FP32 rows, in every format.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  constexpr int64_t kCols = 70;  // a partial last block
+  std::vector<float> a(2 * kCols), b(3 * kCols);
+  for (float& v : a) v = normal(rng);
+  for (float& v : b) v = normal(rng);
+  std::vector<float> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  for (const mx::FormatTraits& traits : mx::AllFormats()) {
+    const Format f = traits.format;
+    SCOPED_TRACE(traits.name);
+    const std::vector<mx::QuantizedMatrix> parts = {mx::QuantizeRows(a, 2, kCols, f).value(),
+                                                    mx::QuantizeRows(b, 3, kCols, f).value()};
+    const mx::QuantizedMatrix stacked = mx::StackRows(parts).value();
+    const mx::QuantizedMatrix whole = mx::QuantizeRows(both, 5, kCols, f).value();
+    EXPECT_EQ(stacked.rows, 5);
+    EXPECT_EQ(stacked.cols, kCols);
+    EXPECT_EQ(stacked.elements, whole.elements);
+    EXPECT_EQ(stacked.block_scales, whole.block_scales);
+    EXPECT_EQ(stacked.row_scales, whole.row_scales);
+    EXPECT_TRUE(mx::ValidateLayout(stacked).ok());
+  }
+}
+
+TEST(StackRows, RefusesPartsThatDoNotAgree) {
+  const std::vector<float> row(32, 1.0f);
+  const std::vector<mx::QuantizedMatrix> formats = {
+      mx::QuantizeRows(row, 1, 32, Format::kMxfp8E4m3).value(),
+      mx::QuantizeRows(row, 1, 32, Format::kMxfp4E2m1).value()};
+  EXPECT_EQ(mx::StackRows(formats).status().message(),
+            "StackRows: a MXFP4_E2M1 part of 32 columns among MXFP8_E4M3 parts of 32");
+  const std::vector<float> wide(64, 1.0f);
+  const std::vector<mx::QuantizedMatrix> widths = {
+      mx::QuantizeRows(row, 1, 32, Format::kInt8).value(),
+      mx::QuantizeRows(wide, 1, 64, Format::kInt8).value()};
+  EXPECT_EQ(mx::StackRows(widths).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mx::StackRows({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace

@@ -281,4 +281,18 @@ TEST(ReferenceGemm, ShapeErrorsNameTheField) {
             "a values: expected 2x2 = 4 values, got 3");
 }
 
+TEST(ColumnSums, AddsRowsInAscendingOrderFromPositiveZero) {
+  // FP32 addition does not associate: 1e8 + 1 rounds back to 1e8, so the
+  // ascending order gives 0 for column 0, where adding the last two rows first
+  // would give 1. Column 1 shows the +0 start: -0 + -0 is -0, but +0 + -0 is +0.
+  const std::vector<float> dy = {1e8f,  -0.0f,  //
+                                 1.0f,  -0.0f,  //
+                                 -1e8f, -0.0f};
+  const std::vector<float> sums = mx::ColumnSums(dy, 3, 2);
+  ASSERT_EQ(sums.size(), 2u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(sums[0]), std::bit_cast<uint32_t>(0.0f));
+  EXPECT_EQ(std::bit_cast<uint32_t>(sums[1]), 0u);  // +0, not -0
+  EXPECT_EQ(mx::ColumnSums(dy, 0, 2), (std::vector<float>{0.0f, 0.0f}));
+}
+
 }  // namespace
