@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
 #include "mx/kernels/quantize_fast.h"
+#include "mx/reference_gemm.h"
 #include "mx/status_macros.h"
 #include "server/compute/wire.h"
 #include "server/telemetry/clock.h"
@@ -50,7 +51,7 @@ absl::StatusOr<Activation> DecodeActivation(const ComputeContext& core, const v1
         absl::StrCat(field, ": required; expected a tensor or a packed operand"));
   }
   MX_ASSIGN_OR_RETURN(a.dense, DecodeMatrix(operand.tensor(), absl::StrCat(field, ".tensor"),
-                                             expected, core.max_message_bytes));
+                                            expected, core.max_message_bytes));
   a.rows = a.dense->rows;
   a.cols = a.dense->cols;
   if (format) a.format = *format;
@@ -59,25 +60,26 @@ absl::StatusOr<Activation> DecodeActivation(const ComputeContext& core, const v1
 
 // A result must fit in one response message; RESOURCE_EXHAUSTED otherwise (the
 // request is valid, the daemon's --max-message-bytes is what it exceeds).
-absl::Status CheckOutputSize(const ComputeContext& core, int64_t rows, int64_t cols, absl::string_view field,
-                             absl::string_view what) {
+absl::Status CheckOutputSize(const ComputeContext& core, int64_t rows, int64_t cols,
+                             absl::string_view field, absl::string_view what) {
   // Room for the response's other fields (shape, ExecutionInfo).
   constexpr uint64_t kEnvelopeBytes = 4096;
   const std::optional<uint64_t> bytes =
       mx::CheckedProduct({static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), 4});
   if (!bytes || *bytes > static_cast<uint64_t>(core.max_message_bytes) - kEnvelopeBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        field, ": the ", what, " (", rows, " x ", cols, " FP32 = ",
-        bytes ? absl::StrCat(*bytes) : std::string("more than 2^64"),
-        " bytes) would exceed the maximum message size of ", core.max_message_bytes,
-        " bytes (--max-message-bytes); split the request"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": the ", what, " (", rows, " x ", cols,
+                     " FP32 = ", bytes ? absl::StrCat(*bytes) : std::string("more than 2^64"),
+                     " bytes) would exceed the maximum message size of ", core.max_message_bytes,
+                     " bytes (--max-message-bytes); split the request"));
   }
   return absl::OkStatus();
 }
 
-void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t version, size_t batch,
-              double queue_seconds, double compute_seconds, const fpga_model::GemmEstimate& model,
-              const std::string& kernel, v1::ExecutionInfo* info) {
+void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t version,
+              size_t batch, double queue_seconds, double compute_seconds,
+              const fpga_model::GemmEstimate& model, const std::string& kernel,
+              v1::ExecutionInfo* info) {
   info->set_format(ToProto(x));
   info->set_weight_format(ToProto(w));
   info->set_backend(std::string(core.backend->name()));
@@ -92,9 +94,9 @@ void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t v
 
 // Counts a finished compute request, its modelled energy and, where the backend
 // measures board power, that power over the request's share of device time.
-void Account(const ComputeContext& core, Rpc rpc, Phase phase, mx::Format format, Clock::time_point arrival,
-             double queue_seconds, double flops, const fpga_model::GemmEstimate& model,
-             double device_seconds) {
+void Account(const ComputeContext& core, Rpc rpc, Phase phase, mx::Format format,
+             Clock::time_point arrival, double queue_seconds, double flops,
+             const fpga_model::GemmEstimate& model, double device_seconds) {
   core.metrics->RecordCompute({rpc, phase, format, Seconds(Clock::now() - arrival), queue_seconds,
                                flops, model.bytes, model.seconds, model.joules});
   const double now = UnixSeconds();
@@ -123,23 +125,10 @@ fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model
           .joules = a.joules + b.joules};
 }
 
-// Rows of several matrices of one format and width, stacked.
-mx::QuantizedMatrix Stack(std::vector<mx::QuantizedMatrix>& parts) {
-  mx::QuantizedMatrix out;
-  out.format = parts.front().format;
-  out.cols = parts.front().cols;
-  for (auto& part : parts) {
-    out.rows += part.rows;
-    out.elements.insert(out.elements.end(), part.elements.begin(), part.elements.end());
-    out.block_scales.insert(out.block_scales.end(), part.block_scales.begin(),
-                            part.block_scales.end());
-    out.row_scales.insert(out.row_scales.end(), part.row_scales.begin(), part.row_scales.end());
-  }
-  return out;
-}
-
-absl::StatusOr<std::shared_ptr<const PreparedWeight>> WeightCopy(
-    const ComputeContext& core, const LayerWeights& weights, mx::Format format, WeightLayout layout) {
+absl::StatusOr<std::shared_ptr<const PreparedWeight>> WeightCopy(const ComputeContext& core,
+                                                                 const LayerWeights& weights,
+                                                                 mx::Format format,
+                                                                 WeightLayout layout) {
   MX_ASSIGN_OR_RETURN(auto copy, weights.Get(format, layout, core.registry->budget()));
   if (copy.created) {
     core.metrics->RecordQuantization(format);
@@ -169,8 +158,8 @@ class ComputeItem : public WorkItem {
 
 class GemmItem final : public ComputeItem {
  public:
-  GemmItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, Activation a, Activation b,
-           mx::QuantizeOptions options, v1::GemmResponse* response)
+  GemmItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, Activation a,
+           Activation b, mx::QuantizeOptions options, v1::GemmResponse* response)
       : ComputeItem(core, call, std::move(done)),
         phase_(phase),
         a_(std::move(a)),
@@ -246,14 +235,33 @@ class ForwardItem final : public ComputeItem {
                              static_cast<int>(x_.format), "/", static_cast<int>(weight_format_));
   }
 
+  // The scheduler hands over the batch as work items of one key; they are
+  // checked to be this kind, once, and run as one GEMM by RunBatch.
   void Run(std::span<WorkItem* const> batch) override {
+    std::vector<ForwardItem*> members;
+    members.reserve(batch.size());
+    for (WorkItem* item : batch) {
+      auto* member = dynamic_cast<ForwardItem*>(item);
+      if (member == nullptr || member->batch_key != batch_key) {
+        item->Fail(absl::InternalError("scheduler: a LayerForward batch held another request"));
+        continue;
+      }
+      members.push_back(member);
+    }
+    if (!members.empty()) RunBatch(members);
+  }
+
+ private:
+  // One GEMM for every member: the inputs' rows stacked, the outputs split.
+  static void RunBatch(std::span<ForwardItem* const> batch) {
     const auto started = Clock::now();
-    const LayerWeights& weights = *view_.weights;
+    const ForwardItem& first = *batch.front();
+    const ComputeContext& core = first.core_;
+    const LayerWeights& weights = *first.view_.weights;
     const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
-    if (!core_.backend->computes()) {
-      core_.metrics->RecordBatch(static_cast<int>(batch.size()));
-      for (WorkItem* item : batch) {
-        auto* member = static_cast<ForwardItem*>(item);
+    if (!core.backend->computes()) {
+      core.metrics->RecordBatch(static_cast<int>(batch.size()));
+      for (ForwardItem* member : batch) {
         ZeroMatrix(member->x_.rows, n, member->response_->mutable_output());
         member->Answer({}, member->x_.rows, n, k, batch.size(), Seconds(started - member->arrival),
                        0, "");
@@ -261,15 +269,14 @@ class ForwardItem final : public ComputeItem {
       return;
     }
     absl::StatusOr<std::shared_ptr<const PreparedWeight>> w =
-        WeightCopy(core_, weights, weight_format_, WeightLayout::kForward);
+        WeightCopy(core, weights, first.weight_format_, WeightLayout::kForward);
     if (!w.ok()) {
-      for (WorkItem* item : batch) item->Fail(w.status());
+      for (ForwardItem* member : batch) member->Fail(w.status());
       return;
     }
     std::vector<ForwardItem*> members;
     std::vector<mx::QuantizedMatrix> xs;
-    for (WorkItem* item : batch) {
-      auto* member = static_cast<ForwardItem*>(item);
+    for (ForwardItem* member : batch) {
       absl::StatusOr<mx::QuantizedMatrix> x = member->x_.Take({});
       if (!x.ok()) {
         member->Fail(absl::InvalidArgumentError(absl::StrCat("input: ", x.status().message())));
@@ -279,7 +286,16 @@ class ForwardItem final : public ComputeItem {
       xs.push_back(*std::move(x));
     }
     if (members.empty()) return;
-    const mx::QuantizedMatrix stacked = xs.size() > 1 ? Stack(xs) : mx::QuantizedMatrix();
+    mx::QuantizedMatrix stacked;
+    if (xs.size() > 1) {
+      // One key means one format and K, so stacking cannot fail.
+      absl::StatusOr<mx::QuantizedMatrix> rows = mx::StackRows(xs);
+      if (!rows.ok()) {
+        for (ForwardItem* member : members) member->Fail(rows.status());
+        return;
+      }
+      stacked = *std::move(rows);
+    }
     const mx::QuantizedMatrix& x = xs.size() > 1 ? stacked : xs.front();
     // Alone, a request's GEMM writes straight into its response; a batch shares
     // one buffer that is then split.
@@ -296,9 +312,9 @@ class ForwardItem final : public ComputeItem {
       y = shared;
     }
     const auto start = Clock::now();
-    absl::StatusOr<std::string> kernel = core_.backend->Linear(x, **w, weights.bias(), y);
+    absl::StatusOr<std::string> kernel = core.backend->Linear(x, **w, weights.bias(), y);
     const double compute_seconds = Seconds(Clock::now() - start);
-    core_.metrics->RecordBatch(static_cast<int>(members.size()));
+    core.metrics->RecordBatch(static_cast<int>(members.size()));
     int64_t row = 0;
     for (ForwardItem* member : members) {
       if (!kernel.ok()) {
@@ -313,7 +329,6 @@ class ForwardItem final : public ComputeItem {
     }
   }
 
- private:
   // `y` empty: the output is already in the response.
   void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
               double queue_seconds, double compute_seconds, const std::string& kernel) {
@@ -355,6 +370,13 @@ class BackwardItem final : public ComputeItem {
     const LayerWeights& weights = *view_.weights;
     const int64_t m = grad_output_.rows;
     const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
+    // grad_input always, grad_weight with the input, grad_bias with a bias.
+    fpga_model::GemmEstimate model =
+        fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
+    if (input_) {
+      model = Sum(model, fpga_model::EstimateGemm(core_.energy_model, format_, format_, n, k, m));
+    }
+    const double flops = (input_ ? 4.0 : 2.0) * m * n * k;
     if (!core_.backend->computes()) {
       ZeroMatrix(m, k, response_->mutable_grad_input());
       if (input_) ZeroMatrix(n, k, response_->mutable_grad_weight());
@@ -362,61 +384,20 @@ class BackwardItem final : public ComputeItem {
         EncodeVector(std::vector<float>(static_cast<size_t>(n), 0.0f),
                      response_->mutable_grad_bias());
       }
-      auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
       FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model, "",
                response_->mutable_info());
-      Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, 2.0 * m * n * k,
-              model, 0);
+      Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model, 0);
       return done_(absl::OkStatus());
     }
-    absl::StatusOr<std::shared_ptr<const PreparedWeight>> wt =
-        WeightCopy(core_, weights, format_, WeightLayout::kTransposed);
-    if (!wt.ok()) return Fail(wt.status());
-    absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});
-    if (!dy.ok()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message())));
-    }
-    // grad_input [M, K]: dY (M×N, blocked along N) times W (N×K), W held as K rows of N.
-    std::vector<float> grad_input(static_cast<size_t>(m * k));
     double compute_seconds = 0;
-    auto start = Clock::now();
-    absl::StatusOr<std::string> kernel = core_.backend->Linear(*dy, **wt, {}, grad_input);
+    absl::StatusOr<std::string> kernel = GradInput(compute_seconds);
     if (!kernel.ok()) return Fail(kernel.status());
-    compute_seconds += Seconds(Clock::now() - start);
-    auto model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
-    double flops = 2.0 * m * n * k;
-    EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
-
-    const std::vector<float> dy_values = ToFloat(grad_output_);
+    const std::vector<float> dy = ToFloat(grad_output_);
     if (input_) {
-      // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): dY and X quantized per column,
-      // i.e. along M, held as N and K rows.
-      absl::StatusOr<mx::QuantizedMatrix> dyt =
-          mx::kernels::QuantizeColumns(dy_values, m, n, format_);
-      absl::StatusOr<mx::QuantizedMatrix> xt =
-          mx::kernels::QuantizeColumns(ToFloat(*input_), m, k, format_);
-      if (!dyt.ok() || !xt.ok()) {
-        return Fail(absl::InvalidArgumentError(
-            absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message())));
-      }
-      std::vector<float> grad_weight(static_cast<size_t>(n * k));
-      start = Clock::now();
-      if (absl::StatusOr<std::string> k = core_.backend->Linear(*dyt, *xt, {}, grad_weight);
-          !k.ok()) {
-        return Fail(k.status());
-      }
-      compute_seconds += Seconds(Clock::now() - start);
-      model = Sum(model, fpga_model::EstimateGemm(core_.energy_model, format_, format_, n, k, m));
-      flops += 2.0 * m * n * k;
-      EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
+      if (absl::Status s = GradWeight(dy, compute_seconds); !s.ok()) return Fail(s);
     }
     if (weights.spec().bias) {
-      // Column sums of dY in FP32, rows in ascending order from +0.
-      std::vector<float> grad_bias(static_cast<size_t>(n), 0.0f);
-      for (int64_t r = 0; r < m; ++r) {
-        for (int64_t c = 0; c < n; ++c) grad_bias[c] += dy_values[r * n + c];
-      }
-      EncodeVector(grad_bias, response_->mutable_grad_bias());
+      EncodeVector(mx::ColumnSums(dy, m, n), response_->mutable_grad_bias());
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
              *kernel, response_->mutable_info());
@@ -426,6 +407,45 @@ class BackwardItem final : public ComputeItem {
   }
 
  private:
+  // grad_input [M, K] = dY (M×N, blocked along N) · W (N×K), W held as K rows
+  // of N (the transposed layout). Returns the kernel that ran.
+  absl::StatusOr<std::string> GradInput(double& compute_seconds) {
+    const LayerWeights& weights = *view_.weights;
+    const int64_t m = grad_output_.rows, k = weights.spec().in_features;
+    MX_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedWeight> wt,
+                        WeightCopy(core_, weights, format_, WeightLayout::kTransposed));
+    absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});
+    if (!dy.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message()));
+    }
+    std::vector<float> grad_input(static_cast<size_t>(m * k));
+    const auto start = Clock::now();
+    MX_ASSIGN_OR_RETURN(std::string kernel, core_.backend->Linear(*dy, *wt, {}, grad_input));
+    compute_seconds += Seconds(Clock::now() - start);
+    EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
+    return kernel;
+  }
+
+  // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): dY and X quantized per column,
+  // i.e. along M, held as N and K rows.
+  absl::Status GradWeight(std::span<const float> dy, double& compute_seconds) {
+    const int64_t m = grad_output_.rows;
+    const int64_t n = view_.weights->spec().out_features, k = view_.weights->spec().in_features;
+    absl::StatusOr<mx::QuantizedMatrix> dyt = mx::kernels::QuantizeColumns(dy, m, n, format_);
+    absl::StatusOr<mx::QuantizedMatrix> xt =
+        mx::kernels::QuantizeColumns(ToFloat(*input_), m, k, format_);
+    if (!dyt.ok() || !xt.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message()));
+    }
+    std::vector<float> grad_weight(static_cast<size_t>(n * k));
+    const auto start = Clock::now();
+    MX_RETURN_IF_ERROR(core_.backend->Linear(*dyt, *xt, {}, grad_weight).status());
+    compute_seconds += Seconds(Clock::now() - start);
+    EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
+    return absl::OkStatus();
+  }
+
   Phase phase_;
   LayerView view_;
   mx::Format format_;
@@ -436,8 +456,8 @@ class BackwardItem final : public ComputeItem {
 
 }  // namespace
 
-absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view, Phase phase,
-                                              v1::Format requested) {
+absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view,
+                                              Phase phase, v1::Format requested) {
   MX_ASSIGN_OR_RETURN(std::optional<mx::Format> explicit_format, FromProto(requested, "format"));
   if (explicit_format) return *explicit_format;
   absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
@@ -494,7 +514,8 @@ struct LayerRequest {
 };
 
 template <typename Request>
-absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, const Request& request) {
+absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core,
+                                                 const Request& request) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
   MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
                                                             request.min_weight_version()));
@@ -530,9 +551,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
   ExpectedShape dy_shape;
   dy_shape.cols = spec.out_features;
   dy_shape.cols_what = absl::StrCat("out_features of layer '", spec.name, "'");
-  MX_ASSIGN_OR_RETURN(DenseMatrix grad_output,
-                      DecodeMatrix(request.grad_output(), "grad_output", dy_shape,
-                                   core.max_message_bytes));
+  MX_ASSIGN_OR_RETURN(DenseMatrix grad_output, DecodeMatrix(request.grad_output(), "grad_output",
+                                                            dy_shape, core.max_message_bytes));
   std::optional<DenseMatrix> input;
   if (request.has_input()) {
     ExpectedShape x_shape;
