@@ -1,5 +1,5 @@
 // Internals shared by the GEMM driver (linear.cc), the weight packer
-// (packed_weight.cc) and the per-ISA tile kernels (gemm_scalar.cc, gemm_avx2.cc).
+// (operands.cc) and the per-ISA tile kernels (gemm_scalar.cc, gemm_avx2.cc).
 // Not part of the library's interface.
 //
 // Arithmetic kinds. An MX block dot is exact in each; what differs is the

@@ -1,5 +1,5 @@
 // The built-in presets of DESIGN.md, from the project's origin. "Sensitive" layers
-// are the ones server/layer_sensitivity.h (or a measured profile) marks.
+// are the ones server/policy/layer_sensitivity.h (or a measured profile) marks.
 #include "server/policy/policy.h"
 
 namespace mxserve {

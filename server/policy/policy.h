@@ -6,7 +6,7 @@
 //    "rules": [{"phase": "rollout", "layers": "@sensitive", "format": "MXFP8"}]}
 // Rules are tried in order and the first match wins; no match means the phase's
 // default. A rule's "phase" is a phase or "*"; its "layers" is a glob over layer
-// names (server/glob.h) or "@sensitive" / "@tolerant".
+// names (server/policy/glob.h) or "@sensitive" / "@tolerant".
 #pragma once
 
 #include <array>
