@@ -1,0 +1,211 @@
+// The registry without a daemon: weight versions, quantize-and-prepare once per
+// (layer version, format, layout), and every byte it holds counted in the
+// budget. The backend is a fake that counts what it was asked to prepare.
+#include "server/model/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "mx/kernels/quantize_fast.h"
+
+namespace mxserve {
+namespace {
+
+// A backend's prepared weight as a fake: the quantized matrix itself, counted
+// as its element and scale bytes.
+class FakeWeight final : public PreparedWeight {
+ public:
+  explicit FakeWeight(mx::QuantizedMatrix w)
+      : PreparedWeight(w.format, w.rows, w.cols), w_(std::move(w)) {}
+  uint64_t bytes() const override {
+    return w_.elements.size() + w_.block_scales.size() + 4 * w_.row_scales.size();
+  }
+  const mx::QuantizedMatrix& matrix() const { return w_; }
+
+ private:
+  mx::QuantizedMatrix w_;
+};
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kOut = 8, kIn = 64;
+  static constexpr uint64_t kMasterBytes = kOut * kIn * sizeof(float);
+
+  explicit RegistryTest(uint64_t budget_bytes = 1 << 20)
+      : budget_(budget_bytes),
+        registry_(
+            &budget_,
+            [this](mx::QuantizedMatrix w) -> absl::StatusOr<std::shared_ptr<const PreparedWeight>> {
+              ++prepared_;
+              return std::make_shared<const FakeWeight>(std::move(w));
+            },
+            [this](int n) { evicted_ += n; }) {}
+
+  std::vector<float> Values(uint32_t seed) const {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> v(kOut * kIn);
+    for (float& x : v) x = normal(rng);
+    return v;
+  }
+
+  // Stages (and publishes) layer "fc"'s weight from `seed`.
+  absl::StatusOr<uint64_t> Upload(uint32_t seed, bool publish = true) {
+    StoredTensor t;
+    t.values = Values(seed);
+    if (absl::Status s = ReserveInto(budget_, kMasterBytes, "master", t.reservation); !s.ok()) {
+      return s;
+    }
+    std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
+    tensors.emplace_back(StagedTensorKey{"fc", false}, std::move(t));
+    return registry_.Stage("m", std::move(tensors), publish);
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(registry_.Register("m", {{"fc", kOut, kIn, false}}, "D-phase-adaptive").ok());
+  }
+
+  MemoryBudget budget_;
+  std::atomic<int> prepared_{0};
+  std::atomic<int> evicted_{0};
+  Registry registry_;
+};
+
+TEST_F(RegistryTest, VersionsCountUpAndOldOnesLiveWhileRead) {
+  absl::StatusOr<LayerView> none = registry_.Lookup("m", "fc", 0);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(none.status().message(),
+            "model: 'm' has no published weights yet (upload, then PublishVersion)");
+
+  ASSERT_EQ(Upload(1).value(), 1u);
+  LayerView v1 = registry_.Lookup("m", "fc", 1).value();
+  EXPECT_EQ(v1.weights->version(), 1u);
+  EXPECT_EQ(v1.weights->weight(), Values(1));
+
+  ASSERT_EQ(Upload(2, /*publish=*/false).value(), 0u);  // staged, not yet visible
+  EXPECT_EQ(registry_.Lookup("m", "fc", 0)->weights->version(), 1u);
+  EXPECT_EQ(registry_.Describe("m")->staged_tensors, 1u);
+  ASSERT_EQ(registry_.Publish("m").value(), 2u);
+
+  LayerView v2 = registry_.Lookup("m", "fc", 2).value();
+  EXPECT_EQ(v2.weights->version(), 2u);
+  EXPECT_EQ(v2.weights->weight(), Values(2));
+  // The reader of version 1 still sees version 1's values, and its bytes are
+  // still counted until it lets go.
+  EXPECT_EQ(v1.weights->weight(), Values(1));
+  EXPECT_EQ(budget_.used(), 2 * kMasterBytes);
+  v1 = {};
+  EXPECT_EQ(budget_.used(), kMasterBytes);
+
+  absl::StatusOr<LayerView> ahead = registry_.Lookup("m", "fc", 3);
+  EXPECT_EQ(ahead.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ahead.status().message(),
+            "min_weight_version: model 'm' is at weight version 2, the request requires at "
+            "least 3");
+  EXPECT_EQ(registry_.Publish("m").status().message(),
+            "model: 'm' has nothing staged to publish");
+}
+
+TEST_F(RegistryTest, EachFormatAndLayoutIsQuantizedAndPreparedOnce) {
+  ASSERT_TRUE(Upload(1).ok());
+  const LayerView view = registry_.Lookup("m", "fc", 0).value();
+  auto first = view.weights->Get(mx::Format::kMxfp4E2m1, WeightLayout::kForward, budget_).value();
+  auto again = view.weights->Get(mx::Format::kMxfp4E2m1, WeightLayout::kForward, budget_).value();
+  EXPECT_TRUE(first.created);
+  EXPECT_FALSE(again.created);
+  EXPECT_EQ(first.weight.get(), again.weight.get());
+  EXPECT_EQ(prepared_.load(), 1);
+
+  // The copy is the weight quantized along in_features, bit for bit; the
+  // transposed layout is a second copy, quantized along out_features.
+  const auto& fwd = static_cast<const FakeWeight&>(*first.weight).matrix();
+  const mx::QuantizedMatrix rows =
+      mx::kernels::QuantizeRows(Values(1), kOut, kIn, mx::Format::kMxfp4E2m1).value();
+  EXPECT_EQ(fwd.elements, rows.elements);
+  EXPECT_EQ(fwd.block_scales, rows.block_scales);
+  auto t = view.weights->Get(mx::Format::kMxfp4E2m1, WeightLayout::kTransposed, budget_).value();
+  EXPECT_TRUE(t.created);
+  EXPECT_EQ(t.weight->rows(), kIn);
+  EXPECT_EQ(t.weight->cols(), kOut);
+  EXPECT_EQ(prepared_.load(), 2);
+  EXPECT_EQ(registry_.Describe("m")->layers[0].cached_formats,
+            std::vector<mx::Format>{mx::Format::kMxfp4E2m1});
+
+  // A new version of the layer is quantized and prepared anew.
+  ASSERT_TRUE(Upload(2).ok());
+  auto v2 = registry_.Lookup("m", "fc", 0)
+                ->weights->Get(mx::Format::kMxfp4E2m1, WeightLayout::kForward, budget_)
+                .value();
+  EXPECT_TRUE(v2.created);
+  EXPECT_EQ(prepared_.load(), 3);
+}
+
+TEST_F(RegistryTest, EveryByteIsInTheBudgetAndDeleteGivesItBack) {
+  ASSERT_TRUE(Upload(1).ok());
+  const uint64_t masters = budget_.used();
+  EXPECT_EQ(masters, kMasterBytes);
+  {
+    const LayerView view = registry_.Lookup("m", "fc", 0).value();
+    auto copy = view.weights->Get(mx::Format::kBf16, WeightLayout::kForward, budget_).value();
+    EXPECT_EQ(budget_.used(), masters + copy.weight->bytes());
+    EXPECT_EQ(copy.weight->bytes(), kOut * kIn * 2u);  // BF16: two bytes a value
+    EXPECT_EQ(registry_.Describe("m")->bytes, budget_.used());
+  }
+  EXPECT_EQ(registry_.Delete("m").value(), kMasterBytes + kOut * kIn * 2u);
+  EXPECT_EQ(budget_.used(), 0u);
+  EXPECT_EQ(registry_.Lookup("m", "fc", 0).status().message(), "model: no model named 'm'");
+}
+
+class TightRegistryTest : public RegistryTest {
+ protected:
+  // Two masters (a version and the next one's upload) and half a master more.
+  TightRegistryTest() : RegistryTest(2 * kMasterBytes + kMasterBytes / 2) {}
+};
+
+TEST_F(TightRegistryTest, CopiesGiveWayLeastRecentlyUsedFirstAndAreMadeAgain) {
+  ASSERT_TRUE(Upload(1).ok());
+  const LayerView view = registry_.Lookup("m", "fc", 0).value();
+  auto get = [&](mx::Format f) { return view.weights->Get(f, WeightLayout::kForward, budget_); };
+  // BF16 and FP16 copies take half a master each, an FP32 copy a whole one.
+  EXPECT_EQ(get(mx::Format::kBf16)->weight->bytes(), kMasterBytes / 2);
+  EXPECT_EQ(get(mx::Format::kFp16)->weight->bytes(), kMasterBytes / 2);
+  EXPECT_EQ(evicted_.load(), 0);
+  EXPECT_EQ(budget_.used(), 2 * kMasterBytes);
+  // The FP32 copy does not fit: the least recently used copy (BF16) goes.
+  EXPECT_TRUE(get(mx::Format::kFp32)->created);
+  EXPECT_EQ(evicted_.load(), 1);
+  EXPECT_EQ(registry_.Describe("m")->layers[0].cached_formats,
+            (std::vector<mx::Format>{mx::Format::kFp16, mx::Format::kFp32}));
+  // BF16 is made again on its next use, and FP16 goes in its turn.
+  auto bf16 = get(mx::Format::kBf16).value();
+  EXPECT_TRUE(bf16.created);
+  EXPECT_EQ(evicted_.load(), 2);
+  EXPECT_EQ(prepared_.load(), 4);
+  EXPECT_EQ(budget_.used(), budget_.limit());
+
+  // Copies a request holds cannot free their bytes: with FP32 and BF16 held,
+  // the next version's master does not fit, and the refusal says why.
+  auto fp32 = get(mx::Format::kFp32).value();
+  EXPECT_FALSE(fp32.created);
+  absl::StatusOr<uint64_t> next = Upload(2);
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(next.status().message(),
+            absl::StrCat("master needs ", kMasterBytes, " bytes, but the weight memory limit is ",
+                         budget_.limit(), " bytes and ", budget_.limit(),
+                         " are in use (--weight-memory-bytes; copies in use by running requests "
+                         "cannot be evicted)"));
+  // Let go, the evicted copies free their bytes and the next version fits.
+  bf16 = {};
+  fp32 = {};
+  EXPECT_EQ(budget_.used(), kMasterBytes);
+  EXPECT_EQ(Upload(2).value(), 2u);
+  EXPECT_EQ(budget_.used(), 2 * kMasterBytes);  // `view` still holds version 1's master
+}
+
+}  // namespace
+}  // namespace mxserve
