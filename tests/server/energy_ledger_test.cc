@@ -100,5 +100,20 @@ TEST(EnergyLedger, EachKeyFoldsOnItsOwn) {
             (std::vector<Row>{{"a", Phase::kRollout, 5, 2, 2}, {"b", Phase::kRollout, 2, 1, 1}}));
 }
 
+TEST(EnergyLedger, ALateAddOfAnOldSecondDoesNotHideTheFoldedTotal) {
+  // Power samples may be up to a day old, and several devices report under one
+  // (source, phase): a second older than those already folded can fold later.
+  EnergyLedger ledger(/*retention_seconds=*/10);
+  ledger.Add("s", Phase::kRollout, kT + 100, {1, 1, 1});
+  ledger.Add("s", Phase::kRollout, kT + 200, {2, 1, 1});  // folds kT + 100
+  ledger.Add("s", Phase::kRollout, kT + 50, {4, 1, 1});   // late, older still
+  ledger.Add("s", Phase::kRollout, kT + 201, {8, 1, 1});  // folds kT + 50
+  EXPECT_EQ(Rows(ledger, 0), (std::vector<Row>{{"s", Phase::kRollout, 15, 4, 4}}));
+  // kT + 60 is inside the folded part (which reaches kT + 101): the whole
+  // total counts, never less than what was accounted since.
+  EXPECT_EQ(Rows(ledger, kT + 60), (std::vector<Row>{{"s", Phase::kRollout, 15, 4, 4}}));
+  EXPECT_EQ(Rows(ledger, kT + 101), (std::vector<Row>{{"s", Phase::kRollout, 10, 2, 2}}));
+}
+
 }  // namespace
 }  // namespace mxserve
