@@ -1,11 +1,17 @@
 #include "server/compute/scheduler.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace mxserve {
 
 Scheduler::Scheduler(Options options, std::function<void(size_t)> on_depth)
-    : options_(options), on_depth_(std::move(on_depth)) {
+    : options_(options),
+      max_batch_(static_cast<size_t>(std::max(1, options.max_batch))),
+      on_depth_(std::move(on_depth)) {
+  absl::MutexLock lock(&mu_);
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
@@ -14,8 +20,9 @@ Scheduler::Scheduler(Options options, std::function<void(size_t)> on_depth)
 Scheduler::~Scheduler() { Shutdown(); }
 
 absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
+  bool wake_one = false, wake_all = false;
   {
-    std::lock_guard lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is shutting down");
     if (waiting_ >= static_cast<size_t>(options_.queue_capacity)) {
       return absl::ResourceExhaustedError(absl::StrCat("the request queue is full (",
@@ -26,56 +33,95 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
     // Told under the lock, so reports reach the gauge in the order the depth
     // changed (outside it, a late report could leave an idle queue reading 1).
     if (on_depth_) on_depth_(waiting_);
-    auto open = item->batch_key.empty() ? open_batches_.end() : open_batches_.find(item->batch_key);
-    if (open != open_batches_.end() &&
-        open->second->items.size() < static_cast<size_t>(options_.max_batch)) {
-      open->second->items.push_back(std::move(item));
+
+    const bool batched = !item->batch_key.empty() && max_batch_ > 1;
+    auto joinable = batched ? joinable_.find(item->batch_key) : joinable_.end();
+    if (joinable != joinable_.end()) {
+      Batch* batch = joinable->second;
+      batch->items.push_back(std::move(item));
+      if (batch->items.size() >= max_batch_) {  // full: no more joiners
+        joinable_.erase(joinable);
+        if (!batch->runnable) {
+          MakeRunnable(batch);
+          wake_one = true;
+        }
+      }
     } else {
-      queue_.push_back(std::move(item));
+      auto owned = std::make_unique<Batch>();
+      Batch* batch = owned.get();
+      batch->close_at = item->arrival + options_.batch_window;
+      if (batched) joinable_.emplace(item->batch_key, batch);
+      batch->items.push_back(std::move(item));
+      if (!batched || batch->close_at <= Clock::now()) {
+        batch->runnable = true;
+        runnable_.push_back(std::move(owned));
+        wake_one = true;
+      } else {
+        // Collecting. An idle worker waits for the earliest window to end; when
+        // this one ends first, the workers must choose their timeout again.
+        wake_all = collecting_.empty() || batch->close_at < collecting_.begin()->first;
+        batch->collecting = collecting_.emplace(batch->close_at, std::move(owned));
+      }
     }
   }
-  cv_.notify_all();
+  if (wake_all) {
+    cv_.notify_all();
+  } else if (wake_one) {
+    cv_.notify_one();
+  }
   return absl::OkStatus();
 }
 
-void Scheduler::WorkerLoop() {
-  std::unique_lock lock(mu_);
+void Scheduler::MakeRunnable(Batch* batch) {
+  auto node = collecting_.extract(batch->collecting);
+  batch->runnable = true;
+  runnable_.push_back(std::move(node.mapped()));
+}
+
+std::vector<std::unique_ptr<WorkItem>> Scheduler::Take() {
   while (true) {
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping and drained
-    OpenBatch batch;
-    batch.items.push_back(std::move(queue_.front()));
-    queue_.pop_front();
-    const std::string key = batch.items.front()->batch_key;
-    const size_t max_batch = static_cast<size_t>(std::max(1, options_.max_batch));
-    if (!key.empty() && max_batch > 1) {
-      auto take_queued = [&] {
-        for (auto it = queue_.begin(); it != queue_.end() && batch.items.size() < max_batch;) {
-          if ((*it)->batch_key == key) {
-            batch.items.push_back(std::move(*it));
-            it = queue_.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      };
-      take_queued();
-      const auto close_at = batch.items.front()->arrival + options_.batch_window;
-      if (batch.items.size() < max_batch && options_.batch_window.count() > 0 &&
-          Clock::now() < close_at && !open_batches_.contains(key)) {
-        // Keep the batch open: Submit adds items of this key to it directly.
-        open_batches_[key] = &batch;
-        cv_.wait_until(lock, close_at,
-                       [&] { return stopping_ || batch.items.size() >= max_batch; });
-        open_batches_.erase(key);
-        take_queued();
-      }
+    // Windows that ended, earliest first.
+    const auto now = Clock::now();
+    while (!collecting_.empty() && collecting_.begin()->first <= now) {
+      MakeRunnable(collecting_.begin()->second.get());
     }
-    waiting_ -= batch.items.size();
-    if (on_depth_) on_depth_(waiting_);
-    lock.unlock();
-    Execute(std::move(batch.items));
-    lock.lock();
+    if (!runnable_.empty()) {
+      std::unique_ptr<Batch> batch = std::move(runnable_.front());
+      runnable_.pop_front();
+      const std::string& key = batch->items.front()->batch_key;
+      if (auto it = joinable_.find(key); it != joinable_.end() && it->second == batch.get()) {
+        joinable_.erase(it);
+      }
+      waiting_ -= batch->items.size();
+      if (on_depth_) on_depth_(waiting_);
+      return std::move(batch->items);
+    }
+    if (stopping_) return {};  // Shutdown made every open batch runnable
+    // mu_ as the BasicLockable the wait releases and retakes.
+    struct Lockable {
+      absl::Mutex& mu;
+      void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Lock(); }
+      void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Unlock(); }
+    } lockable{mu_};
+    if (collecting_.empty()) {
+      cv_.wait(lockable);
+    } else {
+      // A copy: the wait reads it with mu_ released, when the batch may be gone.
+      const Clock::time_point window_ends = collecting_.begin()->first;
+      cv_.wait_until(lockable, window_ends);
+    }
+  }
+}
+
+void Scheduler::WorkerLoop() {
+  while (true) {
+    std::vector<std::unique_ptr<WorkItem>> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      batch = Take();
+    }
+    if (batch.empty()) return;  // stopping and drained
+    Execute(std::move(batch));
   }
 }
 
@@ -98,16 +144,17 @@ void Scheduler::Execute(std::vector<std::unique_ptr<WorkItem>> batch) {
 }
 
 void Scheduler::Shutdown() {
+  std::vector<std::thread> workers;
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ && workers_.empty()) return;
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
+    // Open batches stop collecting: nothing more can join once Submit refuses.
+    while (!collecting_.empty()) MakeRunnable(collecting_.begin()->second.get());
+    joinable_.clear();
+    workers.swap(workers_);
   }
   cv_.notify_all();
-  for (auto& worker : workers_) {
-    if (worker.joinable()) worker.join();
-  }
-  workers_.clear();
+  for (auto& worker : workers) worker.join();
 }
 
 }  // namespace mxserve

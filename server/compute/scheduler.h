@@ -1,13 +1,21 @@
 // The per-device scheduler: a bounded queue in front of a pool of worker threads.
 //
-//   Submit  → RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once stopping
+//   Submit  → RESOURCE_EXHAUSTED when the queue is full (queued items, those in
+//             open batches included), UNAVAILABLE once stopping
 //   worker  → drops cancelled work (CANCELLED) and work past its deadline
 //             (DEADLINE_EXCEEDED) without computing it; otherwise runs it
 //   batches → items with the same non-empty batch key (model, layer, formats,
-//             weight version) are fused: a worker that takes one keeps the batch
-//             open for the batching window, and items of that key submitted in the
-//             meantime join it directly, up to the maximum batch size. With a
-//             window of 0 only items already queued are fused.
+//             weight version) are fused, up to the maximum batch size. The first
+//             item of a key opens a batch; items of that key submitted later join
+//             it. The batch is runnable once its window (from the first item's
+//             arrival) has ended or it is full, and it keeps taking items of its
+//             key until a worker takes it. An open batch holds no worker: workers
+//             run other queued work meanwhile, and an idle one wakes when the
+//             earliest window ends. With a window of 0 a batch is runnable at
+//             once, so only items queued before a worker takes it are fused.
+//   runnable work runs in the order it became runnable.
+//   Shutdown → stops accepting, closes the open batches (their windows cut
+//             short), runs everything queued, joins the workers.
 //
 // Compute never runs on gRPC's threads: services prepare a WorkItem and submit it.
 #pragma once
@@ -16,15 +24,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 
 namespace mxserve {
 
@@ -75,26 +85,43 @@ class Scheduler {
   Scheduler(Options options, std::function<void(size_t)> on_depth = {});
   ~Scheduler();
 
-  absl::Status Submit(std::unique_ptr<WorkItem> item);
-  // Stops accepting, runs everything already queued, joins the workers.
-  void Shutdown();
+  absl::Status Submit(std::unique_ptr<WorkItem> item) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops accepting, runs everything already queued (open batches too, without
+  // waiting for their windows), joins the workers.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct OpenBatch {
+  struct Batch {
     std::vector<std::unique_ptr<WorkItem>> items;
+    Clock::time_point close_at;  // runnable from then on, if not full before
+    bool runnable = false;       // in runnable_; else in collecting_, at `collecting`
+    std::multimap<Clock::time_point, std::unique_ptr<Batch>>::iterator collecting;
   };
-  void WorkerLoop();
+
+  void WorkerLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for a runnable batch and takes it; empty once stopping and drained.
+  std::vector<std::unique_ptr<WorkItem>> Take() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a collecting batch to the runnable queue.
+  void MakeRunnable(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Execute(std::vector<std::unique_ptr<WorkItem>> batch);
 
   const Options options_;
+  const size_t max_batch_;  // options_.max_batch, at least 1
   const std::function<void(size_t)> on_depth_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<WorkItem>> queue_;
-  std::map<std::string, OpenBatch*> open_batches_;  // key → batch a worker is collecting
-  size_t waiting_ = 0;                              // queued + in open batches
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  absl::Mutex mu_;
+  // Waits with absl::Mutex as its lock. Not absl::CondVar: this Abseil's timed
+  // waits run on the wall clock, so a clock stepped back would stall a window.
+  std::condition_variable_any cv_;  // runnable work, an earlier window, or stopping
+  // Open batches still in their window, by the time it ends.
+  std::multimap<Clock::time_point, std::unique_ptr<Batch>> collecting_ ABSL_GUARDED_BY(mu_);
+  // Batches a worker may take, in the order they became runnable.
+  std::deque<std::unique_ptr<Batch>> runnable_ ABSL_GUARDED_BY(mu_);
+  // Key → the batch that items of that key join: collecting, or runnable and not
+  // yet taken, and not full.
+  std::map<std::string, Batch*> joinable_ ABSL_GUARDED_BY(mu_);
+  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;  // items in collecting_ and runnable_
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);  // handed to the first Shutdown
 };
 
 }  // namespace mxserve

@@ -1,5 +1,6 @@
 #include "server/telemetry/energy_ledger.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -14,7 +15,10 @@ void EnergyLedger::Add(const std::string& source, Phase phase, double when,
   const int64_t horizon = second - static_cast<int64_t>(retention_);
   while (!series.seconds.empty() && series.seconds.begin()->first < horizon) {
     series.folded.Add(series.seconds.begin()->second);
-    series.folded_until = static_cast<double>(series.seconds.begin()->first + 1);
+    // A late Add can fold a second older than those folded before: the folded
+    // part still reaches as far as its newest second.
+    series.folded_until =
+        std::max(series.folded_until, static_cast<double>(series.seconds.begin()->first + 1));
     series.seconds.erase(series.seconds.begin());
   }
 }
