@@ -32,6 +32,7 @@ struct Daemon::State {
   std::unique_ptr<EnergyLedger> ledger;
   ModelDirs model_dirs;
   std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<Scheduler> loader;
   CallTracker calls;
   Core core;
   std::unique_ptr<ComputeService> compute;
@@ -126,7 +127,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->core.calls = &s->calls;
   s->core.registry = s->registry.get();
   s->core.policies = s->policies.get();
+  // Safetensors loads and warm-ups read files and quantize whole models: their
+  // own small pool, so they neither wait behind nor take the compute queue's
+  // --queue-size room and workers.
+  s->loader = std::make_unique<Scheduler>(
+      Scheduler::Options{.workers = kLoaderThreads,
+                         .queue_capacity = kLoaderQueue,
+                         .max_batch = 1,
+                         .queue_name = "model-load queue",
+                         .queue_limit = absl::StrCat("at most ", kLoaderQueue, " loads wait")});
   s->core.scheduler = s->scheduler.get();
+  s->core.loader = s->loader.get();
   s->core.backend = s->backend.get();
   s->core.metrics = s->metrics.get();
   s->core.ledger = s->ledger.get();
@@ -191,6 +202,7 @@ void Daemon::Shutdown() {
       Clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(state_->options.grace_seconds * 1000));
   // New work is refused (UNAVAILABLE) from here; queued work still runs.
+  state_->loader->Shutdown();
   state_->scheduler->Shutdown();
   // Calls still reading or writing (streams, uploads) get the grace period.
   const bool drained = state_->calls.WaitIdle(deadline);

@@ -87,7 +87,7 @@ const std::vector<FlagSpec>& Flags() {
        [](const DaemonOptions& o) { return absl::StrCat(o.kernel_threads); },
        IntSetter("kernel-threads", &DaemonOptions::kernel_threads, 0, 1024)},
       {"queue-size", "N",
-       "requests that may wait for a worker; beyond it calls fail RESOURCE_EXHAUSTED",
+       "compute requests that may wait for a worker; beyond it calls fail RESOURCE_EXHAUSTED",
        [](const DaemonOptions& o) { return absl::StrCat(o.queue_size); },
        IntSetter("queue-size", &DaemonOptions::queue_size, 1, 1 << 20)},
       {"batch-window-us", "US",

@@ -25,9 +25,9 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is shutting down");
     if (waiting_ >= static_cast<size_t>(options_.queue_capacity)) {
-      return absl::ResourceExhaustedError(absl::StrCat("the request queue is full (",
-                                                       options_.queue_capacity,
-                                                       " waiting; --queue-size); retry later"));
+      return absl::ResourceExhaustedError(absl::StrCat("the ", options_.queue_name, " is full (",
+                                                       options_.queue_capacity, " waiting; ",
+                                                       options_.queue_limit, "); retry later"));
     }
     ++waiting_;
     // Told under the lock, so reports reach the gauge in the order the depth

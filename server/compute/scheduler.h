@@ -78,6 +78,10 @@ class Scheduler {
     int queue_capacity = 1024;  // items waiting, batches included
     std::chrono::microseconds batch_window{0};
     int max_batch = 16;
+    // How a full queue is named in RESOURCE_EXHAUSTED: "the <queue_name> is
+    // full (N waiting; <queue_limit>); retry later".
+    std::string queue_name = "request queue";
+    std::string queue_limit = "--queue-size";
   };
   // `on_depth` (may be empty) is told the number of waiting items on every
   // change, in order, under the scheduler's lock: it must be quick and must not

@@ -17,6 +17,10 @@
 
 namespace mxserve {
 
+// The loader pool: LoadSafetensors reads and the warm-up after a publish.
+inline constexpr int kLoaderThreads = 1;
+inline constexpr int kLoaderQueue = 64;
+
 // Counts the calls that have work outstanding, so shutdown can wait for them
 // and then close every connection at once instead of waiting out the grace
 // period for clients that keep their channel open.
@@ -44,6 +48,8 @@ class CallTracker {
 
 struct Core : ComputeContext {
   CallTracker* calls = nullptr;
+  // Models' file loads and warm-ups (kLoaderThreads workers, kLoaderQueue deep).
+  Scheduler* loader = nullptr;
   const ModelDirs* model_dirs = nullptr;
   // ReportPower's bounds (--max-power-series, --power-sources, --max-power-watts).
   int max_power_series = 64;

@@ -9,11 +9,11 @@
 #include "absl/strings/str_join.h"
 #include "mx/element.h"
 #include "mx/status_macros.h"
+#include "server/base/quote.h"
+#include "server/compute/wire.h"
+#include "server/model/safetensors.h"
 #include "server/rpc/call.h"
 #include "server/telemetry/log.h"
-#include "server/base/quote.h"
-#include "server/model/safetensors.h"
-#include "server/compute/wire.h"
 
 namespace mxserve {
 namespace {
@@ -61,11 +61,11 @@ class FunctionItem final : public WorkItem {
   std::function<void(absl::Status)> fail_;
 };
 
-// Submits `run` to the workers; `fail` answers when it cannot run.
-void RunOnWorker(const Core& core, CallInfo call, std::function<void()> run,
+// Submits `run` to the loader pool; `fail` answers when it cannot run.
+void RunOnLoader(const Core& core, CallInfo call, std::function<void()> run,
                  std::function<void(absl::Status)> fail) {
   auto item = std::make_unique<FunctionItem>(call, std::move(run), fail);
-  if (absl::Status s = core.scheduler->Submit(std::move(item)); !s.ok()) fail(s);
+  if (absl::Status s = core.loader->Submit(std::move(item)); !s.ok()) fail(s);
 }
 
 // ---------------------------------------------------------------------------
@@ -75,9 +75,10 @@ void RunOnWorker(const Core& core, CallInfo call, std::function<void()> run,
 
 class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UploadReactor(const Core& core, grpc::CallbackServerContext* context,
-                grpc::ByteBuffer* response)
-      : core_(core), context_(context), record_(core, Rpc::kUploadWeights, context),
+  UploadReactor(const Core& core, grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
+      : core_(core),
+        context_(context),
+        record_(core, Rpc::kUploadWeights, context),
         raw_response_(response) {
     StartRead(&raw_chunk_);
   }
@@ -130,8 +131,8 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       MX_ASSIGN_OR_RETURN(LayerSpec spec, core_.registry->FindLayer(model_, chunk_.layer(),
                                                                     absl::StrCat(field, ".layer")));
       if (key.is_bias && !spec.bias) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".role: layer ", Quote(spec.name), " was registered without a bias"));
+        return absl::InvalidArgumentError(absl::StrCat(field, ".role: layer ", Quote(spec.name),
+                                                       " was registered without a bias"));
       }
       Pending pending;
       pending.spec = spec;
@@ -259,11 +260,11 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
           std::function<void(uint64_t)> done) {
   Log(LogLevel::kInfo, "weights_published",
       {{"model", model}, {"version", absl::StrCat(published)}});
-  // Quantize, on a worker, what the active policy will ask for. A failure here is
+  // Quantize, on the loader pool, what the active policy will ask for. A failure here is
   // not the publish's: the request that needs the copy reports it. The warm-up
   // runs even if the client stops waiting.
   CallInfo call;
-  RunOnWorker(
+  RunOnLoader(
       core, call,
       [&core, model, published, done] {
         absl::StatusOr<std::vector<LayerView>> layers = core.registry->PublishedLayers(model);
@@ -328,8 +329,8 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
                                                          grpc::ByteBuffer* response) {
   using Call = UnaryCall<v1::LoadSafetensorsRequest, v1::UploadWeightsResponse>;
   return Call::Start(core_, Rpc::kLoadSafetensors, context, request, response, [this](Call& call) {
-    // Reading and widening a file is real work: it runs on a worker.
-    RunOnWorker(
+    // Reading and widening a file is real work: it runs on the loader pool.
+    RunOnLoader(
         core_, call.info(),
         [this, &call] {
           absl::Status status = Load(call.request(), call.response());
@@ -357,10 +358,9 @@ absl::Status ModelsService::Load(const v1::LoadSafetensorsRequest& request,
           absl::StrCat(request.prefix(), layer.spec.name, bias ? ".bias" : ".weight");
       const SafetensorsTensor* t = file->Find(name);
       if (t == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("path: ", Quote(request.path()), " has no tensor ", Quote(name),
-                         " for layer ", Quote(layer.spec.name), " (prefix ",
-                         Quote(request.prefix()), ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "path: ", Quote(request.path()), " has no tensor ", Quote(name), " for layer ",
+            Quote(layer.spec.name), " (prefix ", Quote(request.prefix()), ")"));
       }
       const std::vector<int64_t> want =
           bias ? std::vector<int64_t>{layer.spec.out_features}
@@ -380,9 +380,9 @@ absl::Status ModelsService::Load(const v1::LoadSafetensorsRequest& request,
     }
   }
   const uint64_t staged = tensors.size();
-  MX_ASSIGN_OR_RETURN(const uint64_t version, core_.registry->Stage(request.model(),
-                                                                    std::move(tensors),
-                                                                    request.publish()));
+  MX_ASSIGN_OR_RETURN(
+      const uint64_t version,
+      core_.registry->Stage(request.model(), std::move(tensors), request.publish()));
   core_.UpdateMemoryGauges();
   response->set_model(request.model());
   response->set_tensors_staged(staged);
