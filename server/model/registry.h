@@ -19,11 +19,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -103,7 +103,7 @@ class LayerWeights {
   const std::shared_ptr<const StoredTensor> bias_;
   CopyCache& copies_;
   const WeightPreparer& prepare_;
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   // Strong references live in copies_ and in the requests using a copy: an
   // evicted copy expires here once they are done.
   mutable std::map<std::pair<mx::Format, WeightLayout>, std::weak_ptr<const CachedCopy>> cache_
@@ -190,7 +190,8 @@ class Registry {
     std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>> staged;
   };
   using StagedMap = std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>>;
-  absl::StatusOr<const Model*> FindModel(absl::string_view name) const;
+  absl::StatusOr<const Model*> FindModel(absl::string_view name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION unless every layer would have its weight (and bias).
   absl::Status CheckPublishable(const Model& model, const StagedMap& staged) const;
   uint64_t PublishLocked(Model& model);
@@ -199,7 +200,7 @@ class Registry {
   MemoryBudget* budget_;
   const WeightPreparer prepare_;
   CopyCache copies_;
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Model>, std::less<>> models_ ABSL_GUARDED_BY(mu_);
 };
 

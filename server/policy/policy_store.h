@@ -5,10 +5,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -39,8 +40,8 @@ class PolicyStore {
  private:
   explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}
   std::string dir_;
-  mutable std::mutex mu_;
-  std::map<std::string, StoredPolicy, std::less<>> policies_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, StoredPolicy, std::less<>> policies_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mxserve

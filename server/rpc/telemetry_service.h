@@ -8,11 +8,12 @@
 // --max-power-watts, a timestamp near the daemon's clock).
 #pragma once
 
-#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
 #include "server/rpc/core.h"
@@ -50,8 +51,9 @@ class TelemetryService final : public RawTelemetryService {
 
  private:
   const Core& core_;
-  std::mutex mu_;
-  std::set<std::pair<std::string, std::string>> series_;  // admitted (source, device)
+  absl::Mutex mu_;
+  // Admitted (source, device) pairs.
+  std::set<std::pair<std::string, std::string>> series_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mxserve

@@ -9,11 +9,12 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/base/phase.h"
 
 namespace mxserve {
@@ -53,8 +54,8 @@ class EnergyLedger {
     std::map<int64_t, EnergyAmount> seconds;  // Unix second → amount
   };
   const double retention_;
-  mutable std::mutex mu_;
-  std::map<Key, Series> series_;
+  mutable absl::Mutex mu_;
+  std::map<Key, Series> series_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mxserve

@@ -11,10 +11,11 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
@@ -124,14 +125,16 @@ class Metrics {
   prometheus::Gauge* weight_bytes_;
   prometheus::Gauge* models_;
 
-  std::mutex mu_;  // guards creation of the lazily made series below
+  absl::Mutex mu_;  // guards creation of the lazily made series below
   std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * kFormats> compute_{};
   std::array<std::atomic<prometheus::Counter*>, kRpcs * kCodes> status_{};
   std::array<std::atomic<prometheus::Counter*>, kFormats> quantizations_{};
   std::array<std::atomic<EnergySeries*>, 3> model_energy_{};  // source fpga_model
-  std::map<std::tuple<std::string, Phase>, std::unique_ptr<EnergySeries>> energy_;
-  std::map<std::tuple<int, int, int>, std::unique_ptr<ComputeSeries>> compute_storage_;
-  std::map<std::tuple<std::string, std::string>, prometheus::Gauge*> power_;
+  std::map<std::tuple<std::string, Phase>, std::unique_ptr<EnergySeries>> energy_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<int, int, int>, std::unique_ptr<ComputeSeries>> compute_storage_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::tuple<std::string, std::string>, prometheus::Gauge*> power_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mxserve
