@@ -91,7 +91,6 @@ class Metrics {
  private:
   static constexpr int kRpcs = static_cast<int>(Rpc::kCount);
   static constexpr int kCodes = 17;
-  static constexpr int kFormats = 10;
   static constexpr int kComputeRpcs = 3;
   struct ComputeSeries {
     prometheus::Counter* requests;
@@ -125,9 +124,9 @@ class Metrics {
   prometheus::Gauge* models_;
 
   std::mutex mu_;  // guards creation of the lazily made series below
-  std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * kFormats> compute_{};
+  std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * mx::kFormatCount> compute_{};
   std::array<std::atomic<prometheus::Counter*>, kRpcs * kCodes> status_{};
-  std::array<std::atomic<prometheus::Counter*>, kFormats> quantizations_{};
+  std::array<std::atomic<prometheus::Counter*>, mx::kFormatCount> quantizations_{};
   std::array<std::atomic<EnergySeries*>, 3> model_energy_{};  // source fpga_model
   std::map<std::tuple<std::string, Phase>, std::unique_ptr<EnergySeries>> energy_;
   std::map<std::tuple<int, int, int>, std::unique_ptr<ComputeSeries>> compute_storage_;
