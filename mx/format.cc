@@ -18,7 +18,7 @@ constexpr double Pow2(int e) {
   return v;
 }
 
-constexpr std::array<FormatTraits, 10> kFormats = {{
+constexpr std::array<FormatTraits, kFormatCount> kFormats = {{
     {Format::kMxfp8E4m3, "MXFP8_E4M3", FormatKind::kMxFloat, 8, 4, 3, 7, 8, 448.0, Pow2(-6),
      Pow2(-9), Specials::kNanOnlyE4m3, "no Inf; NaN is S.1111.111"},
     {Format::kMxfp8E5m2, "MXFP8_E5M2", FormatKind::kMxFloat, 8, 5, 2, 15, 15, 57344.0, Pow2(-14),
@@ -41,11 +41,16 @@ constexpr std::array<FormatTraits, 10> kFormats = {{
      Pow2(-126), Pow2(-149), Specials::kIeee, "IEEE 754 binary32 Inf and NaN"},
 }};
 
-struct Alias {
-  absl::string_view name;
-  Format format;
-};
-constexpr std::array<Alias, 3> kAliases = {{
+// Traits(format) indexes the table by the enum's value.
+constexpr bool InEnumOrder() {
+  for (size_t i = 0; i < kFormats.size(); ++i) {
+    if (static_cast<size_t>(kFormats[i].format) != i) return false;
+  }
+  return true;
+}
+static_assert(InEnumOrder(), "kFormats lists every Format once, in the enum's order");
+
+constexpr std::array<FormatAlias, 3> kAliases = {{
     {"MXFP8", Format::kMxfp8E4m3},
     {"MXFP6", Format::kMxfp6E2m3},
     {"MXFP4", Format::kMxfp4E2m1},
@@ -54,6 +59,8 @@ constexpr std::array<Alias, 3> kAliases = {{
 }  // namespace
 
 std::span<const FormatTraits> AllFormats() { return kFormats; }
+
+std::span<const FormatAlias> FormatAliases() { return kAliases; }
 
 const FormatTraits& Traits(Format format) { return kFormats[static_cast<size_t>(format)]; }
 
@@ -72,7 +79,7 @@ absl::StatusOr<Format> ParseFormat(absl::string_view name) {
   for (const FormatTraits& t : kFormats) {
     if (upper == t.name) return t.format;
   }
-  for (const Alias& a : kAliases) {
+  for (const FormatAlias& a : kAliases) {
     if (upper == a.name) return a.format;
   }
   return absl::InvalidArgumentError(

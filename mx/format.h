@@ -23,8 +23,12 @@ enum class Format : uint8_t {
   kInt8,  // symmetric, one FP32 scale per row of an operand
   kBf16,
   kFp16,
-  kFp32,
+  kFp32,  // the last: kFormatCount counts up to it
 };
+
+// How many formats there are: Format values are 0 .. kFormatCount - 1, and
+// AllFormats() lists them in that order (format.cc checks both at compile time).
+inline constexpr int kFormatCount = static_cast<int>(Format::kFp32) + 1;
 
 enum class FormatKind : uint8_t {
   kMxFloat,  // MX block of minifloat elements
@@ -73,6 +77,14 @@ std::span<const FormatTraits> AllFormats();
 const FormatTraits& Traits(Format format);
 inline absl::string_view FormatName(Format format) { return Traits(format).name; }
 inline bool IsMx(Format format) { return Traits(format).is_mx(); }
+
+// A shorthand ParseFormat accepts besides the names in the table.
+struct FormatAlias {
+  absl::string_view name;  // e.g. "MXFP8"
+  Format format;           // e.g. Format::kMxfp8E4m3
+};
+// MXFP8 (= MXFP8_E4M3), MXFP6 (= MXFP6_E2M3) and MXFP4 (= MXFP4_E2M1).
+std::span<const FormatAlias> FormatAliases();
 
 // Parses a format name: the golden set's names (MXFP8_E4M3, ..., MXINT8) and INT8,
 // BF16, FP16, FP32, case-insensitive, plus the aliases mxfp8 (= E4M3), mxfp6

@@ -1,5 +1,7 @@
 #include "clients/cpp/wire_names.h"
 
+#include <optional>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,18 +31,6 @@ std::string PhaseName(v1::Phase phase) {
   }
 }
 
-v1::Format ToWireFormat(mx::Format format) {
-  return static_cast<v1::Format>(static_cast<int>(format) + 1);
-}
-
-absl::StatusOr<mx::Format> FromWireFormat(v1::Format format) {
-  const int index = static_cast<int>(format) - 1;
-  if (index < 0 || index >= static_cast<int>(mx::AllFormats().size())) {
-    return absl::InvalidArgumentError(absl::StrCat("no concrete format for wire value ", format));
-  }
-  return static_cast<mx::Format>(index);
-}
-
 absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   if (lower == "policy" || lower == "auto") return v1::FORMAT_UNSPECIFIED;
@@ -48,13 +38,13 @@ absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name) {
   if (absl::StartsWithIgnoreCase(bare, "format_")) bare.remove_prefix(7);
   absl::StatusOr<mx::Format> format = mx::ParseFormat(bare);
   if (!format.ok()) return format.status();
-  return ToWireFormat(*format);
+  return ::mxserve::ToProto(*format);
 }
 
 std::string WireFormatName(v1::Format format) {
   if (format == v1::FORMAT_UNSPECIFIED) return "policy";
-  absl::StatusOr<mx::Format> mx_format = FromWireFormat(format);
-  if (!mx_format.ok()) return absl::StrCat("format#", static_cast<int>(format));
+  const std::optional<mx::Format> mx_format = ::mxserve::ToMx(format);
+  if (!mx_format) return absl::StrCat("format#", static_cast<int>(format));
   return std::string(mx::FormatName(*mx_format));
 }
 

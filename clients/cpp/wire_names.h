@@ -1,6 +1,5 @@
-// Names of the wire enums (Phase, Format) as people type and read them, and the
-// mapping between the wire Format and mx::Format (wire = mx + 1, checked by
-// tests/proto_test.cc).
+// Names of the wire enums (Phase, Format) as people type and read them. The
+// mapping between the wire Format and mx::Format is proto/convert/formats.h.
 #pragma once
 
 #include <string>
@@ -9,6 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
 #include "mxserve/v1/common.pb.h"
+#include "proto/convert/formats.h"
 
 namespace mxclient {
 
@@ -19,9 +19,8 @@ absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name);
 // "rollout", "reward", "update"; "unspecified" for PHASE_UNSPECIFIED.
 std::string PhaseName(v1::Phase phase);
 
-v1::Format ToWireFormat(mx::Format format);
-// Fails for FORMAT_UNSPECIFIED and values outside the enum.
-absl::StatusOr<mx::Format> FromWireFormat(v1::Format format);
+// mxserve::ToProto under the client's name.
+inline v1::Format ToWireFormat(mx::Format format) { return ::mxserve::ToProto(format); }
 // A format name as mxctl accepts it (mx::ParseFormat), or "policy"/"auto" for
 // FORMAT_UNSPECIFIED (let the model's active policy choose).
 absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name);

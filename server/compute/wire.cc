@@ -11,8 +11,6 @@
 namespace mxserve {
 namespace {
 
-constexpr int kFormatCount = 10;
-
 absl::Status FieldError(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
@@ -36,20 +34,6 @@ absl::Status CheckDim(absl::string_view field, int64_t got, int64_t want, absl::
 bool DimensionOk(int64_t value) { return value >= 1 && value <= mx::kMaxDimension; }
 
 }  // namespace
-
-v1::Format ToProto(mx::Format format) {
-  return static_cast<v1::Format>(static_cast<int>(format) + 1);
-}
-
-absl::StatusOr<std::optional<mx::Format>> FromProto(v1::Format format, absl::string_view field) {
-  const int value = static_cast<int>(format);
-  if (value == 0) return std::optional<mx::Format>();
-  if (value < 0 || value > kFormatCount) {
-    return FieldError(field, absl::StrCat("unknown format value ", value, "; expected one of ",
-                                          mx::FormatNameList()));
-  }
-  return std::optional<mx::Format>(static_cast<mx::Format>(value - 1));
-}
 
 v1::Phase ToProto(Phase phase) { return static_cast<v1::Phase>(static_cast<int>(phase) + 1); }
 

@@ -15,15 +15,13 @@
 #include "mx/format.h"
 #include "mx/packed.h"
 #include "mxserve/v1/common.pb.h"
+#include "proto/convert/formats.h"
 #include "server/base/phase.h"
 
 namespace mxserve {
 
-// Wire enum values are mx::Format + 1; 0 (FORMAT_UNSPECIFIED) means "not given".
-v1::Format ToProto(mx::Format format);
-// nullopt for FORMAT_UNSPECIFIED; INVALID_ARGUMENT naming `field` for a value
-// outside the enum.
-absl::StatusOr<std::optional<mx::Format>> FromProto(v1::Format format, absl::string_view field);
+// Formats: ToProto(mx::Format) and FromProto(v1::Format, field) are in
+// proto/convert/formats.h, shared with the client.
 
 v1::Phase ToProto(Phase phase);
 // PHASE_UNSPECIFIED and unknown values are INVALID_ARGUMENT naming `field`.

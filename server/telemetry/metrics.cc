@@ -113,7 +113,7 @@ Metrics::Metrics(std::string backend)
 }
 
 Metrics::ComputeSeries* Metrics::Compute(Rpc rpc, Phase phase, mx::Format format) {
-  const int index = (static_cast<int>(rpc) * 3 + static_cast<int>(phase)) * kFormats +
+  const int index = (static_cast<int>(rpc) * 3 + static_cast<int>(phase)) * mx::kFormatCount +
                     static_cast<int>(format);
   if (ComputeSeries* s = compute_[index].load(std::memory_order_acquire)) return s;
   absl::MutexLock lock(&mu_);

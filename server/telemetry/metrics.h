@@ -92,7 +92,6 @@ class Metrics {
  private:
   static constexpr int kRpcs = static_cast<int>(Rpc::kCount);
   static constexpr int kCodes = 17;
-  static constexpr int kFormats = 10;
   static constexpr int kComputeRpcs = 3;
   struct ComputeSeries {
     prometheus::Counter* requests;
@@ -126,9 +125,9 @@ class Metrics {
   prometheus::Gauge* models_;
 
   absl::Mutex mu_;  // guards creation of the lazily made series below
-  std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * kFormats> compute_{};
+  std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * mx::kFormatCount> compute_{};
   std::array<std::atomic<prometheus::Counter*>, kRpcs * kCodes> status_{};
-  std::array<std::atomic<prometheus::Counter*>, kFormats> quantizations_{};
+  std::array<std::atomic<prometheus::Counter*>, mx::kFormatCount> quantizations_{};
   std::array<std::atomic<EnergySeries*>, 3> model_energy_{};  // source fpga_model
   std::map<std::tuple<std::string, Phase>, std::unique_ptr<EnergySeries>> energy_
       ABSL_GUARDED_BY(mu_);

@@ -56,6 +56,8 @@ TEST(WireNames, PhasesAndFormats) {
   EXPECT_EQ(mxclient::ParseWireFormat("FORMAT_BF16").value(), v1::FORMAT_BF16);
   EXPECT_EQ(mxclient::ParseWireFormat("policy").value(), v1::FORMAT_UNSPECIFIED);
   EXPECT_EQ(mxclient::WireFormatName(v1::FORMAT_MXINT8), "MXINT8");
+  EXPECT_EQ(mxclient::WireFormatName(v1::FORMAT_UNSPECIFIED), "policy");
+  EXPECT_EQ(mxclient::WireFormatName(static_cast<v1::Format>(42)), "format#42");
 }
 
 }  // namespace

@@ -10,10 +10,12 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "mx/format.h"
 #include "mxserve/v1/compute.grpc.pb.h"
 #include "mxserve/v1/models.grpc.pb.h"
 #include "mxserve/v1/policies.grpc.pb.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
+#include "proto/convert/formats.h"
 
 namespace mx_test {
 
@@ -143,7 +145,10 @@ inline grpc::Status RegisterAndPublish(grpc::Channel* channel, const std::string
   return Upload(channel, model, layers, /*publish=*/true, &response);
 }
 
-inline v1::Format Wire(int mx_format) { return static_cast<v1::Format>(mx_format + 1); }
+// The wire format of mx::Format value `mx_format` (0 .. mx::kFormatCount - 1).
+inline v1::Format Wire(int mx_format) {
+  return mxserve::ToProto(static_cast<mx::Format>(mx_format));
+}
 
 // C = A·B with A (m × k) and B (k × n) as FP32 tensors; format_b left
 // unspecified means the same as `format`.

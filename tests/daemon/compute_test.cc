@@ -15,8 +15,6 @@
 namespace mx_test {
 namespace {
 
-constexpr int kFormats = 10;
-
 // The kernel mx/kernels runs for a format with itself at this machine's best
 // level: "<level>/<kind>", the level being the best one up to it that has the
 // kind (on AVX-512, MXFP8 and INT8 run avx2), from the kernels' own table.
@@ -55,7 +53,7 @@ TestLayer* ComputeTest::layer_ = nullptr;
 TEST_F(ComputeTest, GemmEqualsReferenceForEveryFormat) {
   const int64_t m = 5, k = 70, n = 9;  // K is not a multiple of 32
   const auto a = TestValues(m * k, 1), b = TestValues(k * n, 2);
-  for (int f = 0; f < kFormats; ++f) {
+  for (int f = 0; f < mx::kFormatCount; ++f) {
     const auto format = static_cast<mx::Format>(f);
     SCOPED_TRACE(mx::FormatName(format));
     const v1::GemmRequest request = GemmRequest(v1::PHASE_UPDATE, Wire(f), a, b, m, k, n);
@@ -92,7 +90,7 @@ TEST_F(ComputeTest, GemmMixedFormatsAndRoundingAway) {
 TEST_F(ComputeTest, LayerForwardEqualsReferenceForEveryFormat) {
   const int64_t m = 3;
   const auto x = TestValues(m * layer_->in, 5);
-  for (int f = 0; f < kFormats; ++f) {
+  for (int f = 0; f < mx::kFormatCount; ++f) {
     const auto format = static_cast<mx::Format>(f);
     SCOPED_TRACE(mx::FormatName(format));
     const v1::LayerForwardRequest request =
@@ -168,7 +166,7 @@ TEST_F(ComputeTest, LayerBackwardEqualsReference) {
     request.set_model("m");
     request.set_layer(layer_->name);
     request.set_phase(v1::PHASE_UPDATE);
-    request.set_format(Wire(static_cast<int>(format)));
+    request.set_format(mxserve::ToProto(format));
     *request.mutable_grad_output() = Matrix(dy, m, n);
     *request.mutable_input() = Matrix(x, m, k);
     grpc::ClientContext context;
@@ -197,7 +195,7 @@ TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
   const auto x = TestValues(m * layer_->in, 12);
   std::map<uint64_t, int> format_of;
   uint64_t id = 100;
-  for (int f = 0; f < kFormats; ++f) {
+  for (int f = 0; f < mx::kFormatCount; ++f) {
     v1::StreamRequest gemm;
     gemm.set_request_id(id);
     format_of[id++] = f;
@@ -243,7 +241,7 @@ TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
       EXPECT_TRUE(SameBits(Floats(response.forward().output()), ReferenceForward(x, m, format)));
     }
   }
-  EXPECT_EQ(answered, 2 * kFormats + 1);
+  EXPECT_EQ(answered, 2 * mx::kFormatCount + 1);
   EXPECT_TRUE(stream->Finish().ok());
 }
 

@@ -10,8 +10,6 @@
 namespace mx_test {
 namespace {
 
-constexpr int kFormats = 10;
-
 const char* Datapath(mx::Format f) {
   switch (f) {
     case mx::Format::kMxfp8E4m3:
@@ -49,7 +47,7 @@ TestLayer* HlsSimTest::layer_ = nullptr;
 TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
   const int64_t m = 3;
   const auto x = TestValues(m * layer_->in, 21);
-  for (int f = 0; f < kFormats; ++f) {
+  for (int f = 0; f < mx::kFormatCount; ++f) {
     const auto format = static_cast<mx::Format>(f);
     SCOPED_TRACE(mx::FormatName(format));
     const v1::LayerForwardRequest request =

@@ -133,7 +133,7 @@ TEST_F(HostileTest, TheFortyByteGemmIsInvalidArgument) {
 
 TEST_F(HostileTest, PackedOperandsOfEveryFormatAtTheLimitAreInvalidArgument) {
   // rows = cols = 2^31: rows · RowBytes wrapped to 0 for FP32 (was std::length_error).
-  for (int f = 0; f < 10; ++f) {
+  for (int f = 0; f < mx::kFormatCount; ++f) {
     v1::GemmRequest request;
     request.set_phase(v1::PHASE_ROLLOUT);
     auto* a = request.mutable_a()->mutable_packed();

@@ -67,7 +67,7 @@ TEST(SchedulingTest, BatchedRequestsGetTheirOwnUnbatchedBits) {
   for (size_t i = 0; i < calls.size(); ++i) {
     ASSERT_TRUE(calls[i]->done.get_future().get().ok());
     const int64_t m = 1 + i % 3;
-    const auto format = static_cast<mx::Format>(formats[i] - 1);
+    const mx::Format format = *mxserve::ToMx(formats[i]);
     EXPECT_TRUE(SameBits(Floats(calls[i]->response.output()), Reference(layer, inputs[i], m, format)))
         << "request " << i;
     EXPECT_EQ(calls[i]->response.info().format(), formats[i]);

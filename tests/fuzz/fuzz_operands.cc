@@ -57,7 +57,7 @@ void Dense(uint8_t format_byte, const uint8_t* data, size_t size) {
   if (!tensor.ParseFromArray(data, static_cast<int>(size))) return;
   absl::StatusOr<mxserve::DenseMatrix> m = mxserve::DecodeMatrix(tensor, "x", {}, kMaxBytes);
   if (!m.ok()) return;
-  const auto format = static_cast<mx::Format>(format_byte % 10);
+  const auto format = static_cast<mx::Format>(format_byte % mx::kFormatCount);
   for (mx::Rounding rounding : {mx::Rounding::kNearestEven, mx::Rounding::kNearestAway}) {
     mx::QuantizeOptions options;
     options.rounding = rounding;

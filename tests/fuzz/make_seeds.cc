@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mx/packed.h"
+#include "proto/convert/formats.h"
 #include "server/policy/policy.h"
 #include "tests/fuzz/fuzz_seeds.h"
 
@@ -185,11 +186,11 @@ void PolicySeeds() {
 }
 
 void OperandSeeds() {
-  for (int f = 0; f < 10; ++f) {
+  for (int f = 0; f < mx::kFormatCount; ++f) {
     const auto format = static_cast<mx::Format>(f);
     mx::QuantizedMatrix q = *mx::QuantizeRows(SeedValues(2 * 70, 30 + f), 2, 70, format);
     v1::PackedOperand packed;
-    packed.set_format(static_cast<v1::Format>(f + 1));
+    packed.set_format(mxserve::ToProto(format));
     packed.set_rows(q.rows);
     packed.set_cols(q.cols);
     packed.set_elements(std::string(q.elements.begin(), q.elements.end()));
