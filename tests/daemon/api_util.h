@@ -1,7 +1,9 @@
 // Small helpers for the daemon's integration tests: tensors to and from the
-// wire, deterministic test data, and registering a model with weights.
+// wire, deterministic test data, registering a model with weights, and the
+// reference results a served model must answer with.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -10,6 +12,9 @@
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "mx/format.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
 #include "mxserve/v1/compute.grpc.pb.h"
 #include "mxserve/v1/models.grpc.pb.h"
 #include "mxserve/v1/policies.grpc.pb.h"
@@ -26,6 +31,11 @@ namespace v1 = mxserve::v1;
     EXPECT_EQ(s_.error_code(), grpc::StatusCode::code) << s_.error_message();          \
     EXPECT_NE(s_.error_message().find(text), std::string::npos) << s_.error_message(); \
   } while (0)
+
+// Unix time now, in seconds: the clock of power samples and energy reports.
+inline double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 inline v1::Tensor Matrix(const std::vector<float>& values, int64_t rows, int64_t cols) {
   v1::Tensor t;
@@ -170,6 +180,39 @@ inline v1::LayerForwardRequest ForwardRequest(const std::string& model, const Te
   request.set_format(Wire(mx_format));
   *request.mutable_input()->mutable_tensor() = Matrix(x, m, layer.in);
   return request;
+}
+
+// The reference Y = X·Wᵀ + b of `layer` in `format`: X (m × layer.in) and W
+// quantized along their rows.
+inline std::vector<float> ReferenceForward(const TestLayer& layer, const std::vector<float>& x,
+                                           int64_t m, mx::Format format) {
+  auto qx = mx::QuantizeRows(x, m, layer.in, format);
+  auto qw = mx::QuantizeRows(layer.weight, layer.out, layer.in, format);
+  return *mx::ReferenceLinear(*qx, *qw, layer.bias_values);
+}
+
+// The daemon still answers a LayerForward of `layer` in `model` (two rows,
+// rollout, MXFP8 E4M3) with the reference bits: nothing it held was lost.
+inline void ExpectServesReference(const std::shared_ptr<grpc::Channel>& channel,
+                                  const std::string& model, const TestLayer& layer) {
+  const auto x = TestValues(2 * layer.in, 72);
+  constexpr mx::Format kFormat = mx::Format::kMxfp8E4m3;
+  v1::LayerForwardResponse response;
+  grpc::ClientContext context;
+  const grpc::Status s = v1::Compute::NewStub(channel)->LayerForward(
+      &context, ForwardRequest(model, layer, v1::PHASE_ROLLOUT, static_cast<int>(kFormat), x, 2),
+      &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(layer, x, 2, kFormat)));
+}
+
+// The entry of `source` and `phase` in `report`, or null.
+inline const v1::EnergyEntry* FindEnergyEntry(const v1::EnergyReport& report,
+                                              const std::string& source, v1::Phase phase) {
+  for (const auto& e : report.entries()) {
+    if (e.source() == source && e.phase() == phase) return &e;
+  }
+  return nullptr;
 }
 
 }  // namespace mx_test
