@@ -97,12 +97,22 @@ void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t v
 void Account(const ComputeContext& core, Rpc rpc, Phase phase, mx::Format format,
              Clock::time_point arrival, double queue_seconds, double flops,
              const fpga_model::GemmEstimate& model, double device_seconds) {
-  core.metrics->RecordCompute({rpc, phase, format, Seconds(Clock::now() - arrival), queue_seconds,
-                               flops, model.bytes, model.seconds, model.joules});
+  core.metrics->RecordCompute({.rpc = rpc,
+                               .phase = phase,
+                               .format = format,
+                               .latency_seconds = Seconds(Clock::now() - arrival),
+                               .queue_seconds = queue_seconds,
+                               .flops = flops,
+                               .bytes = model.bytes,
+                               .model_seconds = model.seconds,
+                               .model_joules = model.joules});
   const double now = UnixSeconds();
-  core.ledger->Add("fpga_model", phase, now, {model.joules, model.seconds, 1});
+  core.ledger->Add("fpga_model", phase, now,
+                   {.joules = model.joules, .busy_seconds = model.seconds, .requests = 1});
   if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
-    core.ledger->Add("fpga", phase, now, {*watts * device_seconds, device_seconds, 1});
+    core.ledger->Add(
+        "fpga", phase, now,
+        {.joules = *watts * device_seconds, .busy_seconds = device_seconds, .requests = 1});
     core.metrics->AddEnergy("fpga", phase, *watts * device_seconds, device_seconds);
     core.metrics->SetPower("fpga", "board", *watts);
   }

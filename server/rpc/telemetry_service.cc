@@ -106,7 +106,8 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // A gap too long to say what the device did in between counts nothing.
       if (dt <= kMaxPowerGapSeconds) {
         const double joules = dt * (sample_.watts() + last->second.watts()) / 2;
-        core_.ledger->Add(sample_.source(), *phase, t, {joules, dt, 0});
+        core_.ledger->Add(sample_.source(), *phase, t,
+                          {.joules = joules, .busy_seconds = dt, .requests = 0});
         core_.metrics->AddEnergy(sample_.source(), *phase, joules, dt);
         response_.set_joules_added(response_.joules_added() + joules);
       }

@@ -31,7 +31,7 @@ std::vector<EnergyRow> EnergyLedger::Report(double since) const {
   absl::MutexLock lock(&mu_);
   std::vector<EnergyRow> rows;
   for (const auto& [key, series] : series_) {
-    EnergyRow row{std::get<0>(key), std::get<1>(key), {}};
+    EnergyRow row{.source = std::get<0>(key), .phase = std::get<1>(key), .amount = {}};
     // A start inside the folded part cannot be split any more: it counts whole.
     if (since <= 0 || since < series.folded_until) row.amount.Add(series.folded);
     for (auto it = series.seconds.lower_bound(since <= 0 ? INT64_MIN : from);

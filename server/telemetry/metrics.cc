@@ -125,10 +125,10 @@ Metrics::ComputeSeries* Metrics::Compute(Rpc rpc, Phase phase, mx::Format format
   const prometheus::Labels work_labels = {{"phase", std::string(PhaseName(phase))},
                                           {"format", std::string(mx::FormatName(format))}};
   auto series = std::make_unique<ComputeSeries>(ComputeSeries{
-      &requests_family_->Add(labels),
-      &latency_family_->Add(labels, LatencyBuckets()),
-      &flops_family_->Add(work_labels),
-      &bytes_family_->Add(work_labels),
+      .requests = &requests_family_->Add(labels),
+      .latency = &latency_family_->Add(labels, LatencyBuckets()),
+      .flops = &flops_family_->Add(work_labels),
+      .bytes = &bytes_family_->Add(work_labels),
   });
   ComputeSeries* raw = series.get();
   compute_storage_[{static_cast<int>(rpc), static_cast<int>(phase), static_cast<int>(format)}] =
@@ -144,7 +144,7 @@ Metrics::EnergySeries* Metrics::Energy(const std::string& source, Phase phase) {
     const prometheus::Labels labels = {{"source", source},
                                        {"phase", std::string(PhaseName(phase))}};
     slot = std::make_unique<EnergySeries>(
-        EnergySeries{&energy_family_->Add(labels), &busy_family_->Add(labels)});
+        EnergySeries{.joules = &energy_family_->Add(labels), .busy = &busy_family_->Add(labels)});
   }
   return slot.get();
 }

@@ -1,21 +1,30 @@
 // Small helpers for the daemon's integration tests: tensors to and from the
-// wire, deterministic test data, and registering a model with weights.
+// wire, deterministic test data, registering a model with weights, the
+// reference results a served model must answer with, and what the daemon
+// booked for the FPGA model's energy.
 #pragma once
 
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "fpga/model/energy_model.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "mx/format.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
 #include "mxserve/v1/compute.grpc.pb.h"
 #include "mxserve/v1/models.grpc.pb.h"
 #include "mxserve/v1/policies.grpc.pb.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
 #include "proto/convert/formats.h"
+#include "tests/daemon/daemon_process.h"
 
 namespace mx_test {
 
@@ -28,6 +37,11 @@ namespace v1 = mxserve::v1;
     EXPECT_EQ(s_.error_code(), grpc::StatusCode::code) << s_.error_message();          \
     EXPECT_NE(s_.error_message().find(text), std::string::npos) << s_.error_message(); \
   } while (0)
+
+// Unix time now, in seconds: the clock of power samples and energy reports.
+inline double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 inline v1::Tensor Matrix(const std::vector<float>& values, int64_t rows, int64_t cols) {
   v1::Tensor t;
@@ -175,6 +189,161 @@ inline v1::LayerForwardRequest ForwardRequest(const std::string& model, const Te
   request.set_format(Wire(mx_format));
   *request.mutable_input()->mutable_tensor() = Matrix(x, m, layer.in);
   return request;
+}
+
+// The reference Y = X·Wᵀ + b of `layer` in `format`: X (m × layer.in) and W
+// quantized along their rows.
+inline std::vector<float> ReferenceForward(const TestLayer& layer, const std::vector<float>& x,
+                                           int64_t m, mx::Format format) {
+  auto qx = mx::QuantizeRows(x, m, layer.in, format);
+  auto qw = mx::QuantizeRows(layer.weight, layer.out, layer.in, format);
+  return *mx::ReferenceLinear(*qx, *qw, layer.bias_values);
+}
+
+// The daemon still answers a LayerForward of `layer` in `model` (two rows,
+// rollout, MXFP8 E4M3) with the reference bits: nothing it held was lost.
+inline void ExpectServesReference(const std::shared_ptr<grpc::Channel>& channel,
+                                  const std::string& model, const TestLayer& layer) {
+  const auto x = TestValues(2 * layer.in, 72);
+  constexpr mx::Format kFormat = mx::Format::kMxfp8E4m3;
+  v1::LayerForwardResponse response;
+  grpc::ClientContext context;
+  const grpc::Status s = v1::Compute::NewStub(channel)->LayerForward(
+      &context, ForwardRequest(model, layer, v1::PHASE_ROLLOUT, static_cast<int>(kFormat), x, 2),
+      &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(layer, x, 2, kFormat)));
+}
+
+// A LayerBackward of `grad_output` (m × layer.out, FP32) in an explicit format;
+// with `input` (m × layer.in) it asks for grad_weight too.
+inline v1::LayerBackwardRequest BackwardRequest(const std::string& model, const TestLayer& layer,
+                                                v1::Phase phase, int mx_format,
+                                                const std::vector<float>& grad_output,
+                                                const std::optional<std::vector<float>>& input,
+                                                int64_t m) {
+  v1::LayerBackwardRequest request;
+  request.set_model(model);
+  request.set_layer(layer.name);
+  request.set_phase(phase);
+  request.set_format(Wire(mx_format));
+  *request.mutable_grad_output() = Matrix(grad_output, m, layer.out);
+  if (input) *request.mutable_input() = Matrix(*input, m, layer.in);
+  return request;
+}
+
+// ---------------------------------------------------------------------------
+// Energy: what the daemon booked for the FPGA model.
+
+// The entry of `source` and `phase` in `report`, or null.
+inline const v1::EnergyEntry* FindEnergyEntry(const v1::EnergyReport& report,
+                                              const std::string& source, v1::Phase phase) {
+  for (const auto& e : report.entries()) {
+    if (e.source() == source && e.phase() == phase) return &e;
+  }
+  return nullptr;
+}
+
+// The `phase` label of the daemon's metrics.
+inline std::string PhaseLabel(v1::Phase phase) {
+  switch (phase) {
+    case v1::PHASE_ROLLOUT:
+      return "rollout";
+    case v1::PHASE_REWARD:
+      return "reward";
+    case v1::PHASE_UPDATE:
+      return "update";
+    default:
+      return "unspecified";
+  }
+}
+
+// The work of two estimates together (a request that runs two GEMMs, or several
+// requests), field by field.
+inline fpga_model::GemmEstimate Plus(const fpga_model::GemmEstimate& a,
+                                     const fpga_model::GemmEstimate& b) {
+  return {.macs = a.macs + b.macs,
+          .cycles = a.cycles + b.cycles,
+          .bytes = a.bytes + b.bytes,
+          .seconds = a.seconds + b.seconds,
+          .joules = a.joules + b.joules};
+}
+
+// |got − want| ≤ relative·|want|: the same terms, added up in another order or
+// printed in decimal by the metrics exposition.
+inline ::testing::AssertionResult NearlyEqual(double got, double want, double relative = 1e-12) {
+  if (std::abs(got - want) <= relative * std::abs(want)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "got " << got << ", want " << want << " (off by " << got - want << ")";
+}
+
+// What the daemon has booked for the FPGA model in one phase: the "fpga_model"
+// entry of its energy report and its Prometheus counters (bytes and FLOPs of
+// the phase and one format). Absent entries and series read 0.
+struct ModelBooks {
+  double report_joules = 0;
+  double report_seconds = 0;
+  uint64_t report_requests = 0;
+  double metric_joules = 0;   // mxserve_energy_joules_total{source="fpga_model"}
+  double metric_seconds = 0;  // mxserve_busy_seconds_total{source="fpga_model"}
+  double metric_bytes = 0;    // mxserve_bytes_moved_total
+  double metric_flops = 0;    // mxserve_flops_total
+};
+
+inline ModelBooks ReadModelBooks(const DaemonProcess& daemon, v1::Phase phase, mx::Format format) {
+  ModelBooks books;
+  grpc::ClientContext context;
+  v1::EnergyReport report;
+  const grpc::Status s =
+      v1::Telemetry::NewStub(daemon.channel())->GetEnergyReport(&context, {}, &report);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  if (const v1::EnergyEntry* e = FindEnergyEntry(report, "fpga_model", phase)) {
+    books.report_joules = e->joules();
+    books.report_seconds = e->busy_seconds();
+    books.report_requests = e->requests();
+  }
+  const std::string m = ScrapeMetrics(daemon.metrics_address());
+  EXPECT_FALSE(m.empty()) << "no metrics from " << daemon.metrics_address();
+  auto counter = [&](const std::string& series) {
+    const double value = MetricValue(m, series);
+    return value < 0 ? 0 : value;
+  };
+  const std::string work = "{format=\"" + std::string(mx::FormatName(format)) + "\",phase=\"" +
+                           PhaseLabel(phase) + "\"}";
+  const std::string energy = "{phase=\"" + PhaseLabel(phase) + "\",source=\"fpga_model\"}";
+  books.metric_joules = counter("mxserve_energy_joules_total" + energy);
+  books.metric_seconds = counter("mxserve_busy_seconds_total" + energy);
+  books.metric_bytes = counter("mxserve_bytes_moved_total" + work);
+  books.metric_flops = counter("mxserve_flops_total" + work);
+  return books;
+}
+
+// From `before` to `after` the books grew by exactly `estimate`, over `requests`
+// requests: the report's joules, busy seconds and requests, the joules and
+// busy-seconds counters, the bytes moved, and FLOPs of 2 per multiply-accumulate.
+inline void ExpectBooked(const ModelBooks& before, const ModelBooks& after,
+                         const fpga_model::GemmEstimate& estimate, uint64_t requests) {
+  EXPECT_GT(estimate.joules, 0);
+  EXPECT_TRUE(NearlyEqual(after.report_joules - before.report_joules, estimate.joules))
+      << "energy report: joules";
+  EXPECT_TRUE(NearlyEqual(after.report_seconds - before.report_seconds, estimate.seconds))
+      << "energy report: busy seconds";
+  EXPECT_EQ(after.report_requests - before.report_requests, requests) << "energy report: requests";
+  EXPECT_TRUE(NearlyEqual(after.metric_joules - before.metric_joules, estimate.joules))
+      << "mxserve_energy_joules_total";
+  EXPECT_TRUE(NearlyEqual(after.metric_seconds - before.metric_seconds, estimate.seconds))
+      << "mxserve_busy_seconds_total";
+  EXPECT_TRUE(NearlyEqual(after.metric_bytes - before.metric_bytes, estimate.bytes))
+      << "mxserve_bytes_moved_total";
+  EXPECT_TRUE(NearlyEqual(after.metric_flops - before.metric_flops, 2 * estimate.macs))
+      << "mxserve_flops_total";
+}
+
+// A response's ExecutionInfo carries exactly the estimate of its work.
+inline void ExpectInfoIs(const v1::ExecutionInfo& info, const fpga_model::GemmEstimate& estimate) {
+  EXPECT_GT(estimate.joules, 0);
+  EXPECT_EQ(info.model_seconds(), estimate.seconds);
+  EXPECT_EQ(info.model_joules(), estimate.joules);
 }
 
 }  // namespace mx_test

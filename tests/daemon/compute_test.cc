@@ -36,14 +36,6 @@ class ComputeTest : public ::testing::Test {
   }
   std::unique_ptr<v1::Compute::Stub> Stub() { return v1::Compute::NewStub(daemon_->channel()); }
 
-  // The reference Y = X·Wᵀ + b in `format`.
-  static std::vector<float> ReferenceForward(const std::vector<float>& x, int64_t m,
-                                             mx::Format format) {
-    auto qx = mx::QuantizeRows(x, m, layer_->in, format);
-    auto qw = mx::QuantizeRows(layer_->weight, layer_->out, layer_->in, format);
-    return *mx::ReferenceLinear(*qx, *qw, layer_->bias_values);
-  }
-
   static DaemonProcess* daemon_;
   static TestLayer* layer_;
 };
@@ -98,7 +90,7 @@ TEST_F(ComputeTest, LayerForwardEqualsReferenceForEveryFormat) {
     grpc::ClientContext context;
     v1::LayerForwardResponse response;
     ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
-    EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(x, m, format)));
+    EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(*layer_, x, m, format)));
     EXPECT_EQ(response.info().weight_version(), 1u);
     EXPECT_EQ(response.info().format(), Wire(f));
     EXPECT_EQ(response.info().weight_format(), Wire(f));
@@ -126,7 +118,8 @@ TEST_F(ComputeTest, PackedAndBf16InputsGiveTheSameBitsAsFp32) {
   grpc::ClientContext context;
   v1::LayerForwardResponse response;
   ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
-  EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(x, m, mx::Format::kMxfp4E2m1)));
+  EXPECT_TRUE(
+      SameBits(Floats(response.output()), ReferenceForward(*layer_, x, m, mx::Format::kMxfp4E2m1)));
 
   // BF16 input: the values widen exactly, so the result equals FP32 input of the
   // same (BF16-representable) values.
@@ -144,8 +137,8 @@ TEST_F(ComputeTest, PackedAndBf16InputsGiveTheSameBitsAsFp32) {
   t->set_data(std::string(reinterpret_cast<const char*>(codes.data()), codes.size() * 2));
   grpc::ClientContext context2;
   ASSERT_TRUE(Stub()->LayerForward(&context2, bf16, &response).ok());
-  EXPECT_TRUE(
-      SameBits(Floats(response.output()), ReferenceForward(widened, m, mx::Format::kMxfp4E2m1)));
+  EXPECT_TRUE(SameBits(Floats(response.output()),
+                       ReferenceForward(*layer_, widened, m, mx::Format::kMxfp4E2m1)));
 }
 
 std::vector<float> Transpose(const std::vector<float>& v, int64_t rows, int64_t cols) {
@@ -238,7 +231,8 @@ TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
                            *mx::ReferenceGemm(a, format, b, format, m, k, n)));
     } else {
       ASSERT_TRUE(response.has_forward());
-      EXPECT_TRUE(SameBits(Floats(response.forward().output()), ReferenceForward(x, m, format)));
+      EXPECT_TRUE(
+          SameBits(Floats(response.forward().output()), ReferenceForward(*layer_, x, m, format)));
     }
   }
   EXPECT_EQ(answered, 2 * mx::kFormatCount + 1);

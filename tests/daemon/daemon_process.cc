@@ -35,10 +35,7 @@ DaemonProcess::DaemonProcess(std::vector<std::string> flags) {
     ADD_FAILURE() << "pipe failed";
     return;
   }
-  // $MXSERVED swaps in another build of the daemon (make test-tsan runs these
-  // tests against a ThreadSanitizer mxserved).
-  const char* binary = std::getenv("MXSERVED") ? std::getenv("MXSERVED") : MXSERVED_PATH;
-  std::vector<std::string> args = {binary, "--listen", "127.0.0.1:0", "--metrics-listen",
+  std::vector<std::string> args = {MXSERVED_PATH, "--listen", "127.0.0.1:0", "--metrics-listen",
                                    "127.0.0.1:0"};
   args.insert(args.end(), flags.begin(), flags.end());
   pid_ = fork();

@@ -18,7 +18,6 @@ namespace mx_test {
 class DaemonProcess {
  public:
   // Starts `MXSERVED_PATH --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 <flags>`
-  // ($MXSERVED, when set, instead of the build's own binary)
   // and waits (up to 20 s) for it to listen. Fails the test (ADD_FAILURE) and
   // leaves `ok()` false when it does not.
   explicit DaemonProcess(std::vector<std::string> flags = {});

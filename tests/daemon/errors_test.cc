@@ -1,7 +1,6 @@
 // Bad input of every kind gets the right status code and a message naming the
 // field, and the daemon keeps serving with its state intact.
 #include "mx/packed.h"
-#include "mx/reference_gemm.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
 
@@ -23,18 +22,7 @@ class ErrorsTest : public ::testing::Test {
   void TearDown() override { ExpectStillServing(); }
 
   // After every test: the model still answers with the reference bits.
-  void ExpectStillServing() {
-    const auto x = TestValues(2 * 64, 72);
-    v1::LayerForwardResponse response;
-    grpc::ClientContext context;
-    ASSERT_TRUE(v1::Compute::NewStub(daemon_->channel())
-                    ->LayerForward(&context, Forward(x, 2), &response)
-                    .ok());
-    auto qx = mx::QuantizeRows(x, 2, 64, mx::Format::kMxfp8E4m3);
-    auto qw = mx::QuantizeRows(layer_->weight, 16, 64, mx::Format::kMxfp8E4m3);
-    EXPECT_TRUE(
-        SameBits(Floats(response.output()), *mx::ReferenceLinear(*qx, *qw, layer_->bias_values)));
-  }
+  void ExpectStillServing() { ExpectServesReference(daemon_->channel(), "m", *layer_); }
 
   static v1::LayerForwardRequest Forward(const std::vector<float>& x, int64_t m) {
     v1::LayerForwardRequest r;
@@ -255,8 +243,7 @@ TEST_F(ErrorsTest, PowerSamplesAreValidated) {
   s.set_source("gpu_baseline");
   s.set_device("cuda:0");
   s.set_phase(v1::PHASE_ROLLOUT);
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = UnixNow();
   s.set_timestamp_seconds(now - 10);
   s.set_watts(100);
   writer->Write(s);

@@ -26,11 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // A safetensors file: little-endian u64 header length, the header, the data.
 void WriteSafetensors(const fs::path& path, const std::string& header, const std::string& data) {
   std::ofstream out(path, std::ios::binary);
@@ -63,26 +58,8 @@ class HostileTest : public ::testing::Test {
   }
   void TearDown() override { ExpectStillServing(); }
 
-  static std::vector<float> Reference(const std::vector<float>& x, int64_t m,
-                                      const TestLayer& layer, mx::Format f) {
-    auto qx = mx::QuantizeRows(x, m, layer.in, f);
-    auto qw = mx::QuantizeRows(layer.weight, layer.out, layer.in, f);
-    return *mx::ReferenceLinear(*qx, *qw, layer.bias_values);
-  }
-
   // The model still answers with the reference bits: nothing it held was lost.
-  static void ExpectStillServing() {
-    const auto x = TestValues(2 * 64, 72);
-    v1::LayerForwardResponse response;
-    grpc::ClientContext context;
-    const grpc::Status s =
-        v1::Compute::NewStub(daemon_->channel())
-            ->LayerForward(&context, ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, x, 2),
-                           &response);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_TRUE(SameBits(Floats(response.output()),
-                         Reference(x, 2, *layer_, mx::Format::kMxfp8E4m3)));
-  }
+  static void ExpectStillServing() { ExpectServesReference(daemon_->channel(), "m", *layer_); }
 
   static std::string Metrics() { return ScrapeMetrics(daemon_->metrics_address()); }
 
@@ -180,7 +157,7 @@ TEST_F(HostileTest, TheFortyByteGemmInsideAStreamAnswersThatRequestOnly) {
       << answers[7].status_message();
   EXPECT_EQ(answers[8].status_code(), 0) << answers[8].status_message();
   EXPECT_TRUE(SameBits(Floats(answers[8].forward().output()),
-                       Reference(TestValues(64, 3), 1, *layer_, mx::Format::kMxfp8E4m3)));
+                       ReferenceForward(*layer_, TestValues(64, 3), 1, mx::Format::kMxfp8E4m3)));
 }
 
 // ---------------------------------------------------------------------------
@@ -265,7 +242,7 @@ TEST_F(HostileTest, ACorruptStreamMessageEndsTheStreamAfterAnsweringWhatCameBefo
 }
 
 TEST_F(HostileTest, ACorruptPowerSampleEndsTheStreamKeepingWhatCameBefore) {
-  const double t = Now() - 10;
+  const double t = UnixNow() - 10;
   v1::PowerSample sample;
   sample.set_source("corrupt_test");
   sample.set_device("d0");
@@ -464,7 +441,7 @@ TEST(PowerSeriesTest, SeriesAreCappedAndSamplesMustBePlausible) {
   DaemonProcess daemon({"--workers", "1", "--max-power-series", "4"});
   ASSERT_TRUE(daemon.ok());
   DaemonProcess* daemon_ = &daemon;  // the suite's name for it, below
-  const double t = Now() - 5;
+  const double t = UnixNow() - 5;
   v1::ReportPowerResponse response;
   // The daemon's own sources cannot be reported.
   for (const char* reserved : {"fpga_model", "fpga"}) {
@@ -517,7 +494,7 @@ TEST(PowerSourcesTest, OnlyListedSourcesAreAccepted) {
   DaemonProcess daemon({"--workers", "1", "--power-sources", "gpu_baseline, lab_meter"});
   ASSERT_TRUE(daemon.ok());
   v1::ReportPowerResponse response;
-  const double t = Now();
+  const double t = UnixNow();
   EXPECT_TRUE(ReportPower(daemon.channel(), {Sample("lab_meter", "d", t, 1)}, &response).ok());
   EXPECT_STATUS(ReportPower(daemon.channel(), {Sample("other", "d", t, 1)}, &response),
                 INVALID_ARGUMENT,

@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "mx/kernels/linear.h"
 #include "mx/packed.h"
-#include "mx/reference_gemm.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
 
@@ -55,13 +54,6 @@ grpc::Status Forward(grpc::Channel* channel, const std::string& model, const std
   grpc::ClientContext context;
   auto stub = v1::Compute::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
   return stub->LayerForward(&context, request, response);
-}
-
-std::vector<float> Reference(const TestLayer& layer, const std::vector<float>& x, int64_t m,
-                             mx::Format format) {
-  auto qx = mx::QuantizeRows(x, m, layer.in, format);
-  auto qw = mx::QuantizeRows(layer.weight, layer.out, layer.in, format);
-  return *mx::ReferenceLinear(*qx, *qw, layer.bias_values);
 }
 
 v1::ModelInfo Describe(grpc::Channel* channel, const std::string& name) {
@@ -114,7 +106,7 @@ TEST_F(ModelsTest, SafetensorsLoadThenVersionBumpChangesResults) {
   ASSERT_TRUE(Forward(channel(), "qwen", up.name, v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, x, 3,
                       64, &r1)
                   .ok());
-  EXPECT_TRUE(SameBits(Floats(r1.output()), Reference(up, x, 3, mx::Format::kMxfp4E2m1)));
+  EXPECT_TRUE(SameBits(Floats(r1.output()), ReferenceForward(up, x, 3, mx::Format::kMxfp4E2m1)));
 
   // Version 2 through a chunked upload: results change, old requirement fails.
   const TestLayer up2 = MakeLayer(up.name, 48, 64, false, 44);
@@ -126,14 +118,14 @@ TEST_F(ModelsTest, SafetensorsLoadThenVersionBumpChangesResults) {
                       64, &r2, /*min_version=*/2)
                   .ok());
   EXPECT_EQ(r2.info().weight_version(), 2u);
-  EXPECT_TRUE(SameBits(Floats(r2.output()), Reference(up2, x, 3, mx::Format::kMxfp4E2m1)));
+  EXPECT_TRUE(SameBits(Floats(r2.output()), ReferenceForward(up2, x, 3, mx::Format::kMxfp4E2m1)));
   EXPECT_FALSE(SameBits(Floats(r2.output()), Floats(r1.output())));
   // The unchanged layer kept its weights (and its version's copies).
   v1::LayerForwardResponse rq;
   ASSERT_TRUE(Forward(channel(), "qwen", q.name, v1::PHASE_REWARD, v1::FORMAT_MXFP8_E4M3, x, 3, 64,
                       &rq)
                   .ok());
-  EXPECT_TRUE(SameBits(Floats(rq.output()), Reference(q, x, 3, mx::Format::kMxfp8E4m3)));
+  EXPECT_TRUE(SameBits(Floats(rq.output()), ReferenceForward(q, x, 3, mx::Format::kMxfp8E4m3)));
 
   v1::LayerForwardResponse r3;
   grpc::Status too_new = Forward(channel(), "qwen", up.name, v1::PHASE_ROLLOUT,
@@ -170,7 +162,7 @@ TEST_F(ModelsTest, MemoryLimitRejectsAndNothingIsHalfRegistered) {
   v1::LayerForwardResponse r;
   ASSERT_TRUE(Forward(channel(), "one", "a", v1::PHASE_ROLLOUT, v1::FORMAT_FP16, x, 1, 400, &r).ok());
   EXPECT_EQ(r.info().weight_version(), 1u);
-  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(one, x, 1, mx::Format::kFp16)));
+  EXPECT_TRUE(SameBits(Floats(r.output()), ReferenceForward(one, x, 1, mx::Format::kFp16)));
   // Deleting "one" frees its bytes, and the upload of "two" now fits.
   auto models = v1::Models::NewStub(daemon_.channel());
   grpc::ClientContext context;
@@ -213,7 +205,8 @@ TEST_F(ModelsTest, CachedCopiesGiveWayToTheNextVersion) {
   ASSERT_TRUE(
       Forward(channel(), "tight", "a", v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, x, 2, 400, &r, 2)
           .ok());
-  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(v2_layer, x, 2, mx::Format::kMxfp4E2m1)));
+  EXPECT_TRUE(
+      SameBits(Floats(r.output()), ReferenceForward(v2_layer, x, 2, mx::Format::kMxfp4E2m1)));
 }
 
 TEST_F(ModelsTest, AnUploadWhosePublishFailsStagesNothing) {
@@ -298,7 +291,7 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
                       &r)
                   .ok());
   EXPECT_EQ(r.info().format(), v1::FORMAT_MXFP4_E2M1);
-  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(mid, x, 1, mx::Format::kMxfp4E2m1)));
+  EXPECT_TRUE(SameBits(Floats(r.output()), ReferenceForward(mid, x, 1, mx::Format::kMxfp4E2m1)));
   // An explicit format overrides the policy.
   ASSERT_TRUE(
       Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_BF16, x, 1, 32, &r).ok());
@@ -325,7 +318,7 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
                       32, &r)
                   .ok());
   EXPECT_EQ(r.info().format(), v1::FORMAT_MXINT8);
-  EXPECT_TRUE(SameBits(Floats(r.output()), Reference(last, x, 1, mx::Format::kMxint8)));
+  EXPECT_TRUE(SameBits(Floats(r.output()), ReferenceForward(last, x, 1, mx::Format::kMxint8)));
   ASSERT_TRUE(Forward(channel(), "m", last.name, v1::PHASE_REWARD, v1::FORMAT_UNSPECIFIED, x, 1, 32,
                       &r)
                   .ok());

@@ -6,8 +6,6 @@
 #include <future>
 #include <thread>
 
-#include "mx/packed.h"
-#include "mx/reference_gemm.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
 
@@ -38,13 +36,6 @@ std::unique_ptr<Call> Start(v1::Compute::Stub* stub, const std::string& layer, v
   return call;
 }
 
-std::vector<float> Reference(const TestLayer& layer, const std::vector<float>& x, int64_t m,
-                             mx::Format format) {
-  auto qx = mx::QuantizeRows(x, m, layer.in, format);
-  auto qw = mx::QuantizeRows(layer.weight, layer.out, layer.in, format);
-  return *mx::ReferenceLinear(*qx, *qw, layer.bias_values);
-}
-
 TEST(SchedulingTest, BatchedRequestsGetTheirOwnUnbatchedBits) {
   // One worker and a long window: requests arriving together are fused.
   DaemonProcess daemon({"--workers", "1", "--batch-window-us", "300000", "--max-batch", "8"});
@@ -68,7 +59,8 @@ TEST(SchedulingTest, BatchedRequestsGetTheirOwnUnbatchedBits) {
     ASSERT_TRUE(calls[i]->done.get_future().get().ok());
     const int64_t m = 1 + i % 3;
     const mx::Format format = *mxserve::ToMx(formats[i]);
-    EXPECT_TRUE(SameBits(Floats(calls[i]->response.output()), Reference(layer, inputs[i], m, format)))
+    EXPECT_TRUE(SameBits(Floats(calls[i]->response.output()),
+                         ReferenceForward(layer, inputs[i], m, format)))
         << "request " << i;
     EXPECT_EQ(calls[i]->response.info().format(), formats[i]);
     EXPECT_LE(calls[i]->response.info().batch_size(), 4u) << "a batch mixed formats";
@@ -109,9 +101,9 @@ TEST(SchedulingTest, BatchesNeverMixWeightVersions) {
   EXPECT_EQ(old_call->response.info().weight_version(), 1u);
   EXPECT_EQ(new_call->response.info().weight_version(), 2u);
   EXPECT_TRUE(SameBits(Floats(old_call->response.output()),
-                       Reference(v1_layer, x, 2, mx::Format::kMxfp8E4m3)));
+                       ReferenceForward(v1_layer, x, 2, mx::Format::kMxfp8E4m3)));
   EXPECT_TRUE(SameBits(Floats(new_call->response.output()),
-                       Reference(v2_layer, x, 2, mx::Format::kMxfp8E4m3)));
+                       ReferenceForward(v2_layer, x, 2, mx::Format::kMxfp8E4m3)));
 }
 
 // A Gemm big enough to keep the single reference worker busy for a while

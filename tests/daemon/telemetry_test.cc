@@ -1,7 +1,6 @@
 // Metrics scraped over HTTP and energy accounting: request counts per phase and
 // format equal what was sent; power samples integrate by the trapezoid rule into
 // the phase of the later sample; the FPGA model's energy adds up per phase.
-#include <chrono>
 #include <cmath>
 
 #include "fpga/model/energy_model.h"
@@ -16,15 +15,6 @@ class TelemetryTest : public ::testing::Test {
   void SetUp() override { ASSERT_TRUE(daemon_.ok()); }
   DaemonProcess daemon_{{"--workers", "2"}};
 };
-
-
-const v1::EnergyEntry* Entry(const v1::EnergyReport& report, const std::string& source,
-                             v1::Phase phase) {
-  for (const auto& e : report.entries()) {
-    if (e.source() == source && e.phase() == phase) return &e;
-  }
-  return nullptr;
-}
 
 TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
   // Block 3 of 0..9 is neither first nor last: a tolerant layer for policy D.
@@ -85,7 +75,7 @@ TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
   grpc::ClientContext context;
   v1::EnergyReport report;
   ASSERT_TRUE(telemetry->GetEnergyReport(&context, {}, &report).ok());
-  const v1::EnergyEntry* reward = Entry(report, "fpga_model", v1::PHASE_REWARD);
+  const v1::EnergyEntry* reward = FindEnergyEntry(report, "fpga_model", v1::PHASE_REWARD);
   ASSERT_NE(reward, nullptr);
   EXPECT_EQ(reward->requests(), 3u);
   EXPECT_NEAR(reward->joules(), model_joules[v1::PHASE_REWARD], 1e-12);
@@ -124,7 +114,7 @@ TEST_F(TelemetryTest, BackwardWithInputBooksBothGemmsEnergy) {
   grpc::ClientContext c2;
   v1::EnergyReport report;
   ASSERT_TRUE(v1::Telemetry::NewStub(daemon_.channel())->GetEnergyReport(&c2, {}, &report).ok());
-  const v1::EnergyEntry* update = Entry(report, "fpga_model", v1::PHASE_UPDATE);
+  const v1::EnergyEntry* update = FindEnergyEntry(report, "fpga_model", v1::PHASE_UPDATE);
   ASSERT_NE(update, nullptr);
   EXPECT_DOUBLE_EQ(update->joules(), joules);
   EXPECT_DOUBLE_EQ(update->busy_seconds(), seconds);
@@ -141,10 +131,7 @@ TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
   auto writer = telemetry->ReportPower(&context, &response);
   // Recent (samples must be near the daemon's clock), and the report below
   // starts just before it.
-  const double t0 = std::floor(std::chrono::duration<double>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count()) -
-                    30;
+  const double t0 = std::floor(UnixNow()) - 30;
   // cuda:0: 100 W → 200 W over 1 s (rollout) = 150 J, then 200 W → 200 W over 0.5 s
   // (update) = 100 J. cuda:1 independently: 50 W flat for 2 s (rollout) = 100 J.
   struct S {
@@ -175,8 +162,8 @@ TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
   since.set_since_seconds(t0 - 10);
   v1::EnergyReport report;
   ASSERT_TRUE(telemetry->GetEnergyReport(&c2, since, &report).ok());
-  const v1::EnergyEntry* rollout = Entry(report, "gpu_baseline", v1::PHASE_ROLLOUT);
-  const v1::EnergyEntry* update = Entry(report, "gpu_baseline", v1::PHASE_UPDATE);
+  const v1::EnergyEntry* rollout = FindEnergyEntry(report, "gpu_baseline", v1::PHASE_ROLLOUT);
+  const v1::EnergyEntry* update = FindEnergyEntry(report, "gpu_baseline", v1::PHASE_UPDATE);
   ASSERT_NE(rollout, nullptr);
   ASSERT_NE(update, nullptr);
   EXPECT_DOUBLE_EQ(rollout->joules(), 250);

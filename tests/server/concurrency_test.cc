@@ -115,7 +115,8 @@ TEST(Concurrency, TheLedgerAddsUpWhileItIsRead) {
     writers.emplace_back([&, t] {
       for (int i = 0; i < kAdds; ++i) {
         // Seconds far apart, so old ones fold into the per-key total meanwhile.
-        ledger.Add("source", static_cast<Phase>(t % 3), 1e9 + i, {0.5, 0.25, 1});
+        ledger.Add("source", static_cast<Phase>(t % 3), 1e9 + i,
+                   {.joules = 0.5, .busy_seconds = 0.25, .requests = 1});
       }
     });
   }

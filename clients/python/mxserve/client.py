@@ -468,16 +468,20 @@ class Client:
                                                 timestamp_seconds=s.timestamp, watts=s.watts)
         response = self._stream_call("ReportPower", self._telemetry.ReportPower, stream(),
                                      timeout)
-        return PowerResult(response.samples_accepted, response.joules_added)
+        return PowerResult(samples_accepted=response.samples_accepted,
+                           joules_added=response.joules_added)
 
     def energy_report(self, since: float = 0.0, timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:
         """Joules, busy seconds and requests per source and phase (since a Unix time;
         0 = since the daemon started)."""
         response = self._call("GetEnergyReport", self._telemetry.GetEnergyReport,
                               telemetry_pb2.GetEnergyReportRequest(since_seconds=since), timeout)
-        return EnergyReport(tuple(
-            EnergyEntry(e.source, _wire.phase_name(e.phase), e.joules, e.busy_seconds, e.requests)
-            for e in response.entries), response.since_seconds, response.until_seconds)
+        return EnergyReport(
+            entries=tuple(
+                EnergyEntry(source=e.source, phase=_wire.phase_name(e.phase), joules=e.joules,
+                            busy_seconds=e.busy_seconds, requests=e.requests)
+                for e in response.entries),
+            since_seconds=response.since_seconds, until_seconds=response.until_seconds)
 
 
 _CLOSE = object()
