@@ -6,7 +6,7 @@ JOBS ?= 2
 MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test run bench bench-overhead format clean \
-        test-asan test-tsan fuzz
+        test-asan test-tsan fuzz check-minimal-build
 
 # Sanitizer builds: clang, each in its own tree, without the benchmarks and the
 # Python client (neither is what they check).
@@ -31,6 +31,12 @@ build: configure
 
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
+
+# mxserved and mxctl built with only gRPC, protobuf, Abseil, prometheus-cpp and
+# nlohmann-json visible (tests, benchmarks, Python client off; the rest hidden), in
+# a scratch tree that is removed afterwards.
+check-minimal-build: deps
+	@JOBS=$(JOBS) bash scripts/check_minimal_build.sh
 
 # The daemon in the foreground: CPU emulation, policy D, metrics. Ctrl-C stops it.
 # MXSERVED_FLAGS adds flags, e.g. MXSERVED_FLAGS="--workers 4 --batch-window-us 500".
@@ -96,4 +102,4 @@ format:
 	@git ls-files '*.h' '*.cc' | xargs clang-format -i
 
 clean:
-	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)
+	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) build-minimal.*

@@ -1,7 +1,7 @@
 // `mxctl gemm`: C = A·B on raw float32 files, with the reference GEMM (the
-// numerics contract), with the FPGA kernel's C++ (--backend hls-sim), or, when
-// --server is given, on the daemon (Compute.Gemm). All write the same C: every
-// backend is held to the reference's bits.
+// numerics contract) or, when --server is given, on the daemon (Compute.Gemm),
+// whichever backend it runs (`mxserved --backend hls-sim` for the FPGA kernel's
+// C++). Both write the same C: every backend is held to the reference's bits.
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +11,6 @@
 #include "clients/cpp/raw_io.h"
 #include "clients/cpp/tensor.h"
 #include "clients/cpp/wire_names.h"
-#include "fpga/host/device_buffers.h"
 #include "mx/reference_gemm.h"
 #include "mx/status_macros.h"
 
@@ -28,13 +27,12 @@ struct GemmInputs {
   int64_t m, k, n;
   std::vector<float> a, b;
   std::string output_path;
-  bool hls_sim = false;  // --backend hls-sim
 };
 
 absl::StatusOr<GemmInputs> ReadInputs(const Args& args) {
   MX_ASSIGN_OR_RETURN(
       auto flags, Flags::Parse(args, {"format", "format-b", "rounding", "scale-rule", "a", "b", "m",
-                                      "k", "n", "output", "phase", "backend"}));
+                                      "k", "n", "output", "phase"}));
   GemmInputs in;
   MX_ASSIGN_OR_RETURN(in.format_a, FormatFlag(flags, "format"));
   in.format_b = in.format_a;
@@ -44,14 +42,6 @@ absl::StatusOr<GemmInputs> ReadInputs(const Args& args) {
   MX_ASSIGN_OR_RETURN(in.options, QuantizeOptionsFromFlags(flags));
   // Accepted locally too (and ignored), so one command line works both ways.
   MX_ASSIGN_OR_RETURN(in.phase, PhaseFlag(flags, v1::PHASE_ROLLOUT));
-  if (std::optional<std::string> backend = flags.Get("backend")) {
-    if (*backend == "hls-sim") {
-      in.hls_sim = true;
-    } else if (*backend != "reference") {
-      return UsageError(absl::StrCat("--backend: unknown local backend '", *backend,
-                                     "'; expected reference or hls-sim"));
-    }
-  }
   constexpr int64_t kMaxDim = int64_t{1} << 20;
   MX_ASSIGN_OR_RETURN(in.m, flags.RequireInt("m", 1, kMaxDim));
   MX_ASSIGN_OR_RETURN(in.k, flags.RequireInt("k", 1, kMaxDim));
@@ -78,10 +68,6 @@ absl::Status RemoteGemm(const RemoteContext& remote, const GemmInputs& in) {
   if (in.options.scale_rule != mx::ScaleRule::kFloor) {
     return UsageError("--scale-rule: the daemon quantizes with the floor rule only");
   }
-  if (in.hls_sim) {
-    return UsageError(
-        "--backend: picks the local engine; the daemon's is chosen by mxserved --backend");
-  }
   v1::GemmRequest request;
   request.set_phase(in.phase);
   request.set_format(mxclient::ToWireFormat(in.format_a));
@@ -103,27 +89,11 @@ absl::Status RemoteGemm(const RemoteContext& remote, const GemmInputs& in) {
   return absl::OkStatus();
 }
 
-// The FPGA kernel's C++ on the buffers the card would get.
-absl::StatusOr<std::vector<float>> HlsSimGemm(const GemmInputs& in) {
-  MX_ASSIGN_OR_RETURN(mx::QuantizedMatrix a,
-                      mx::QuantizeRows(in.a, in.m, in.k, in.format_a, in.options));
-  MX_ASSIGN_OR_RETURN(mx::QuantizedMatrix b,
-                      mx::QuantizeColumns(in.b, in.k, in.n, in.format_b, in.options));
-  std::vector<float> c(in.m * in.n);
-  MX_RETURN_IF_ERROR(fpga::RunKernelOnHost(fpga::ToDevice(a), fpga::ToDevice(b), {}, c));
-  return c;
-}
-
 }  // namespace
 
 absl::Status RunGemm(const RemoteContext& remote, const Args& args) {
   MX_ASSIGN_OR_RETURN(auto in, ReadInputs(args));
   if (remote.server_given) return RemoteGemm(remote, in);
-  if (in.hls_sim) {
-    absl::StatusOr<std::vector<float>> c = HlsSimGemm(in);
-    if (!c.ok()) return UsageError(c.status().message());
-    return WriteFloat32File(in.output_path, *c);
-  }
   MX_ASSIGN_OR_RETURN(auto c, mx::ReferenceGemm(in.a, in.format_a, in.b, in.format_b, in.m, in.k,
                                                 in.n, in.options));
   return WriteFloat32File(in.output_path, c);

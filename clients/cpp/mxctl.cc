@@ -30,12 +30,12 @@ Commands (local, no server):
       Blocks are 32 consecutive values; a short last block is padded with zeros.
       OUT is the dequantized result; SCALES one E8M0 byte per block (MX formats);
       CODES one element code per byte, in the low bits (formats of <= 8 bits).
-  gemm       C = A·B with the reference GEMM (the numerics contract), with the
-             FPGA kernel's C++ (--backend hls-sim), or on the daemon
-             (Compute.Gemm) when --server is given; the same C every way
+  gemm       C = A·B with the reference GEMM (the numerics contract), or on the
+             daemon (Compute.Gemm) when --server is given; the same C either
+             way, whatever the daemon's backend (mxserved --backend hls-sim
+             runs the FPGA kernel's C++)
       --format F [--format-b F2] [--rounding even|away] [--scale-rule floor|nosat]
       --a A.f32 --b B.f32 --m M --k K --n N --output C.f32 [--phase P]
-      [--backend reference|hls-sim]   local engine (default reference)
       A is MxK and B is KxN, row-major float32; both are quantized along K
       (A per row, B per column), A to F and B to F2 (default F). --phase
       (default rollout) tags the daemon's request; the daemon has no nosat rule.

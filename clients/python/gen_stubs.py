@@ -20,8 +20,8 @@ REPO = HERE.parent.parent
 API_PROTOS = ["common", "compute", "models", "policies", "telemetry"]
 
 
-def generate(proto_dir: pathlib.Path, health_dir: pathlib.Path, package_dir: pathlib.Path,
-             protoc: str, plugin: str) -> None:
+def generate(proto_dir: pathlib.Path, package_dir: pathlib.Path, protoc: str,
+             plugin: str) -> None:
     for tool in (protoc, plugin):
         if shutil.which(tool) is None:
             sys.exit(f"gen_stubs: '{tool}' not found; install protobuf-compiler and "
@@ -34,7 +34,7 @@ def generate(proto_dir: pathlib.Path, health_dir: pathlib.Path, package_dir: pat
                         *api], check=True)
         # health.proto imports nothing, so its module may live under another name;
         # its own path (grpc/health/v1) would shadow the grpc library.
-        subprocess.run([protoc, f"--proto_path={health_dir}", f"--python_out={out}",
+        subprocess.run([protoc, f"--proto_path={proto_dir}", f"--python_out={out}",
                         "grpc/health/v1/health.proto"], check=True)
 
         target = package_dir / "v1"
@@ -52,17 +52,14 @@ def generate(proto_dir: pathlib.Path, health_dir: pathlib.Path, package_dir: pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--proto-dir", type=pathlib.Path, default=REPO / "proto",
-                        help="root of mxserve/v1/*.proto (default: the repository's proto/)")
-    parser.add_argument("--health-proto-dir", type=pathlib.Path,
-                        default=REPO / "clients" / "cpp" / "proto",
-                        help="root of grpc/health/v1/health.proto")
+                        help="root of mxserve/v1/*.proto and grpc/health/v1/health.proto "
+                        "(default: the repository's proto/)")
     parser.add_argument("--package-dir", type=pathlib.Path, default=HERE / "mxserve",
                         help="the mxserve package directory to write into")
     parser.add_argument("--protoc", default="protoc")
     parser.add_argument("--grpc-python-plugin", default="grpc_python_plugin")
     args = parser.parse_args()
-    generate(args.proto_dir, args.health_proto_dir, args.package_dir, args.protoc,
-             args.grpc_python_plugin)
+    generate(args.proto_dir, args.package_dir, args.protoc, args.grpc_python_plugin)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,19 @@
 // GEMM must give the local reference GEMM's bits.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
 
+#include "mx/format.h"
+#include "mx/reference_gemm.h"
 #include "tests/cli/mxctl_fixture.h"
 #include "tests/daemon/daemon_process.h"
+#include "tests/mx/test_util.h"
 
 namespace {
 
@@ -44,9 +49,7 @@ class MxctlRemote : public mx_test::MxctlTest {
   static void SetUpTestSuite() {
     daemon_ = new mx_test::DaemonProcess({"--backend", "cpu", "--workers", "2"});
   }
-  static void TearDownTestSuite() {
-    mx_test::StopSuiteDaemon(daemon_);
-  }
+  static void TearDownTestSuite() { mx_test::StopSuiteDaemon(daemon_); }
 
   void SetUp() override {
     ASSERT_TRUE(daemon_->ok());
@@ -324,6 +327,58 @@ TEST_F(MxctlRemote, ErrorsNameTheProblemAndExitOneOrTwo) {
     ExpectOneErrorLine(Run(args), 2, message);
   }
   ExpectOneErrorLine(Run("health --server", false), 2, "flag --server needs a value");
+}
+
+// `mxctl gemm --server` against `mxserved --backend hls-sim`: the FPGA kernel's
+// C++ gives the reference's C for every golden matmul case, and for a mixed pair.
+class MxctlHlsSim : public mx_test::MxctlTest {
+ protected:
+  static void SetUpTestSuite() {
+    daemon_ = new mx_test::DaemonProcess({"--backend", "hls-sim", "--workers", "2"});
+  }
+  static void TearDownTestSuite() { mx_test::StopSuiteDaemon(daemon_); }
+
+  void SetUp() override {
+    ASSERT_TRUE(daemon_->ok());
+    MxctlTest::SetUp();
+  }
+
+  static mx_test::DaemonProcess* daemon_;
+};
+
+mx_test::DaemonProcess* MxctlHlsSim::daemon_ = nullptr;
+
+TEST_F(MxctlHlsSim, GemmEqualsReferenceOnEveryGoldenCase) {
+  const std::vector<mx_test::GoldenCase> cases = mx_test::GoldenCases("matmul");
+  ASSERT_EQ(cases.size(), 12u) << "golden vectors missing at " << mx_test::kGoldenDir;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["id"].get<std::string>());
+    const int64_t m = c["M"], k = c["K"], n = c["N"];
+    const std::string format = c["format"];
+    for (const std::string& format_b : {format, std::string("MXFP6_E3M2")}) {
+      const Result r =
+          RunMxctl("gemm --format " + format + " --format-b " + format_b + " --a " +
+                   mx_test::CaseFile(c, "A") + " --b " + mx_test::CaseFile(c, "B") + " --m " +
+                   std::to_string(m) + " --k " + std::to_string(k) + " --n " + std::to_string(n) +
+                   " --output " + Path("c.f32") + " --server " + daemon_->grpc_address());
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_TRUE(Contains(r.out, "(^|\\n)backend +hls-sim\\n")) << r.out;
+      const std::vector<float> reference =
+          mx::ReferenceGemm(mx_test::ReadFloats(mx_test::CaseFile(c, "A")),
+                            mx::ParseFormat(format).value(),
+                            mx_test::ReadFloats(mx_test::CaseFile(c, "B")),
+                            mx::ParseFormat(format_b).value(), m, k, n)
+              .value();
+      const std::vector<float> out = ReadFloats("c.f32");
+      ASSERT_EQ(out.size(), reference.size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_TRUE(std::isnan(out[i])
+                        ? std::isnan(reference[i])
+                        : std::bit_cast<uint32_t>(out[i]) == std::bit_cast<uint32_t>(reference[i]))
+            << format_b << " c[" << i << "] = " << out[i] << ", reference " << reference[i];
+      }
+    }
+  }
 }
 
 }  // namespace
