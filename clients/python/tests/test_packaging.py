@@ -22,7 +22,6 @@ def test_pip_installs_offline_and_the_package_imports(tmp_path, stubs):
     shutil.copytree(HERE.parent, checkout / "clients" / "python",
                     ignore=shutil.ignore_patterns(*ignore))
     shutil.copytree(REPO / "proto", checkout / "proto")
-    shutil.copytree(REPO / "clients" / "cpp" / "proto", checkout / "clients" / "cpp" / "proto")
 
     prefix = tmp_path / "prefix"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation",
