@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "mx/kernels/cpu_features.h"
 #include "server/daemon.h"
-#include "server/telemetry/log.h"
 #include "server/options.h"
+#include "server/telemetry/log.h"
 
 int main(int argc, char** argv) {
   using mxserve::Log;
@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Log(LogLevel::kInfo, "starting",
-      {{"version", MXSERVE_VERSION}, {"backend", options.backend},
+      {{"version", MXSERVE_VERSION},
+       {"backend", options.backend},
        {"workers", absl::StrCat(options.workers)},
        {"kernel_threads", absl::StrCat(options.kernel_threads)},
        {"kernels", std::string(mx::kernels::IsaName(mx::kernels::DefaultIsa()))},

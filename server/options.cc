@@ -31,13 +31,14 @@ absl::Status FlagError(const std::string& name, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", what));
 }
 
-std::function<absl::Status(const std::string&, DaemonOptions&)> IntSetter(
-    std::string name, int DaemonOptions::*field, int min, int max) {
+std::function<absl::Status(const std::string&, DaemonOptions&)> IntSetter(std::string name,
+                                                                          int DaemonOptions::*field,
+                                                                          int min, int max) {
   return [name, field, min, max](const std::string& text, DaemonOptions& o) {
     int value;
     if (!absl::SimpleAtoi(text, &value) || value < min || value > max) {
-      return FlagError(name, absl::StrCat("expected an integer in [", min, ", ", max, "], got '",
-                                          text, "'"));
+      return FlagError(
+          name, absl::StrCat("expected an integer in [", min, ", ", max, "], got '", text, "'"));
     }
     o.*field = value;
     return absl::OkStatus();
@@ -174,8 +175,7 @@ const std::vector<FlagSpec>& Flags() {
          o.max_power_watts = value;
          return absl::OkStatus();
        }},
-      {"grace-seconds", "S",
-       "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
+      {"grace-seconds", "S", "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
        [](const DaemonOptions& o) { return absl::StrCat(o.grace_seconds); },
        [](const std::string& text, DaemonOptions& o) {
          double value;
@@ -224,9 +224,9 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
       } else if (item.is_number()) {
         text_value = item.dump();
       } else {
-        return FlagError("config", absl::StrCat("'", path, "': ", key, ": expected a string",
-                                                flag->repeatable ? ", a list of strings" : "",
-                                                " or a number"));
+        return FlagError(
+            "config", absl::StrCat("'", path, "': ", key, ": expected a string",
+                                   flag->repeatable ? ", a list of strings" : "", " or a number"));
       }
       if (absl::Status s = flag->set(text_value, options); !s.ok()) {
         return FlagError("config", absl::StrCat("'", path, "': ", s.message()));

@@ -17,7 +17,7 @@ struct DaemonOptions {
   std::string backend = "cpu";
   std::string xclbin;      // fpga backend
   int fpga_device = 0;     // fpga backend
-  int workers = 0;  // 0: one per hardware thread
+  int workers = 0;         // 0: one per hardware thread
   int kernel_threads = 1;  // 0: one per hardware thread
   int queue_size = 1024;
   int batch_window_us = 0;

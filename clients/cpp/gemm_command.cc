@@ -13,6 +13,7 @@
 #include "clients/cpp/wire_names.h"
 #include "mx/reference_gemm.h"
 #include "mx/status_macros.h"
+#include "proto/convert/formats.h"
 
 namespace mxctl {
 namespace {
@@ -70,8 +71,8 @@ absl::Status RemoteGemm(const RemoteContext& remote, const GemmInputs& in) {
   }
   v1::GemmRequest request;
   request.set_phase(in.phase);
-  request.set_format(mxclient::ToWireFormat(in.format_a));
-  request.set_format_b(mxclient::ToWireFormat(in.format_b));
+  request.set_format(mxserve::ToProto(in.format_a));
+  request.set_format_b(mxserve::ToProto(in.format_b));
   request.set_rounding(in.options.rounding == mx::Rounding::kNearestAway
                            ? v1::ROUNDING_NEAREST_AWAY
                            : v1::ROUNDING_NEAREST_EVEN);

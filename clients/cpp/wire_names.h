@@ -19,8 +19,6 @@ absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name);
 // "rollout", "reward", "update"; "unspecified" for PHASE_UNSPECIFIED.
 std::string PhaseName(v1::Phase phase);
 
-// mxserve::ToProto under the client's name.
-inline v1::Format ToWireFormat(mx::Format format) { return ::mxserve::ToProto(format); }
 // A format name as mxctl accepts it (mx::ParseFormat), or "policy"/"auto" for
 // FORMAT_UNSPECIFIED (let the model's active policy choose).
 absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name);

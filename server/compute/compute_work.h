@@ -14,7 +14,8 @@
 
 namespace mxserve {
 
-absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core, const v1::GemmRequest& request,
+absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core,
+                                                      const v1::GemmRequest& request,
                                                       v1::GemmResponse* response, CallInfo call,
                                                       Done done);
 
@@ -29,7 +30,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
                                                           CallInfo call, Done done);
 
 // The format the model's active policy gives (phase, layer), or the explicit one.
-absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view, Phase phase,
-                                              v1::Format requested);
+absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view,
+                                              Phase phase, v1::Format requested);
 
 }  // namespace mxserve

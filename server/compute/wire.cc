@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "mx/element.h"
-#include "mx/status_macros.h"
 #include "mx/kernels/quantize_fast.h"
+#include "mx/status_macros.h"
 
 namespace mxserve {
 namespace {
@@ -83,12 +83,12 @@ absl::StatusOr<mx::LayoutSize> OperandSize(absl::string_view field, mx::Format f
                                            int64_t cols, int64_t max_bytes) {
   const std::optional<mx::LayoutSize> size = mx::CheckedLayoutSize(format, rows, cols);
   if (size && size->total_bytes() <= static_cast<uint64_t>(max_bytes)) return *size;
-  return FieldError(field, absl::StrCat("a ", rows, " x ", cols, " ", mx::FormatName(format),
-                                        " operand takes ",
-                                        size ? absl::StrCat(size->total_bytes(), " bytes")
-                                             : std::string("more than 2^64 bytes"),
-                                        ", more than one message may carry (", max_bytes,
-                                        " bytes, --max-message-bytes)"));
+  return FieldError(
+      field,
+      absl::StrCat(
+          "a ", rows, " x ", cols, " ", mx::FormatName(format), " operand takes ",
+          size ? absl::StrCat(size->total_bytes(), " bytes") : std::string("more than 2^64 bytes"),
+          ", more than one message may carry (", max_bytes, " bytes, --max-message-bytes)"));
 }
 
 absl::StatusOr<DenseMatrix> DecodeMatrix(const v1::Tensor& tensor, absl::string_view field,
@@ -164,8 +164,10 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
   if (!DimensionOk(packed.cols())) {
     return FieldError(cols_field, absl::StrCat("expected 1 to 2^31, got ", packed.cols()));
   }
-  MX_RETURN_IF_ERROR(CheckDim(rows_field, packed.rows(), expected.rows, expected.rows_what, "rows"));
-  MX_RETURN_IF_ERROR(CheckDim(cols_field, packed.cols(), expected.cols, expected.cols_what, "cols"));
+  MX_RETURN_IF_ERROR(
+      CheckDim(rows_field, packed.rows(), expected.rows, expected.rows_what, "rows"));
+  MX_RETURN_IF_ERROR(
+      CheckDim(cols_field, packed.cols(), expected.cols, expected.cols_what, "cols"));
   mx::QuantizedMatrix m;
   m.format = **format;
   m.rows = packed.rows();
@@ -174,8 +176,8 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
                       OperandSize(field, m.format, m.rows, m.cols, max_bytes));
   if (packed.elements().size() != size.element_bytes) {
     return FieldError(absl::StrCat(field, ".elements"),
-                      absl::StrCat("expected ", size.element_bytes, " bytes (", m.rows,
-                                   " rows of ", mx::RowBytes(m.format, m.cols), " bytes in ",
+                      absl::StrCat("expected ", size.element_bytes, " bytes (", m.rows, " rows of ",
+                                   mx::RowBytes(m.format, m.cols), " bytes in ",
                                    mx::FormatName(m.format), "), got ", packed.elements().size()));
   }
   if (packed.block_scales().size() != size.block_scale_bytes) {
@@ -183,8 +185,7 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
         absl::StrCat(field, ".block_scales"),
         mx::IsMx(m.format)
             ? absl::StrCat("expected ", size.block_scale_bytes, " bytes (", m.rows, " rows x ",
-                           mx::BlocksPerRow(m.cols), " blocks), got ",
-                           packed.block_scales().size())
+                           mx::BlocksPerRow(m.cols), " blocks), got ", packed.block_scales().size())
             : absl::StrCat("must be empty for ", mx::FormatName(m.format)));
   }
   if (static_cast<uint64_t>(packed.row_scales_size()) != size.row_scales) {

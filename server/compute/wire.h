@@ -49,8 +49,8 @@ struct DenseMatrix {
 struct ExpectedShape {
   int64_t rows = -1;
   int64_t cols = -1;
-  std::string rows_what;  // e.g. "M (rows of a)"
-  std::string cols_what;  // e.g. "in_features of layer 'q'"
+  std::string rows_what;              // e.g. "M (rows of a)"
+  std::string cols_what;              // e.g. "in_features of layer 'q'"
   absl::string_view rows_name = "M";  // always a literal
   absl::string_view cols_name = "K";
 };

@@ -14,8 +14,8 @@
 #include <memory>
 #include <unordered_map>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/model/memory_budget.h"
 #include "server/model/prepared_weight.h"
 

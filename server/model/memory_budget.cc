@@ -17,8 +17,9 @@ absl::Status MemoryBudget::Reserve(uint64_t bytes, absl::string_view what) {
       }
       return absl::ResourceExhaustedError(absl::StrCat(
           what, " needs ", bytes, " bytes, but the weight memory limit is ", limit_, " bytes and ",
-          used, " are in use (--weight-memory-bytes; copies in use by running requests cannot "
-                "be evicted)"));
+          used,
+          " are in use (--weight-memory-bytes; copies in use by running requests cannot "
+          "be evicted)"));
     }
     if (used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed)) {
       return absl::OkStatus();

@@ -52,17 +52,17 @@ absl::StatusOr<ModelDirs> ModelDirs::Create(const std::vector<std::string>& dirs
 absl::StatusOr<UniqueFd> ModelDirs::Open(absl::string_view path, absl::string_view field) const {
   if (dirs_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        field, ": loading files is off: the daemon was started without --model-dir (give it the "
-               "directories clients may load from)"));
+        field,
+        ": loading files is off: the daemon was started without --model-dir (give it the "
+        "directories clients may load from)"));
   }
   const auto outside = [&] {
-    return absl::PermissionDeniedError(
-        absl::StrCat(field, ": ", Quote(path), " is not inside a directory the daemon may load ",
-                     "from (--model-dir: ", absl::StrJoin(dirs_, ", ", [](std::string* out,
-                                                                         const fs::path& p) {
-                       out->append(p.string());
-                     }),
-                     ")"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": ", Quote(path), " is not inside a directory the daemon may load ",
+        "from (--model-dir: ",
+        absl::StrJoin(dirs_, ", ",
+                      [](std::string* out, const fs::path& p) { out->append(p.string()); }),
+        ")"));
   };
   if (path.empty() || path.find('\0') != absl::string_view::npos) return outside();
   const fs::path given{std::string(path)};

@@ -23,10 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "mx/format.h"
 #include "mx/packed.h"
 #include "server/model/copy_cache.h"

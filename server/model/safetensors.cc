@@ -55,8 +55,8 @@ absl::StatusOr<SafetensorsTensor> ParseEntry(const std::string& name, const nloh
   } else if (dtype == "F16") {
     tensor.dtype = mx::Format::kFp16;
   } else {
-    return Invalid(absl::StrCat(field, ": dtype ", Quote(dtype),
-                                " unsupported; expected F32, BF16 or F16"));
+    return Invalid(
+        absl::StrCat(field, ": dtype ", Quote(dtype), " unsupported; expected F32, BF16 or F16"));
   }
   uint64_t elements = 1;
   if (!entry["shape"].is_array()) return Invalid(field + ": shape must be an array");
@@ -90,7 +90,7 @@ absl::StatusOr<SafetensorsTensor> ParseEntry(const std::string& name, const nloh
 }  // namespace
 
 absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(absl::string_view json,
-                                                                       uint64_t data_bytes) {
+                                                                      uint64_t data_bytes) {
   const nlohmann::json header =
       nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) return Invalid("not a JSON object");
@@ -131,9 +131,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(UniqueFd fd, std::string n
   for (int i = 7; i >= 0; --i) header_size = header_size << 8 | length_bytes[i];
   // The length field's value is the file's first bytes: it is not repeated.
   if (header_size > kMaxSafetensorsHeaderBytes || header_size > file_size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": not a safetensors file (its header length field exceeds the file's ", file_size,
-        " bytes or the ", kMaxSafetensorsHeaderBytes, "-byte limit)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": not a safetensors file (its header length field exceeds the file's ",
+                     file_size, " bytes or the ", kMaxSafetensorsHeaderBytes, "-byte limit)"));
   }
   std::string header(header_size, '\0');
   if (!ReadAt(fd.get(), 8, header.data(), header_size)) {
@@ -174,8 +174,8 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(absl::string_vie
   }
   std::string bytes(tensor->end - tensor->begin, '\0');
   if (!ReadAt(fd_->get(), data_start_ + tensor->begin, bytes.data(), bytes.size())) {
-    return absl::DataLossError(absl::StrCat(name_, ": tensor ", Quote(name),
-                                            " could not be read (file changed?)"));
+    return absl::DataLossError(
+        absl::StrCat(name_, ": tensor ", Quote(name), " could not be read (file changed?)"));
   }
   const int width = ElementBytes(tensor->dtype);
   std::vector<float> values(bytes.size() / width);

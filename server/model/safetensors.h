@@ -35,7 +35,7 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
 // `data_bytes`. INVALID_ARGUMENT naming the tensor and field; tensors in the
 // order of their data.
 absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(absl::string_view json,
-                                                                       uint64_t data_bytes);
+                                                                      uint64_t data_bytes);
 
 class SafetensorsFile {
  public:

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "mx/status_macros.h"
-#include "server/policy/glob.h"
 #include "server/base/quote.h"
+#include "server/policy/glob.h"
 
 namespace mxserve {
 namespace {
@@ -127,8 +127,8 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   if (const auto rules = json.find("rules"); rules != json.end()) {
     if (!rules->is_array()) return FieldError("rules", "expected an array");
     if (rules->size() > kMaxPolicyRules) {
-      return FieldError("rules", absl::StrCat("expected at most ", kMaxPolicyRules,
-                                              " rules, got ", rules->size()));
+      return FieldError("rules", absl::StrCat("expected at most ", kMaxPolicyRules, " rules, got ",
+                                              rules->size()));
     }
     for (size_t i = 0; i < rules->size(); ++i) {
       MX_ASSIGN_OR_RETURN(PolicyRule rule, ParseRule((*rules)[i], absl::StrCat("rules[", i, "]")));

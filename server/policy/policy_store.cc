@@ -37,7 +37,8 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Create(const std::stri
   }
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".json") files.push_back(entry.path());
+    if (entry.is_regular_file() && entry.path().extension() == ".json")
+      files.push_back(entry.path());
   }
   std::sort(files.begin(), files.end());
   for (const auto& path : files) {
@@ -45,7 +46,8 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Create(const std::stri
     if (!text.ok()) return text.status();
     absl::StatusOr<Policy> policy = ParsePolicyJson(*text);
     if (!policy.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", policy.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path.string(), ": ", policy.status().message()));
     }
     if (store->policies_.contains(policy->name) && store->policies_[policy->name].builtin) {
       return absl::InvalidArgumentError(
@@ -119,9 +121,9 @@ absl::Status PolicyStore::Delete(absl::string_view name,
         absl::StrCat("name: ", Quote(name), " is a built-in policy and cannot be deleted"));
   }
   if (in_use(name)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "name: policy ", Quote(name),
-        " is in use (a model's active policy, or the daemon's --default-policy)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("name: policy ", Quote(name),
+                     " is in use (a model's active policy, or the daemon's --default-policy)"));
   }
   if (!dir_.empty()) {
     std::error_code error;

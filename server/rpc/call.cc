@@ -9,7 +9,8 @@ CallInfo CallInfoOf(const grpc::CallbackServerContext* context, CancelFlag cance
   const auto system_now = std::chrono::system_clock::now();
   // gRPC reports "no deadline" as a time far in the future.
   if (deadline < system_now + std::chrono::hours(24 * 365)) {
-    call.deadline = call.arrival + std::chrono::duration_cast<Clock::duration>(deadline - system_now);
+    call.deadline =
+        call.arrival + std::chrono::duration_cast<Clock::duration>(deadline - system_now);
   }
   return call;
 }

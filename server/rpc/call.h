@@ -27,16 +27,15 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
-#include "server/rpc/core.h"
 #include "server/base/quote.h"
+#include "server/rpc/core.h"
 
 namespace mxserve {
 
 // absl and gRPC share the canonical status codes. Messages are capped
 // (CapMessage): client text in them is already cut, this bounds the rest.
 inline grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      CapMessage(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), CapMessage(status.message()));
 }
 
 // Parses `buffer` into `message`. INVALID_ARGUMENT naming `what` (e.g.

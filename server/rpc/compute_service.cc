@@ -6,9 +6,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "server/rpc/call.h"
 #include "server/compute/compute_work.h"
 #include "server/compute/wire.h"
+#include "server/rpc/call.h"
 
 namespace mxserve {
 namespace {
@@ -49,8 +49,9 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     if (!parsed.ok()) {
       std::unique_lock lock(mu_);
       stream_status_ = absl::InvalidArgumentError(
-          absl::StrCat(parsed.message(), "; the stream ends here, the requests before it are "
-                                         "answered"));
+          absl::StrCat(parsed.message(),
+                       "; the stream ends here, the requests before it are "
+                       "answered"));
       core_.metrics->RecordStatus(Rpc::kStream, absl::StatusCode::kInvalidArgument);
       reads_done_ = true;
       FinishIfDone(lock);
@@ -193,8 +194,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 template <typename Request, typename Response, typename Prepare>
 grpc::ServerUnaryReactor* ServeCompute(const Core& core, Rpc rpc,
                                        grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer* request,
-                                       grpc::ByteBuffer* response, Prepare prepare) {
+                                       const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                       Prepare prepare) {
   using Call = UnaryCall<Request, Response>;
   return Call::Start(core, rpc, context, request, response, [&](Call& call) {
     Submit(core, call.Answerer(), [&](Done done) {

@@ -8,9 +8,10 @@
 
 namespace mxserve {
 
-using RawComputeService = v1::Compute::WithRawCallbackMethod_Gemm<
-    v1::Compute::WithRawCallbackMethod_LayerForward<v1::Compute::WithRawCallbackMethod_LayerBackward<
-        v1::Compute::WithRawCallbackMethod_Stream<v1::Compute::Service>>>>;
+using RawComputeService =
+    v1::Compute::WithRawCallbackMethod_Gemm<v1::Compute::WithRawCallbackMethod_LayerForward<
+        v1::Compute::WithRawCallbackMethod_LayerBackward<
+            v1::Compute::WithRawCallbackMethod_Stream<v1::Compute::Service>>>>;
 
 class ComputeService final : public RawComputeService {
  public:

@@ -6,11 +6,13 @@
 
 namespace mxserve {
 
-using RawModelsService = v1::Models::WithRawCallbackMethod_RegisterModel<
-    v1::Models::WithRawCallbackMethod_UploadWeights<v1::Models::WithRawCallbackMethod_LoadSafetensors<
-        v1::Models::WithRawCallbackMethod_PublishVersion<v1::Models::WithRawCallbackMethod_ListModels<
-            v1::Models::WithRawCallbackMethod_DescribeModel<
-                v1::Models::WithRawCallbackMethod_DeleteModel<v1::Models::Service>>>>>>>;
+using RawModelsService =
+    v1::Models::WithRawCallbackMethod_RegisterModel<v1::Models::WithRawCallbackMethod_UploadWeights<
+        v1::Models::WithRawCallbackMethod_LoadSafetensors<
+            v1::Models::WithRawCallbackMethod_PublishVersion<
+                v1::Models::WithRawCallbackMethod_ListModels<
+                    v1::Models::WithRawCallbackMethod_DescribeModel<
+                        v1::Models::WithRawCallbackMethod_DeleteModel<v1::Models::Service>>>>>>>;
 
 // Messages are taken raw and parsed in call.h.
 class ModelsService final : public RawModelsService {

@@ -2,9 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "mx/status_macros.h"
+#include "server/compute/wire.h"
 #include "server/rpc/call.h"
 #include "server/telemetry/log.h"
-#include "server/compute/wire.h"
 
 namespace mxserve {
 namespace {

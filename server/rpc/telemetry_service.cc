@@ -10,10 +10,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "mx/status_macros.h"
-#include "server/rpc/call.h"
-#include "server/telemetry/log.h"
 #include "server/compute/wire.h"
+#include "server/rpc/call.h"
 #include "server/telemetry/clock.h"
+#include "server/telemetry/log.h"
 
 namespace mxserve {
 namespace {
@@ -66,13 +66,12 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     sample_.Clear();
     MX_RETURN_IF_ERROR(ParseMessage(raw_sample_, &sample_, field));
     raw_sample_.Clear();
-    for (const auto& [name, value] : {std::pair{"source", &sample_.source()},
-                                      std::pair{"device", &sample_.device()}}) {
+    for (const auto& [name, value] :
+         {std::pair{"source", &sample_.source()}, std::pair{"device", &sample_.device()}}) {
       if (!ValidLabel(*value)) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ".", name, ": expected 1-",
-                                                       kMaxLabelChars,
-                                                       " characters of [A-Za-z0-9_.:/-], got ",
-                                                       Quote(*value)));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".", name, ": expected 1-", kMaxLabelChars,
+                         " characters of [A-Za-z0-9_.:/-], got ", Quote(*value)));
       }
     }
     absl::StatusOr<Phase> phase = FromProto(sample_.phase(), absl::StrCat(field, ".phase"));

@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
 #include "server/rpc/core.h"
 

@@ -7,8 +7,7 @@ namespace mxserve {
 
 // Unix time now, in seconds.
 inline double UnixSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace mxserve

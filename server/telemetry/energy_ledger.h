@@ -49,8 +49,8 @@ class EnergyLedger {
  private:
   using Key = std::tuple<std::string, Phase>;
   struct Series {
-    EnergyAmount folded;                    // buckets older than the retention window
-    double folded_until = 0;                // Unix second the folded part ends at
+    EnergyAmount folded;                      // buckets older than the retention window
+    double folded_until = 0;                  // Unix second the folded part ends at
     std::map<int64_t, EnergyAmount> seconds;  // Unix second → amount
   };
   const double retention_;

@@ -13,10 +13,11 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
 }
 
 constexpr std::array<absl::string_view, static_cast<int>(Rpc::kCount)> kRpcNames = {
-    "Gemm",          "LayerForward",   "LayerBackward", "Stream",          "RegisterModel",
-    "UploadWeights", "LoadSafetensors", "PublishVersion", "ListModels",    "DescribeModel",
-    "DeleteModel",   "PutPolicy",      "GetPolicy",     "ListPolicies",    "DeletePolicy",
-    "SetActivePolicy", "ResolvePolicy", "ReportPower",  "GetEnergyReport",
+    "Gemm",          "LayerForward",  "LayerBackward",   "Stream",
+    "RegisterModel", "UploadWeights", "LoadSafetensors", "PublishVersion",
+    "ListModels",    "DescribeModel", "DeleteModel",     "PutPolicy",
+    "GetPolicy",     "ListPolicies",  "DeletePolicy",    "SetActivePolicy",
+    "ResolvePolicy", "ReportPower",   "GetEnergyReport",
 };
 
 constexpr absl::string_view kModelSource = "fpga_model";
@@ -46,8 +47,9 @@ Metrics::Metrics(std::string backend)
                        .Register(*registry_);
   bytes_family_ = &BuildCounter()
                        .Name("mxserve_bytes_moved_total")
-                       .Help("Bytes the FPGA datapath moves for the served GEMMs (packed operands "
-                             "in, FP32 out), per the FPGA model")
+                       .Help(
+                           "Bytes the FPGA datapath moves for the served GEMMs (packed operands "
+                           "in, FP32 out), per the FPGA model")
                        .Register(*registry_);
   status_family_ = &BuildCounter()
                         .Name("mxserve_rpc_completed_total")
@@ -55,8 +57,9 @@ Metrics::Metrics(std::string backend)
                         .Register(*registry_);
   quantizations_family_ = &BuildCounter()
                                .Name("mxserve_weight_quantizations_total")
-                               .Help("Weight copies quantized (each layer, version and format "
-                                     "once; later requests reuse them)")
+                               .Help(
+                                   "Weight copies quantized (each layer, version and format "
+                                   "once; later requests reuse them)")
                                .Register(*registry_);
   energy_family_ = &BuildCounter()
                         .Name("mxserve_energy_joules_total")
@@ -80,8 +83,9 @@ Metrics::Metrics(std::string backend)
   }
   evictions_ = &BuildCounter()
                     .Name("mxserve_weight_evictions_total")
-                    .Help("Quantized weight copies evicted, least recently used first, to make "
-                          "room within --weight-memory-bytes (made again on their next use)")
+                    .Help(
+                        "Quantized weight copies evicted, least recently used first, to make "
+                        "room within --weight-memory-bytes (made again on their next use)")
                     .Register(*registry_)
                     .Add({});
   batch_size_ = &BuildHistogram()
@@ -94,16 +98,14 @@ Metrics::Metrics(std::string backend)
                       .Help("Compute requests waiting in the scheduler's queue")
                       .Register(*registry_)
                       .Add({});
-  weight_bytes_ = &BuildGauge()
-                       .Name("mxserve_weight_bytes")
-                       .Help("Bytes held for weights: FP32 masters, staged tensors, quantized copies")
-                       .Register(*registry_)
-                       .Add({});
-  models_ = &BuildGauge()
-                 .Name("mxserve_models")
-                 .Help("Registered models")
-                 .Register(*registry_)
-                 .Add({});
+  weight_bytes_ =
+      &BuildGauge()
+           .Name("mxserve_weight_bytes")
+           .Help("Bytes held for weights: FP32 masters, staged tensors, quantized copies")
+           .Register(*registry_)
+           .Add({});
+  models_ =
+      &BuildGauge().Name("mxserve_models").Help("Registered models").Register(*registry_).Add({});
   BuildGauge()
       .Name("mxserve_build_info")
       .Help("Always 1; the labels say what is running")

@@ -15,9 +15,9 @@
 #include <tuple>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "mx/format.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"

@@ -24,8 +24,7 @@ struct MxctlResult {
 class MxctlTest : public testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "mxctl_test.XXXXXX").string();
+    std::string pattern = (std::filesystem::temp_directory_path() / "mxctl_test.XXXXXX").string();
     ASSERT_NE(mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
   }

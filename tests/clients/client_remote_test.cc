@@ -31,9 +31,7 @@ class ClientAgainstDaemon : public testing::Test {
   static void SetUpTestSuite() {
     daemon_ = new mx_test::DaemonProcess({"--backend", "cpu", "--workers", "2"});
   }
-  static void TearDownTestSuite() {
-    mx_test::StopSuiteDaemon(daemon_);
-  }
+  static void TearDownTestSuite() { mx_test::StopSuiteDaemon(daemon_); }
   void SetUp() override {
     ASSERT_TRUE(daemon_->ok());
     client_ = std::make_unique<mxclient::Client>(

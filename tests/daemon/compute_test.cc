@@ -65,17 +65,17 @@ TEST_F(ComputeTest, GemmEqualsReferenceForEveryFormat) {
 TEST_F(ComputeTest, GemmMixedFormatsAndRoundingAway) {
   const int64_t m = 3, k = 64, n = 4;
   const auto a = TestValues(m * k, 3), b = TestValues(k * n, 4);
-  v1::GemmRequest request = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, a, b, m, k, n,
-                                        v1::FORMAT_MXFP8_E4M3);
+  v1::GemmRequest request =
+      GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, a, b, m, k, n, v1::FORMAT_MXFP8_E4M3);
   request.set_rounding(v1::ROUNDING_NEAREST_AWAY);
   grpc::ClientContext context;
   v1::GemmResponse response;
   ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
   mx::QuantizeOptions away;
   away.rounding = mx::Rounding::kNearestAway;
-  EXPECT_TRUE(SameBits(Floats(response.c()),
-                       *mx::ReferenceGemm(a, mx::Format::kMxfp4E2m1, b, mx::Format::kMxfp8E4m3, m,
-                                          k, n, away)));
+  EXPECT_TRUE(SameBits(
+      Floats(response.c()),
+      *mx::ReferenceGemm(a, mx::Format::kMxfp4E2m1, b, mx::Format::kMxfp8E4m3, m, k, n, away)));
   EXPECT_EQ(response.info().weight_format(), v1::FORMAT_MXFP8_E4M3);
 }
 
@@ -227,8 +227,8 @@ TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
     ASSERT_EQ(response.status_code(), 0) << response.status_message();
     const auto format = static_cast<mx::Format>(format_of.at(response.request_id()));
     if (response.has_gemm()) {
-      EXPECT_TRUE(SameBits(Floats(response.gemm().c()),
-                           *mx::ReferenceGemm(a, format, b, format, m, k, n)));
+      EXPECT_TRUE(
+          SameBits(Floats(response.gemm().c()), *mx::ReferenceGemm(a, format, b, format, m, k, n)));
     } else {
       ASSERT_TRUE(response.has_forward());
       EXPECT_TRUE(
@@ -274,8 +274,9 @@ TEST(NullBackendTest, AnswersZerosOfTheRightShapeWithoutComputing) {
   // Nothing was quantized: no weight copy beyond the policy's warm FP16 one.
   const std::string m = ScrapeMetrics(daemon.metrics_address());
   EXPECT_EQ(MetricValue(m, "mxserve_weight_quantizations_total{format=\"MXFP4_E2M1\"}"), -1);
-  EXPECT_EQ(MetricValue(m, "mxserve_requests_total{backend=\"null\",format=\"MXFP4_E2M1\","
-                           "phase=\"rollout\",rpc=\"LayerForward\"}"),
+  EXPECT_EQ(MetricValue(m,
+                        "mxserve_requests_total{backend=\"null\",format=\"MXFP4_E2M1\","
+                        "phase=\"rollout\",rpc=\"LayerForward\"}"),
             1);
 }
 

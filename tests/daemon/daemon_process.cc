@@ -72,8 +72,8 @@ DaemonProcess::DaemonProcess(std::vector<std::string> flags) {
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
-  channel_ = grpc::CreateCustomChannel(grpc_address_, grpc::InsecureChannelCredentials(),
-                                       channel_args);
+  channel_ =
+      grpc::CreateCustomChannel(grpc_address_, grpc::InsecureChannelCredentials(), channel_args);
 }
 
 void DaemonProcess::ReadLoop(int fd) {

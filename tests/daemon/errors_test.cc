@@ -69,10 +69,12 @@ TEST_F(ErrorsTest, LayerForwardRequests) {
                 "'blocks.1.mlp.down_proj'), got [2, 48]");
   r = Forward(x, 2);
   r.mutable_input()->mutable_tensor()->mutable_data()->resize(100);
-  EXPECT_STATUS(Call(r), INVALID_ARGUMENT, "input.tensor.data: expected 512 bytes (2 x 64 FP32), got 100");
+  EXPECT_STATUS(Call(r), INVALID_ARGUMENT,
+                "input.tensor.data: expected 512 bytes (2 x 64 FP32), got 100");
   r = Forward(x, 2);
   r.mutable_input()->mutable_tensor()->set_dtype(v1::DTYPE_UNSPECIFIED);
-  EXPECT_STATUS(Call(r), INVALID_ARGUMENT, "input.tensor.dtype: expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16");
+  EXPECT_STATUS(Call(r), INVALID_ARGUMENT,
+                "input.tensor.dtype: expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16");
   r = Forward(x, 2);
   r.mutable_input()->mutable_tensor()->set_dtype(v1::DTYPE_BF16);  // 512 bytes are 2×128 BF16
   EXPECT_STATUS(Call(r), INVALID_ARGUMENT, "input.tensor.data: expected 256 bytes (2 x 64 BF16)");
@@ -81,7 +83,8 @@ TEST_F(ErrorsTest, LayerForwardRequests) {
   EXPECT_STATUS(Call(r), INVALID_ARGUMENT, "input: required");
   r = Forward(x, 2);
   r.set_min_weight_version(7);
-  EXPECT_STATUS(Call(r), FAILED_PRECONDITION, "min_weight_version: model 'm' is at weight version 1");
+  EXPECT_STATUS(Call(r), FAILED_PRECONDITION,
+                "min_weight_version: model 'm' is at weight version 1");
 }
 
 TEST_F(ErrorsTest, PackedOperands) {
@@ -154,7 +157,8 @@ TEST_F(ErrorsTest, MalformedPoliciesAndUnknownNames) {
   }
   grpc::ClientContext c1;
   v1::PutPolicyRequest builtin;
-  builtin.set_json(R"({"name": "B-balanced", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})");
+  builtin.set_json(
+      R"({"name": "B-balanced", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})");
   EXPECT_STATUS(policies->PutPolicy(&c1, builtin, &info), FAILED_PRECONDITION, "built-in");
   grpc::ClientContext c2;
   v1::SetActivePolicyRequest activate;
@@ -250,8 +254,7 @@ TEST_F(ErrorsTest, PowerSamplesAreValidated) {
   s.set_timestamp_seconds(now - 11);
   writer->Write(s);
   writer->WritesDone();
-  EXPECT_STATUS(writer->Finish(), INVALID_ARGUMENT,
-                "is earlier than the previous sample");
+  EXPECT_STATUS(writer->Finish(), INVALID_ARGUMENT, "is earlier than the previous sample");
   EXPECT_EQ(response.samples_accepted(), 0u);  // the response of a failed call is not sent
 }
 

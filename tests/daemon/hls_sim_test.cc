@@ -12,13 +12,17 @@ namespace {
 const char* Datapath(mx::Format f) {
   switch (f) {
     case mx::Format::kMxfp8E4m3:
-    case mx::Format::kMxfp8E5m2: return "hls/mx_wide";
+    case mx::Format::kMxfp8E5m2:
+      return "hls/mx_wide";
     case mx::Format::kMxfp6E3m2:
     case mx::Format::kMxfp6E2m3:
     case mx::Format::kMxfp4E2m1:
-    case mx::Format::kMxint8: return "hls/mx_integer";
-    case mx::Format::kInt8: return "hls/int8";
-    default: return "hls/float";
+    case mx::Format::kMxint8:
+      return "hls/mx_integer";
+    case mx::Format::kInt8:
+      return "hls/int8";
+    default:
+      return "hls/float";
   }
 }
 
@@ -49,8 +53,7 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
   for (int f = 0; f < mx::kFormatCount; ++f) {
     const auto format = static_cast<mx::Format>(f);
     SCOPED_TRACE(mx::FormatName(format));
-    const v1::LayerForwardRequest request =
-        ForwardRequest("m", *layer_, v1::PHASE_REWARD, f, x, m);
+    const v1::LayerForwardRequest request = ForwardRequest("m", *layer_, v1::PHASE_REWARD, f, x, m);
     grpc::ClientContext context;
     v1::LayerForwardResponse response;
     ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
@@ -63,8 +66,8 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
 TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
   const int64_t m = 2, k = 45, n = 129;
   const auto a = TestValues(m * k, 22), b = TestValues(k * n, 23);
-  const v1::GemmRequest request = GemmRequest(v1::PHASE_UPDATE, v1::FORMAT_MXFP4_E2M1, a, b, m, k,
-                                              n, v1::FORMAT_MXFP8_E5M2);
+  const v1::GemmRequest request =
+      GemmRequest(v1::PHASE_UPDATE, v1::FORMAT_MXFP4_E2M1, a, b, m, k, n, v1::FORMAT_MXFP8_E5M2);
   grpc::ClientContext context;
   v1::GemmResponse response;
   ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
@@ -92,8 +95,8 @@ TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
 // K past the on-chip W tile: refused by name, and the daemon keeps serving.
 TEST_F(HlsSimTest, KBeyondTheWTileIsRefusedByName) {
   const int64_t k = 16400;
-  v1::GemmRequest request = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1,
-                                        TestValues(k, 26), TestValues(k, 27), 1, k, 1);
+  v1::GemmRequest request = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, TestValues(k, 26),
+                                        TestValues(k, 27), 1, k, 1);
   grpc::ClientContext context;
   v1::GemmResponse response;
   const grpc::Status status = Stub()->Gemm(&context, request, &response);

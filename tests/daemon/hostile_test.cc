@@ -190,10 +190,10 @@ TEST_F(HostileTest, UnparseableUnaryRequestsAreInvalidArgumentNamingTheMessage) 
                   absl::StrCat("request: not a valid ", message, " message"));
     EXPECT_TRUE(result.responses.empty()) << method;
   }
-  EXPECT_EQ(AwaitMetric(daemon_->metrics_address(),
-                        "mxserve_rpc_completed_total{code=\"INVALID_ARGUMENT\",rpc=\"ListModels\"}",
-                        1),
-            1);
+  EXPECT_EQ(
+      AwaitMetric(daemon_->metrics_address(),
+                  "mxserve_rpc_completed_total{code=\"INVALID_ARGUMENT\",rpc=\"ListModels\"}", 1),
+      1);
 }
 
 TEST_F(HostileTest, ACorruptUploadChunkStagesNothing) {
@@ -219,7 +219,8 @@ TEST_F(HostileTest, ACorruptUploadChunkStagesNothing) {
   v1::DescribeModelRequest describe;
   describe.set_name("m");
   v1::ModelInfo info;
-  ASSERT_TRUE(v1::Models::NewStub(daemon_->channel())->DescribeModel(&context, describe, &info).ok());
+  ASSERT_TRUE(
+      v1::Models::NewStub(daemon_->channel())->DescribeModel(&context, describe, &info).ok());
   EXPECT_EQ(info.staged_tensors(), 0u);
   EXPECT_EQ(info.weight_version(), 1u);
 }
@@ -227,11 +228,13 @@ TEST_F(HostileTest, ACorruptUploadChunkStagesNothing) {
 TEST_F(HostileTest, ACorruptStreamMessageEndsTheStreamAfterAnsweringWhatCameBefore) {
   v1::StreamRequest first;
   first.set_request_id(1);
-  *first.mutable_forward() = ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, TestValues(64, 5), 1);
+  *first.mutable_forward() =
+      ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, TestValues(64, 5), 1);
   v1::StreamRequest after = first;
   after.set_request_id(2);
-  const RawResult result = RawCall(daemon_->channel(), "/mxserve.v1.Compute/Stream",
-                                   {first.SerializeAsString(), kGarbage, after.SerializeAsString()});
+  const RawResult result =
+      RawCall(daemon_->channel(), "/mxserve.v1.Compute/Stream",
+              {first.SerializeAsString(), kGarbage, after.SerializeAsString()});
   EXPECT_STATUS(result.status, INVALID_ARGUMENT,
                 "requests[1]: not a valid mxserve.v1.StreamRequest message");
   ASSERT_EQ(result.responses.size(), 1u);  // request 1 answered, request 2 never read
@@ -257,10 +260,10 @@ TEST_F(HostileTest, ACorruptPowerSampleEndsTheStreamKeepingWhatCameBefore) {
   EXPECT_STATUS(result.status, INVALID_ARGUMENT,
                 "samples[2]: not a valid mxserve.v1.PowerSample message");
   // What came before the bad message stays accounted: 100 W over 2 s.
-  EXPECT_EQ(AwaitMetric(daemon_->metrics_address(),
-                        "mxserve_energy_joules_total{phase=\"reward\",source=\"corrupt_test\"}",
-                        200),
-            200);
+  EXPECT_EQ(
+      AwaitMetric(daemon_->metrics_address(),
+                  "mxserve_energy_joules_total{phase=\"reward\",source=\"corrupt_test\"}", 200),
+      200);
 }
 
 // ---------------------------------------------------------------------------
@@ -336,8 +339,8 @@ TEST_F(HostileTest, OverlappingDataOffsetsAreRefused) {
                    R"({"o.weight": {"dtype": "F32", "shape": [4, 32], "data_offsets": [0, 512]}})",
                    Bytes(l.weight));
   EXPECT_TRUE(Load(daemon_->channel(), "fine.safetensors", "overlap").ok());
-  EXPECT_TRUE(Load(daemon_->channel(), (*model_dir_ / "." / "fine.safetensors").string(), "overlap")
-                  .ok());
+  EXPECT_TRUE(
+      Load(daemon_->channel(), (*model_dir_ / "." / "fine.safetensors").string(), "overlap").ok());
 }
 
 // ---------------------------------------------------------------------------
@@ -346,8 +349,8 @@ TEST_F(HostileTest, OverlappingDataOffsetsAreRefused) {
 TEST_F(HostileTest, LongNamesAreCutInErrors) {
   const std::string huge(100000, 'n');
   const std::string cut = absl::StrCat("'", std::string(64, 'n'), "…' (100000 bytes)");
-  v1::LayerForwardRequest forward = ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0,
-                                                   TestValues(64, 1), 1);
+  v1::LayerForwardRequest forward =
+      ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, TestValues(64, 1), 1);
   forward.set_model(huge);
   grpc::ClientContext c1;
   v1::LayerForwardResponse out;
@@ -389,9 +392,9 @@ TEST_F(HostileTest, LongNamesAreCutInErrors) {
   writer->Write(sample);
   writer->WritesDone();
   s = writer->Finish();
-  EXPECT_STATUS(s, INVALID_ARGUMENT,
-                absl::StrCat("samples[0].source: expected 1-64 characters of [A-Za-z0-9_.:/-], got ",
-                             cut));
+  EXPECT_STATUS(
+      s, INVALID_ARGUMENT,
+      absl::StrCat("samples[0].source: expected 1-64 characters of [A-Za-z0-9_.:/-], got ", cut));
   EXPECT_LT(s.error_message().size(), 300u);
 }
 
@@ -451,10 +454,10 @@ TEST(PowerSeriesTest, SeriesAreCappedAndSamplesMustBePlausible) {
                                "' is reserved for the daemon's own accounting"));
   }
   // Implausible values: they used to add +inf or 1e302 J forever.
-  EXPECT_STATUS(ReportPower(daemon_->channel(),
-                            {Sample("plaus", "d", t, 10), Sample("plaus", "d", t + 1, 1e308)},
-                            &response),
-                INVALID_ARGUMENT, "samples[1].watts: expected 0 to 10000 (--max-power-watts)");
+  EXPECT_STATUS(
+      ReportPower(daemon_->channel(),
+                  {Sample("plaus", "d", t, 10), Sample("plaus", "d", t + 1, 1e308)}, &response),
+      INVALID_ARGUMENT, "samples[1].watts: expected 0 to 10000 (--max-power-watts)");
   EXPECT_STATUS(ReportPower(daemon_->channel(), {Sample("plaus", "d", 1e300, 10)}, &response),
                 INVALID_ARGUMENT, "samples[0].timestamp_seconds: expected a Unix time within");
   EXPECT_STATUS(ReportPower(daemon_->channel(), {Sample("plaus", "d", 1000, 10)}, &response),
@@ -468,9 +471,9 @@ TEST(PowerSeriesTest, SeriesAreCappedAndSamplesMustBePlausible) {
   EXPECT_EQ(response.samples_accepted(), 3u);
   EXPECT_DOUBLE_EQ(response.joules_added(), 100);
   // --max-power-series 4: "plaus/d" and "gap/d" exist; two more fit, a fifth does not.
-  EXPECT_TRUE(ReportPower(daemon_->channel(), {Sample("s3", "d", t, 1), Sample("s4", "d", t, 1)},
-                          &response)
-                  .ok());
+  EXPECT_TRUE(
+      ReportPower(daemon_->channel(), {Sample("s3", "d", t, 1), Sample("s4", "d", t, 1)}, &response)
+          .ok());
   EXPECT_STATUS(ReportPower(daemon_->channel(), {Sample("s5", "d", t, 1)}, &response),
                 RESOURCE_EXHAUSTED, "(--max-power-series)");
   // Known series keep working.
@@ -521,8 +524,8 @@ TEST_F(HostileTest, EnergyReportSinceFarFutureIsEmpty) {
 }
 
 TEST_F(HostileTest, GemmFieldsAreChecked) {
-  v1::GemmRequest g = GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_FP32, TestValues(6, 1),
-                                  TestValues(12, 2), 2, 3, 4);
+  v1::GemmRequest g =
+      GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_FP32, TestValues(6, 1), TestValues(12, 2), 2, 3, 4);
   g.set_rounding(static_cast<v1::Rounding>(7));
   EXPECT_STATUS(CallGemm(daemon_->channel(), g), INVALID_ARGUMENT,
                 "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN or "
@@ -592,12 +595,12 @@ TEST_F(BigLayerTest, AnAnswerAfterTheDeadlineIsCountedAsDeadlineExceeded) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(20));
     v1::LayerForwardResponse response;
-    const grpc::Status s = v1::Compute::NewStub(daemon_->channel())
-                               ->LayerForward(&context,
-                                              ForwardRequest("big", layer_, v1::PHASE_UPDATE,
-                                                             static_cast<int>(mx::Format::kFp32),
-                                                             x, 512),
-                                              &response);
+    const grpc::Status s =
+        v1::Compute::NewStub(daemon_->channel())
+            ->LayerForward(&context,
+                           ForwardRequest("big", layer_, v1::PHASE_UPDATE,
+                                          static_cast<int>(mx::Format::kFp32), x, 512),
+                           &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   }
   // Wait for the worker to finish them all; then the daemon's books match.

@@ -28,8 +28,10 @@ std::string WriteSafetensors(const std::vector<std::pair<std::string, TestLayer>
                     R"(, "data_offsets": [)", begin, ", ", data.size(), "]}");
   };
   for (const auto& [prefix, l] : tensors) {
-    add(absl::StrCat(prefix, l.name, ".weight"), l.weight, absl::StrCat("[", l.out, ", ", l.in, "]"));
-    if (l.bias) add(absl::StrCat(prefix, l.name, ".bias"), l.bias_values, absl::StrCat("[", l.out, "]"));
+    add(absl::StrCat(prefix, l.name, ".weight"), l.weight,
+        absl::StrCat("[", l.out, ", ", l.in, "]"));
+    if (l.bias)
+      add(absl::StrCat(prefix, l.name, ".bias"), l.bias_values, absl::StrCat("[", l.out, "]"));
   }
   header += "}";
   const std::string path =
@@ -103,9 +105,9 @@ TEST_F(ModelsTest, SafetensorsLoadThenVersionBumpChangesResults) {
 
   const auto x = TestValues(3 * 64, 43);
   v1::LayerForwardResponse r1;
-  ASSERT_TRUE(Forward(channel(), "qwen", up.name, v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, x, 3,
-                      64, &r1)
-                  .ok());
+  ASSERT_TRUE(
+      Forward(channel(), "qwen", up.name, v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1, x, 3, 64, &r1)
+          .ok());
   EXPECT_TRUE(SameBits(Floats(r1.output()), ReferenceForward(up, x, 3, mx::Format::kMxfp4E2m1)));
 
   // Version 2 through a chunked upload: results change, old requirement fails.
@@ -122,9 +124,9 @@ TEST_F(ModelsTest, SafetensorsLoadThenVersionBumpChangesResults) {
   EXPECT_FALSE(SameBits(Floats(r2.output()), Floats(r1.output())));
   // The unchanged layer kept its weights (and its version's copies).
   v1::LayerForwardResponse rq;
-  ASSERT_TRUE(Forward(channel(), "qwen", q.name, v1::PHASE_REWARD, v1::FORMAT_MXFP8_E4M3, x, 3, 64,
-                      &rq)
-                  .ok());
+  ASSERT_TRUE(
+      Forward(channel(), "qwen", q.name, v1::PHASE_REWARD, v1::FORMAT_MXFP8_E4M3, x, 3, 64, &rq)
+          .ok());
   EXPECT_TRUE(SameBits(Floats(rq.output()), ReferenceForward(q, x, 3, mx::Format::kMxfp8E4m3)));
 
   v1::LayerForwardResponse r3;
@@ -160,7 +162,8 @@ TEST_F(ModelsTest, MemoryLimitRejectsAndNothingIsHalfRegistered) {
   // "one" is untouched and still answers.
   const auto x = TestValues(400, 4);
   v1::LayerForwardResponse r;
-  ASSERT_TRUE(Forward(channel(), "one", "a", v1::PHASE_ROLLOUT, v1::FORMAT_FP16, x, 1, 400, &r).ok());
+  ASSERT_TRUE(
+      Forward(channel(), "one", "a", v1::PHASE_ROLLOUT, v1::FORMAT_FP16, x, 1, 400, &r).ok());
   EXPECT_EQ(r.info().weight_version(), 1u);
   EXPECT_TRUE(SameBits(Floats(r.output()), ReferenceForward(one, x, 1, mx::Format::kFp16)));
   // Deleting "one" frees its bytes, and the upload of "two" now fits.
@@ -252,7 +255,8 @@ TEST_F(ModelsTest, QuantizedCopiesAreMadeOncePerFormat) {
   EXPECT_EQ(MetricValue(metrics, "mxserve_weight_quantizations_total{format=\"MXFP6_E2M3\"}"), 1)
       << metrics;
   const v1::ModelInfo info = Describe(channel(), "m");
-  std::set<int> cached(info.layers(0).cached_formats().begin(), info.layers(0).cached_formats().end());
+  std::set<int> cached(info.layers(0).cached_formats().begin(),
+                       info.layers(0).cached_formats().end());
   EXPECT_EQ(cached, (std::set<int>{v1::FORMAT_MXFP6_E2M3, v1::FORMAT_FP16}));
 }
 
@@ -287,9 +291,9 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   // A forward without a format runs in the resolved one.
   const auto x = TestValues(32, 64);
   v1::LayerForwardResponse r;
-  ASSERT_TRUE(Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 1, 32,
-                      &r)
-                  .ok());
+  ASSERT_TRUE(
+      Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 1, 32, &r)
+          .ok());
   EXPECT_EQ(r.info().format(), v1::FORMAT_MXFP4_E2M1);
   EXPECT_TRUE(SameBits(Floats(r.output()), ReferenceForward(mid, x, 1, mx::Format::kMxfp4E2m1)));
   // An explicit format overrides the policy.
@@ -314,18 +318,17 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   v1::SetActivePolicyResponse activated;
   ASSERT_TRUE(policies->SetActivePolicy(&c3, activate, &activated).ok());
   EXPECT_EQ(activated.previous_policy(), "D-phase-adaptive");
-  ASSERT_TRUE(Forward(channel(), "m", last.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 1,
-                      32, &r)
-                  .ok());
+  ASSERT_TRUE(
+      Forward(channel(), "m", last.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 1, 32, &r)
+          .ok());
   EXPECT_EQ(r.info().format(), v1::FORMAT_MXINT8);
   EXPECT_TRUE(SameBits(Floats(r.output()), ReferenceForward(last, x, 1, mx::Format::kMxint8)));
-  ASSERT_TRUE(Forward(channel(), "m", last.name, v1::PHASE_REWARD, v1::FORMAT_UNSPECIFIED, x, 1, 32,
-                      &r)
-                  .ok());
+  ASSERT_TRUE(
+      Forward(channel(), "m", last.name, v1::PHASE_REWARD, v1::FORMAT_UNSPECIFIED, x, 1, 32, &r)
+          .ok());
   EXPECT_EQ(r.info().format(), v1::FORMAT_MXFP6_E3M2);
-  ASSERT_TRUE(Forward(channel(), "m", q.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 1, 32,
-                      &r)
-                  .ok());
+  ASSERT_TRUE(
+      Forward(channel(), "m", q.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 1, 32, &r).ok());
   EXPECT_EQ(r.info().format(), v1::FORMAT_BF16);
   grpc::ClientContext c4;
   v1::ResolvePolicyResponse resolved;

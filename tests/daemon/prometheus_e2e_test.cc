@@ -43,8 +43,7 @@ std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "";
   }
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   if (write(fd, request.data(), request.size()) < 0) {
     close(fd);
     return "";
@@ -163,7 +162,9 @@ TEST(PrometheusEndToEnd, ScrapedCountsAndEnergyMatchTheTraffic) {
   const std::string reward =
       R"(mxserve_requests_total{job="mxserved",rpc="LayerForward",phase="reward",format="MXFP4_E2M1"})";
   EXPECT_TRUE(Eventually(
-      [&] { return Query(prometheus.port(), rollout) == 6 && Query(prometheus.port(), reward) == 4; },
+      [&] {
+        return Query(prometheus.port(), rollout) == 6 && Query(prometheus.port(), reward) == 4;
+      },
       30))
       << "rollout " << Query(prometheus.port(), rollout) << ", reward "
       << Query(prometheus.port(), reward) << "\n"

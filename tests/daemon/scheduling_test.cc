@@ -185,8 +185,8 @@ TEST(SchedulingTest, FullQueueAnswersResourceExhaustedAndExpiredWorkIsDropped) {
   std::string after;
   while (std::chrono::steady_clock::now() < until) {
     after = ScrapeMetrics(daemon.metrics_address());
-    if (MetricValue(after, "mxserve_rpc_completed_total{code=\"DEADLINE_EXCEEDED\",rpc=\"Gemm\"}") >=
-            1 ||
+    if (MetricValue(after,
+                    "mxserve_rpc_completed_total{code=\"DEADLINE_EXCEEDED\",rpc=\"Gemm\"}") >= 1 ||
         MetricValue(after, "mxserve_rpc_completed_total{code=\"CANCELLED\",rpc=\"Gemm\"}") >= 1) {
       break;
     }

@@ -57,9 +57,11 @@ TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
   EXPECT_EQ(requests("MXFP8_E4M3", "reward"), 3);
   EXPECT_EQ(requests("FP16", "update"), 1);
   EXPECT_EQ(requests("MXFP8_E4M3", "rollout"), -1);  // never sent: no series
-  EXPECT_EQ(MetricValue(m, "mxserve_request_duration_seconds_count{backend=\"cpu\",format=\"MXFP4_E2M1\","
-                           "phase=\"rollout\",rpc=\"LayerForward\"}"),
-            7);
+  EXPECT_EQ(
+      MetricValue(m,
+                  "mxserve_request_duration_seconds_count{backend=\"cpu\",format=\"MXFP4_E2M1\","
+                  "phase=\"rollout\",rpc=\"LayerForward\"}"),
+      7);
   EXPECT_EQ(MetricValue(m, "mxserve_flops_total{format=\"MXFP8_E4M3\",phase=\"reward\"}"),
             3 * 2.0 * 4 * 64 * 128);
   EXPECT_EQ(AwaitMetric(daemon_.metrics_address(),
@@ -67,8 +69,9 @@ TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
             11);
   EXPECT_EQ(MetricValue(m, "mxserve_models"), 1);
   EXPECT_GT(MetricValue(m, "mxserve_weight_bytes"), 64 * 128 * 4);
-  EXPECT_NEAR(MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"fpga_model\"}"),
-              model_joules[v1::PHASE_ROLLOUT], 1e-12);
+  EXPECT_NEAR(
+      MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"fpga_model\"}"),
+      model_joules[v1::PHASE_ROLLOUT], 1e-12);
   EXPECT_NE(m.find("mxserve_build_info{backend=\"cpu\",version=\""), std::string::npos);
 
   auto telemetry = v1::Telemetry::NewStub(daemon_.channel());
@@ -100,8 +103,8 @@ TEST_F(TelemetryTest, BackwardWithInputBooksBothGemmsEnergy) {
   grpc::ClientContext context;
   v1::LayerBackwardResponse response;
   ASSERT_TRUE(v1::Compute::NewStub(daemon_.channel())->LayerBackward(&context, r, &response).ok());
-  const auto params = fpga_model::LoadEnergyModel(
-      std::string(MXSERVE_SOURCE_DIR) + "/fpga/model/energy_model.json");
+  const auto params = fpga_model::LoadEnergyModel(std::string(MXSERVE_SOURCE_DIR) +
+                                                  "/fpga/model/energy_model.json");
   ASSERT_TRUE(params.ok()) << params.status();
   const auto f = mx::Format::kMxfp8E4m3;
   const auto grad_input = fpga_model::EstimateGemm(*params, f, f, m, k, n);
@@ -177,8 +180,9 @@ TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
   for (const auto& e : report.entries()) EXPECT_EQ(e.joules(), 0) << e.source();
 
   const std::string m = ScrapeMetrics(daemon_.metrics_address());
-  EXPECT_EQ(MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"gpu_baseline\"}"),
-            250);
+  EXPECT_EQ(
+      MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"gpu_baseline\"}"),
+      250);
   EXPECT_EQ(MetricValue(m, "mxserve_power_watts{device=\"cuda:1\",source=\"gpu_baseline\"}"), 50);
 }
 

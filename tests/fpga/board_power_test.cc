@@ -1,8 +1,8 @@
 // Board power as XRT reports it (xrt::info::device::electrical), parsed without
 // XRT: the fpga backend's sampler feeds these watts to the "fpga" energy source.
-#include <gtest/gtest.h>
-
 #include "fpga/host/board_power.h"
+
+#include <gtest/gtest.h>
 
 namespace {
 

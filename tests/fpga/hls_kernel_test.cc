@@ -39,7 +39,8 @@ QuantizedMatrix Quantize(const std::vector<float>& v, int64_t rows, int64_t cols
 
 // The sign and payload of a NaN are not part of the contract; everything else is.
 bool SameBits(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  return (std::isnan(a) && std::isnan(b)) ||
+         std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
 }
 
 void ExpectKernelMatchesReference(const QuantizedMatrix& x, const QuantizedMatrix& w,
@@ -76,8 +77,8 @@ TEST(HlsKernel, EveryFormatPairMatchesReference) {
       const QuantizedMatrix x = Quantize(Gaussian(m * k, rng), m, k, fx);
       const QuantizedMatrix w = Quantize(Gaussian(n * k, rng, 0.25f), n, k, fw);
       const std::vector<float> bias = Gaussian(n, rng);
-      const std::string pair = absl::StrCat(mx::FormatName(fx), " x ", mx::FormatName(fw), " ", m,
-                                            "x", n, "x", k);
+      const std::string pair =
+          absl::StrCat(mx::FormatName(fx), " x ", mx::FormatName(fw), " ", m, "x", n, "x", k);
       ExpectKernelMatchesReference(x, w, {}, pair);
       ExpectKernelMatchesReference(x, w, bias, absl::StrCat(pair, " +bias"));
     }
@@ -101,8 +102,8 @@ TEST(HlsKernel, RandomCodesAndScalesMatchReference) {
           c = static_cast<uint8_t>(byte(rng) & ((1 << bits) - 1));
           if (!with_specials && mx::IsSpecialCode(f, c)) c = 0;
         }
-        mx::PackBlock(f, codes, m.elements.data() + r * mx::RowBytes(f, cols) +
-                                    b * mx::BlockBytes(f));
+        mx::PackBlock(f, codes,
+                      m.elements.data() + r * mx::RowBytes(f, cols) + b * mx::BlockBytes(f));
         m.block_scales[r * mx::BlocksPerRow(cols) + b] =
             byte(rng) < 4 ? mx::kScaleNan : static_cast<uint8_t>(scale(rng));
       }
@@ -204,8 +205,12 @@ TEST(HlsKernel, ControlWordEncodesEveryFormatAndItsDatapath) {
             EXPECT_EQ(path, fp8 ? mxhls::kPathMxWide : mxhls::kPathMxInteger) << pair;
             break;
           }
-          case mx::GemmPath::kInt8: EXPECT_EQ(path, mxhls::kPathInt8) << pair; break;
-          case mx::GemmPath::kFloat: EXPECT_EQ(path, mxhls::kPathFloat) << pair; break;
+          case mx::GemmPath::kInt8:
+            EXPECT_EQ(path, mxhls::kPathInt8) << pair;
+            break;
+          case mx::GemmPath::kFloat:
+            EXPECT_EQ(path, mxhls::kPathFloat) << pair;
+            break;
         }
       }
     }

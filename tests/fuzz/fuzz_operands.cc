@@ -6,10 +6,10 @@
 //   odd   a dense Tensor (DecodeMatrix); an accepted one is quantized by the fast
 //         quantizer and the reference into the format the second byte picks,
 //         which must agree byte for byte
-#include <cstdint>
-#include <cstdlib>
 #include <algorithm>
 #include <bit>
+#include <cstdint>
+#include <cstdlib>
 
 #include "mx/kernels/linear.h"
 #include "mx/kernels/quantize_fast.h"
@@ -30,9 +30,8 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 bool SameBytes(const mx::QuantizedMatrix& a, const mx::QuantizedMatrix& b) {
-  return a.format == b.format && a.rows == b.rows && a.cols == b.cols &&
-         a.elements == b.elements && a.block_scales == b.block_scales &&
-         SameBits(a.row_scales, b.row_scales);
+  return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.elements == b.elements &&
+         a.block_scales == b.block_scales && SameBits(a.row_scales, b.row_scales);
 }
 
 void Packed(const uint8_t* data, size_t size) {
@@ -40,7 +39,7 @@ void Packed(const uint8_t* data, size_t size) {
   if (!packed.ParseFromArray(data, static_cast<int>(size))) return;
   absl::StatusOr<mx::QuantizedMatrix> x = mxserve::DecodePacked(packed, "x", {}, kMaxBytes);
   if (!x.ok()) return;
-  if (!mx::ValidateLayout(*x).ok()) std::abort();  // accepted means well formed
+  if (!mx::ValidateLayout(*x).ok()) std::abort();                      // accepted means well formed
   if (!mx::IsMx(x->format) && x->format != mx::Format::kInt8) return;  // floats: tolerance only
   if (x->cols > 4096) return;
   absl::StatusOr<mx::QuantizedMatrix> w =

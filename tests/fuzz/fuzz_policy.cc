@@ -3,8 +3,8 @@
 // layer and phase.
 #include <cstdint>
 #include <cstdlib>
-#include "absl/strings/string_view.h"
 
+#include "absl/strings/string_view.h"
 #include "server/policy/policy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -21,8 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (mxserve::Phase phase : mxserve::kAllPhases) {
     for (const char* layer : {"model.layers.0.self_attn.q_proj", "lm_head", "", "a.b.c"}) {
       for (bool sensitive : {false, true}) {
-        const mxserve::ResolvedFormat resolved =
-            mxserve::Resolve(*policy, phase, layer, sensitive);
+        const mxserve::ResolvedFormat resolved = mxserve::Resolve(*policy, phase, layer, sensitive);
         if (resolved.rule < -1 || resolved.rule >= static_cast<int>(policy->rules.size())) {
           std::abort();
         }

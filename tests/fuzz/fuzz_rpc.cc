@@ -42,14 +42,15 @@ void Fail(const std::string& what) {
 
 // Sends `message` to a unary method and insists on OK (the setup's own calls).
 void Must(const char* method, const google::protobuf::Message& message) {
-  const mx_test::RawResult result = mx_test::RawCall(channel, method, {message.SerializeAsString()});
+  const mx_test::RawResult result =
+      mx_test::RawCall(channel, method, {message.SerializeAsString()});
   if (!result.status.ok()) Fail(std::string(method) + ": " + result.status.error_message());
 }
 
 void Setup() {
   mxserve::SetLogging(false);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("mxserve_fuzz_rpc_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mxserve_fuzz_rpc_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   mx_fuzz::WriteSeedSafetensors(dir / "m.safetensors");
   mxserve::DaemonOptions options;

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include "absl/strings/string_view.h"
 
+#include "absl/strings/string_view.h"
 #include "mx/format.h"
 #include "server/model/safetensors.h"
 

@@ -89,7 +89,8 @@ inline v1::RegisterModelRequest SeedModel() {
 inline void WriteSeedSafetensors(const std::filesystem::path& path) {
   std::string header = "{", data;
   uint32_t seed = 1;
-  auto add = [&](absl::string_view name, const std::vector<float>& values, absl::string_view shape) {
+  auto add = [&](absl::string_view name, const std::vector<float>& values,
+                 absl::string_view shape) {
     const size_t begin = data.size();
     data += Bytes(values);
     absl::StrAppend(&header, header.size() > 1 ? ", " : "", "\"", name,
@@ -99,8 +100,8 @@ inline void WriteSeedSafetensors(const std::filesystem::path& path) {
   for (const SeedLayer& l : kSeedLayers) {
     add(absl::StrCat(l.name, ".weight"), SeedValues(l.out * l.in, seed++),
         absl::StrCat("[", l.out, ", ", l.in, "]"));
-    if (l.bias) add(absl::StrCat(l.name, ".bias"), SeedValues(l.out, seed++),
-                    absl::StrCat("[", l.out, "]"));
+    if (l.bias)
+      add(absl::StrCat(l.name, ".bias"), SeedValues(l.out, seed++), absl::StrCat("[", l.out, "]"));
   }
   header += "}";
   std::ofstream out(path, std::ios::binary);

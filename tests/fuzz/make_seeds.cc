@@ -1,9 +1,9 @@
 // Writes the fuzz targets' seed corpus: valid inputs of every kind, from which
 // the fuzzers mutate. usage: make_fuzz_seeds OUT_DIR (writes OUT_DIR/<target>/).
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <chrono>
 #include <string>
 
 #include "mx/packed.h"
@@ -104,8 +104,8 @@ void RpcSeeds() {
     chunks[i].set_role(v1::TENSOR_ROLE_WEIGHT);
     chunks[i].set_dtype(v1::DTYPE_FP32);
     chunks[i].set_offset_elements(i * w.size() / 2);
-    chunks[i].set_data(Bytes(std::vector<float>(w.begin() + i * w.size() / 2,
-                                                 w.begin() + (i + 1) * w.size() / 2)));
+    chunks[i].set_data(Bytes(
+        std::vector<float>(w.begin() + i * w.size() / 2, w.begin() + (i + 1) * w.size() / 2)));
   }
   chunks[1].set_publish(true);
   Rpc("upload", "/mxserve.v1.Models/UploadWeights", {&chunks[0], &chunks[1]});
@@ -170,7 +170,8 @@ void SafetensorsSeeds() {
   std::ifstream in(path, std::ios::binary);
   Write("safetensors", "model", std::string(std::istreambuf_iterator<char>(in), {}));
   fs::remove(path);
-  std::string bf16 = R"({"__metadata__": {"format": "pt"}, "t": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}})";
+  std::string bf16 =
+      R"({"__metadata__": {"format": "pt"}, "t": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}})";
   const uint64_t length = bf16.size();
   std::string file(reinterpret_cast<const char*>(&length), 8);
   file.append(bf16);

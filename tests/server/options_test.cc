@@ -18,8 +18,8 @@ TEST(Options, DefaultsBindToLoopback) {
 }
 
 TEST(Options, BothSpellingsAndSizes) {
-  auto parsed = ParseCommandLine({"--workers=3", "--backend", "null", "--max-message-bytes",
-                                  "16M", "--weight-memory-bytes=2GiB", "--grace-seconds", "0.5"});
+  auto parsed = ParseCommandLine({"--workers=3", "--backend", "null", "--max-message-bytes", "16M",
+                                  "--weight-memory-bytes=2GiB", "--grace-seconds", "0.5"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->options.workers, 3);
   EXPECT_EQ(parsed->options.backend, "null");
@@ -109,12 +109,12 @@ TEST(Options, ConfigFileThenCommandLine) {
 
 TEST(Options, HelpListsEveryFlagWithItsDefault) {
   const std::string help = HelpText();
-  for (const char* line : {"--listen ADDR", "default: 127.0.0.1:50051", "--metrics-listen ADDR",
-                           "--backend NAME", "--workers N", "--queue-size N", "default: 1024",
-                           "--batch-window-us US", "--max-batch N", "--max-message-bytes BYTES",
-                           "default: 64M", "--weight-memory-bytes BYTES", "default: 8G",
-                           "--policy-dir DIR", "--default-policy NAME", "--energy-model FILE",
-                           "--grace-seconds S", "--config FILE"}) {
+  for (const char* line :
+       {"--listen ADDR", "default: 127.0.0.1:50051", "--metrics-listen ADDR", "--backend NAME",
+        "--workers N", "--queue-size N", "default: 1024", "--batch-window-us US", "--max-batch N",
+        "--max-message-bytes BYTES", "default: 64M", "--weight-memory-bytes BYTES", "default: 8G",
+        "--policy-dir DIR", "--default-policy NAME", "--energy-model FILE", "--grace-seconds S",
+        "--config FILE"}) {
     EXPECT_NE(help.find(line), std::string::npos) << line;
   }
   std::istringstream lines(help);

@@ -106,8 +106,7 @@ TEST_F(RegistryTest, VersionsCountUpAndOldOnesLiveWhileRead) {
   EXPECT_EQ(ahead.status().message(),
             "min_weight_version: model 'm' is at weight version 2, the request requires at "
             "least 3");
-  EXPECT_EQ(registry_.Publish("m").status().message(),
-            "model: 'm' has nothing staged to publish");
+  EXPECT_EQ(registry_.Publish("m").status().message(), "model: 'm' has nothing staged to publish");
 }
 
 TEST_F(RegistryTest, EachFormatAndLayoutIsQuantizedAndPreparedOnce) {

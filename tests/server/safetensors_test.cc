@@ -159,9 +159,9 @@ TEST_F(ModelDirsTest, OpensOnlyInsideTheDirectoriesAsSpelledOrResolved) {
   EXPECT_TRUE(dirs->Open("w.safetensors", "path").ok());
   EXPECT_TRUE(dirs->Open((dir_ / "alias" / "w.safetensors").string(), "path").ok());
   EXPECT_TRUE(dirs->Open((dir_ / "models" / "w.safetensors").string(), "path").ok());
-  for (const std::string& path : {(dir_ / "outside.safetensors").string(),
-                                  std::string("../outside.safetensors"),
-                                  (dir_ / "alias" / ".." / "outside.safetensors").string()}) {
+  for (const std::string& path :
+       {(dir_ / "outside.safetensors").string(), std::string("../outside.safetensors"),
+        (dir_ / "alias" / ".." / "outside.safetensors").string()}) {
     EXPECT_EQ(dirs->Open(path, "path").status().code(), absl::StatusCode::kPermissionDenied)
         << path;
   }
