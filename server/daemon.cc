@@ -14,6 +14,7 @@
 #include "prometheus/exposer.h"
 #include "server/base/quote.h"
 #include "server/energy_model_default.h"
+#include "server/rpc/call.h"
 #include "server/rpc/compute_service.h"
 #include "server/rpc/models_service.h"
 #include "server/rpc/policies_service.h"

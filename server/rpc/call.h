@@ -16,8 +16,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -31,6 +34,31 @@
 #include "server/rpc/core.h"
 
 namespace mxserve {
+
+// Counts the calls that have work outstanding, so shutdown can wait for them
+// and then close every connection at once instead of waiting out the grace
+// period for clients that keep their channel open.
+class CallTracker {
+ public:
+  void Begin() {
+    std::lock_guard lock(mu_);
+    ++active_;
+  }
+  void End() {
+    std::lock_guard lock(mu_);
+    if (--active_ == 0) idle_.notify_all();
+  }
+  // True when every call ended before `deadline`.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    return idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable idle_;
+  int64_t active_ = 0;
+};
 
 // absl and gRPC share the canonical status codes. Messages are capped
 // (CapMessage): client text in them is already cut, this bounds the rest.

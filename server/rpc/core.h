@@ -1,17 +1,14 @@
 // What every service of the daemon shares: the compute context (registry,
 // policies, scheduler, backend, metrics, energy ledger, limits) and what only
-// the services use: the open-call count, the --model-dir confinement and
-// ReportPower's bounds. Owned by Daemon; services hold a reference.
+// the services use: the open-call count, the loader pool, the --model-dir
+// confinement and ReportPower's bounds. Owned by Daemon; services hold a
+// reference.
 #pragma once
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "server/compute/context.h"
 #include "server/model/model_dirs.h"
 
@@ -21,30 +18,7 @@ namespace mxserve {
 inline constexpr int kLoaderThreads = 1;
 inline constexpr int kLoaderQueue = 64;
 
-// Counts the calls that have work outstanding, so shutdown can wait for them
-// and then close every connection at once instead of waiting out the grace
-// period for clients that keep their channel open.
-class CallTracker {
- public:
-  void Begin() {
-    std::lock_guard lock(mu_);
-    ++active_;
-  }
-  void End() {
-    std::lock_guard lock(mu_);
-    if (--active_ == 0) idle_.notify_all();
-  }
-  // True when every call ended before `deadline`.
-  bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock lock(mu_);
-    return idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable idle_;
-  int64_t active_ = 0;
-};
+class CallTracker;  // call.h
 
 struct Core : ComputeContext {
   CallTracker* calls = nullptr;
