@@ -73,7 +73,7 @@ test-asan: deps
 # among them: Debian's gRPC is not built with TSan, and a TSan daemon reports
 # gRPC's own inline code (std::function, reference counts) handing its objects
 # between threads by the hundred (see tests/tsan.supp).
-TSAN_TESTS = Scheduler\.|Concurrency\.
+TSAN_TESTS = ^(Scheduler|SchedulerBatching|SchedulerQueue|SchedulerAnswers|Concurrency|RegistryTest|TightRegistryTest|EnergyLedger|MemoryBudget)\.
 test-tsan: deps
 	@cmake -S . -B $(TSAN_DIR) $(SANITIZER_CMAKE) -DMXSERVE_SANITIZE=thread >/dev/null
 	@cmake --build $(TSAN_DIR) -j$(JOBS) --target server_tests

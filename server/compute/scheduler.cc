@@ -11,7 +11,7 @@ Scheduler::Scheduler(Options options, std::function<void(size_t)> on_depth)
     : options_(options),
       max_batch_(static_cast<size_t>(std::max(1, options.max_batch))),
       on_depth_(std::move(on_depth)) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
@@ -22,7 +22,7 @@ Scheduler::~Scheduler() { Shutdown(); }
 absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
   bool wake_one = false, wake_all = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is shutting down");
     if (waiting_ >= static_cast<size_t>(options_.queue_capacity)) {
       return absl::ResourceExhaustedError(absl::StrCat("the ", options_.queue_name, " is full (",
@@ -99,7 +99,7 @@ std::vector<std::unique_ptr<WorkItem>> Scheduler::Take() {
     if (stopping_) return {};  // Shutdown made every open batch runnable
     // mu_ as the BasicLockable the wait releases and retakes.
     struct Lockable {
-      absl::Mutex& mu;
+      Mutex& mu;
       void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Lock(); }
       void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu.Unlock(); }
     } lockable{mu_};
@@ -117,7 +117,7 @@ void Scheduler::WorkerLoop() {
   while (true) {
     std::vector<std::unique_ptr<WorkItem>> batch;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       batch = Take();
     }
     if (batch.empty()) return;  // stopping and drained
@@ -146,7 +146,7 @@ void Scheduler::Execute(std::vector<std::unique_ptr<WorkItem>> batch) {
 void Scheduler::Shutdown() {
   std::vector<std::thread> workers;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     // Open batches stop collecting: nothing more can join once Submit refuses.
     while (!collecting_.empty()) MakeRunnable(collecting_.begin()->second.get());

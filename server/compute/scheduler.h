@@ -34,7 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "server/base/mutex.h"
 
 namespace mxserve {
 
@@ -112,8 +112,8 @@ class Scheduler {
   const Options options_;
   const size_t max_batch_;  // options_.max_batch, at least 1
   const std::function<void(size_t)> on_depth_;
-  absl::Mutex mu_;
-  // Waits with absl::Mutex as its lock. Not absl::CondVar: this Abseil's timed
+  Mutex mu_;
+  // Waits with mu_ as its lock (condition_variable_any). Not absl::CondVar: this Abseil's timed
   // waits run on the wall clock, so a clock stepped back would stall a window.
   std::condition_variable_any cv_;  // runnable work, an earlier window, or stopping
   // Open batches still in their window, by the time it ends.

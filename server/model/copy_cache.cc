@@ -5,7 +5,7 @@
 namespace mxserve {
 
 void CopyCache::Touch(const void* owner, std::shared_ptr<const CachedCopy> copy) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (auto it = index_.find(copy.get()); it != index_.end()) {
     entries_.splice(entries_.end(), entries_, it->second);
     return;
@@ -17,7 +17,7 @@ void CopyCache::Touch(const void* owner, std::shared_ptr<const CachedCopy> copy)
 
 void CopyCache::Forget(const void* owner) {
   std::vector<std::shared_ptr<const CachedCopy>> released;  // freed after the lock
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (it->owner == owner) {
       index_.erase(it->copy.get());
@@ -34,7 +34,7 @@ int CopyCache::EvictUntil(const std::function<bool()>& fits) {
   while (!fits()) {
     std::shared_ptr<const CachedCopy> victim;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (entries_.empty()) break;
       victim = std::move(entries_.front().copy);
       index_.erase(victim.get());

@@ -15,7 +15,7 @@
 #include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "server/base/mutex.h"
 #include "server/model/memory_budget.h"
 #include "server/model/prepared_weight.h"
 
@@ -44,7 +44,7 @@ class CopyCache {
     const void* owner;
     std::shared_ptr<const CachedCopy> copy;
   };
-  absl::Mutex mu_;
+  Mutex mu_;
   std::list<Entry> entries_ ABSL_GUARDED_BY(mu_);  // least recently used first
   std::unordered_map<const CachedCopy*, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
 };

@@ -42,7 +42,7 @@ LayerWeights::~LayerWeights() { copies_.Forget(this); }
 
 absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, WeightLayout layout,
                                                           MemoryBudget& budget) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto key = std::make_pair(format, layout);
   if (auto it = cache_.find(key); it != cache_.end()) {
     if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
@@ -75,7 +75,7 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
 }
 
 std::vector<mx::Format> LayerWeights::CachedFormats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<mx::Format> formats;
   for (const auto& [key, copy] : cache_) {
     if (key.second == WeightLayout::kForward && !copy.expired()) formats.push_back(key.first);
@@ -84,7 +84,7 @@ std::vector<mx::Format> LayerWeights::CachedFormats() const {
 }
 
 uint64_t LayerWeights::Bytes() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   uint64_t bytes = weight_->reservation.bytes() + (bias_ ? bias_->reservation.bytes() : 0);
   for (const auto& [key, weak] : cache_) {
     if (std::shared_ptr<const CachedCopy> copy = weak.lock()) bytes += copy->reservation.bytes();
@@ -143,7 +143,7 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   model->sensitive = DefaultSensitiveLayers(names);
   model->layers = std::move(layers);
   model->published.resize(model->layers.size());
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (models_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a model named ", Quote(name), " exists"));
   }
@@ -159,7 +159,7 @@ absl::StatusOr<const Registry::Model*> Registry::FindModel(absl::string_view nam
 
 absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::string_view layer,
                                            uint64_t min_version) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::StatusOr<const Model*> model = FindModel(model_name);
   if (!model.ok()) return model.status();
   auto it = (*model)->index.find(layer);
@@ -183,7 +183,7 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
 
 absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name, absl::string_view layer,
                                               absl::string_view field) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::StatusOr<const Model*> model = FindModel(model_name);
   if (!model.ok()) return model.status();
   auto it = (*model)->index.find(layer);
@@ -239,7 +239,7 @@ uint64_t Registry::PublishLocked(Model& model) {
 absl::StatusOr<uint64_t> Registry::Stage(
     absl::string_view model_name, std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
     bool publish) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
   Model& model = *it->second;
@@ -260,7 +260,7 @@ absl::StatusOr<uint64_t> Registry::Stage(
 }
 
 absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
   Model& model = *it->second;
@@ -291,14 +291,14 @@ ModelSummary Registry::Summarize(const Model& model) const {
 }
 
 absl::StatusOr<ModelSummary> Registry::Describe(absl::string_view model_name) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::StatusOr<const Model*> model = FindModel(model_name);
   if (!model.ok()) return model.status();
   return Summarize(**model);
 }
 
 std::vector<ModelSummary> Registry::List() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<ModelSummary> out;
   for (const auto& [name, model] : models_) out.push_back(Summarize(*model));
   return out;
@@ -308,7 +308,7 @@ absl::StatusOr<uint64_t> Registry::Delete(absl::string_view model_name) {
   std::unique_ptr<Model> doomed;
   uint64_t bytes = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = models_.find(model_name);
     if (it == models_.end()) return ModelNotFound(model_name);
     bytes = Summarize(*it->second).bytes;
@@ -320,14 +320,14 @@ absl::StatusOr<uint64_t> Registry::Delete(absl::string_view model_name) {
 
 absl::StatusOr<std::string> Registry::SetPolicy(absl::string_view model_name,
                                                 const std::string& policy) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
   return std::exchange(it->second->policy, policy);
 }
 
 bool Registry::PolicyInUse(absl::string_view policy) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (const auto& [name, model] : models_) {
     if (model->policy == policy) return true;
   }
@@ -336,7 +336,7 @@ bool Registry::PolicyInUse(absl::string_view policy) const {
 
 absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(
     absl::string_view model_name) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::StatusOr<const Model*> model = FindModel(model_name);
   if (!model.ok()) return model.status();
   std::vector<LayerView> out;
@@ -348,7 +348,7 @@ absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(
 }
 
 size_t Registry::model_count() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return models_.size();
 }
 

@@ -26,9 +26,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "mx/format.h"
 #include "mx/packed.h"
+#include "server/base/mutex.h"
 #include "server/model/copy_cache.h"
 #include "server/model/memory_budget.h"
 #include "server/model/prepared_weight.h"
@@ -103,7 +103,7 @@ class LayerWeights {
   const std::shared_ptr<const StoredTensor> bias_;
   CopyCache& copies_;
   const WeightPreparer& prepare_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   // Strong references live in copies_ and in the requests using a copy: an
   // evicted copy expires here once they are done.
   mutable std::map<std::pair<mx::Format, WeightLayout>, std::weak_ptr<const CachedCopy>> cache_
@@ -200,7 +200,7 @@ class Registry {
   MemoryBudget* budget_;
   const WeightPreparer prepare_;
   CopyCache copies_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::unique_ptr<Model>, std::less<>> models_ ABSL_GUARDED_BY(mu_);
 };
 

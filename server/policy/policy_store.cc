@@ -24,7 +24,7 @@ absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
 absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Create(const std::string& dir) {
   std::unique_ptr<PolicyStore> store(new PolicyStore(dir));
   // Not shared yet, but locking costs nothing here and keeps the analysis exact.
-  absl::MutexLock lock(&store->mu_);
+  MutexLock lock(&store->mu_);
   for (const Policy& policy : BuiltinPolicies()) {
     store->policies_[policy.name] = {std::make_shared<const Policy>(policy), true};
   }
@@ -64,7 +64,7 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json) {
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("json: ", parsed.status().message()));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (auto it = policies_.find(parsed->name); it != policies_.end() && it->second.builtin) {
     return absl::FailedPreconditionError(absl::StrCat(
         "json: policy.name: '", parsed->name, "' is a built-in policy and cannot be replaced"));
@@ -89,7 +89,7 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json) {
 
 absl::StatusOr<StoredPolicy> PolicyStore::Get(absl::string_view name,
                                               absl::string_view field) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = policies_.find(name);
   if (it == policies_.end()) {
     // Only the built-ins are named: other users' policy names are theirs.
@@ -103,7 +103,7 @@ absl::StatusOr<StoredPolicy> PolicyStore::Get(absl::string_view name,
 }
 
 std::vector<StoredPolicy> PolicyStore::List() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<StoredPolicy> out;
   for (const auto& [name, stored] : policies_) out.push_back(stored);
   return out;
@@ -111,7 +111,7 @@ std::vector<StoredPolicy> PolicyStore::List() const {
 
 absl::Status PolicyStore::Delete(absl::string_view name,
                                  absl::FunctionRef<bool(absl::string_view)> in_use) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = policies_.find(name);
   if (it == policies_.end()) {
     return absl::NotFoundError(absl::StrCat("name: no policy named ", Quote(name)));

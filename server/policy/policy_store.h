@@ -12,7 +12,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "server/base/mutex.h"
 #include "server/policy/policy.h"
 
 namespace mxserve {
@@ -40,7 +40,7 @@ class PolicyStore {
  private:
   explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}
   std::string dir_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, StoredPolicy, std::less<>> policies_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -155,7 +155,7 @@ absl::Status TelemetryService::AdmitSeries(const std::string& source, const std:
                                                    "accepts (--power-sources: ",
                                                    absl::StrJoin(allowed, ", "), ")"));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (series_.contains({source, device})) return absl::OkStatus();
   if (series_.size() >= static_cast<size_t>(core_.max_power_series)) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -14,8 +14,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
+#include "server/base/mutex.h"
 #include "server/rpc/core.h"
 
 namespace mxserve {
@@ -51,7 +51,7 @@ class TelemetryService final : public RawTelemetryService {
 
  private:
   const Core& core_;
-  absl::Mutex mu_;
+  Mutex mu_;
   // Admitted (source, device) pairs.
   std::set<std::pair<std::string, std::string>> series_ ABSL_GUARDED_BY(mu_);
 };

@@ -9,7 +9,7 @@ namespace mxserve {
 void EnergyLedger::Add(const std::string& source, Phase phase, double when,
                        const EnergyAmount& amount) {
   const int64_t second = static_cast<int64_t>(std::floor(when));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Series& series = series_[{source, phase}];
   series.seconds[second].Add(amount);
   const int64_t horizon = second - static_cast<int64_t>(retention_);
@@ -28,7 +28,7 @@ std::vector<EnergyRow> EnergyLedger::Report(double since) const {
   // not a cast that wraps around to the beginning.
   const int64_t from = since >= 0x1p63 ? std::numeric_limits<int64_t>::max()
                                        : static_cast<int64_t>(std::floor(since));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<EnergyRow> rows;
   for (const auto& [key, series] : series_) {
     EnergyRow row{.source = std::get<0>(key), .phase = std::get<1>(key), .amount = {}};

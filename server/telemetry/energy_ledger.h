@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "server/base/mutex.h"
 #include "server/base/phase.h"
 
 namespace mxserve {
@@ -54,7 +54,7 @@ class EnergyLedger {
     std::map<int64_t, EnergyAmount> seconds;  // Unix second → amount
   };
   const double retention_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<Key, Series> series_ ABSL_GUARDED_BY(mu_);
 };
 

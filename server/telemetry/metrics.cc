@@ -118,7 +118,7 @@ Metrics::ComputeSeries* Metrics::Compute(Rpc rpc, Phase phase, mx::Format format
   const int index = (static_cast<int>(rpc) * 3 + static_cast<int>(phase)) * mx::kFormatCount +
                     static_cast<int>(format);
   if (ComputeSeries* s = compute_[index].load(std::memory_order_acquire)) return s;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (ComputeSeries* s = compute_[index].load(std::memory_order_acquire)) return s;
   const prometheus::Labels labels = {{"rpc", std::string(RpcName(rpc))},
                                      {"phase", std::string(PhaseName(phase))},
@@ -140,7 +140,7 @@ Metrics::ComputeSeries* Metrics::Compute(Rpc rpc, Phase phase, mx::Format format
 }
 
 Metrics::EnergySeries* Metrics::Energy(const std::string& source, Phase phase) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto& slot = energy_[{source, phase}];
   if (!slot) {
     const prometheus::Labels labels = {{"source", source},
@@ -176,7 +176,7 @@ void Metrics::RecordStatus(Rpc rpc, absl::StatusCode code) {
   const int index = static_cast<int>(rpc) * kCodes + c;
   prometheus::Counter* counter = status_[index].load(std::memory_order_acquire);
   if (counter == nullptr) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     counter = &status_family_->Add({{"rpc", std::string(RpcName(rpc))}, {"code", CodeName(code)}});
     status_[index].store(counter, std::memory_order_release);
   }
@@ -187,7 +187,7 @@ void Metrics::RecordQuantization(mx::Format format) {
   const int index = static_cast<int>(format);
   prometheus::Counter* counter = quantizations_[index].load(std::memory_order_acquire);
   if (counter == nullptr) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     counter = &quantizations_family_->Add({{"format", std::string(mx::FormatName(format))}});
     quantizations_[index].store(counter, std::memory_order_release);
   }
@@ -202,7 +202,7 @@ void Metrics::AddEnergy(const std::string& source, Phase phase, double joules,
 }
 
 void Metrics::SetPower(const std::string& source, const std::string& device, double watts) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto& gauge = power_[{source, device}];
   if (gauge == nullptr) gauge = &power_family_->Add({{"source", source}, {"device", device}});
   gauge->Set(watts);

@@ -17,13 +17,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "mx/format.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/base/mutex.h"
 #include "server/base/phase.h"
 
 namespace mxserve {
@@ -124,7 +124,7 @@ class Metrics {
   prometheus::Gauge* weight_bytes_;
   prometheus::Gauge* models_;
 
-  absl::Mutex mu_;  // guards creation of the lazily made series below
+  Mutex mu_;  // guards creation of the lazily made series below
   std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * mx::kFormatCount> compute_{};
   std::array<std::atomic<prometheus::Counter*>, kRpcs * kCodes> status_{};
   std::array<std::atomic<prometheus::Counter*>, mx::kFormatCount> quantizations_{};
