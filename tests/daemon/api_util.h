@@ -4,6 +4,7 @@
 // booked for the FPGA model's energy.
 #pragma once
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include "mxserve/v1/telemetry.grpc.pb.h"
 #include "proto/convert/formats.h"
 #include "tests/daemon/daemon_process.h"
+#include "tests/same_bits.h"
 
 namespace mx_test {
 
@@ -71,20 +73,17 @@ inline std::vector<float> TestValues(size_t n, uint32_t seed, float scale = 1.0f
 }
 
 // Bit-for-bit equality of two float vectors, with the first differing index.
+// (tests/same_bits.h's Identical, as a gtest assertion that says where).
 inline ::testing::AssertionResult SameBits(const std::vector<float>& got,
                                            const std::vector<float>& want) {
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
   }
-  for (size_t i = 0; i < got.size(); ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &got[i], 4);
-    std::memcpy(&b, &want[i], 4);
-    if (a != b) {
-      return ::testing::AssertionFailure()
-             << "element " << i << ": got " << got[i] << " (0x" << std::hex << a << "), want "
-             << want[i] << " (0x" << b << ")";
-    }
+  if (const std::optional<size_t> i = FirstDifference(got, want)) {
+    return ::testing::AssertionFailure()
+           << "element " << *i << ": got " << got[*i] << " (0x" << std::hex
+           << std::bit_cast<uint32_t>(got[*i]) << "), want " << want[*i] << " (0x"
+           << std::bit_cast<uint32_t>(want[*i]) << ")";
   }
   return ::testing::AssertionSuccess();
 }

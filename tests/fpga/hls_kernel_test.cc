@@ -14,6 +14,7 @@
 #include "fpga/host/device_buffers.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
+#include "tests/same_bits.h"
 
 namespace {
 
@@ -37,11 +38,7 @@ QuantizedMatrix Quantize(const std::vector<float>& v, int64_t rows, int64_t cols
   return mx::QuantizeRows(v, rows, cols, f).value();
 }
 
-// The sign and payload of a NaN are not part of the contract; everything else is.
-bool SameBits(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) ||
-         std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
-}
+using mx_test::SameBits;  // the contract's rule: any two NaNs are equal
 
 void ExpectKernelMatchesReference(const QuantizedMatrix& x, const QuantizedMatrix& w,
                                   std::span<const float> bias, const std::string& what) {

@@ -17,21 +17,18 @@
 #include "mx/reference_gemm.h"
 #include "server/compute/wire.h"
 #include "tests/fuzz/fuzz_seeds.h"
+#include "tests/same_bits.h"
 
 namespace {
 
 constexpr int64_t kMaxBytes = 16 << 10;
 
 // Bit for bit (NaN payloads and zero signs included); empty vectors are equal.
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](float x, float y) {
-    return std::bit_cast<uint32_t>(x) == std::bit_cast<uint32_t>(y);
-  });
-}
+using mx_test::Identical;
 
 bool SameBytes(const mx::QuantizedMatrix& a, const mx::QuantizedMatrix& b) {
   return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.elements == b.elements &&
-         a.block_scales == b.block_scales && SameBits(a.row_scales, b.row_scales);
+         a.block_scales == b.block_scales && Identical(a.row_scales, b.row_scales);
 }
 
 void Packed(const uint8_t* data, size_t size) {
@@ -48,7 +45,7 @@ void Packed(const uint8_t* data, size_t size) {
   absl::StatusOr<std::vector<float>> fast = mx::kernels::Linear(*x, *w);
   absl::StatusOr<std::vector<float>> reference = mx::ReferenceLinear(*x, *w);
   if (fast.ok() != reference.ok()) std::abort();
-  if (fast.ok() && !SameBits(*fast, *reference)) std::abort();
+  if (fast.ok() && !Identical(*fast, *reference)) std::abort();
 }
 
 void Dense(uint8_t format_byte, const uint8_t* data, size_t size) {

@@ -19,6 +19,7 @@
 #include "mx/kernels/operands.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
+#include "tests/same_bits.h"
 
 namespace mx::kernels {
 
@@ -34,10 +35,7 @@ inline std::vector<float> Gaussian(size_t count, uint32_t seed, float scale = 1.
   return v;
 }
 
-// Same value, or both NaN (the sign and payload of a NaN are not part of the contract).
-inline bool SameBits(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
-}
+using mx_test::SameBits;  // the contract's rule: any two NaNs are equal
 
 // Runs Linear (or, with `tiles`, the driver with those tried first) and compares
 // every output with the reference; on a mismatch, says where.
