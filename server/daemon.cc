@@ -23,6 +23,9 @@
 
 namespace mxserve {
 
+// Members are destroyed in reverse order: the schedulers (and the requests they
+// hold, with their LayerViews) go before the registry, and the registry (whose
+// LayerWeights use its copy cache and preparer) before the budget and backend.
 struct Daemon::State {
   DaemonOptions options;
   std::unique_ptr<Backend> backend;

@@ -295,7 +295,11 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
         core.UpdateMemoryGauges();
         done(published);
       },
-      [done, published](absl::Status) { done(published); });
+      [model, done, published](absl::Status why) {
+        Log(LogLevel::kWarning, "warm_skipped",
+            {{"model", model}, {"message", std::string(why.message())}});
+        done(published);
+      });
 }
 
 grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerContext* context,

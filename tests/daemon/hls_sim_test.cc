@@ -109,5 +109,38 @@ TEST_F(HlsSimTest, KBeyondTheWTileIsRefusedByName) {
   EXPECT_TRUE(Stub()->Gemm(&again, request, &response).ok());
 }
 
+// A layer whose K is past the W tile is refused when its weight would be
+// prepared: with the same message, and nothing is laid out or charged for it.
+TEST_F(HlsSimTest, ALayerBeyondTheWTileIsRefusedBeforeItIsPrepared) {
+  const int64_t k = 16400;
+  const TestLayer wide = MakeLayer("wide", 2, k, false, 31);
+  ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "wide", {wide}).ok());
+  auto models = v1::Models::NewStub(daemon_->channel());
+  auto describe = [&] {
+    grpc::ClientContext context;
+    v1::DescribeModelRequest request;
+    request.set_name("wide");
+    v1::ModelInfo info;
+    EXPECT_TRUE(models->DescribeModel(&context, request, &info).ok());
+    return info;
+  };
+  const uint64_t masters = describe().weight_bytes();
+  EXPECT_EQ(masters, uint64_t{2} * k * sizeof(float));
+
+  grpc::ClientContext context;
+  v1::LayerForwardResponse response;
+  const grpc::Status status = Stub()->LayerForward(
+      &context,
+      ForwardRequest("wide", wide, v1::PHASE_ROLLOUT, static_cast<int>(mx::Format::kMxfp4E2m1),
+                     TestValues(k, 32), 1),
+      &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "K: the FPGA kernel holds 1 to 16384 columns in its on-chip W tile, got 16400");
+  const v1::ModelInfo after = describe();
+  EXPECT_EQ(after.layers(0).cached_formats_size(), 0);
+  EXPECT_EQ(after.weight_bytes(), masters);
+}
+
 }  // namespace
 }  // namespace mx_test

@@ -1,8 +1,14 @@
 #include "server/compute/backends/backend.h"
 
 #include "absl/strings/str_cat.h"
+#include "fpga/host/device_buffers.h"
 
 namespace mxserve {
+
+absl::Status CheckWeightFits(const mx::QuantizedMatrix& w) {
+  return fpga::CheckKernelShapes(/*m=*/1, w.rows, w.cols, w.cols, /*bias_size=*/0,
+                                 static_cast<size_t>(w.rows));
+}
 
 absl::Status CheckBackendName(absl::string_view name) {
   if (name == "cpu" || name == "null" || name == "hls-sim") return absl::OkStatus();

@@ -86,6 +86,11 @@ std::unique_ptr<Backend> MakeHlsSimBackend();
 std::unique_ptr<Backend> MakeNullBackend();
 absl::StatusOr<std::unique_ptr<Backend>> MakeFpgaBackend(const BackendOptions& options);
 
+// For the FPGA backends (hls-sim, fpga): OK when the kernel can take W as the
+// right operand of a GEMM (fpga::CheckKernelShapes with W's own K), else its
+// INVALID_ARGUMENT.
+absl::Status CheckWeightFits(const mx::QuantizedMatrix& w);
+
 // The prepared weight `backend` made, as its own type; INTERNAL if another
 // backend made it (a daemon wiring error, never a client's).
 template <typename Prepared>

@@ -31,6 +31,8 @@ class FpgaBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
       mx::QuantizedMatrix w) override {
+    // Refused before anything is uploaded to the card or charged to the budget.
+    if (absl::Status s = CheckWeightFits(w); !s.ok()) return s;
     absl::StatusOr<std::shared_ptr<const fpga::XrtWeight>> resident = device_->Upload(w);
     if (!resident.ok()) return resident.status();
     return std::make_shared<const ResidentWeight>(*std::move(resident));

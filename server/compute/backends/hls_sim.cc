@@ -28,6 +28,9 @@ class HlsSimBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
       mx::QuantizedMatrix w) override {
+    // A weight the kernel cannot take is refused here, before it is laid out
+    // and charged to the budget (the same message a GEMM with it would give).
+    if (absl::Status s = CheckWeightFits(w); !s.ok()) return s;
     return std::make_shared<const DeviceWeight>(fpga::ToDevice(w));
   }
 
