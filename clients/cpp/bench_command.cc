@@ -161,7 +161,7 @@ absl::Status RunBench(const RemoteContext& remote, const Args& args) {
       .k = k,
       .concurrency = load.concurrency,
       .format = mxclient::WireFormatName(format),
-      .phase = mxclient::PhaseName(phase),
+      .phase = mxserve::PhaseName(phase),
       .stream = stream,
   };
   if (json) {

@@ -99,7 +99,7 @@ absl::Status Resolve(mxclient::Client& client, const Args& args) {
     cells[{entry.layer(), entry.phase()}] = cell;
   }
   std::vector<std::vector<std::string>> rows = {{"layer"}};
-  for (const v1::Phase phase : phases) rows[0].push_back(mxclient::PhaseName(phase));
+  for (const v1::Phase phase : phases) rows[0].push_back(mxserve::PhaseName(phase));
   for (const std::string& layer : layers) {
     std::vector<std::string> row = {layer};
     for (const v1::Phase phase : phases) {

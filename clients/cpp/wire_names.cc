@@ -18,19 +18,6 @@ absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name) {
       absl::StrCat("unknown phase '", name, "'; expected rollout, reward or update"));
 }
 
-std::string PhaseName(v1::Phase phase) {
-  switch (phase) {
-    case v1::PHASE_ROLLOUT:
-      return "rollout";
-    case v1::PHASE_REWARD:
-      return "reward";
-    case v1::PHASE_UPDATE:
-      return "update";
-    default:
-      return phase == v1::PHASE_UNSPECIFIED ? "unspecified" : absl::StrCat("phase#", phase);
-  }
-}
-
 absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   if (lower == "policy" || lower == "auto") return v1::FORMAT_UNSPECIFIED;

@@ -1,5 +1,6 @@
 // Names of the wire enums (Phase, Format) as people type and read them. The
-// mapping between the wire Format and mx::Format is proto/convert/formats.h.
+// mapping between the wire Format and mx::Format is proto/convert/formats.h, the
+// phase names proto/convert/phases.h.
 #pragma once
 
 #include <string>
@@ -9,6 +10,7 @@
 #include "mx/format.h"
 #include "mxserve/v1/common.pb.h"
 #include "proto/convert/formats.h"
+#include "proto/convert/phases.h"
 
 namespace mxclient {
 
@@ -16,8 +18,7 @@ namespace v1 = ::mxserve::v1;
 
 // "rollout", "reward", "update" (any case), or the wire names "PHASE_ROLLOUT", ….
 absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name);
-// "rollout", "reward", "update"; "unspecified" for PHASE_UNSPECIFIED.
-std::string PhaseName(v1::Phase phase);
+// Phase names: mxserve::PhaseName (proto/convert/phases.h).
 
 // A format name as mxctl accepts it (mx::ParseFormat), or "policy"/"auto" for
 // FORMAT_UNSPECIFIED (let the model's active policy choose).

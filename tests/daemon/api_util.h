@@ -25,6 +25,7 @@
 #include "mxserve/v1/policies.grpc.pb.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
 #include "proto/convert/formats.h"
+#include "proto/convert/phases.h"
 #include "tests/daemon/daemon_process.h"
 #include "tests/same_bits.h"
 
@@ -243,20 +244,6 @@ inline const v1::EnergyEntry* FindEnergyEntry(const v1::EnergyReport& report,
   return nullptr;
 }
 
-// The `phase` label of the daemon's metrics.
-inline std::string PhaseLabel(v1::Phase phase) {
-  switch (phase) {
-    case v1::PHASE_ROLLOUT:
-      return "rollout";
-    case v1::PHASE_REWARD:
-      return "reward";
-    case v1::PHASE_UPDATE:
-      return "update";
-    default:
-      return "unspecified";
-  }
-}
-
 // The work of two estimates together (a request that runs two GEMMs, or several
 // requests), field by field.
 inline fpga_model::GemmEstimate Plus(const fpga_model::GemmEstimate& a,
@@ -308,8 +295,8 @@ inline ModelBooks ReadModelBooks(const DaemonProcess& daemon, v1::Phase phase, m
     return value < 0 ? 0 : value;
   };
   const std::string work = "{format=\"" + std::string(mx::FormatName(format)) + "\",phase=\"" +
-                           PhaseLabel(phase) + "\"}";
-  const std::string energy = "{phase=\"" + PhaseLabel(phase) + "\",source=\"fpga_model\"}";
+                           mxserve::PhaseName(phase) + "\"}";
+  const std::string energy = "{phase=\"" + mxserve::PhaseName(phase) + "\",source=\"fpga_model\"}";
   books.metric_joules = counter("mxserve_energy_joules_total" + energy);
   books.metric_seconds = counter("mxserve_busy_seconds_total" + energy);
   books.metric_bytes = counter("mxserve_bytes_moved_total" + work);

@@ -11,6 +11,7 @@
 
 #include "mx/element.h"
 #include "mx/kernels/quantize_fast.h"
+#include "proto/convert/phases.h"
 
 namespace mxserve {
 namespace {
@@ -159,6 +160,16 @@ TEST(Wire, EnumsOutsideTheirRangeAreRefusedByName) {
             "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN or "
             "ROUNDING_NEAREST_AWAY");
   for (Phase phase : kAllPhases) EXPECT_EQ(FromProto(ToProto(phase), "phase").value(), phase);
+}
+
+// The daemon labels its metrics with its own phase names; the client and the
+// tests read them through proto/convert's names of the wire phases.
+TEST(Wire, WirePhaseNamesAreTheDaemonsLabels) {
+  for (Phase phase : kAllPhases) {
+    EXPECT_EQ(PhaseName(ToProto(phase)), std::string(PhaseName(phase)));
+  }
+  EXPECT_EQ(PhaseName(v1::PHASE_UNSPECIFIED), "unspecified");
+  EXPECT_EQ(PhaseName(static_cast<v1::Phase>(9)), "phase#9");
 }
 
 }  // namespace
