@@ -137,7 +137,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->loader = std::make_unique<Scheduler>(
       Scheduler::Options{.workers = kLoaderThreads,
                          .queue_capacity = kLoaderQueue,
-                         .max_batch = 1,
                          .queue_name = "model-load queue",
                          .queue_limit = absl::StrCat("at most ", kLoaderQueue, " loads wait")});
   s->core.scheduler = s->scheduler.get();

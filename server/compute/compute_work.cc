@@ -523,6 +523,16 @@ struct LayerRequest {
   mx::Format format;
 };
 
+// A matrix whose columns are one of the layer's dimensions: in_features (an
+// input) or out_features (a grad_output); any number of rows.
+ExpectedShape LayerColumns(const LayerSpec& spec, bool in_features) {
+  ExpectedShape shape;
+  shape.cols = in_features ? spec.in_features : spec.out_features;
+  shape.cols_what =
+      absl::StrCat(in_features ? "in_features" : "out_features", " of layer '", spec.name, "'");
+  return shape;
+}
+
 template <typename Request>
 absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core,
                                                  const Request& request) {
@@ -539,9 +549,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
                                                          CallInfo call, Done done) {
   MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
   const LayerSpec& spec = layer.view.weights->spec();
-  ExpectedShape shape;
-  shape.cols = spec.in_features;
-  shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
+  const ExpectedShape shape = LayerColumns(spec, /*in_features=*/true);
   // A packed input brings its own format; the weight keeps the resolved one.
   MX_ASSIGN_OR_RETURN(
       Activation x,
@@ -558,18 +566,14 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
                                                           CallInfo call, Done done) {
   MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
   const LayerSpec& spec = layer.view.weights->spec();
-  ExpectedShape dy_shape;
-  dy_shape.cols = spec.out_features;
-  dy_shape.cols_what = absl::StrCat("out_features of layer '", spec.name, "'");
+  const ExpectedShape dy_shape = LayerColumns(spec, /*in_features=*/false);
   MX_ASSIGN_OR_RETURN(DenseMatrix grad_output, DecodeMatrix(request.grad_output(), "grad_output",
                                                             dy_shape, core.max_message_bytes));
   std::optional<DenseMatrix> input;
   if (request.has_input()) {
-    ExpectedShape x_shape;
+    ExpectedShape x_shape = LayerColumns(spec, /*in_features=*/true);
     x_shape.rows = grad_output.rows;
     x_shape.rows_what = "M, the rows of grad_output";
-    x_shape.cols = spec.in_features;
-    x_shape.cols_what = absl::StrCat("in_features of layer '", spec.name, "'");
     MX_ASSIGN_OR_RETURN(input,
                         DecodeMatrix(request.input(), "input", x_shape, core.max_message_bytes));
     MX_RETURN_IF_ERROR(

@@ -157,17 +157,25 @@ absl::StatusOr<const Registry::Model*> Registry::FindModel(absl::string_view nam
   return it->second.get();
 }
 
-absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::string_view layer,
-                                           uint64_t min_version) const {
-  MutexLock lock(&mu_);
+absl::StatusOr<Registry::FoundLayer> Registry::FindLayerLocked(absl::string_view model_name,
+                                                               absl::string_view layer,
+                                                               absl::string_view field) const {
   absl::StatusOr<const Model*> model = FindModel(model_name);
   if (!model.ok()) return model.status();
   auto it = (*model)->index.find(layer);
   if (it == (*model)->index.end()) {
     return absl::NotFoundError(
-        absl::StrCat("layer: model ", Quote(model_name), " has no layer ", Quote(layer)));
+        absl::StrCat(field, ": model ", Quote(model_name), " has no layer ", Quote(layer)));
   }
-  const Model& m = **model;
+  return FoundLayer{*model, it->second};
+}
+
+absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::string_view layer,
+                                           uint64_t min_version) const {
+  MutexLock lock(&mu_);
+  absl::StatusOr<FoundLayer> found = FindLayerLocked(model_name, layer, "layer");
+  if (!found.ok()) return found.status();
+  const Model& m = *found->model;
   if (m.version == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("model: ", Quote(model_name),
@@ -178,20 +186,15 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
         absl::StrCat("min_weight_version: model ", Quote(model_name), " is at weight version ",
                      m.version, ", the request requires at least ", min_version));
   }
-  return LayerView{m.published[it->second], m.sensitive[it->second], m.policy};
+  return LayerView{m.published[found->index], m.sensitive[found->index], m.policy};
 }
 
 absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name, absl::string_view layer,
                                               absl::string_view field) const {
   MutexLock lock(&mu_);
-  absl::StatusOr<const Model*> model = FindModel(model_name);
-  if (!model.ok()) return model.status();
-  auto it = (*model)->index.find(layer);
-  if (it == (*model)->index.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": model ", Quote(model_name), " has no layer ", Quote(layer)));
-  }
-  return (*model)->layers[it->second];
+  absl::StatusOr<FoundLayer> found = FindLayerLocked(model_name, layer, field);
+  if (!found.ok()) return found.status();
+  return found->model->layers[found->index];
 }
 
 absl::Status Registry::CheckPublishable(const Model& model, const StagedMap& staged) const {

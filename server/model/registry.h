@@ -192,6 +192,15 @@ class Registry {
   using StagedMap = std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>>;
   absl::StatusOr<const Model*> FindModel(absl::string_view name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The model and the index of its layer; NOT_FOUND naming `field` for a layer
+  // it does not have.
+  struct FoundLayer {
+    const Model* model;
+    int index;
+  };
+  absl::StatusOr<FoundLayer> FindLayerLocked(absl::string_view model, absl::string_view layer,
+                                             absl::string_view field) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION unless every layer would have its weight (and bias).
   absl::Status CheckPublishable(const Model& model, const StagedMap& staged) const;
   uint64_t PublishLocked(Model& model);
