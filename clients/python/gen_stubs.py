@@ -17,7 +17,7 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-API_PROTOS = ["common", "compute", "models", "policies", "telemetry"]
+API_PROTOS = ["common", "compute", "models", "policies", "profiles", "telemetry"]
 
 
 def generate(proto_dir: pathlib.Path, package_dir: pathlib.Path, protoc: str,
