@@ -20,6 +20,7 @@ packages=(
   clang libclang-rt-14-dev                     # sanitizer builds and libFuzzer (make test-asan, fuzz)
   python3 python3-grpcio python3-protobuf      # the Python client (clients/python) ...
   python3-numpy python3-torch python3-pytest   # ... its arrays, torch offload, tests
+  python3-matplotlib                           # ... sensitivity heatmaps (mxserve.profile)
 )
 
 missing=()

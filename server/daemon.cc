@@ -18,6 +18,7 @@
 #include "server/rpc/compute_service.h"
 #include "server/rpc/models_service.h"
 #include "server/rpc/policies_service.h"
+#include "server/rpc/profiles_service.h"
 #include "server/rpc/telemetry_service.h"
 #include "server/telemetry/log.h"
 
@@ -37,12 +38,16 @@ struct Daemon::State {
   ModelDirs model_dirs;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Scheduler> loader;
+  std::unique_ptr<ProfileStore> profiles;
+  std::unique_ptr<mx::kernels::ThreadPool> profile_pool;
+  std::unique_ptr<Scheduler> profiler;
   CallTracker calls;
   Core core;
   std::unique_ptr<ComputeService> compute;
   std::unique_ptr<ModelsService> models;
   std::unique_ptr<PoliciesService> policies_service;
   std::unique_ptr<TelemetryService> telemetry;
+  std::unique_ptr<ProfilesService> profiles_service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string grpc_address;
@@ -79,7 +84,8 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* filename, int lin
 }
 
 constexpr const char* kServices[] = {"mxserve.v1.Compute", "mxserve.v1.Models",
-                                     "mxserve.v1.Policies", "mxserve.v1.Telemetry"};
+                                     "mxserve.v1.Policies", "mxserve.v1.Profiles",
+                                     "mxserve.v1.Telemetry"};
 
 }  // namespace
 
@@ -95,12 +101,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto s = std::make_unique<State>();
   s->options = options;
   const int hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int kernel_threads = options.kernel_threads > 0 ? options.kernel_threads : hardware_threads;
   MX_ASSIGN_OR_RETURN(
-      s->backend, MakeBackend(options.backend,
-                              {.kernel_threads = options.kernel_threads > 0 ? options.kernel_threads
-                                                                            : hardware_threads,
-                               .xclbin = options.xclbin,
-                               .fpga_device = static_cast<unsigned>(options.fpga_device)}));
+      s->backend,
+      MakeBackend(options.backend, {.kernel_threads = kernel_threads,
+                                    .xclbin = options.xclbin,
+                                    .fpga_device = static_cast<unsigned>(options.fpga_device)}));
   MX_ASSIGN_OR_RETURN(s->core.energy_model, LoadModel(options.energy_model));
   MX_ASSIGN_OR_RETURN(s->policies, PolicyStore::Create(options.policy_dir));
   if (!s->policies->Get(options.default_policy).ok()) {
@@ -139,6 +145,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                          .queue_capacity = kLoaderQueue,
                          .queue_name = "model-load queue",
                          .queue_limit = absl::StrCat("at most ", kLoaderQueue, " loads wait")});
+  // Profiles: computed on the CPU emulation, one batch at a time, on their own
+  // worker and kernel threads, whatever the backend.
+  s->profiles = std::make_unique<ProfileStore>();
+  s->profile_pool = std::make_unique<mx::kernels::ThreadPool>(kernel_threads);
+  s->profiler = std::make_unique<Scheduler>(Scheduler::Options{
+      .workers = 1,
+      .queue_capacity = kProfilerQueue,
+      .queue_name = "profiler queue",
+      .queue_limit =
+          absl::StrCat("at most ", kProfilerQueue, " profile batches or generations wait")});
+  s->core.profiles = s->profiles.get();
+  s->core.profiler = s->profiler.get();
+  s->core.profile_pool = s->profile_pool.get();
   s->core.scheduler = s->scheduler.get();
   s->core.loader = s->loader.get();
   s->core.backend = s->backend.get();
@@ -169,6 +188,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->models = std::make_unique<ModelsService>(s->core);
   s->policies_service = std::make_unique<PoliciesService>(s->core);
   s->telemetry = std::make_unique<TelemetryService>(s->core);
+  s->profiles_service = std::make_unique<ProfilesService>(s->core);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -181,6 +201,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.RegisterService(s->models.get());
   builder.RegisterService(s->policies_service.get());
   builder.RegisterService(s->telemetry.get());
+  builder.RegisterService(s->profiles_service.get());
   s->server = builder.BuildAndStart();
   if (!s->server || port == 0) {
     return absl::UnavailableError(
@@ -206,6 +227,7 @@ void Daemon::Shutdown() {
       std::chrono::milliseconds(static_cast<int64_t>(state_->options.grace_seconds * 1000));
   // New work is refused (UNAVAILABLE) from here; queued work still runs.
   state_->loader->Shutdown();
+  state_->profiler->Shutdown();
   state_->scheduler->Shutdown();
   // Calls still reading or writing (streams, uploads) get the grace period.
   const bool drained = state_->calls.WaitIdle(deadline);

@@ -47,6 +47,7 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   models_ = v1::Models::NewStub(channel_);
   policies_ = v1::Policies::NewStub(channel_);
   telemetry_ = v1::Telemetry::NewStub(channel_);
+  profiles_ = v1::Profiles::NewStub(channel_);
 }
 
 Client::~Client() {
@@ -290,6 +291,58 @@ absl::StatusOr<v1::EnergyReport> Client::GetEnergyReport(double since_unix_secon
   request.set_since_seconds(since_unix_seconds);
   auto context = NewContext();
   return Unary(telemetry_.get(), &v1::Telemetry::Stub::GetEnergyReport, context.get(), request);
+}
+
+absl::StatusOr<v1::Profile> Client::ProfileModel(const v1::ProfileConfig& config,
+                                                 std::span<const v1::CalibrationBatch> batches) {
+  auto context = NewContext();
+  v1::Profile profile;
+  std::unique_ptr<grpc::ClientWriter<v1::ProfileRequest>> writer =
+      profiles_->ProfileModel(context.get(), &profile);
+  v1::ProfileRequest request;
+  *request.mutable_config() = config;
+  bool stream_open = writer->Write(request);
+  for (const v1::CalibrationBatch& batch : batches) {
+    if (!stream_open) break;
+    *request.mutable_batch() = batch;
+    stream_open = writer->Write(request);
+  }
+  if (stream_open) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return profile;
+}
+
+absl::StatusOr<v1::Profile> Client::GetProfile(const std::string& model, uint64_t version) {
+  v1::GetProfileRequest request;
+  request.set_model(model);
+  request.set_weight_version(version);
+  auto context = NewContext();
+  return Unary(profiles_.get(), &v1::Profiles::Stub::GetProfile, context.get(), request);
+}
+
+absl::StatusOr<v1::ListProfilesResponse> Client::ListProfiles(const std::string& model) {
+  v1::ListProfilesRequest request;
+  request.set_model(model);
+  auto context = NewContext();
+  return Unary(profiles_.get(), &v1::Profiles::Stub::ListProfiles, context.get(), request);
+}
+
+absl::StatusOr<std::string> Client::ExportProfile(const std::string& model, uint64_t version) {
+  v1::ExportProfileRequest request;
+  request.set_model(model);
+  request.set_weight_version(version);
+  auto context = NewContext();
+  absl::StatusOr<v1::ExportProfileResponse> response =
+      Unary(profiles_.get(), &v1::Profiles::Stub::ExportProfile, context.get(), request);
+  if (!response.ok()) return response.status();
+  return std::move(*response->mutable_csv());
+}
+
+absl::StatusOr<v1::GeneratePolicyResponse> Client::GeneratePolicy(
+    const v1::GeneratePolicyRequest& request) {
+  auto context = NewContext();
+  return Unary(profiles_.get(), &v1::Profiles::Stub::GeneratePolicy, context.get(), request);
 }
 
 }  // namespace mxclient

@@ -27,6 +27,7 @@
 #include "mxserve/v1/compute.grpc.pb.h"
 #include "mxserve/v1/models.grpc.pb.h"
 #include "mxserve/v1/policies.grpc.pb.h"
+#include "mxserve/v1/profiles.grpc.pb.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
 
 namespace mxclient {
@@ -116,6 +117,19 @@ class Client {
   absl::StatusOr<v1::ResolvePolicyResponse> ResolvePolicy(const std::string& model,
                                                           const std::string& policy = "");
 
+  // Profiles.
+  // One ProfileModel stream: `config`, then `batches` (none: a weight-only
+  // profile). Returns the profile the daemon keeps.
+  absl::StatusOr<v1::Profile> ProfileModel(const v1::ProfileConfig& config,
+                                           std::span<const v1::CalibrationBatch> batches = {});
+  // `version` 0: the model's newest profile.
+  absl::StatusOr<v1::Profile> GetProfile(const std::string& model, uint64_t version = 0);
+  absl::StatusOr<v1::ListProfilesResponse> ListProfiles(const std::string& model = "");
+  // The profile as CSV (a header row, one row per layer and format).
+  absl::StatusOr<std::string> ExportProfile(const std::string& model, uint64_t version = 0);
+  absl::StatusOr<v1::GeneratePolicyResponse> GeneratePolicy(
+      const v1::GeneratePolicyRequest& request);
+
   // Telemetry.
   absl::StatusOr<v1::ReportPowerResponse> ReportPower(std::span<const v1::PowerSample> samples);
   // `since_unix_seconds` 0: since the daemon started.
@@ -139,6 +153,7 @@ class Client {
   std::unique_ptr<v1::Models::Stub> models_;
   std::unique_ptr<v1::Policies::Stub> policies_;
   std::unique_ptr<v1::Telemetry::Stub> telemetry_;
+  std::unique_ptr<v1::Profiles::Stub> profiles_;
 };
 
 }  // namespace mxclient

@@ -26,6 +26,9 @@ absl::Status RunGemm(const RemoteContext& remote, const Args& args);
 absl::StatusOr<int> RunHealth(const RemoteContext& remote, const Args& args);
 absl::Status RunModels(const RemoteContext& remote, const Args& args);
 absl::Status RunPolicy(const RemoteContext& remote, const Args& args);
+// `policy generate`, from RunPolicy.
+absl::Status RunPolicyGenerate(mxclient::Client& client, const Args& args);
+absl::Status RunProfile(const RemoteContext& remote, const Args& args);
 absl::Status RunEnergy(const RemoteContext& remote, const Args& args);
 absl::Status RunForward(const RemoteContext& remote, const Args& args);
 absl::Status RunBench(const RemoteContext& remote, const Args& args);

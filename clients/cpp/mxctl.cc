@@ -57,6 +57,26 @@ Commands (on the daemon at --server, default 127.0.0.1:50051):
   policy put --file P.json | get NAME | list | delete NAME
   policy activate --model M --policy P
   policy resolve --model M [--policy P]   the phase x layer format table
+  policy generate --model M --name P --kind fraction|budget|tolerance [...]
+             a policy from the model's newest profile (mxctl profile), put on
+             the daemon; prints its phase x layer table and its modelled J/token
+             per phase against FP16. Per-phase values are V (every phase) or
+             rollout=V,reward=V,update=V; phases not generated run in --high.
+      fraction:  --fraction F --low FORMAT [--high FORMAT]   round(F x layers),
+                 the most tolerant by --score, in --low
+      budget:    --budget B | --relative-budget R   least summed score with
+                 cost <= B per token (R: a fraction of all --high), solved exactly
+      tolerance: --tolerance T   least cost with summed score <= T
+      [--phase rollout|reward|update ...] [--high FORMAT (default FP16)]
+      [--score auto|rel_error|fisher|mse] [--metric energy|time|bits]
+      [--candidates F,...] [--group 'GLOB|GLOB' ...] (globs of one block share
+      a format) [--description TEXT] [--version V] [--dry-run]
+  profile    a weight-only sensitivity profile of a model's published weights:
+             the relative error ||W_F - W|| / ||W|| per layer and format, kept
+             by the daemon (Python's mxserve.profile adds calibration data)
+      --model M [--formats F,...] [--csv FILE] [--layer L ...]
+      [--batch-tokens N] [--fp64]   default formats: every MX format, INT8,
+      BF16, FP16; FILE gets the daemon's CSV (one row per layer and format)
   energy     joules, busy seconds and requests per source and phase
       [--since SECONDS]   only the last SECONDS (default: since the daemon started)
   forward    Y = X·Wᵀ (+ bias) for a registered layer; prints how it ran
@@ -146,6 +166,8 @@ absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& re
     status = RunModels(remote, args);
   } else if (command == "policy") {
     status = RunPolicy(remote, args);
+  } else if (command == "profile") {
+    status = RunProfile(remote, args);
   } else if (command == "energy") {
     status = RunEnergy(remote, args);
   } else if (command == "forward") {

@@ -1,6 +1,6 @@
-// `mxctl policy put|get|list|delete|activate|resolve`: format policies on the
-// daemon (Policies service); `resolve` prints the phase × layer table a policy
-// gives a model.
+// `mxctl policy put|get|list|delete|activate|resolve|generate`: format policies
+// on the daemon (Policies service); `resolve` prints the phase × layer table a
+// policy gives a model; `generate` (profile_command.cc) makes one from a profile.
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -118,13 +118,14 @@ absl::Status Resolve(mxclient::Client& client, const Args& args) {
 absl::Status RunPolicy(const RemoteContext& remote, const Args& all_args) {
   Args args = all_args;
   const std::optional<std::string> verb = TakeWord(args);
-  constexpr char kVerbs[] = "put, get, list, delete, activate or resolve";
+  constexpr char kVerbs[] = "put, get, list, delete, activate, resolve or generate";
   if (!verb) return UsageError(absl::StrCat("policy: expected ", kVerbs));
   const auto client = MakeClient(remote);
   if (*verb == "put") return Put(*client, args);
   if (*verb == "list") return List(*client, args);
   if (*verb == "activate") return Activate(*client, args);
   if (*verb == "resolve") return Resolve(*client, args);
+  if (*verb == "generate") return RunPolicyGenerate(*client, args);
   if (*verb == "get") {
     MX_ASSIGN_OR_RETURN(auto name, NameOperand(args, "get"));
     absl::StatusOr<v1::PolicyInfo> info = client->GetPolicy(name);

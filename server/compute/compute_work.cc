@@ -523,16 +523,6 @@ struct LayerRequest {
   mx::Format format;
 };
 
-// A matrix whose columns are one of the layer's dimensions: in_features (an
-// input) or out_features (a grad_output); any number of rows.
-ExpectedShape LayerColumns(const LayerSpec& spec, bool in_features) {
-  ExpectedShape shape;
-  shape.cols = in_features ? spec.in_features : spec.out_features;
-  shape.cols_what =
-      absl::StrCat(in_features ? "in_features" : "out_features", " of layer '", spec.name, "'");
-  return shape;
-}
-
 template <typename Request>
 absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core,
                                                  const Request& request) {

@@ -218,4 +218,14 @@ void EncodeVector(std::span<const float> values, v1::Tensor* tensor) {
                                  values.size() * sizeof(float));
 }
 
+// A matrix whose columns are one of the layer's dimensions: in_features (an
+// input) or out_features (a grad_output); any number of rows.
+ExpectedShape LayerColumns(const LayerSpec& spec, bool in_features) {
+  ExpectedShape shape;
+  shape.cols = in_features ? spec.in_features : spec.out_features;
+  shape.cols_what =
+      absl::StrCat(in_features ? "in_features" : "out_features", " of layer '", spec.name, "'");
+  return shape;
+}
+
 }  // namespace mxserve

@@ -17,6 +17,7 @@
 #include "mxserve/v1/common.pb.h"
 #include "proto/convert/formats.h"
 #include "server/base/phase.h"
+#include "server/model/registry.h"
 
 namespace mxserve {
 
@@ -60,6 +61,10 @@ struct ExpectedShape {
 // INVALID_ARGUMENT naming `field` otherwise, before anything is allocated.
 absl::StatusOr<mx::LayoutSize> OperandSize(absl::string_view field, mx::Format format, int64_t rows,
                                            int64_t cols, int64_t max_bytes);
+
+// A matrix whose columns are one of the layer's dimensions: in_features (an
+// input) or out_features (a grad_output); any number of rows.
+ExpectedShape LayerColumns(const LayerSpec& spec, bool in_features);
 
 // A dense [rows, cols] tensor, its data exactly rows · cols elements of its dtype.
 // `max_bytes` is the largest message the daemon takes (--max-message-bytes).

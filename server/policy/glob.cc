@@ -8,10 +8,18 @@ bool GlobMatch(absl::string_view pattern, absl::string_view text) {
   size_t p = 0, t = 0;
   size_t star = absl::string_view::npos, star_text = 0;
   while (t < text.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+    if (p + 1 < pattern.size() && pattern[p] == '\\') {
+      if (pattern[p + 1] == text[t]) {
+        p += 2;
+        ++t;
+        continue;
+      }
+    } else if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
       ++p;
       ++t;
-    } else if (p < pattern.size() && pattern[p] == '*') {
+      continue;
+    }
+    if (p < pattern.size() && pattern[p] == '*') {
       star = p++;
       star_text = t;
     } else if (star != absl::string_view::npos) {
@@ -23,6 +31,16 @@ bool GlobMatch(absl::string_view pattern, absl::string_view text) {
   }
   while (p < pattern.size() && pattern[p] == '*') ++p;
   return p == pattern.size();
+}
+
+std::string GlobEscape(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '*' || c == '?' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
 }
 
 }  // namespace mxserve

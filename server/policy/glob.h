@@ -1,11 +1,17 @@
 // Shell-style globs for layer names: '*' matches any run of characters (dots
-// included), '?' exactly one; everything else matches itself.
+// included), '?' exactly one, a backslash makes the character after
+// it literal ("\\*" matches a '*'); everything else matches itself.
 #pragma once
+
+#include <string>
 
 #include "absl/strings/string_view.h"
 
 namespace mxserve {
 
 bool GlobMatch(absl::string_view pattern, absl::string_view text);
+
+// A glob that matches exactly `text`: '*', '?' and backslash escaped.
+std::string GlobEscape(absl::string_view text);
 
 }  // namespace mxserve

@@ -22,7 +22,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -183,6 +185,33 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   Request request_;
   Response response_;
 };
+
+// A worker-thread job: any function run once, failing cleanly when dropped
+// (queue full, shutdown, the call cancelled or past its deadline).
+class FunctionItem final : public WorkItem {
+ public:
+  FunctionItem(CallInfo call, std::function<void()> run, std::function<void(absl::Status)> fail)
+      : call_(std::move(call)), run_(std::move(run)), fail_(std::move(fail)) {
+    arrival = call_.arrival;
+    deadline = call_.deadline;
+  }
+  void Run(std::span<WorkItem* const>) override { run_(); }
+  void Fail(absl::Status status) override { fail_(std::move(status)); }
+  bool Cancelled() const override { return call_.Cancelled(); }
+
+ private:
+  CallInfo call_;
+  std::function<void()> run_;
+  std::function<void(absl::Status)> fail_;
+};
+
+// Submits `run` to `queue` (the loader pool, the profiler); `fail` answers when
+// it cannot run.
+inline void RunOn(Scheduler& queue, CallInfo call, std::function<void()> run,
+                  std::function<void(absl::Status)> fail) {
+  auto item = std::make_unique<FunctionItem>(std::move(call), std::move(run), fail);
+  if (absl::Status s = queue.Submit(std::move(item)); !s.ok()) fail(s);
+}
 
 // A unary call answered on gRPC's thread by `body(request, response)`.
 template <typename Request, typename Response, typename Body>

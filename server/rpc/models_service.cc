@@ -43,31 +43,6 @@ std::string TensorName(const StagedTensorKey& key) {
   return absl::StrCat(key.layer, key.is_bias ? ".bias" : ".weight");
 }
 
-// A worker-thread job: any function run once, failing cleanly when dropped.
-class FunctionItem final : public WorkItem {
- public:
-  FunctionItem(CallInfo call, std::function<void()> run, std::function<void(absl::Status)> fail)
-      : call_(call), run_(std::move(run)), fail_(std::move(fail)) {
-    arrival = call.arrival;
-    deadline = call.deadline;
-  }
-  void Run(std::span<WorkItem* const>) override { run_(); }
-  void Fail(absl::Status status) override { fail_(std::move(status)); }
-  bool Cancelled() const override { return call_.Cancelled(); }
-
- private:
-  CallInfo call_;
-  std::function<void()> run_;
-  std::function<void(absl::Status)> fail_;
-};
-
-// Submits `run` to the loader pool; `fail` answers when it cannot run.
-void RunOnLoader(const Core& core, CallInfo call, std::function<void()> run,
-                 std::function<void(absl::Status)> fail) {
-  auto item = std::make_unique<FunctionItem>(call, std::move(run), fail);
-  if (absl::Status s = core.loader->Submit(std::move(item)); !s.ok()) fail(s);
-}
-
 // ---------------------------------------------------------------------------
 // UploadWeights: a client stream of chunks filling whole tensors. Chunks of one
 // tensor may come in any order but must not overlap; nothing reaches the model's
@@ -264,8 +239,8 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
   // not the publish's: the request that needs the copy reports it. The warm-up
   // runs even if the client stops waiting.
   CallInfo call;
-  RunOnLoader(
-      core, call,
+  RunOn(
+      *core.loader, call,
       [&core, model, published, done] {
         absl::StatusOr<std::vector<LayerView>> layers = core.registry->PublishedLayers(model);
         if (layers.ok()) {
@@ -334,8 +309,8 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
   using Call = UnaryCall<v1::LoadSafetensorsRequest, v1::UploadWeightsResponse>;
   return Call::Start(core_, Rpc::kLoadSafetensors, context, request, response, [this](Call& call) {
     // Reading and widening a file is real work: it runs on the loader pool.
-    RunOnLoader(
-        core_, call.info(),
+    RunOn(
+        *core_.loader, call.info(),
         [this, &call] {
           absl::Status status = Load(call.request(), call.response());
           if (!status.ok() || !call.request().publish()) return call.Answer(status);
@@ -447,6 +422,9 @@ grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext
       [this](const v1::DeleteModelRequest& r, v1::DeleteModelResponse* out) -> absl::Status {
         MX_ASSIGN_OR_RETURN(const uint64_t freed, core_.registry->Delete(r.name()));
         out->set_freed_bytes(freed);
+        // Its profiles describe weights that are gone; a model registered
+        // under the name again starts without any.
+        (void)core_.profiles->Delete(r.name(), 0);
         core_.UpdateMemoryGauges();
         Log(LogLevel::kInfo, "model_deleted",
             {{"model", r.name()}, {"freed_bytes", absl::StrCat(freed)}});

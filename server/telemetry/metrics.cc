@@ -13,11 +13,13 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
 }
 
 constexpr std::array<absl::string_view, static_cast<int>(Rpc::kCount)> kRpcNames = {
-    "Gemm",          "LayerForward",  "LayerBackward",   "Stream",
-    "RegisterModel", "UploadWeights", "LoadSafetensors", "PublishVersion",
-    "ListModels",    "DescribeModel", "DeleteModel",     "PutPolicy",
-    "GetPolicy",     "ListPolicies",  "DeletePolicy",    "SetActivePolicy",
-    "ResolvePolicy", "ReportPower",   "GetEnergyReport",
+    "Gemm",           "LayerForward",  "LayerBackward",   "Stream",
+    "RegisterModel",  "UploadWeights", "LoadSafetensors", "PublishVersion",
+    "ListModels",     "DescribeModel", "DeleteModel",     "PutPolicy",
+    "GetPolicy",      "ListPolicies",  "DeletePolicy",    "SetActivePolicy",
+    "ResolvePolicy",  "ReportPower",   "GetEnergyReport", "ProfileModel",
+    "GetProfile",     "ListProfiles",  "ExportProfile",   "DeleteProfile",
+    "GeneratePolicy",
 };
 
 constexpr absl::string_view kModelSource = "fpga_model";

@@ -49,6 +49,12 @@ enum class Rpc : int {
   kResolvePolicy,
   kReportPower,
   kGetEnergyReport,
+  kProfileModel,
+  kGetProfile,
+  kListProfiles,
+  kExportProfile,
+  kDeleteProfile,
+  kGeneratePolicy,
   kCount,
 };
 absl::string_view RpcName(Rpc rpc);

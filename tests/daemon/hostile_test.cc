@@ -17,6 +17,7 @@
 #include "absl/strings/str_replace.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
+#include "mxserve/v1/profiles.grpc.pb.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
 #include "tests/daemon/raw_call.h"
@@ -183,6 +184,11 @@ TEST_F(HostileTest, UnparseableUnaryRequestsAreInvalidArgumentNamingTheMessage) 
       {"/mxserve.v1.Policies/SetActivePolicy", "mxserve.v1.SetActivePolicyRequest"},
       {"/mxserve.v1.Policies/ResolvePolicy", "mxserve.v1.ResolvePolicyRequest"},
       {"/mxserve.v1.Telemetry/GetEnergyReport", "mxserve.v1.GetEnergyReportRequest"},
+      {"/mxserve.v1.Profiles/GetProfile", "mxserve.v1.GetProfileRequest"},
+      {"/mxserve.v1.Profiles/ListProfiles", "mxserve.v1.ListProfilesRequest"},
+      {"/mxserve.v1.Profiles/ExportProfile", "mxserve.v1.ExportProfileRequest"},
+      {"/mxserve.v1.Profiles/DeleteProfile", "mxserve.v1.DeleteProfileRequest"},
+      {"/mxserve.v1.Profiles/GeneratePolicy", "mxserve.v1.GeneratePolicyRequest"},
   };
   for (const auto& [method, message] : methods) {
     const RawResult result = RawCall(daemon_->channel(), method, {kGarbage});
@@ -242,6 +248,27 @@ TEST_F(HostileTest, ACorruptStreamMessageEndsTheStreamAfterAnsweringWhatCameBefo
   ASSERT_TRUE(response.ParseFromString(result.responses[0]));
   EXPECT_EQ(response.request_id(), 1u);
   EXPECT_EQ(response.status_code(), 0) << response.status_message();
+}
+
+TEST_F(HostileTest, ACorruptProfileMessageEndsTheStreamKeepingNoProfile) {
+  v1::ProfileRequest config;
+  config.mutable_config()->set_model("m");
+  config.mutable_config()->add_formats(v1::FORMAT_MXFP4_E2M1);
+  v1::ProfileRequest batch;
+  batch.mutable_batch()->set_layer(layer_->name);
+  *batch.mutable_batch()->mutable_inputs() = Matrix(TestValues(2 * layer_->in, 6), 2, layer_->in);
+  const RawResult result =
+      RawCall(daemon_->channel(), "/mxserve.v1.Profiles/ProfileModel",
+              {config.SerializeAsString(), batch.SerializeAsString(), kGarbage});
+  EXPECT_STATUS(result.status, INVALID_ARGUMENT,
+                "requests[2]: not a valid mxserve.v1.ProfileRequest message");
+  grpc::ClientContext context;
+  v1::GetProfileRequest get;
+  get.set_model("m");
+  v1::Profile profile;
+  EXPECT_STATUS(v1::Profiles::NewStub(daemon_->channel())->GetProfile(&context, get, &profile),
+                NOT_FOUND, "no profile of model 'm'");
+  ExpectServesReference(daemon_->channel(), "m", *layer_);
 }
 
 TEST_F(HostileTest, ACorruptPowerSampleEndsTheStreamKeepingWhatCameBefore) {

@@ -13,6 +13,7 @@
 #include "mxserve/v1/compute.pb.h"
 #include "mxserve/v1/models.pb.h"
 #include "mxserve/v1/policies.pb.h"
+#include "mxserve/v1/profiles.pb.h"
 #include "mxserve/v1/telemetry.pb.h"
 
 namespace mx_fuzz {
@@ -45,6 +46,12 @@ inline constexpr RpcMethod kRpcMethods[] = {
     {"/mxserve.v1.Policies/ResolvePolicy", false},
     {"/mxserve.v1.Telemetry/ReportPower", true},
     {"/mxserve.v1.Telemetry/GetEnergyReport", false},
+    {"/mxserve.v1.Profiles/ProfileModel", true},
+    {"/mxserve.v1.Profiles/GetProfile", false},
+    {"/mxserve.v1.Profiles/ListProfiles", false},
+    {"/mxserve.v1.Profiles/ExportProfile", false},
+    {"/mxserve.v1.Profiles/DeleteProfile", false},
+    {"/mxserve.v1.Profiles/GeneratePolicy", false},
 };
 
 inline constexpr const char* kSeedModel = "m";

@@ -162,6 +162,56 @@ void RpcSeeds() {
   v1::GetEnergyReportRequest report;
   report.set_since_seconds(now - 60);
   Rpc("energy", "/mxserve.v1.Telemetry/GetEnergyReport", {&report});
+
+  // Profiles: a calibrated profile of the seed model (inputs and gradients for
+  // its first layer, inputs alone for the second), then what reads it.
+  v1::ProfileRequest config;
+  config.mutable_config()->set_model(kSeedModel);
+  config.mutable_config()->add_formats(v1::FORMAT_MXFP4_E2M1);
+  config.mutable_config()->add_formats(v1::FORMAT_INT8);
+  config.mutable_config()->set_batch_tokens(16);
+  std::vector<v1::ProfileRequest> batches(2);
+  for (int i = 0; i < 2; ++i) {
+    const SeedLayer& layer = kSeedLayers[i];
+    v1::CalibrationBatch* batch = batches[i].mutable_batch();
+    batch->set_layer(layer.name);
+    *batch->mutable_inputs() = Matrix(SeedValues(2 * layer.in, 40 + i), 2, layer.in);
+    if (i == 0) {
+      *batch->mutable_output_grads() = Matrix(SeedValues(2 * layer.out, 50), 2, layer.out);
+    }
+  }
+  Rpc("profile", "/mxserve.v1.Profiles/ProfileModel", {&config, &batches[0], &batches[1]});
+  Rpc("profile_weights", "/mxserve.v1.Profiles/ProfileModel", {&config});
+  v1::GetProfileRequest get_profile;
+  get_profile.set_model(kSeedModel);
+  Rpc("get_profile", "/mxserve.v1.Profiles/GetProfile", {&get_profile});
+  v1::ListProfilesRequest list_profiles;
+  Rpc("list_profiles", "/mxserve.v1.Profiles/ListProfiles", {&list_profiles});
+  v1::ExportProfileRequest export_profile;
+  export_profile.set_model(kSeedModel);
+  Rpc("export_profile", "/mxserve.v1.Profiles/ExportProfile", {&export_profile});
+  v1::DeleteProfileRequest delete_profile;
+  delete_profile.set_model(kSeedModel);
+  delete_profile.set_weight_version(1);
+  Rpc("delete_profile", "/mxserve.v1.Profiles/DeleteProfile", {&delete_profile});
+  v1::GeneratePolicyRequest fraction;
+  fraction.set_model(kSeedModel);
+  fraction.set_name("fuzz-generated");
+  fraction.set_kind(v1::GENERATION_KIND_FRACTION);
+  fraction.set_low(v1::FORMAT_MXFP4_E2M1);
+  fraction.add_fractions()->set_value(0.5);
+  Rpc("generate_fraction", "/mxserve.v1.Profiles/GeneratePolicy", {&fraction});
+  v1::GeneratePolicyRequest budget;
+  budget.set_model(kSeedModel);
+  budget.set_name("fuzz-budget");
+  budget.set_kind(v1::GENERATION_KIND_BUDGET);
+  budget.add_groups("*.q_proj|lm_*");
+  v1::PhaseValue* relative = budget.add_relative_budgets();
+  relative->set_phase(v1::PHASE_ROLLOUT);
+  relative->set_value(0.6);
+  budget.add_phases(v1::PHASE_ROLLOUT);
+  budget.set_dry_run(true);
+  Rpc("generate_budget", "/mxserve.v1.Profiles/GeneratePolicy", {&budget});
 }
 
 void SafetensorsSeeds() {

@@ -25,6 +25,24 @@ TEST(Glob, StarsAndQuestionMarks) {
   EXPECT_FALSE(GlobMatch("a*b*c", "aXbYbZ"));
 }
 
+TEST(Glob, BackslashMakesTheNextCharacterLiteral) {
+  EXPECT_TRUE(GlobMatch("a\\*b", "a*b"));
+  EXPECT_FALSE(GlobMatch("a\\*b", "aXb"));
+  EXPECT_TRUE(GlobMatch("a\\?", "a?"));
+  EXPECT_FALSE(GlobMatch("a\\?", "ab"));
+  EXPECT_TRUE(GlobMatch("*\\*", "xyz*"));
+  EXPECT_FALSE(GlobMatch("*\\*", "xyz"));
+  EXPECT_TRUE(GlobMatch("a\\", "a\\"));  // a lone trailing backslash is itself
+  // GlobEscape gives a glob that matches exactly its text, whatever it holds.
+  for (const char* name : {"plain.layer", "odd*name?", "back\\slash*", "*", "??", "\\"}) {
+    const std::string glob = GlobEscape(name);
+    EXPECT_TRUE(GlobMatch(glob, name)) << name << " as " << glob;
+    EXPECT_FALSE(GlobMatch(glob, std::string(name) + "x")) << name;
+    EXPECT_FALSE(GlobMatch(glob, std::string("x") + name)) << name;
+  }
+  EXPECT_FALSE(GlobMatch(GlobEscape("odd*name?"), "oddXXnameY"));
+}
+
 TEST(LayerSensitivity, FirstLastBlocksAttentionAndOutsideLayers) {
   const std::vector<std::string> layers = {
       "model.layers.0.mlp.up_proj",   "model.layers.1.self_attn.q_proj",

@@ -1,0 +1,501 @@
+#include "server/rpc/profiles_service.h"
+
+#include <algorithm>
+#include <memory>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "mx/status_macros.h"
+#include "server/base/quote.h"
+#include "server/compute/wire.h"
+#include "server/profile/generate.h"
+#include "server/profile/profiler.h"
+#include "server/rpc/call.h"
+#include "server/telemetry/log.h"
+
+namespace mxserve {
+namespace {
+
+v1::ProfileSource SourceToProto(ProfileSource source) {
+  switch (source) {
+    case ProfileSource::kWeights:
+      return v1::PROFILE_SOURCE_WEIGHTS;
+    case ProfileSource::kActivations:
+      return v1::PROFILE_SOURCE_ACTIVATIONS;
+    case ProfileSource::kGradients:
+      return v1::PROFILE_SOURCE_GRADIENTS;
+  }
+  return v1::PROFILE_SOURCE_UNSPECIFIED;
+}
+
+void FillProfile(const Profile& p, bool with_layers, v1::Profile* out) {
+  out->set_model(p.model);
+  out->set_weight_version(p.weight_version);
+  out->set_source(SourceToProto(p.source));
+  out->set_reference(p.reference == Reference::kFp64 ? v1::REFERENCE_FP64 : v1::REFERENCE_FP32);
+  out->set_batch_tokens(p.batch_tokens);
+  for (mx::Format f : p.formats) out->add_formats(ToProto(f));
+  out->set_tokens(p.tokens);
+  out->set_created_unix_seconds(p.created_unix_seconds);
+  out->set_compute_seconds(p.compute_seconds);
+  if (!with_layers) return;
+  for (const LayerProfile& l : p.layers) {
+    v1::LayerProfile* layer = out->add_layers();
+    layer->set_layer(l.layer);
+    layer->set_out_features(l.out_features);
+    layer->set_in_features(l.in_features);
+    layer->set_tokens(l.tokens);
+    for (const FormatScore& s : l.scores) {
+      v1::FormatScore* score = layer->add_scores();
+      score->set_format(ToProto(s.format));
+      score->set_rel_error(s.rel_error);
+      score->set_sqnr_db(s.sqnr_db);
+      score->set_fisher(s.fisher);
+      score->set_has_fisher(s.has_fisher);
+      score->set_seconds_per_token(s.seconds_per_token);
+      score->set_joules_per_token(s.joules_per_token);
+      score->set_train_seconds_per_token(s.train_seconds_per_token);
+      score->set_train_joules_per_token(s.train_joules_per_token);
+      score->set_weight_bits(s.weight_bits);
+    }
+  }
+}
+
+// A format a request field must name: INVALID_ARGUMENT for FORMAT_UNSPECIFIED.
+absl::StatusOr<mx::Format> RequiredFormat(v1::Format format, absl::string_view field) {
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> f, FromProto(format, field));
+  if (!f) return absl::InvalidArgumentError(absl::StrCat(field, ": expected a format, got none"));
+  return *f;
+}
+
+// The formats a config names, checked: none repeated, none unspecified.
+absl::StatusOr<std::vector<mx::Format>> ConfigFormats(const v1::ProfileConfig& config) {
+  if (config.formats().empty()) return DefaultProfileFormats();
+  std::vector<mx::Format> formats;
+  for (int i = 0; i < config.formats_size(); ++i) {
+    const std::string field = absl::StrCat("config.formats[", i, "]");
+    MX_ASSIGN_OR_RETURN(mx::Format f, RequiredFormat(config.formats(i), field));
+    if (std::find(formats.begin(), formats.end(), f) != formats.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", mx::FormatName(f), " named twice"));
+    }
+    formats.push_back(f);
+  }
+  return formats;
+}
+
+// ---------------------------------------------------------------------------
+// ProfileModel: a config, then calibration batches, each computed on the
+// profiler's queue before the next is read, so a stream holds one batch.
+
+class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ProfileReactor(const Core& core, grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
+      : core_(core), record_(core, Rpc::kProfileModel, context), raw_response_(response) {
+    StartRead(&raw_request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Complete();
+    const std::string field = absl::StrCat("requests[", requests_++, "]");
+    request_.Clear();
+    absl::Status parsed = ParseMessage(raw_request_, &request_, field);
+    raw_request_.Clear();
+    if (!parsed.ok()) return Done(parsed);
+    if (!builder_) {
+      if (absl::Status s = Configure(field); !s.ok()) return Done(s);
+      return StartRead(&raw_request_);
+    }
+    if (!request_.has_batch()) {
+      return Done(absl::InvalidArgumentError(
+          absl::StrCat(field, ": expected a batch; only the first message is the config")));
+    }
+    RunOn(
+        *core_.profiler, record_.info(),
+        [this, field] {
+          if (absl::Status s = AddBatch(field); !s.ok()) return Done(s);
+          StartRead(&raw_request_);
+        },
+        [this](absl::Status s) { Done(s); });
+  }
+
+  void OnCancel() override { record_.MarkCancelled(); }
+
+  void OnDone() override {
+    record_.Done();
+    delete this;
+  }
+
+ private:
+  absl::Status Configure(absl::string_view field) {
+    if (!request_.has_config()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": expected the config first (ProfileRequest.config)"));
+    }
+    const v1::ProfileConfig& config = request_.config();
+    ProfileBuilder::Options options;
+    MX_ASSIGN_OR_RETURN(options.formats, ConfigFormats(config));
+    switch (config.reference()) {
+      case v1::REFERENCE_FP32:
+        options.reference = Reference::kFp32;
+        break;
+      case v1::REFERENCE_FP64:
+        options.reference = Reference::kFp64;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("config.reference: expected REFERENCE_FP32 or REFERENCE_FP64, got ",
+                         static_cast<int>(config.reference())));
+    }
+    options.batch_tokens = config.batch_tokens() == 0 ? 128 : config.batch_tokens();
+    if (options.batch_tokens < 1 || options.batch_tokens > kMaxProfileBatchTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("config.batch_tokens: expected 1 to ",
+                                                     kMaxProfileBatchTokens, " (0: 128), got ",
+                                                     config.batch_tokens()));
+    }
+    MX_ASSIGN_OR_RETURN(std::vector<LayerView> views,
+                        core_.registry->PublishedLayers(config.model()));
+    if (views.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("config.model: model ", Quote(config.model()),
+                       " has no published weights yet; PublishVersion first"));
+    }
+    std::set<std::string, std::less<>> wanted;
+    for (int i = 0; i < config.layers_size(); ++i) {
+      const std::string field_i = absl::StrCat("config.layers[", i, "]");
+      MX_RETURN_IF_ERROR(
+          core_.registry->FindLayer(config.model(), config.layers(i), field_i).status());
+      if (!wanted.insert(config.layers(i)).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field_i, ": layer ", Quote(config.layers(i)), " named twice"));
+      }
+    }
+    std::vector<std::shared_ptr<const LayerWeights>> layers;
+    uint64_t version = 0;
+    for (const LayerView& view : views) {
+      version = std::max(version, view.weights->version());
+      if (wanted.empty() || wanted.count(view.weights->spec().name)) {
+        layers.push_back(view.weights);
+      }
+    }
+    model_ = config.model();
+    builder_ = std::make_unique<ProfileBuilder>(model_, version, std::move(layers),
+                                                std::move(options), core_.energy_model,
+                                                core_.profile_pool, &core_.registry->budget());
+    return absl::OkStatus();
+  }
+
+  // On the profiler's thread.
+  absl::Status AddBatch(const std::string& field) {
+    const v1::CalibrationBatch& batch = request_.batch();
+    const int layer = builder_->LayerIndex(batch.layer());
+    if (layer < 0) {
+      MX_RETURN_IF_ERROR(
+          core_.registry->FindLayer(model_, batch.layer(), absl::StrCat(field, ".batch.layer"))
+              .status());
+      return absl::InvalidArgumentError(absl::StrCat(field, ".batch.layer: layer ",
+                                                     Quote(batch.layer()),
+                                                     " is not among the profiled config.layers"));
+    }
+    const LayerSpec& spec = builder_->spec(layer);
+    MX_ASSIGN_OR_RETURN(
+        DenseMatrix x,
+        DecodeMatrix(batch.inputs(), absl::StrCat(field, ".batch.inputs"),
+                     LayerColumns(spec, /*in_features=*/true), core_.max_message_bytes));
+    if (x.rows == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".batch.inputs: expected at least one row"));
+    }
+    std::vector<float> xs = ToFloat(x);
+    MX_RETURN_IF_ERROR(CheckFinite(xs, absl::StrCat(field, ".batch.inputs")));
+    std::vector<float> dys;
+    if (batch.has_output_grads()) {
+      ExpectedShape shape = LayerColumns(spec, /*in_features=*/false);
+      shape.rows = x.rows;
+      shape.rows_what = "the rows of inputs";
+      MX_ASSIGN_OR_RETURN(DenseMatrix dy, DecodeMatrix(batch.output_grads(),
+                                                       absl::StrCat(field, ".batch.output_grads"),
+                                                       shape, core_.max_message_bytes));
+      dys = ToFloat(dy);
+      MX_RETURN_IF_ERROR(CheckFinite(dys, absl::StrCat(field, ".batch.output_grads")));
+    }
+    return builder_->AddBatch(layer, xs, x.rows, dys);
+  }
+
+  // The client half-closed: the profile, on the profiler's thread.
+  void Complete() {
+    if (!builder_) {
+      return Done(absl::InvalidArgumentError(
+          "requests: the stream ended before its config message (ProfileRequest.config)"));
+    }
+    RunOn(
+        *core_.profiler, record_.info(),
+        [this] {
+          absl::StatusOr<Profile> profile = builder_->Finish();
+          builder_.reset();
+          if (!profile.ok()) return Done(profile.status());
+          if (!core_.registry->Describe(model_).ok()) {
+            return Done(absl::AbortedError(absl::StrCat("config.model: model ", Quote(model_),
+                                                        " was deleted while it was profiled")));
+          }
+          auto kept = std::make_shared<const Profile>(*std::move(profile));
+          FillProfile(*kept, true, &response_);
+          core_.profiles->Put(kept);
+          Log(LogLevel::kInfo, "profiled",
+              {{"model", model_},
+               {"version", absl::StrCat(kept->weight_version)},
+               {"source", SourceName(kept->source)},
+               {"layers", absl::StrCat(kept->layers.size())},
+               {"formats", absl::StrCat(kept->formats.size())},
+               {"tokens", absl::StrCat(kept->tokens)},
+               {"seconds", absl::StrCat(kept->compute_seconds)}});
+          Done(absl::OkStatus());
+        },
+        [this](absl::Status s) { Done(s); });
+  }
+
+  void Done(absl::Status status) {
+    Finish(ToGrpc(record_.Settle(status, response_, raw_response_)));
+  }
+
+  const Core& core_;
+  CallRecord record_;
+  grpc::ByteBuffer* raw_response_;
+  grpc::ByteBuffer raw_request_;
+  v1::ProfileRequest request_;
+  int requests_ = 0;
+  std::string model_;
+  std::unique_ptr<ProfileBuilder> builder_;
+  v1::Profile response_;
+};
+
+// The request's per-phase values as the generator takes them.
+absl::StatusOr<std::vector<GenerationSpec::Value>> Values(
+    const google::protobuf::RepeatedPtrField<v1::PhaseValue>& values, absl::string_view name) {
+  std::vector<GenerationSpec::Value> out;
+  for (int i = 0; i < values.size(); ++i) {
+    GenerationSpec::Value v;
+    v.field = absl::StrCat(name, "[", i, "]");
+    v.value = values[i].value();
+    if (values[i].phase() != v1::PHASE_UNSPECIFIED) {
+      MX_ASSIGN_OR_RETURN(v.phase, FromProto(values[i].phase(), absl::StrCat(v.field, ".phase")));
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+absl::StatusOr<GenerationSpec> SpecOf(const v1::GeneratePolicyRequest& r) {
+  GenerationSpec spec;
+  spec.name = r.name();
+  spec.description = r.description();
+  switch (r.kind()) {
+    case v1::GENERATION_KIND_FRACTION:
+      spec.kind = GenerationKind::kFraction;
+      break;
+    case v1::GENERATION_KIND_BUDGET:
+      spec.kind = GenerationKind::kBudget;
+      break;
+    case v1::GENERATION_KIND_TOLERANCE:
+      spec.kind = GenerationKind::kTolerance;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("kind: expected GENERATION_KIND_FRACTION, _BUDGET or _TOLERANCE, got ",
+                       static_cast<int>(r.kind())));
+  }
+  for (int i = 0; i < r.phases_size(); ++i) {
+    MX_ASSIGN_OR_RETURN(Phase phase, FromProto(r.phases(i), absl::StrCat("phases[", i, "]")));
+    spec.phases.push_back(phase);
+  }
+  switch (r.score()) {
+    case v1::SCORE_AUTO:
+      spec.score = ScoreKind::kAuto;
+      break;
+    case v1::SCORE_REL_ERROR:
+      spec.score = ScoreKind::kRelError;
+      break;
+    case v1::SCORE_FISHER:
+      spec.score = ScoreKind::kFisher;
+      break;
+    case v1::SCORE_MSE:
+      spec.score = ScoreKind::kMse;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("score: expected a Score value, got ", static_cast<int>(r.score())));
+  }
+  switch (r.metric()) {
+    case v1::COST_METRIC_ENERGY:
+      spec.metric = CostMetric::kEnergy;
+      break;
+    case v1::COST_METRIC_TIME:
+      spec.metric = CostMetric::kTime;
+      break;
+    case v1::COST_METRIC_BITS:
+      spec.metric = CostMetric::kBits;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("metric: expected a CostMetric value, got ", static_cast<int>(r.metric())));
+  }
+  // Which list carries the values depends on the kind; the others must be empty.
+  const bool fraction = spec.kind == GenerationKind::kFraction;
+  if (!fraction && !r.fractions().empty()) {
+    return absl::InvalidArgumentError("fractions: only the fraction kind takes them");
+  }
+  if (fraction && !r.budgets().empty()) {
+    return absl::InvalidArgumentError("budgets: only the budget and tolerance kinds take them");
+  }
+  if (spec.kind != GenerationKind::kBudget && !r.relative_budgets().empty()) {
+    return absl::InvalidArgumentError("relative_budgets: only the budget kind takes them");
+  }
+  if (!r.budgets().empty() && !r.relative_budgets().empty()) {
+    return absl::InvalidArgumentError("budgets: give budgets or relative_budgets, not both");
+  }
+  if (fraction) {
+    MX_ASSIGN_OR_RETURN(spec.values, Values(r.fractions(), "fractions"));
+    spec.values_field = "fractions";
+  } else if (!r.relative_budgets().empty()) {
+    MX_ASSIGN_OR_RETURN(spec.values, Values(r.relative_budgets(), "relative_budgets"));
+    spec.values_field = "relative_budgets";
+    spec.relative = true;
+  } else {
+    MX_ASSIGN_OR_RETURN(spec.values, Values(r.budgets(), "budgets"));
+    spec.values_field = "budgets";
+  }
+  if (r.low() != v1::FORMAT_UNSPECIFIED) {
+    MX_ASSIGN_OR_RETURN(spec.low, RequiredFormat(r.low(), "low"));
+  }
+  if (r.high() != v1::FORMAT_UNSPECIFIED) {
+    MX_ASSIGN_OR_RETURN(spec.high, RequiredFormat(r.high(), "high"));
+  }
+  for (int i = 0; i < r.candidates_size(); ++i) {
+    MX_ASSIGN_OR_RETURN(mx::Format f,
+                        RequiredFormat(r.candidates(i), absl::StrCat("candidates[", i, "]")));
+    spec.candidates.push_back(f);
+  }
+  spec.groups.assign(r.groups().begin(), r.groups().end());
+  return spec;
+}
+
+}  // namespace
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* ProfilesService::ProfileModel(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new ProfileReactor(core_, context, response);
+}
+
+grpc::ServerUnaryReactor* ProfilesService::GetProfile(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* request,
+                                                      grpc::ByteBuffer* response) {
+  return ServeNow<v1::GetProfileRequest, v1::Profile>(
+      core_, Rpc::kGetProfile, context, request, response,
+      [this](const v1::GetProfileRequest& r, v1::Profile* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(auto profile, core_.profiles->Get(r.model(), r.weight_version()));
+        FillProfile(*profile, true, out);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ProfilesService::ListProfiles(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return ServeNow<v1::ListProfilesRequest, v1::ListProfilesResponse>(
+      core_, Rpc::kListProfiles, context, request, response,
+      [this](const v1::ListProfilesRequest& r, v1::ListProfilesResponse* out) {
+        for (const auto& p : core_.profiles->List(r.model())) {
+          FillProfile(*p, false, out->add_profiles());
+        }
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ProfilesService::ExportProfile(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeNow<v1::ExportProfileRequest, v1::ExportProfileResponse>(
+      core_, Rpc::kExportProfile, context, request, response,
+      [this](const v1::ExportProfileRequest& r, v1::ExportProfileResponse* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(auto profile, core_.profiles->Get(r.model(), r.weight_version()));
+        out->set_csv(ProfileToCsv(*profile));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ProfilesService::DeleteProfile(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeNow<v1::DeleteProfileRequest, v1::DeleteProfileResponse>(
+      core_, Rpc::kDeleteProfile, context, request, response,
+      [this](const v1::DeleteProfileRequest& r, v1::DeleteProfileResponse* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(const uint32_t deleted,
+                            core_.profiles->Delete(r.model(), r.weight_version()));
+        out->set_deleted(deleted);
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ProfilesService::GeneratePolicy(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::GeneratePolicyRequest, v1::GeneratePolicyResponse>;
+  return Call::Start(core_, Rpc::kGeneratePolicy, context, request, response, [this](Call& call) {
+    // The exact solvers can take a while on a large model: the profiler's thread.
+    RunOn(
+        *core_.profiler, call.info(),
+        [this, &call] { call.Answer(Generate(call.request(), call.response())); }, call.Answerer());
+  });
+}
+
+absl::Status ProfilesService::Generate(const v1::GeneratePolicyRequest& request,
+                                       v1::GeneratePolicyResponse* response) {
+  MX_ASSIGN_OR_RETURN(GenerationSpec spec, SpecOf(request));
+  MX_ASSIGN_OR_RETURN(auto profile, core_.profiles->Get(request.model(), request.weight_version()));
+  MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request.model()));
+  std::vector<std::string> layer_names;
+  for (const auto& layer : model.layers) layer_names.push_back(layer.spec.name);
+  MX_ASSIGN_OR_RETURN(GeneratedPolicy generated,
+                      mxserve::GeneratePolicy(*profile, layer_names, core_.energy_model, spec));
+  const std::string json = PolicyToJson(generated.policy);
+  if (request.dry_run()) {
+    MX_RETURN_IF_ERROR(ParsePolicyJson(json).status());
+    response->mutable_policy()->set_name(generated.policy.name);
+    response->mutable_policy()->set_json(json);
+  } else {
+    MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Put(json));
+    response->mutable_policy()->set_name(stored.policy->name);
+    response->mutable_policy()->set_json(PolicyToJson(*stored.policy));
+    response->mutable_policy()->set_builtin(stored.builtin);
+    Log(LogLevel::kInfo, "policy_generated",
+        {{"policy", Quote(stored.policy->name)},
+         {"model", request.model()},
+         {"version", absl::StrCat(profile->weight_version)},
+         {"rules", absl::StrCat(stored.policy->rules.size())}});
+  }
+  for (const PhasePlan& p : generated.phases) {
+    v1::PhaseSummary* summary = response->add_phases();
+    summary->set_phase(ToProto(p.phase));
+    summary->set_layers(static_cast<uint32_t>(p.formats.size()));
+    summary->set_low_layers(p.low_layers);
+    summary->set_score(p.score);
+    summary->set_joules_per_token(p.joules_per_token);
+    summary->set_seconds_per_token(p.seconds_per_token);
+    summary->set_weight_bits(p.weight_bits);
+    summary->set_fp16_joules_per_token(p.fp16_joules_per_token);
+    summary->set_fp16_seconds_per_token(p.fp16_seconds_per_token);
+    summary->set_budget(p.budget);
+    for (size_t i = 0; i < profile->layers.size(); ++i) {
+      const std::string& layer = profile->layers[i].layer;
+      const ResolvedFormat resolved = Resolve(generated.policy, p.phase, layer, false);
+      v1::ResolvedFormat* entry = response->add_entries();
+      entry->set_phase(ToProto(p.phase));
+      entry->set_layer(layer);
+      entry->set_format(ToProto(resolved.format));
+      entry->set_rule(resolved.rule);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mxserve

@@ -1,0 +1,47 @@
+// mxserve.v1.Profiles: sensitivity profiles from calibration streams, and the
+// policies generated from them (server/profile/).
+#pragma once
+
+#include "mxserve/v1/profiles.grpc.pb.h"
+#include "server/rpc/core.h"
+
+namespace mxserve {
+
+using RawProfilesService = v1::Profiles::WithRawCallbackMethod_ProfileModel<
+    v1::Profiles::WithRawCallbackMethod_GetProfile<v1::Profiles::WithRawCallbackMethod_ListProfiles<
+        v1::Profiles::WithRawCallbackMethod_ExportProfile<
+            v1::Profiles::WithRawCallbackMethod_DeleteProfile<
+                v1::Profiles::WithRawCallbackMethod_GeneratePolicy<v1::Profiles::Service>>>>>>;
+
+// Messages are taken raw and parsed in call.h. Profile batches and policy
+// generation run on the profiler's queue; the rest is answered at once.
+class ProfilesService final : public RawProfilesService {
+ public:
+  explicit ProfilesService(const Core& core) : core_(core) {}
+
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ProfileModel(grpc::CallbackServerContext* context,
+                                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListProfiles(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ExportProfile(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* DeleteProfile(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GeneratePolicy(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+
+ private:
+  absl::Status Generate(const v1::GeneratePolicyRequest& request,
+                        v1::GeneratePolicyResponse* response);
+
+  const Core& core_;
+};
+
+}  // namespace mxserve

@@ -1,0 +1,656 @@
+// Profiles and generated policies through the real daemon: the numbers a
+// profile holds (against sums computed here from the reference GEMM), keeping,
+// listing, exporting and deleting profiles, policy generation (fraction counts,
+// budget and tolerance against brute force, groups, serving), and bad input.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "mxserve/v1/profiles.grpc.pb.h"
+#include "tests/daemon/api_util.h"
+#include "tests/daemon/daemon_process.h"
+
+namespace mx_test {
+namespace {
+
+constexpr v1::Phase kPhases[] = {v1::PHASE_ROLLOUT, v1::PHASE_REWARD, v1::PHASE_UPDATE};
+
+v1::ProfileConfig Config(const std::string& model, std::vector<mx::Format> formats = {}) {
+  v1::ProfileConfig config;
+  config.set_model(model);
+  for (mx::Format f : formats) config.add_formats(mxserve::ToProto(f));
+  return config;
+}
+
+v1::CalibrationBatch Batch(const TestLayer& layer, const std::vector<float>& x, int64_t rows,
+                           const std::vector<float>* dy = nullptr) {
+  v1::CalibrationBatch batch;
+  batch.set_layer(layer.name);
+  *batch.mutable_inputs() = Matrix(x, rows, layer.in);
+  if (dy != nullptr) *batch.mutable_output_grads() = Matrix(*dy, rows, layer.out);
+  return batch;
+}
+
+// One ProfileModel stream: `config` (unless null), then `batches`.
+grpc::Status RunProfile(const DaemonProcess& daemon, const v1::ProfileConfig* config,
+                        const std::vector<v1::CalibrationBatch>& batches, v1::Profile* out) {
+  auto stub = v1::Profiles::NewStub(daemon.channel());
+  grpc::ClientContext context;
+  auto writer = stub->ProfileModel(&context, out);
+  if (config != nullptr) {
+    v1::ProfileRequest request;
+    *request.mutable_config() = *config;
+    writer->Write(request);
+  }
+  for (const auto& batch : batches) {
+    v1::ProfileRequest request;
+    *request.mutable_batch() = batch;
+    if (!writer->Write(request)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+grpc::Status Generate(const DaemonProcess& daemon, const v1::GeneratePolicyRequest& request,
+                      v1::GeneratePolicyResponse* response) {
+  grpc::ClientContext context;
+  return v1::Profiles::NewStub(daemon.channel())->GeneratePolicy(&context, request, response);
+}
+
+const v1::FormatScore& ScoreOf(const v1::Profile& profile, const std::string& layer,
+                               v1::Format format) {
+  for (const auto& l : profile.layers()) {
+    if (l.layer() != layer) continue;
+    for (const auto& s : l.scores()) {
+      if (s.format() == format) return s;
+    }
+  }
+  ADD_FAILURE() << "no score for " << layer << " in format " << format;
+  static const v1::FormatScore none;
+  return none;
+}
+
+fpga_model::EnergyModelParams EnergyParams() {
+  auto params = fpga_model::LoadEnergyModel(std::string(MXSERVE_SOURCE_DIR) +
+                                            "/fpga/model/energy_model.json");
+  EXPECT_TRUE(params.ok()) << params.status();
+  return *params;
+}
+
+// Y = X·Wᵀ + b in FP64.
+std::vector<double> Reference64(const TestLayer& layer, const std::vector<float>& x, int64_t rows) {
+  std::vector<double> y(static_cast<size_t>(rows * layer.out));
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t n = 0; n < layer.out; ++n) {
+      double s = layer.bias ? layer.bias_values[n] : 0.0;
+      for (int64_t k = 0; k < layer.in; ++k) {
+        s += double{x[m * layer.in + k]} * layer.weight[n * layer.in + k];
+      }
+      y[m * layer.out + n] = s;
+    }
+  }
+  return y;
+}
+
+class ProfileTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { daemon_ = new DaemonProcess({"--kernel-threads", "2"}); }
+  static void TearDownTestSuite() {
+    delete daemon_;
+    daemon_ = nullptr;
+  }
+  void SetUp() override {
+    if (!daemon_->ok()) GTEST_FAIL() << "mxserve: daemon suites never skip";
+  }
+  grpc::Channel* channel() { return daemon_->channel().get(); }
+  static DaemonProcess* daemon_;
+};
+DaemonProcess* ProfileTest::daemon_ = nullptr;
+
+// ---------------------------------------------------------------------------
+// What a profile holds.
+
+TEST_F(ProfileTest, ActivationScoresAreTheSumsOfTheReferenceGemmAgainstFp64) {
+  // Ragged shapes (K not a multiple of 32, 7 and 5 rows), a bias, two batches.
+  const TestLayer layer = MakeLayer("blk.0.up", 40, 70, /*bias=*/true, 11);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "prof-exact", {layer}).ok());
+  const std::vector<mx::Format> formats = {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3,
+                                           mx::Format::kMxint8, mx::Format::kInt8};
+  v1::ProfileConfig config = Config("prof-exact", formats);
+  config.set_reference(v1::REFERENCE_FP64);
+  config.set_batch_tokens(64);
+  const std::vector<float> x1 = TestValues(7 * 70, 1), x2 = TestValues(5 * 70, 2);
+  const std::vector<float> g1 = TestValues(7 * 40, 3, 0.01f), g2 = TestValues(5 * 40, 4, 0.01f);
+  v1::Profile profile;
+  const grpc::Status s =
+      RunProfile(*daemon_, &config, {Batch(layer, x1, 7, &g1), Batch(layer, x2, 5, &g2)}, &profile);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(profile.source(), v1::PROFILE_SOURCE_GRADIENTS);
+  EXPECT_EQ(profile.weight_version(), 1u);
+  EXPECT_EQ(profile.tokens(), 12u);
+  ASSERT_EQ(profile.layers_size(), 1);
+  EXPECT_EQ(profile.layers(0).tokens(), 12u);
+
+  const fpga_model::EnergyModelParams energy = EnergyParams();
+  for (mx::Format f : formats) {
+    double error = 0, reference = 0, fisher = 0;
+    for (const auto& [x, g, rows] : {std::tuple{&x1, &g1, 7}, std::tuple{&x2, &g2, 5}}) {
+      const std::vector<double> y = Reference64(layer, *x, rows);
+      const std::vector<float> yf = ReferenceForward(layer, *x, rows, f);
+      for (size_t i = 0; i < y.size(); ++i) {
+        const double d = double{yf[i]} - y[i];
+        error += d * d;
+        reference += y[i] * y[i];
+        fisher += double{(*g)[i]} * (*g)[i] * d * d;
+      }
+    }
+    const v1::FormatScore& score = ScoreOf(profile, layer.name, mxserve::ToProto(f));
+    SCOPED_TRACE(mx::FormatName(f));
+    EXPECT_TRUE(NearlyEqual(score.rel_error(), std::sqrt(error / reference), 1e-12));
+    EXPECT_TRUE(NearlyEqual(score.sqnr_db(), 10 * std::log10(reference / error), 1e-12));
+    EXPECT_TRUE(score.has_fisher());
+    EXPECT_TRUE(NearlyEqual(score.fisher(), fisher, 1e-12));
+    // The FPGA model at 64 rows, per token; update adds both backward GEMMs.
+    const auto fwd = fpga_model::EstimateGemm(energy, f, f, 64, 40, 70);
+    const auto dx = fpga_model::EstimateGemm(energy, f, f, 64, 70, 40);
+    const auto dw = fpga_model::EstimateGemm(energy, f, f, 40, 70, 64);
+    EXPECT_TRUE(NearlyEqual(score.joules_per_token(), fwd.joules / 64));
+    EXPECT_TRUE(NearlyEqual(score.seconds_per_token(), fwd.seconds / 64));
+    EXPECT_TRUE(
+        NearlyEqual(score.train_joules_per_token(), (fwd.joules + dx.joules + dw.joules) / 64));
+    EXPECT_EQ(score.weight_bits(), 8.0 * mx::CheckedLayoutSize(f, 40, 70)->total_bytes());
+  }
+  // Coarser formats lose more: MXFP4 worse than MXFP8 and MXINT8.
+  EXPECT_GT(ScoreOf(profile, layer.name, v1::FORMAT_MXFP4_E2M1).rel_error(),
+            4 * ScoreOf(profile, layer.name, v1::FORMAT_MXFP8_E4M3).rel_error());
+}
+
+TEST_F(ProfileTest, WeightOnlyProfileIsTheWeightsOwnQuantizationError) {
+  const TestLayer a = MakeLayer("a", 48, 64, false, 21), b = MakeLayer("b", 32, 96, true, 22);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "prof-weights", {a, b}).ok());
+  const v1::ProfileConfig config = Config("prof-weights");  // default formats
+  v1::Profile profile;
+  ASSERT_TRUE(RunProfile(*daemon_, &config, {}, &profile).ok());
+  EXPECT_EQ(profile.source(), v1::PROFILE_SOURCE_WEIGHTS);
+  EXPECT_EQ(profile.tokens(), 0u);
+  // Every MX format, INT8, BF16 and FP16.
+  ASSERT_EQ(profile.formats_size(), mx::kFormatCount - 1);
+  ASSERT_EQ(profile.layers_size(), 2);
+  for (const TestLayer* l : {&a, &b}) {
+    for (int i = 0; i + 1 < mx::kFormatCount; ++i) {
+      const auto f = static_cast<mx::Format>(i);
+      const auto q = mx::QuantizeRows(l->weight, l->out, l->in, f);
+      ASSERT_TRUE(q.ok());
+      const std::vector<float> back = mx::Dequantize(*q);
+      double error = 0, energy = 0;
+      for (size_t j = 0; j < back.size(); ++j) {
+        error += (double{back[j]} - l->weight[j]) * (double{back[j]} - l->weight[j]);
+        energy += double{l->weight[j]} * l->weight[j];
+      }
+      const v1::FormatScore& score = ScoreOf(profile, l->name, Wire(i));
+      EXPECT_TRUE(NearlyEqual(score.rel_error(), std::sqrt(error / energy), 1e-12))
+          << l->name << " " << mx::FormatName(f);
+      EXPECT_FALSE(score.has_fisher());
+    }
+  }
+}
+
+TEST_F(ProfileTest, ProfilesAreKeptListedExportedAndDeletedWithTheirModel) {
+  const TestLayer a = MakeLayer("first", 32, 32, false, 31),
+                  b = MakeLayer("second", 64, 32, false, 32);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "prof-keep", {a, b}).ok());
+  const v1::ProfileConfig config = Config("prof-keep", {mx::Format::kMxfp4E2m1, mx::Format::kFp16});
+  const std::vector<float> xa = TestValues(3 * 32, 5), xb = TestValues(2 * 32, 6);
+  v1::Profile profile;
+  ASSERT_TRUE(RunProfile(*daemon_, &config, {Batch(a, xa, 3), Batch(b, xb, 2)}, &profile).ok());
+  EXPECT_EQ(profile.source(), v1::PROFILE_SOURCE_ACTIVATIONS);
+  EXPECT_FALSE(profile.layers(0).scores(0).has_fisher());
+
+  auto stub = v1::Profiles::NewStub(daemon_->channel());
+  {
+    grpc::ClientContext context;
+    v1::GetProfileRequest request;
+    request.set_model("prof-keep");
+    v1::Profile got;
+    ASSERT_TRUE(stub->GetProfile(&context, request, &got).ok());
+    EXPECT_EQ(got.SerializeAsString(), profile.SerializeAsString());
+  }
+  {
+    grpc::ClientContext context;
+    v1::ListProfilesRequest request;
+    request.set_model("prof-keep");
+    v1::ListProfilesResponse list;
+    ASSERT_TRUE(stub->ListProfiles(&context, request, &list).ok());
+    ASSERT_EQ(list.profiles_size(), 1);
+    EXPECT_EQ(list.profiles(0).weight_version(), 1u);
+    EXPECT_EQ(list.profiles(0).layers_size(), 0);  // summaries only
+  }
+  {
+    grpc::ClientContext context;
+    v1::ExportProfileRequest request;
+    request.set_model("prof-keep");
+    v1::ExportProfileResponse csv;
+    ASSERT_TRUE(stub->ExportProfile(&context, request, &csv).ok());
+    const std::vector<std::string> lines = absl::StrSplit(csv.csv(), '\n', absl::SkipEmpty());
+    ASSERT_EQ(lines.size(), 1u + 2 * 2);
+    EXPECT_EQ(lines[0].substr(0, 23), "layer,format,out_featur");
+    EXPECT_EQ(lines[1].substr(0, 17), "first,MXFP4_E2M1,");
+    EXPECT_EQ(lines[4].substr(0, 12), "second,FP16,");
+    // The fisher column is empty without gradients.
+    const std::vector<std::string> cells = absl::StrSplit(lines[1], ',');
+    ASSERT_EQ(cells.size(), 13u);
+    EXPECT_EQ(cells[7], "");
+    EXPECT_DOUBLE_EQ(std::stod(cells[5]), profile.layers(0).scores(0).rel_error());
+  }
+  {
+    grpc::ClientContext context;
+    v1::GetProfileRequest request;
+    request.set_model("prof-keep");
+    request.set_weight_version(7);
+    v1::Profile got;
+    EXPECT_STATUS(stub->GetProfile(&context, request, &got), NOT_FOUND,
+                  "weight_version: model 'prof-keep' has no profile of version 7; profiled "
+                  "versions: 1");
+  }
+  // Deleting the model drops its profiles: a new model of that name has none.
+  {
+    grpc::ClientContext context;
+    v1::DeleteModelRequest request;
+    request.set_name("prof-keep");
+    v1::DeleteModelResponse response;
+    ASSERT_TRUE(
+        v1::Models::NewStub(daemon_->channel())->DeleteModel(&context, request, &response).ok());
+  }
+  ASSERT_TRUE(RegisterAndPublish(channel(), "prof-keep", {a, b}).ok());
+  {
+    grpc::ClientContext context;
+    v1::GetProfileRequest request;
+    request.set_model("prof-keep");
+    v1::Profile got;
+    EXPECT_STATUS(stub->GetProfile(&context, request, &got), NOT_FOUND,
+                  "model: no profile of model 'prof-keep'");
+  }
+  ASSERT_TRUE(RunProfile(*daemon_, &config, {}, &profile).ok());
+  {
+    grpc::ClientContext context;
+    v1::DeleteProfileRequest request;
+    request.set_model("prof-keep");
+    v1::DeleteProfileResponse response;
+    ASSERT_TRUE(stub->DeleteProfile(&context, request, &response).ok());
+    EXPECT_EQ(response.deleted(), 1u);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: each gets a status naming the field; the daemon keeps serving and
+// keeps the profile it had.
+
+TEST_F(ProfileTest, BadInputIsRefusedNamingTheFieldAndLosesNothing) {
+  const TestLayer a = MakeLayer("blk.0.a", 32, 64, false, 41),
+                  b = MakeLayer("blk.0.b", 64, 32, true, 42);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "prof-bad", {a, b}).ok());
+  const v1::ProfileConfig config = Config("prof-bad", {mx::Format::kMxfp4E2m1});
+  v1::Profile kept;
+  ASSERT_TRUE(RunProfile(*daemon_, &config, {}, &kept).ok());
+  const std::vector<float> x = TestValues(4 * 64, 7);
+  v1::Profile profile;
+
+  // An unknown layer.
+  v1::CalibrationBatch unknown = Batch(a, x, 4);
+  unknown.set_layer("blk.0.zzz");
+  EXPECT_STATUS(RunProfile(*daemon_, &config, {unknown}, &profile), NOT_FOUND,
+                "requests[1].batch.layer");
+  // Shape mismatch: inputs with b's in_features for layer a.
+  EXPECT_STATUS(RunProfile(*daemon_, &config, {Batch(a, TestValues(4 * 32, 8), 4)}, &profile),
+                INVALID_ARGUMENT, "requests[1].batch.inputs");
+  v1::CalibrationBatch wrong_grads = Batch(a, x, 4);
+  *wrong_grads.mutable_output_grads() = Matrix(TestValues(3 * 32, 9), 3, 32);
+  EXPECT_STATUS(RunProfile(*daemon_, &config, {wrong_grads}, &profile), INVALID_ARGUMENT,
+                "requests[1].batch.output_grads");
+  // NaN gradients, infinite inputs.
+  std::vector<float> nan_grads = TestValues(4 * 32, 10);
+  nan_grads[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_STATUS(RunProfile(*daemon_, &config, {Batch(a, x, 4, &nan_grads)}, &profile),
+                INVALID_ARGUMENT, "requests[1].batch.output_grads: element 5 is NaN");
+  std::vector<float> inf_x = x;
+  inf_x[9] = std::numeric_limits<float>::infinity();
+  EXPECT_STATUS(RunProfile(*daemon_, &config, {Batch(a, inf_x, 4)}, &profile), INVALID_ARGUMENT,
+                "requests[1].batch.inputs: element 9 is infinite");
+  // A batch for one layer only: the other got none.
+  EXPECT_STATUS(RunProfile(*daemon_, &config, {Batch(a, x, 4)}, &profile), FAILED_PRECONDITION,
+                "1 of 2 profiled layers got no calibration data: 'blk.0.b'");
+  // ... unless the config names the layers to profile.
+  v1::ProfileConfig only_a = config;
+  only_a.add_layers("blk.0.a");
+  EXPECT_STATUS(RunProfile(*daemon_, &only_a, {Batch(b, TestValues(2 * 32, 11), 2)}, &profile),
+                INVALID_ARGUMENT, "requests[1].batch.layer: layer 'blk.0.b' is not among");
+  // Config errors.
+  v1::ProfileConfig bad = config;
+  bad.add_formats(v1::FORMAT_MXFP4_E2M1);
+  EXPECT_STATUS(RunProfile(*daemon_, &bad, {}, &profile), INVALID_ARGUMENT,
+                "config.formats[1]: MXFP4_E2M1 named twice");
+  bad = config;
+  bad.add_formats(v1::FORMAT_UNSPECIFIED);
+  EXPECT_STATUS(RunProfile(*daemon_, &bad, {}, &profile), INVALID_ARGUMENT, "config.formats[1]");
+  bad = config;
+  bad.add_layers("nope");
+  EXPECT_STATUS(RunProfile(*daemon_, &bad, {}, &profile), NOT_FOUND, "config.layers[0]");
+  bad = config;
+  bad.set_batch_tokens(-1);
+  EXPECT_STATUS(RunProfile(*daemon_, &bad, {}, &profile), INVALID_ARGUMENT, "config.batch_tokens");
+  bad = config;
+  bad.set_model("no-such-model");
+  EXPECT_STATUS(RunProfile(*daemon_, &bad, {}, &profile), NOT_FOUND, "no-such-model");
+  EXPECT_STATUS(RunProfile(*daemon_, nullptr, {Batch(a, x, 4)}, &profile), INVALID_ARGUMENT,
+                "requests[0]: expected the config first");
+  EXPECT_STATUS(RunProfile(*daemon_, nullptr, {}, &profile), INVALID_ARGUMENT,
+                "the stream ended before its config message");
+  ASSERT_TRUE(Register(channel(), "prof-unpublished", {a}).ok());
+  const v1::ProfileConfig unpublished = Config("prof-unpublished");
+  EXPECT_STATUS(RunProfile(*daemon_, &unpublished, {}, &profile), FAILED_PRECONDITION,
+                "has no published weights yet");
+
+  // Nothing was lost: the first profile is still kept, the model still serves.
+  grpc::ClientContext context;
+  v1::GetProfileRequest get;
+  get.set_model("prof-bad");
+  v1::Profile got;
+  ASSERT_TRUE(v1::Profiles::NewStub(daemon_->channel())->GetProfile(&context, get, &got).ok());
+  EXPECT_EQ(got.SerializeAsString(), kept.SerializeAsString());
+  ExpectServesReference(daemon_->channel(), "prof-bad", a);
+}
+
+// ---------------------------------------------------------------------------
+// Generated policies.
+
+// A model of `blocks` blocks of q/k/v/o/up/down, weight-profiled in
+// `formats`.
+std::vector<TestLayer> Blocks(int blocks) {
+  std::vector<TestLayer> layers;
+  uint32_t seed = 100;
+  for (int b = 0; b < blocks; ++b) {
+    for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj", "up", "down"}) {
+      const bool mlp = name[0] == 'u' || name[0] == 'd';
+      layers.push_back(MakeLayer(absl::StrCat("model.layers.", b, ".", name), mlp ? 64 : 32,
+                                 name[0] == 'd' ? 64 : 32, false, seed++));
+      // Spread the layers' sensitivities: a few large weights per block in some.
+      if (seed % 3 == 0) {
+        for (size_t i = 0; i < layers.back().weight.size(); i += 29) layers.back().weight[i] *= 40;
+      }
+    }
+  }
+  return layers;
+}
+
+v1::GeneratePolicyRequest FractionRequest(const std::string& model, const std::string& name) {
+  v1::GeneratePolicyRequest request;
+  request.set_model(model);
+  request.set_name(name);
+  request.set_kind(v1::GENERATION_KIND_FRACTION);
+  request.set_low(v1::FORMAT_MXFP4_E2M1);
+  request.set_high(v1::FORMAT_MXFP8_E4M3);
+  return request;
+}
+
+v1::PhaseValue Value(v1::Phase phase, double value) {
+  v1::PhaseValue v;
+  v.set_phase(phase);
+  v.set_value(value);
+  return v;
+}
+
+class GenerateTest : public ProfileTest {
+ protected:
+  void SetUp() override {
+    ProfileTest::SetUp();
+    if (!profiled_) {
+      layers_ = Blocks(4);  // 24 layers
+      ASSERT_TRUE(RegisterAndPublish(channel(), "gen", layers_).ok());
+      const v1::ProfileConfig config =
+          Config("gen", {mx::Format::kMxfp4E2m1, mx::Format::kMxfp6E2m3, mx::Format::kMxfp8E4m3,
+                         mx::Format::kFp16});
+      ASSERT_TRUE(RunProfile(*daemon_, &config, {}, &profile_).ok());
+      profiled_ = true;
+    }
+  }
+  // The formats of `response`'s entries for `phase`, by layer.
+  static std::map<std::string, v1::Format> Table(const v1::GeneratePolicyResponse& response,
+                                                 v1::Phase phase) {
+    std::map<std::string, v1::Format> table;
+    for (const auto& e : response.entries()) {
+      if (e.phase() == phase) table[e.layer()] = e.format();
+    }
+    return table;
+  }
+  static inline std::vector<TestLayer> layers_;
+  static inline v1::Profile profile_;
+  static inline bool profiled_ = false;
+};
+
+TEST_F(GenerateTest, FractionPutsExactlyRoundedFractionLowMostTolerantFirst) {
+  // Policy D of ORIGIN.md: 80/50/20% low for rollout/reward/update.
+  v1::GeneratePolicyRequest request = FractionRequest("gen", "gen-D");
+  *request.add_fractions() = Value(v1::PHASE_ROLLOUT, 0.8);
+  *request.add_fractions() = Value(v1::PHASE_REWARD, 0.5);
+  *request.add_fractions() = Value(v1::PHASE_UPDATE, 0.2);
+  v1::GeneratePolicyResponse response;
+  const grpc::Status s = Generate(*daemon_, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_NE(response.policy().json().find("Generated by mxserved (kind fraction"),
+            std::string::npos);
+  const std::map<v1::Phase, int> want = {
+      {v1::PHASE_ROLLOUT, 19}, {v1::PHASE_REWARD, 12}, {v1::PHASE_UPDATE, 5}};  // round(f·24)
+  for (v1::Phase phase : kPhases) {
+    const auto table = Table(response, phase);
+    ASSERT_EQ(table.size(), 24u);
+    std::vector<double> low_scores, high_scores;
+    for (const auto& [layer, format] : table) {
+      const double score = ScoreOf(profile_, layer, v1::FORMAT_MXFP4_E2M1).rel_error();
+      (format == v1::FORMAT_MXFP4_E2M1 ? low_scores : high_scores).push_back(score);
+      EXPECT_TRUE(format == v1::FORMAT_MXFP4_E2M1 || format == v1::FORMAT_MXFP8_E4M3);
+    }
+    EXPECT_EQ(static_cast<int>(low_scores.size()), want.at(phase));
+    // Every low layer is at least as tolerant as every high one.
+    EXPECT_LE(*std::max_element(low_scores.begin(), low_scores.end()),
+              *std::min_element(high_scores.begin(), high_scores.end()));
+    for (const auto& p : response.phases()) {
+      if (p.phase() == phase) {
+        EXPECT_EQ(static_cast<int>(p.low_layers()), want.at(phase));
+      }
+    }
+  }
+
+  // The policy was put: ResolvePolicy gives the same table, and it serves.
+  grpc::ClientContext context;
+  v1::ResolvePolicyRequest resolve;
+  resolve.set_model("gen");
+  resolve.set_policy("gen-D");
+  v1::ResolvePolicyResponse resolved;
+  ASSERT_TRUE(
+      v1::Policies::NewStub(daemon_->channel())->ResolvePolicy(&context, resolve, &resolved).ok());
+  for (const auto& e : resolved.entries()) {
+    EXPECT_EQ(e.format(), Table(response, e.phase()).at(e.layer())) << e.layer();
+  }
+  grpc::ClientContext set_context;
+  v1::SetActivePolicyRequest set;
+  set.set_model("gen");
+  set.set_policy("gen-D");
+  v1::SetActivePolicyResponse previous;
+  ASSERT_TRUE(v1::Policies::NewStub(daemon_->channel())
+                  ->SetActivePolicy(&set_context, set, &previous)
+                  .ok());
+  for (const TestLayer& layer : {layers_[0], layers_[5], layers_[17]}) {
+    for (v1::Phase phase : kPhases) {
+      v1::LayerForwardRequest forward =
+          ForwardRequest("gen", layer, phase, 0, TestValues(2 * layer.in, 3), 2);
+      forward.set_format(v1::FORMAT_UNSPECIFIED);
+      v1::LayerForwardResponse out;
+      grpc::ClientContext c;
+      ASSERT_TRUE(v1::Compute::NewStub(daemon_->channel())->LayerForward(&c, forward, &out).ok());
+      EXPECT_EQ(out.info().format(), Table(response, phase).at(layer.name)) << layer.name;
+    }
+  }
+}
+
+TEST_F(GenerateTest, PhasesNotGeneratedRunEveryLayerInHigh) {
+  // Policy A of the first formulation: 20% low in rollout and reward, update all high.
+  v1::GeneratePolicyRequest request = FractionRequest("gen", "gen-A");
+  request.add_phases(v1::PHASE_ROLLOUT);
+  request.add_phases(v1::PHASE_REWARD);
+  request.set_high(v1::FORMAT_FP16);
+  *request.add_fractions() = Value(v1::PHASE_UNSPECIFIED, 0.2);
+  v1::GeneratePolicyResponse response;
+  ASSERT_TRUE(Generate(*daemon_, request, &response).ok());
+  for (const auto& [layer, format] : Table(response, v1::PHASE_UPDATE)) {
+    EXPECT_EQ(format, v1::FORMAT_FP16) << layer;
+  }
+  int low = 0;
+  for (const auto& [layer, format] : Table(response, v1::PHASE_ROLLOUT)) {
+    low += format == v1::FORMAT_MXFP4_E2M1;
+  }
+  EXPECT_EQ(low, 5);  // round(0.2 · 24)
+}
+
+// Σ cost and Σ score of every assignment of `candidates` to the profile's
+// layers, by brute force over `layers` (the others fixed to candidates[0]).
+struct Best {
+  double objective = std::numeric_limits<double>::infinity();
+  double constraint = 0;
+};
+
+TEST_F(GenerateTest, BudgetAndToleranceEqualBruteForceAndKeepTheBound) {
+  // Five layers profiled alone, so brute force covers every assignment (3^5).
+  const v1::ProfileConfig config = [] {
+    v1::ProfileConfig c = Config(
+        "gen-small", {mx::Format::kMxfp4E2m1, mx::Format::kMxfp6E2m3, mx::Format::kMxfp8E4m3});
+    return c;
+  }();
+  std::vector<TestLayer> small(layers_.begin(), layers_.begin() + 5);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "gen-small", small).ok());
+  v1::Profile profile;
+  ASSERT_TRUE(RunProfile(*daemon_, &config, {}, &profile).ok());
+  auto cost = [&](int layer, int f, v1::Phase phase) {
+    const auto& s = profile.layers(layer).scores(f);
+    return phase == v1::PHASE_UPDATE ? s.train_joules_per_token() : s.joules_per_token();
+  };
+  auto score = [&](int layer, int f) { return profile.layers(layer).scores(f).rel_error(); };
+  double all_high = 0, all_low = 0;
+  for (int l = 0; l < 5; ++l) {
+    all_high += cost(l, 2, v1::PHASE_ROLLOUT);
+    all_low += cost(l, 0, v1::PHASE_ROLLOUT);
+  }
+  for (double fraction : {0.3, 0.55, 0.8, 1.0}) {
+    const double budget = all_low + fraction * (all_high - all_low);
+    Best best;
+    for (int code = 0; code < 243; ++code) {
+      double c = 0, s = 0;
+      for (int l = 0, rest = code; l < 5; ++l, rest /= 3) {
+        c += cost(l, rest % 3, v1::PHASE_ROLLOUT);
+        s += score(l, rest % 3);
+      }
+      if (c <= budget && s < best.objective) best = {s, c};
+    }
+    v1::GeneratePolicyRequest request;
+    request.set_model("gen-small");
+    request.set_name("gen-budget");
+    request.set_kind(v1::GENERATION_KIND_BUDGET);
+    request.set_score(v1::SCORE_REL_ERROR);
+    request.add_phases(v1::PHASE_ROLLOUT);
+    *request.add_budgets() = Value(v1::PHASE_ROLLOUT, budget);
+    v1::GeneratePolicyResponse response;
+    const grpc::Status s = Generate(*daemon_, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const v1::PhaseSummary& rollout = response.phases(0);
+    EXPECT_LE(rollout.joules_per_token(), budget);
+    EXPECT_TRUE(NearlyEqual(rollout.score(), best.objective, 1e-12)) << fraction;
+    // The same bound as a tolerance: least energy with Σ score ≤ best's score.
+    request.set_kind(v1::GENERATION_KIND_TOLERANCE);
+    request.clear_budgets();
+    *request.add_budgets() = Value(v1::PHASE_ROLLOUT, best.objective);
+    ASSERT_TRUE(Generate(*daemon_, request, &response).ok());
+    EXPECT_LE(response.phases(0).score(), best.objective * (1 + 1e-12));
+    EXPECT_LE(response.phases(0).joules_per_token(), best.constraint * (1 + 1e-12));
+  }
+
+  // Infeasible: below every layer in its cheapest candidate.
+  v1::GeneratePolicyRequest request;
+  request.set_model("gen-small");
+  request.set_name("gen-budget");
+  request.set_kind(v1::GENERATION_KIND_BUDGET);
+  *request.add_budgets() = Value(v1::PHASE_UNSPECIFIED, all_low * 0.5);
+  v1::GeneratePolicyResponse response;
+  EXPECT_STATUS(Generate(*daemon_, request, &response), INVALID_ARGUMENT,
+                "budgets[0].value: the rollout budget of");
+  EXPECT_STATUS(Generate(*daemon_, request, &response), INVALID_ARGUMENT,
+                absl::StrCat("below the cheapest feasible budget, ", all_low, " J/token"));
+}
+
+TEST_F(GenerateTest, GroupedLayersShareAFormatAndRelativeBudgetsHold) {
+  v1::GeneratePolicyRequest request;
+  request.set_model("gen");
+  request.set_name("gen-grouped");
+  request.set_kind(v1::GENERATION_KIND_BUDGET);
+  request.add_groups("*.q_proj|*.k_proj|*.v_proj");
+  *request.add_relative_budgets() = Value(v1::PHASE_UNSPECIFIED, 0.45);  // of all-FP16
+  v1::GeneratePolicyResponse response;
+  const grpc::Status s = Generate(*daemon_, request, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  for (const auto& p : response.phases()) {
+    EXPECT_LE(p.joules_per_token(), p.budget());
+    EXPECT_TRUE(NearlyEqual(p.budget(), 0.45 * p.fp16_joules_per_token(), 1e-12));
+    const auto table = Table(response, p.phase());
+    for (int b = 0; b < 4; ++b) {
+      const std::string prefix = absl::StrCat("model.layers.", b, ".");
+      EXPECT_EQ(table.at(prefix + "q_proj"), table.at(prefix + "k_proj"));
+      EXPECT_EQ(table.at(prefix + "q_proj"), table.at(prefix + "v_proj"));
+    }
+  }
+}
+
+TEST_F(GenerateTest, BadGenerationRequestsNameTheField) {
+  v1::GeneratePolicyResponse response;
+  v1::GeneratePolicyRequest request = FractionRequest("gen", "gen-bad");
+  *request.add_fractions() = Value(v1::PHASE_UNSPECIFIED, 1.5);
+  EXPECT_STATUS(Generate(*daemon_, request, &response), INVALID_ARGUMENT,
+                "fractions[0].value: expected a fraction in [0, 1], got 1.5");
+  request = FractionRequest("gen", "gen-bad");
+  EXPECT_STATUS(Generate(*daemon_, request, &response), INVALID_ARGUMENT,
+                "fractions: no value for phase rollout");
+  request = FractionRequest("gen", "gen-bad");
+  request.set_low(v1::FORMAT_INT8);
+  *request.add_fractions() = Value(v1::PHASE_UNSPECIFIED, 0.5);
+  EXPECT_STATUS(Generate(*daemon_, request, &response), INVALID_ARGUMENT,
+                "low: INT8 is not in the profile of model 'gen' version 1");
+  request = FractionRequest("gen", "gen-bad");
+  *request.add_fractions() = Value(v1::PHASE_UNSPECIFIED, 0.5);
+  request.set_score(v1::SCORE_FISHER);
+  EXPECT_STATUS(Generate(*daemon_, request, &response), FAILED_PRECONDITION,
+                "score: the profile of model 'gen' version 1 has no Fisher scores");
+  request = FractionRequest("gen", "gen-bad");
+  request.set_kind(v1::GENERATION_KIND_UNSPECIFIED);
+  EXPECT_STATUS(Generate(*daemon_, request, &response), INVALID_ARGUMENT, "kind: expected");
+  request = FractionRequest("gen", "fp16-baseline");  // a built-in
+  *request.add_fractions() = Value(v1::PHASE_UNSPECIFIED, 0.5);
+  EXPECT_STATUS(Generate(*daemon_, request, &response), FAILED_PRECONDITION, "built-in");
+  request = FractionRequest("no-model", "gen-bad");
+  *request.add_fractions() = Value(v1::PHASE_UNSPECIFIED, 0.5);
+  EXPECT_STATUS(Generate(*daemon_, request, &response), NOT_FOUND, "no profile of model");
+  // dry_run generates without putting.
+  request = FractionRequest("gen", "gen-dry");
+  *request.add_fractions() = Value(v1::PHASE_UNSPECIFIED, 0.5);
+  request.set_dry_run(true);
+  ASSERT_TRUE(Generate(*daemon_, request, &response).ok());
+  grpc::ClientContext context;
+  v1::GetPolicyRequest get;
+  get.set_name("gen-dry");
+  v1::PolicyInfo info;
+  EXPECT_STATUS(v1::Policies::NewStub(daemon_->channel())->GetPolicy(&context, get, &info),
+                NOT_FOUND, "gen-dry");
+}
+
+}  // namespace
+}  // namespace mx_test
