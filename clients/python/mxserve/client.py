@@ -125,11 +125,22 @@ def _split_weights(value: Any):
 class _Requests:
     """Wraps a request generator so an exception raised while producing a request
     (a bad tensor, a bad sample) reaches the caller as itself: gRPC would swallow it
-    into UNKNOWN "Exception iterating requests!". The stream ends where it failed."""
+    into UNKNOWN "Exception iterating requests!". The stream ends where it failed:
+    half-closed, so the daemon answers what it got, or with `cancel_on_error`
+    cancelled first (once `bind` gave the call), so it keeps nothing of a stream
+    cut short (a profile of some of the calibration data)."""
 
-    def __init__(self, generator: Iterable):
+    def __init__(self, generator: Iterable, cancel_on_error: bool = False):
         self._generator = iter(generator)
+        self._cancel_on_error = cancel_on_error
+        self._bound = threading.Event()
+        self._call: Any = None
         self.error: Optional[BaseException] = None
+
+    def bind(self, call: Any) -> None:
+        """The call consuming these requests, which an error cancels."""
+        self._call = call
+        self._bound.set()
 
     def __iter__(self) -> "_Requests":
         return self
@@ -143,6 +154,9 @@ class _Requests:
             raise
         except Exception as error:
             self.error = error
+            if self._cancel_on_error:
+                self._bound.wait()  # bind() follows the call's creation at once
+                self._call.cancel()
             raise StopIteration from None
 
     def reraise(self) -> None:
@@ -322,14 +336,31 @@ class Client:
         except grpc.RpcError as error:
             raise MxserveError(error.code(), error.details() or "", rpc) from None
 
-    def _stream_call(self, rpc: str, method: Callable, requests: Iterable, timeout):
+    def _stream_call(self, rpc: str, method: Callable, requests: Iterable, timeout,
+                     cancel_on_error: bool = False):
         """A client-streaming call. An exception raised while producing a request is
-        re-raised as itself (the stream ends where it failed)."""
-        wrapped = _Requests(requests)
+        re-raised as itself; the stream ends where it failed, half-closed, or with
+        `cancel_on_error` cancelled (see _Requests)."""
+        wrapped = _Requests(requests, cancel_on_error)
+        if not cancel_on_error:
+            try:
+                response = self._call(rpc, method, wrapped, timeout)
+            except MxserveError:
+                wrapped.reraise()  # the real cause, when producing a request failed
+                raise
+            wrapped.reraise()
+            return response
+        call = method.future(wrapped, timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
+        wrapped.bind(call)
         try:
-            response = self._call(rpc, method, wrapped, timeout)
-        except MxserveError:
-            wrapped.reraise()  # the real cause, when producing a request failed
+            response = call.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as error:
+            wrapped.reraise()
+            if isinstance(error, grpc.FutureCancelledError):
+                raise MxserveError(grpc.StatusCode.CANCELLED, "cancelled", rpc) from None
+            raise MxserveError(error.code(), error.details() or "", rpc) from None
+        except BaseException:  # KeyboardInterrupt: do not leave the stream running
+            call.cancel()
             raise
         wrapped.reraise()
         return response
@@ -596,8 +627,8 @@ class Client:
             if batches is not None:
                 yield from _calibration_requests(batches, max_message_bytes)
 
-        return Profile.from_proto(
-            self._stream_call("ProfileModel", self._profiles.ProfileModel, stream(), timeout))
+        return Profile.from_proto(self._stream_call("ProfileModel", self._profiles.ProfileModel,
+                                                    stream(), timeout, cancel_on_error=True))
 
     def get_profile(self, model: str, weight_version: int = 0,
                     timeout: Optional[float] = CLIENT_TIMEOUT) -> Profile:

@@ -285,15 +285,19 @@ class Profile:
                          for layer in self.layers], dtype=np.float64).reshape(
                              len(self.layers), len(self.formats))
 
-    def ranking(self, format: _wire.FormatLike, score: str = "auto") -> List[str]:
-        """Layer names, most sensitive to `format` first (highest score; ties keep
-        registration order)."""
+    def scores(self, format: _wire.FormatLike, score: str = "auto") -> Dict[str, float]:
+        """{layer: score} of one format, in registration order."""
         name = _wire.format_name(_wire.format_to_wire(format))
         if name not in self.formats:
             raise ValueError(f"format: {name} was not profiled (the profile has "
-                             f"{', '.join(self.formats)})")
-        rows = [r for r in self.rows if r.format == name]
-        return [r.layer for r in sorted(rows, key=lambda r: -self.score(r, score))]
+                             f"{', '.join(self.formats) or 'none'})")
+        return {r.layer: self.score(r, score) for r in self.rows if r.format == name}
+
+    def ranking(self, format: _wire.FormatLike, score: str = "auto") -> List[str]:
+        """Layer names, most sensitive to `format` first (highest score; ties keep
+        registration order)."""
+        scores = self.scores(format, score)
+        return sorted(scores, key=lambda layer: -scores[layer])
 
     def to_csv(self, path: Optional[str] = None) -> str:
         """The profile as CSV, in ExportProfile's layout (PROFILE_COLUMNS: a header,
