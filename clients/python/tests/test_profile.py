@@ -601,7 +601,7 @@ def test_profile_covers_every_layer_and_default_format_with_costs(planted, plant
             prof.row(layer, MXFP4).rel_error
 
 
-def test_profiles_are_kept_exported_and_drawn(planted, planted_profile, tmp_path):
+def test_profiles_are_kept_and_exported(planted, planted_profile, tmp_path):
     client = planted.client
     kept = client.get_profile("planted-lm")
     assert kept.rows == planted_profile.rows
@@ -620,6 +620,8 @@ def test_profiles_are_kept_exported_and_drawn(planted, planted_profile, tmp_path
         for column in ("rel_error", "fisher", "joules_per_token", "weight_bits"):
             assert float(theirs[column]) == pytest.approx(float(mine[column]), rel=1e-6)
 
+
+def test_heatmap_of_a_measured_profile(planted_profile, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "sensitivity.png"
     planted_profile.heatmap(str(png), score="fisher")
@@ -694,8 +696,8 @@ def test_bad_calibration_is_refused_and_keeps_nothing(client, model_name):
     assert error.value.code == grpc.StatusCode.NOT_FOUND
 
     # An empty format list is the default, a misspelt one never leaves the client.
-    assert set(client.profile(model_name, [("fc1", x, g)], formats=[]).formats) == \
-        DEFAULT_FORMATS
+    assert set(client.profile(model_name, [("fc1", x, g)], formats=[], layers=["fc1"]).formats) \
+        == DEFAULT_FORMATS
     with pytest.raises(ValueError, match="MXFP5"):
         client.profile(model_name, formats=["MXFP5"])
 
