@@ -618,7 +618,7 @@ def test_profiles_are_kept_and_exported(planted, planted_profile, tmp_path):
         assert (theirs["layer"], theirs["format"], theirs["tokens"]) == \
             (mine["layer"], mine["format"], mine["tokens"])
         for column in ("rel_error", "fisher", "joules_per_token", "weight_bits"):
-            assert float(theirs[column]) == pytest.approx(float(mine[column]), rel=1e-6)
+            assert float(theirs[column]) == pytest.approx(float(mine[column]), rel=1e-5)
 
 
 def test_heatmap_of_a_measured_profile(planted_profile, tmp_path):
@@ -664,7 +664,7 @@ def test_weight_only_profiles_and_their_lifetime(client, model_name):
     assert error.value.code == grpc.StatusCode.NOT_FOUND
     client.profile(model_name)
     client.delete_model(model_name)  # a deleted model's profiles go with it
-    assert client.list_profiles(model_name) == []
+    assert model_name not in {p.model for p in client.list_profiles()}
 
 
 def test_bad_calibration_is_refused_and_keeps_nothing(client, model_name):
