@@ -115,10 +115,16 @@ def _session_of(target: Union[nn.Module, OffloadSession]) -> Optional[OffloadSes
     return next(iter(sessions.values()), None)
 
 
-def _linear_layers(model: nn.Module, layers: Optional[Iterable[str]]) -> Dict[str, nn.Module]:
+def _linear_layers(model: nn.Module, layers: Optional[Iterable[str]],
+                   session: Optional[OffloadSession]) -> Dict[str, nn.Module]:
     """{name: module} of the model's nn.Linear (and Conv1D) layers, in module order,
-    or of the named ones."""
-    found = {name: m for name, m in model.named_modules() if _offloadable(m)}
+    or of the named ones. Within an offload session (its original modules in
+    place) they go by the names the daemon knows, also for a part of the model."""
+    if session is not None:
+        inside = {id(m) for m in model.modules()}
+        found = {name: m for name, m in session._originals.items() if id(m) in inside}
+    else:
+        found = {name: m for name, m in model.named_modules() if _offloadable(m)}
     if layers is None:
         return found
     wanted = [layers] if isinstance(layers, str) else list(layers)
@@ -201,8 +207,9 @@ def capture(model_or_session: Union[nn.Module, OffloadSession], batches: Iterabl
     """One full-precision pass over `batches` that records, for every linear layer,
     its inputs X and (with `gradients`) the loss gradient at its output dL/dY.
 
-    model_or_session: an offload session (or a model with OffloadedLinear modules):
-    the pass runs here on the original modules (`session.local()`), so no format
+    model_or_session: an offload session, or a model (or part of one) holding
+    OffloadedLinear modules: the pass runs here on the original modules
+    (`session.local()`), so no format
     touches it and no RPC is made; or a plain model, whose nn.Linear (and Conv1D)
     layers are captured under their module names. layers: names to capture (None:
     all). Each batch runs as model(batch), model(*batch) or model(**batch), or as
@@ -219,9 +226,9 @@ def capture(model_or_session: Union[nn.Module, OffloadSession], batches: Iterabl
     if not callable(loss) and loss != "fisher":
         raise ValueError(f"loss: expected 'fisher' or a callable loss(output, batch), got {loss!r}")
     session = _session_of(model_or_session)
-    local = session.local() if session is not None else contextlib.nullcontext(model_or_session)
-    with local as model, _eval_mode(model):
-        modules = _linear_layers(model, layers)
+    model = session.model if isinstance(model_or_session, OffloadSession) else model_or_session
+    with session.local() if session is not None else contextlib.nullcontext(), _eval_mode(model):
+        modules = _linear_layers(model, layers, session)
         inputs: Dict[str, List[torch.Tensor]] = {name: [] for name in modules}
         grads: Dict[str, List[torch.Tensor]] = {name: [] for name in modules}
         generator = torch.Generator().manual_seed(seed)
@@ -287,6 +294,8 @@ def profile(client: Client, model: Union[str, OffloadSession], captured: Optiona
                              "weights the capture ran with")
         name = model.model_name
     if isinstance(captured, Capture):
+        if not captured.layers:
+            raise ValueError("the capture holds no calibration data (no captured layer ran)")
         if layers is None:
             layers = captured.layers
         else:
@@ -371,7 +380,8 @@ def end_to_end(session: Union[OffloadSession, nn.Module], batches: Iterable[Any]
     outputs (KL of the softmax over the last dimension, averaged over tokens, or
     the mean squared error for models that are not language models).
 
-    Needs an offload session (or its model): the formats are pinned per layer
+    Needs an offload session (or a model holding its layers, which is then what
+    runs on the batches): the formats are pinned per layer
     (OffloadedLinear.format), so neither the model's policy nor the daemon's
     state changes; the pins, the session's format and the modules' modes are as
     they were afterwards. The calls carry `phase` (only the energy accounting
@@ -382,11 +392,13 @@ def end_to_end(session: Union[OffloadSession, nn.Module], batches: Iterable[Any]
     offloaded = _session_of(session)
     if offloaded is None:
         raise TypeError("end_to_end needs an offloaded model (mxserve.torch.offload)")
+    model = session if isinstance(session, nn.Module) else offloaded.model
     if metric not in END_TO_END_METRICS:
         raise ValueError(f"metric: expected one of {', '.join(END_TO_END_METRICS)}, got {metric!r}")
     names = [_format_name(f) for f in formats]
-    wanted = list(offloaded.layers) if layers is None else \
-        ([layers] if isinstance(layers, str) else list(layers))
+    inside = {id(m) for m in model.modules()}
+    wanted = [n for n, l in offloaded.layers.items() if id(l) in inside] if layers is None \
+        else ([layers] if isinstance(layers, str) else list(layers))
     for layer in wanted:
         if layer not in offloaded.layers:
             raise ValueError(f"layers: model '{offloaded.model_name}' has no layer {layer!r}")
@@ -396,15 +408,14 @@ def end_to_end(session: Union[OffloadSession, nn.Module], batches: Iterable[Any]
         if progress is True else (progress or None)
 
     def run_all() -> List[torch.Tensor]:
-        return [_output_tensor(_run(offloaded.model, b, forward)).detach().float().cpu()
-                for b in batches]
+        return [_output_tensor(_run(model, b, forward)).detach().float().cpu() for b in batches]
 
     pins = {name: layer.format for name, layer in offloaded.layers.items()}
     session_format = offloaded.format
     rows: List[EndToEndRow] = []
     tokens = 0
     try:
-        with _eval_mode(offloaded.model), torch.no_grad(), offloaded.client.phase(phase):
+        with _eval_mode(model), torch.no_grad(), offloaded.client.phase(phase):
             offloaded.format = "FP32"
             for layer in offloaded.layers.values():
                 layer.format = None

@@ -190,6 +190,9 @@ def test_capture_takes_inputs_and_fisher_gradients_at_full_precision(client, mod
                                data.output_grads["blocks.2.fc1"])
         # Iterating gives what Client.profile streams: layer-major triples.
         assert [layer for layer, _, _ in data] == data.layers
+        # A part of the offloaded model goes by the daemon's layer names.
+        part = capture(model.blocks[1], [torch.randn(8, WIDTH)])
+        assert part.layers == ["blocks.1.fc1", "blocks.1.fc2"]
 
 
 def test_capture_of_a_plain_model_with_other_losses():
