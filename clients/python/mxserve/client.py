@@ -615,7 +615,9 @@ class Client:
         format, INT8, BF16 and FP16). layers: names to profile; None for every
         layer. reference: "fp32" or "fp64", what quantized outputs are compared
         with. batch_tokens: GEMM rows the cost model assumes (0: 128). Like every
-        stream, it has no deadline unless `timeout` gives one.
+        stream, it has no deadline unless `timeout` gives one. An exception while
+        producing the items cancels the stream, so the daemon keeps nothing, and is
+        raised as itself.
         """
         config = profiles_pb2.ProfileConfig(
             model=model, formats=_concrete_formats(formats, "formats"),
