@@ -70,7 +70,8 @@ def main():
     parser.add_argument("--model", default="profile-example", help="name to register it under")
     parser.add_argument("--out", default="profile-out", type=pathlib.Path,
                         help="directory for sensitivity_matrix.csv and sensitivity.png")
-    parser.add_argument("--batches", type=int, default=4, help="calibration batches of 4×32 tokens")
+    parser.add_argument("--batches", type=int, default=4,
+                        help="calibration batches of 4×32 tokens")
     parser.add_argument("--keep", action="store_true",
                         help="keep the model, its profile and the policies on the daemon")
     args = parser.parse_args()

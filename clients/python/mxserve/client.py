@@ -350,7 +350,8 @@ class Client:
                 raise
             wrapped.reraise()
             return response
-        call = method.future(wrapped, timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
+        call = method.future(wrapped,
+                             timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
         wrapped.bind(call)
         try:
             response = call.result()
