@@ -4,6 +4,8 @@
     client = mxserve.Client("127.0.0.1:50051")
 
 `mxserve.torch` (needs PyTorch) offloads a model's nn.Linear layers;
+`mxserve.profile` (needs PyTorch) captures calibration data and measures which
+layers tolerate which format;
 `python3 -m mxserve.gpu_baseline` measures the same work on a GPU and streams its
 power to the daemon.
 """
@@ -18,14 +20,15 @@ except ImportError as error:  # pragma: no cover - a checkout that was never bui
 from mxserve._wire import FORMATS, PHASES
 from mxserve.client import DEFAULT_ADDRESS, Client, MxserveError, StreamSession
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
-                           LayerInfo, LayerSpec, ModelInfo, PolicyInfo, PowerResult, PowerSample,
+                           GeneratedPolicy, LayerInfo, LayerSpec, ModelInfo, PhaseSummary,
+                           PolicyInfo, PowerResult, PowerSample, Profile, ProfileRow,
                            ResolvedFormat, ResolvedPolicy, UploadResult)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackwardResult", "Client", "ComputeResult", "DEFAULT_ADDRESS", "EnergyEntry", "EnergyReport",
-    "ExecutionInfo", "FORMATS", "LayerInfo", "LayerSpec", "ModelInfo", "MxserveError", "PHASES",
-    "PolicyInfo", "PowerResult", "PowerSample", "ResolvedFormat", "ResolvedPolicy",
-    "StreamSession", "UploadResult",
+    "ExecutionInfo", "FORMATS", "GeneratedPolicy", "LayerInfo", "LayerSpec", "ModelInfo",
+    "MxserveError", "PHASES", "PhaseSummary", "PolicyInfo", "PowerResult", "PowerSample",
+    "Profile", "ProfileRow", "ResolvedFormat", "ResolvedPolicy", "StreamSession", "UploadResult",
 ]

@@ -24,17 +24,22 @@ from concurrent.futures import Future
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import grpc
+import numpy as np
 
 from mxserve import _health_pb2, _wire
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
-                           LayerSpec, ModelInfo, PolicyInfo, PowerResult, PowerSample,
-                           ResolvedFormat, ResolvedPolicy, UploadResult)
+                           GeneratedPolicy, LayerSpec, ModelInfo, PolicyInfo, PowerResult,
+                           PowerSample, Profile, ResolvedFormat, ResolvedPolicy, UploadResult)
 from mxserve.v1 import (common_pb2, compute_pb2, compute_pb2_grpc, models_pb2, models_pb2_grpc,
-                        policies_pb2, policies_pb2_grpc, telemetry_pb2, telemetry_pb2_grpc)
+                        policies_pb2, policies_pb2_grpc, profiles_pb2, profiles_pb2_grpc,
+                        telemetry_pb2, telemetry_pb2_grpc)
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the daemon's default --max-message-bytes
 DEFAULT_CHUNK_BYTES = 1 << 20         # UploadWeights chunk size
+# ProfileModel calibration messages: well under the daemon's message limit, so one
+# message never holds much of a layer's rows in memory on either side.
+DEFAULT_CALIBRATION_BYTES = 16 << 20
 
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -120,11 +125,22 @@ def _split_weights(value: Any):
 class _Requests:
     """Wraps a request generator so an exception raised while producing a request
     (a bad tensor, a bad sample) reaches the caller as itself: gRPC would swallow it
-    into UNKNOWN "Exception iterating requests!". The stream ends where it failed."""
+    into UNKNOWN "Exception iterating requests!". The stream ends where it failed:
+    half-closed, so the daemon answers what it got, or with `cancel_on_error`
+    cancelled first (once `bind` gave the call), so it keeps nothing of a stream
+    cut short (a profile of some of the calibration data)."""
 
-    def __init__(self, generator: Iterable):
+    def __init__(self, generator: Iterable, cancel_on_error: bool = False):
         self._generator = iter(generator)
+        self._cancel_on_error = cancel_on_error
+        self._bound = threading.Event()
+        self._call: Any = None
         self.error: Optional[BaseException] = None
+
+    def bind(self, call: Any) -> None:
+        """The call consuming these requests, which an error cancels."""
+        self._call = call
+        self._bound.set()
 
     def __iter__(self) -> "_Requests":
         return self
@@ -138,6 +154,9 @@ class _Requests:
             raise
         except Exception as error:
             self.error = error
+            if self._cancel_on_error:
+                self._bound.wait()  # bind() follows the call's creation at once
+                self._call.cancel()
             raise StopIteration from None
 
     def reraise(self) -> None:
@@ -161,6 +180,112 @@ def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
             return
 
 
+_REFERENCES = {"fp32": profiles_pb2.REFERENCE_FP32, "fp64": profiles_pb2.REFERENCE_FP64}
+_GENERATION_KINDS = {"fraction": profiles_pb2.GENERATION_KIND_FRACTION,
+                     "budget": profiles_pb2.GENERATION_KIND_BUDGET,
+                     "tolerance": profiles_pb2.GENERATION_KIND_TOLERANCE}
+_SCORES = {"auto": profiles_pb2.SCORE_AUTO, "rel_error": profiles_pb2.SCORE_REL_ERROR,
+           "fisher": profiles_pb2.SCORE_FISHER, "mse": profiles_pb2.SCORE_MSE}
+_COST_METRICS = {"energy": profiles_pb2.COST_METRIC_ENERGY, "time": profiles_pb2.COST_METRIC_TIME,
+                 "bits": profiles_pb2.COST_METRIC_BITS}
+# The generate_policy arguments each kind takes, of those that are kind-specific.
+_KIND_VALUES = {"fraction": {"fraction"}, "budget": {"budget", "relative_budget"},
+                "tolerance": {"tolerance"}}
+
+PhaseValues = Union[None, float, Mapping[Optional[str], float]]
+
+
+def _choice(value: str, choices: Mapping[str, int], field: str) -> int:
+    try:
+        return choices[str(value).lower()]
+    except KeyError:
+        raise ValueError(f"{field}: expected one of {', '.join(choices)}, got {value!r}") from None
+
+
+def _concrete_formats(formats: Union[None, _wire.FormatLike, Iterable[_wire.FormatLike]],
+                      field: str) -> List[int]:
+    """Format names → wire values. None and [] give [] (the daemon's default); a
+    format that leaves the choice to a policy is no candidate and is refused."""
+    if formats is None:
+        return []
+    if isinstance(formats, (str, int)):
+        formats = [formats]
+    wires = []
+    for fmt in formats:
+        wire = _wire.format_to_wire(fmt)
+        if wire == common_pb2.FORMAT_UNSPECIFIED:
+            raise ValueError(f"{field}: {fmt!r} is not a format (None and 'policy' leave the "
+                             "choice to a policy, which has no place here)")
+        wires.append(wire)
+    return wires
+
+
+def _phase_values(values: PhaseValues, field: str) -> List[profiles_pb2.PhaseValue]:
+    """A number for every generated phase, or {phase: number} ("*" or None: every
+    generated phase)."""
+    if values is None:
+        return []
+    if not isinstance(values, Mapping):
+        values = {None: values}
+    result = []
+    for phase, value in values.items():
+        wire = common_pb2.PHASE_UNSPECIFIED if phase in (None, "*") else _wire.phase_to_wire(phase)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{field}: expected a number for phase {phase!r}, got {value!r}") \
+                from None
+        result.append(profiles_pb2.PhaseValue(phase=wire, value=number))
+    return result
+
+
+def _calibration_matrix(value: Any) -> Any:
+    """A calibration tensor as rows: torch tensors stay torch (any device), the rest
+    become numpy; more than two dimensions flatten into rows of the last one."""
+    matrix = value if _wire.is_torch(value) else np.asarray(value)
+    if matrix.ndim > 2:
+        matrix = matrix.reshape(-1, matrix.shape[-1])
+    return matrix
+
+
+def _row_bytes(matrix: Any) -> int:
+    """Bytes one row takes on the wire: 16-bit floats travel as they are, the rest
+    as float32 (as _wire.to_tensor sends them)."""
+    if _wire.is_torch(matrix):
+        half = matrix.dtype.is_floating_point and matrix.element_size() == 2
+    else:
+        half = matrix.dtype == np.float16
+    return (2 if half else 4) * matrix.shape[-1]
+
+
+def _calibration_request(index: int, layer: Any, x: Any, g: Any) -> profiles_pb2.ProfileRequest:
+    batch = profiles_pb2.CalibrationBatch(
+        layer=str(layer), inputs=_wire.to_tensor(x, f"batches[{index}].inputs"))
+    if g is not None:
+        batch.output_grads.CopyFrom(_wire.to_tensor(g, f"batches[{index}].output_grads"))
+    return profiles_pb2.ProfileRequest(batch=batch)
+
+
+def _calibration_requests(batches: Iterable[Any], max_bytes: int
+                          ) -> Iterator[profiles_pb2.ProfileRequest]:
+    """(layer, inputs, output_grads or None) items → CalibrationBatch messages, each
+    item's rows split so that a message carries at most about `max_bytes`. An item
+    whose shapes do not line up goes whole: the daemon names what is wrong."""
+    for index, item in enumerate(batches):
+        layer, inputs, *rest = item
+        grads = rest[0] if rest else None
+        x = _calibration_matrix(inputs)
+        g = None if grads is None else _calibration_matrix(grads)
+        aligned = x.ndim == 2 and x.shape[0] > 0 and \
+            (g is None or (g.ndim == 2 and g.shape[0] == x.shape[0]))
+        if not aligned:
+            yield _calibration_request(index, layer, x, g)
+            continue
+        step = max(1, max_bytes // max(1, _row_bytes(x) + (0 if g is None else _row_bytes(g))))
+        for start in range(0, x.shape[0], step):
+            yield _calibration_request(index, layer, x[start:start + step],
+                                       None if g is None else g[start:start + step])
+
 class Client:
     """A connection to mxserved.
 
@@ -182,6 +307,7 @@ class Client:
         self._models = models_pb2_grpc.ModelsStub(self._channel)
         self._policies = policies_pb2_grpc.PoliciesStub(self._channel)
         self._telemetry = telemetry_pb2_grpc.TelemetryStub(self._channel)
+        self._profiles = profiles_pb2_grpc.ProfilesStub(self._channel)
         self._health_check = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=_health_pb2.HealthCheckRequest.SerializeToString,
@@ -210,14 +336,32 @@ class Client:
         except grpc.RpcError as error:
             raise MxserveError(error.code(), error.details() or "", rpc) from None
 
-    def _stream_call(self, rpc: str, method: Callable, requests: Iterable, timeout):
+    def _stream_call(self, rpc: str, method: Callable, requests: Iterable, timeout,
+                     cancel_on_error: bool = False):
         """A client-streaming call. An exception raised while producing a request is
-        re-raised as itself (the stream ends where it failed)."""
-        wrapped = _Requests(requests)
+        re-raised as itself; the stream ends where it failed, half-closed, or with
+        `cancel_on_error` cancelled (see _Requests)."""
+        wrapped = _Requests(requests, cancel_on_error)
+        if not cancel_on_error:
+            try:
+                response = self._call(rpc, method, wrapped, timeout)
+            except MxserveError:
+                wrapped.reraise()  # the real cause, when producing a request failed
+                raise
+            wrapped.reraise()
+            return response
+        call = method.future(wrapped,
+                             timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
+        wrapped.bind(call)
         try:
-            response = self._call(rpc, method, wrapped, timeout)
-        except MxserveError:
-            wrapped.reraise()  # the real cause, when producing a request failed
+            response = call.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as error:
+            wrapped.reraise()
+            if isinstance(error, grpc.FutureCancelledError):
+                raise MxserveError(grpc.StatusCode.CANCELLED, "cancelled", rpc) from None
+            raise MxserveError(error.code(), error.details() or "", rpc) from None
+        except BaseException:  # KeyboardInterrupt: do not leave the stream running
+            call.cancel()
             raise
         wrapped.reraise()
         return response
@@ -451,6 +595,132 @@ class Client:
         return ResolvedPolicy(response.policy, tuple(
             ResolvedFormat(_wire.phase_name(e.phase), e.layer, _wire.format_name(e.format), e.rule)
             for e in response.entries))
+
+    # --- profiles ------------------------------------------------------------------------
+
+    def profile(self, model: str, batches: Optional[Iterable[Any]] = None,
+                formats: Union[None, _wire.FormatLike, Iterable[_wire.FormatLike]] = None,
+                layers: Union[None, str, Iterable[str]] = None, reference: str = "fp32",
+                batch_tokens: int = 0, *, max_message_bytes: int = DEFAULT_CALIBRATION_BYTES,
+                timeout: Optional[float] = None) -> Profile:
+        """Profiles the model's published weights (Profiles.ProfileModel); the daemon
+        keeps the profile until the model is deleted or profiled again.
+
+        batches: (layer, inputs X [tokens, in_features], output_grads dL/dY
+        [tokens, out_features] or None) items from a full-precision pass, e.g. an
+        `mxserve.profile.capture`; None (or nothing) profiles the weights alone.
+        Send them layer-major (all of one layer's rows, then the next): the daemon
+        keeps one layer's quantized weights at hand while its rows arrive. Each
+        item's rows travel in messages of at most about `max_message_bytes`.
+        formats: candidate formats; None or [] for the daemon's default (every MX
+        format, INT8, BF16 and FP16). layers: names to profile; None for every
+        layer. reference: "fp32" or "fp64", what quantized outputs are compared
+        with. batch_tokens: GEMM rows the cost model assumes (0: 128). Like every
+        stream, it has no deadline unless `timeout` gives one. An exception while
+        producing the items cancels the stream, so the daemon keeps nothing, and is
+        raised as itself.
+        """
+        config = profiles_pb2.ProfileConfig(
+            model=model, formats=_concrete_formats(formats, "formats"),
+            layers=[layers] if isinstance(layers, str) else list(layers or ()),
+            reference=_choice(reference, _REFERENCES, "reference"), batch_tokens=batch_tokens)
+
+        def stream():
+            yield profiles_pb2.ProfileRequest(config=config)
+            if batches is not None:
+                yield from _calibration_requests(batches, max_message_bytes)
+
+        return Profile.from_proto(self._stream_call("ProfileModel", self._profiles.ProfileModel,
+                                                    stream(), timeout, cancel_on_error=True))
+
+    def get_profile(self, model: str, weight_version: int = 0,
+                    timeout: Optional[float] = CLIENT_TIMEOUT) -> Profile:
+        """The kept profile of (model, weight version); 0: the model's newest.
+        NOT_FOUND without one."""
+        return Profile.from_proto(self._call(
+            "GetProfile", self._profiles.GetProfile,
+            profiles_pb2.GetProfileRequest(model=model, weight_version=weight_version), timeout))
+
+    def list_profiles(self, model: str = "",
+                      timeout: Optional[float] = CLIENT_TIMEOUT) -> List[Profile]:
+        """Kept profiles, of one model or ("") of all, without their rows."""
+        response = self._call("ListProfiles", self._profiles.ListProfiles,
+                              profiles_pb2.ListProfilesRequest(model=model), timeout)
+        return [Profile.from_proto(p) for p in response.profiles]
+
+    def export_profile(self, model: str, weight_version: int = 0,
+                       timeout: Optional[float] = CLIENT_TIMEOUT) -> str:
+        """The profile as CSV text: a header row (mxserve.types.PROFILE_COLUMNS),
+        then one row per layer and format."""
+        return self._call(
+            "ExportProfile", self._profiles.ExportProfile,
+            profiles_pb2.ExportProfileRequest(model=model, weight_version=weight_version),
+            timeout).csv
+
+    def delete_profile(self, model: str, weight_version: int = 0,
+                       timeout: Optional[float] = CLIENT_TIMEOUT) -> int:
+        """Deletes a model's profile of one weight version (0: all of them); returns
+        how many went."""
+        return self._call(
+            "DeleteProfile", self._profiles.DeleteProfile,
+            profiles_pb2.DeleteProfileRequest(model=model, weight_version=weight_version),
+            timeout).deleted
+
+    def generate_policy(self, model: str, name: str, kind: str = "fraction", *,
+                        fraction: PhaseValues = None, low: _wire.FormatLike = None,
+                        high: _wire.FormatLike = None,
+                        phases: Optional[Iterable[_wire.PhaseLike]] = None, score: str = "auto",
+                        candidates: Union[None, _wire.FormatLike,
+                                          Iterable[_wire.FormatLike]] = None,
+                        metric: str = "energy", budget: PhaseValues = None,
+                        relative_budget: PhaseValues = None, tolerance: PhaseValues = None,
+                        groups: Iterable[str] = (), weight_version: int = 0,
+                        dry_run: bool = False, description: str = "",
+                        timeout: Optional[float] = CLIENT_TIMEOUT) -> GeneratedPolicy:
+        """Turns the model's profile into policy `name` (Profiles.GeneratePolicy) and
+        puts it, unless `dry_run`. Per generated phase:
+
+        - kind="fraction": round(fraction · layers) layers, most tolerant first, in
+          `low`, the rest in `high`.
+        - kind="budget": least summed `score` with the summed `metric` cost per
+          token ("energy", "time" or "bits") at most `budget`, or at most
+          `relative_budget` times the all-`high` cost, choosing among `candidates`.
+        - kind="tolerance": least summed cost with the summed score at most
+          `tolerance`.
+
+        fraction, budget, relative_budget and tolerance take one number for every
+        generated phase or {phase: number}. phases: those to generate (default:
+        the phases the values name, or all three); the others run every layer in
+        `high` (default FP16), as do layers outside the profile. score: "auto"
+        (fisher where profiled, else rel_error), "rel_error", "fisher" or "mse".
+        groups: globs whose matches within one block share a format. An infeasible
+        budget or bound is INVALID_ARGUMENT naming the least feasible one.
+        """
+        kind_name = str(kind).lower()
+        wire_kind = _choice(kind_name, _GENERATION_KINDS, "kind")
+        given = {field for field, value in (("fraction", fraction), ("budget", budget),
+                                            ("relative_budget", relative_budget),
+                                            ("tolerance", tolerance)) if value is not None}
+        stray = sorted(given - _KIND_VALUES[kind_name])
+        if stray:
+            raise ValueError(f"{stray[0]}: not a value of kind {kind_name!r} (fraction takes "
+                             "fraction; budget takes budget or relative_budget; tolerance "
+                             "takes tolerance)")
+        request = profiles_pb2.GeneratePolicyRequest(
+            model=model, weight_version=weight_version, name=name, kind=wire_kind,
+            phases=[_wire.phase_to_wire(p) for p in (phases or ())],
+            score=_choice(score, _SCORES, "score"),
+            fractions=_phase_values(fraction, "fraction"),
+            low=_wire.format_to_wire(low), high=_wire.format_to_wire(high),
+            candidates=_concrete_formats(candidates, "candidates"),
+            metric=_choice(metric, _COST_METRICS, "metric"),
+            budgets=_phase_values(budget if kind_name == "budget" else tolerance,
+                                  "budget" if kind_name == "budget" else "tolerance"),
+            relative_budgets=_phase_values(relative_budget, "relative_budget"),
+            groups=[groups] if isinstance(groups, str) else list(groups),
+            dry_run=dry_run, description=description)
+        return GeneratedPolicy.from_proto(
+            self._call("GeneratePolicy", self._profiles.GeneratePolicy, request, timeout))
 
     # --- telemetry -----------------------------------------------------------------------
 

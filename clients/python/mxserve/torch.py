@@ -22,7 +22,8 @@ remotely (default) or locally in FP32 (`grad_weight="local"`).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import contextlib
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -53,12 +54,14 @@ class _RemoteLinear(torch.autograd.Function):
         session = layer.session
         phase = session.client.current_phase
         x2d = x.reshape(-1, layer.in_features)
+        fmt = layer.effective_format
         result = session.client.forward(session.model_name, layer.layer_name, x2d,
-                                        format=session.format, phase=phase,
+                                        format=fmt, phase=phase,
                                         min_weight_version=session.weight_version)
         layer.last_info = result.info
         y = result.output.to(device=x.device, dtype=x.dtype)
-        ctx.layer, ctx.phase, ctx.version = layer, phase, result.info.weight_version
+        ctx.layer, ctx.phase, ctx.format = layer, phase, fmt
+        ctx.version = result.info.weight_version
         ctx.input_shape = x.shape
         if weight.requires_grad:
             ctx.save_for_backward(x2d)
@@ -77,7 +80,7 @@ class _RemoteLinear(torch.autograd.Function):
         if need_x or remote_w or (need_b and session.grad_weight == "remote"):
             result = session.client.backward(
                 session.model_name, layer.layer_name, dy, x2d if remote_w else None,
-                format=session.format, phase=ctx.phase, min_weight_version=ctx.version)
+                format=ctx.format, phase=ctx.phase, min_weight_version=ctx.version)
             layer.last_backward_info = result.info
             if need_x:
                 grad_x = result.grad_input.to(device=grad_y.device,
@@ -103,6 +106,8 @@ class OffloadedLinear(nn.Module):
 
     `last_info` holds the ExecutionInfo of its latest forward (format, backend,
     kernel, weight version, modelled energy), `last_backward_info` of its backward.
+    `format` pins this layer's format over the session's and the policy's (None:
+    the session's choice); a backward runs in the format its forward ran in.
     """
 
     def __init__(self, session: "OffloadSession", layer_name: str, original: nn.Module):
@@ -114,8 +119,15 @@ class OffloadedLinear(nn.Module):
         self.bias = original.bias
         rows, cols = original.weight.shape
         self.out_features, self.in_features = (cols, rows) if self.transposed else (rows, cols)
+        self.format: _wire.FormatLike = None
         self.last_info: Optional[ExecutionInfo] = None
         self.last_backward_info: Optional[ExecutionInfo] = None
+
+    @property
+    def effective_format(self) -> _wire.FormatLike:
+        """The format this layer's calls ask for: its own pin, else the session's
+        (None: the model's policy chooses)."""
+        return self.format if self.format is not None else self.session.format
 
     def forward(self, x):
         if x.shape[-1] != self.in_features:
@@ -213,6 +225,17 @@ class OffloadSession:
         if names:
             self._upload(names)
         return self.weight_version
+
+    @contextlib.contextmanager
+    def local(self) -> Iterator[nn.Module]:
+        """Inside, the model runs here with its original modules: the layers'
+        math in the parameters' own precision, no RPC (a calibration pass, a
+        reference). The offloaded modules are back on exit."""
+        self._swap({id(layer): self._originals[n] for n, layer in self.layers.items()})
+        try:
+            yield self.model
+        finally:
+            self._swap({id(m): self.layers[n] for n, m in self._originals.items()})
 
     def last_infos(self) -> Dict[str, Optional[ExecutionInfo]]:
         """{layer: ExecutionInfo of its latest forward}."""

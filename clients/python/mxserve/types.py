@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from mxserve import _wire
 
@@ -173,3 +177,243 @@ class EnergyReport:
         return [e for e in self.entries
                 if (source is None or e.source == source) and (phase is None or e.phase == phase)]
 
+
+
+# --- profiles ----------------------------------------------------------------------------
+
+# The columns of ExportProfile's CSV, and of Profile.to_csv: one row per layer and format.
+PROFILE_COLUMNS = ("layer", "format", "out_features", "in_features", "tokens", "rel_error",
+                   "sqnr_db", "fisher", "seconds_per_token", "joules_per_token",
+                   "train_seconds_per_token", "train_joules_per_token", "weight_bits")
+PROFILE_SCORES = ("auto", "rel_error", "fisher", "mse")
+_PROFILE_SOURCES = {0: "unspecified", 1: "weights", 2: "activations", 3: "gradients"}
+_REFERENCES = {0: "fp32", 1: "fp64"}
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One layer in one candidate format: its error against the full-precision
+    reference on the calibration inputs (a weight-only profile: the weight's own),
+    its Fisher score where output gradients were sent, and the FPGA model's cost."""
+    layer: str
+    format: str
+    out_features: int
+    in_features: int
+    tokens: int                # calibration rows of this layer (0: weight-only)
+    rel_error: float           # ‖Y_F − Y‖ / ‖Y‖
+    sqnr_db: float             # 10·log10(‖Y‖² / ‖Y_F − Y‖²); inf where exact
+    fisher: Optional[float]    # Σ (dL/dY)² (Y_F − Y)²; None without gradients
+    seconds_per_token: float   # forward GEMM, at the profile's batch_tokens rows
+    joules_per_token: float
+    train_seconds_per_token: float  # forward and both backward GEMMs
+    train_joules_per_token: float
+    weight_bits: float         # the weight in this format, scales included
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's sensitivity profile: `rows` holds one ProfileRow per layer and
+    format, layer-major in registration order. ListProfiles returns profiles
+    without rows."""
+    model: str
+    weight_version: int
+    source: str          # "weights", "activations" or "gradients"
+    reference: str       # "fp32" or "fp64"
+    batch_tokens: int
+    formats: Tuple[str, ...]
+    rows: Tuple[ProfileRow, ...]
+    tokens: int          # calibration rows received, all layers
+    created_unix_seconds: float
+    compute_seconds: float
+
+    @classmethod
+    def from_proto(cls, profile) -> "Profile":
+        rows = tuple(
+            ProfileRow(layer=l.layer, format=_wire.format_name(s.format),
+                       out_features=l.out_features, in_features=l.in_features, tokens=l.tokens,
+                       rel_error=s.rel_error, sqnr_db=s.sqnr_db,
+                       fisher=s.fisher if s.has_fisher else None,
+                       seconds_per_token=s.seconds_per_token, joules_per_token=s.joules_per_token,
+                       train_seconds_per_token=s.train_seconds_per_token,
+                       train_joules_per_token=s.train_joules_per_token, weight_bits=s.weight_bits)
+            for l in profile.layers for s in l.scores)
+        return cls(model=profile.model, weight_version=profile.weight_version,
+                   source=_PROFILE_SOURCES.get(profile.source, f"source#{profile.source}"),
+                   reference=_REFERENCES.get(profile.reference, f"reference#{profile.reference}"),
+                   batch_tokens=profile.batch_tokens,
+                   formats=tuple(_wire.format_name(f) for f in profile.formats), rows=rows,
+                   tokens=profile.tokens, created_unix_seconds=profile.created_unix_seconds,
+                   compute_seconds=profile.compute_seconds)
+
+    @property
+    def layers(self) -> Tuple[str, ...]:
+        """Profiled layers, in registration order."""
+        return tuple(dict.fromkeys(r.layer for r in self.rows))
+
+    @property
+    def has_fisher(self) -> bool:
+        return bool(self.rows) and all(r.fisher is not None for r in self.rows)
+
+    def row(self, layer: str, format: _wire.FormatLike) -> ProfileRow:
+        name = _wire.format_name(_wire.format_to_wire(format))
+        for r in self.rows:
+            if r.layer == layer and r.format == name:
+                return r
+        raise KeyError(f"profile of '{self.model}' has no row for layer {layer!r} in {name}")
+
+    def resolve_score(self, score: str = "auto") -> str:
+        """The column `score` names: "auto" is fisher where the profile has it (as
+        the daemon's SCORE_AUTO), else rel_error."""
+        if score not in PROFILE_SCORES:
+            raise ValueError(f"score: expected one of {', '.join(PROFILE_SCORES)}, got {score!r}")
+        if score == "auto":
+            return "fisher" if self.has_fisher else "rel_error"
+        if score == "fisher" and not self.has_fisher:
+            raise ValueError(f"score: the profile of '{self.model}' has no Fisher scores "
+                             f"(source {self.source}); profile with output gradients")
+        return score
+
+    def score(self, row: ProfileRow, score: str = "auto") -> float:
+        """A row's score: rel_error, fisher, or mse (rel_error², which adds over layers)."""
+        column = self.resolve_score(score)
+        return row.rel_error ** 2 if column == "mse" else getattr(row, column)
+
+    def matrix(self, score: str = "rel_error") -> np.ndarray:
+        """[layers, formats] of a score, in the order of `layers` and `formats`."""
+        index = {(r.layer, r.format): r for r in self.rows}
+        return np.array([[self.score(index[(layer, fmt)], score) for fmt in self.formats]
+                         for layer in self.layers], dtype=np.float64).reshape(
+                             len(self.layers), len(self.formats))
+
+    def scores(self, format: _wire.FormatLike, score: str = "auto") -> Dict[str, float]:
+        """{layer: score} of one format, in registration order."""
+        name = _wire.format_name(_wire.format_to_wire(format))
+        if name not in self.formats:
+            raise ValueError(f"format: {name} was not profiled (the profile has "
+                             f"{', '.join(self.formats) or 'none'})")
+        return {r.layer: self.score(r, score) for r in self.rows if r.format == name}
+
+    def ranking(self, format: _wire.FormatLike, score: str = "auto") -> List[str]:
+        """Layer names, most sensitive to `format` first (highest score; ties keep
+        registration order)."""
+        scores = self.scores(format, score)
+        return sorted(scores, key=lambda layer: -scores[layer])
+
+    def to_csv(self, path: Optional[str] = None) -> str:
+        """The profile as CSV, in ExportProfile's layout (PROFILE_COLUMNS: a header,
+        then one row per layer and format; fisher empty where absent), as the
+        original research's sensitivity_matrix.csv had it. Written to `path` when
+        given; returned either way."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(PROFILE_COLUMNS)
+        for r in self.rows:
+            writer.writerow(["" if getattr(r, c) is None else getattr(r, c)
+                             for c in PROFILE_COLUMNS])
+        text = out.getvalue()
+        if path is not None:
+            with open(path, "w", newline="") as file:
+                file.write(text)
+        return text
+
+    def heatmap(self, path: str, score: str = "rel_error", title: Optional[str] = None) -> str:
+        """Draws a layer × format heatmap of `score` to a PNG at `path` (matplotlib,
+        Agg backend, log colour scale: errors span decades between MXFP4 and FP16).
+        Layers run down the y axis, so a model of hundreds of layers stays readable
+        in a tall figure. Returns `path`."""
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.colors import LogNorm
+            from matplotlib.figure import Figure
+        except ImportError as error:
+            raise ImportError("Profile.heatmap needs matplotlib (Debian: python3-matplotlib)") \
+                from error
+        if not self.rows:
+            raise ValueError(f"the profile of '{self.model}' has no rows to draw")
+        values = self.matrix(score)
+        positive = values[np.isfinite(values) & (values > 0)]
+        floor = positive.min() if positive.size else 1e-12
+        shown = np.clip(np.where(np.isfinite(values), values, floor), floor, None)
+        layers, formats = self.layers, self.formats
+        label_points = 4 if len(layers) > 80 else 7  # 168 layers at 4 pt: about 10 inches
+        figure = Figure(figsize=(2.5 + 0.9 * len(formats),
+                                 1.8 + len(layers) * label_points * 1.4 / 72))
+        FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        image = axes.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis",
+                            norm=LogNorm(vmin=floor, vmax=max(shown.max(), floor * 10)))
+        axes.set_xticks(range(len(formats)), formats, rotation=45, ha="right", fontsize=7)
+        axes.set_yticks(range(len(layers)), layers, fontsize=label_points)
+        axes.set_title(title or f"{self.model} v{self.weight_version}: {self.resolve_score(score)}",
+                       fontsize=9)
+        figure.colorbar(image, ax=axes, label=self.resolve_score(score))
+        figure.tight_layout()
+        figure.savefig(path, dpi=150)
+        return path
+
+
+@dataclass(frozen=True)
+class PhaseSummary:
+    """One generated phase: the assignment's summed score and cost per token, and
+    the same cost with every profiled layer in FP16 (the research's baseline)."""
+    phase: str
+    layers: int          # layers of the profile
+    low_layers: int      # fraction kind: layers put in `low`
+    score: float
+    joules_per_token: float
+    seconds_per_token: float
+    weight_bits: float
+    fp16_joules_per_token: float
+    fp16_seconds_per_token: float
+    budget: float        # the bound used (budget and tolerance kinds)
+
+    @property
+    def energy_saving(self) -> float:
+        """1 − joules / FP16 joules: the share of the FP16 baseline's energy saved."""
+        if not self.fp16_joules_per_token:
+            return 0.0
+        return 1.0 - self.joules_per_token / self.fp16_joules_per_token
+
+
+@dataclass(frozen=True)
+class GeneratedPolicy:
+    """GeneratePolicy's answer: the policy (put unless dry_run), a summary per
+    phase, and the phase × profiled-layer formats it gives."""
+    policy: PolicyInfo
+    phases: Tuple[PhaseSummary, ...]
+    entries: Tuple[ResolvedFormat, ...]
+
+    @classmethod
+    def from_proto(cls, response) -> "GeneratedPolicy":
+        phases = tuple(
+            PhaseSummary(phase=_wire.phase_name(p.phase), layers=p.layers,
+                         low_layers=p.low_layers, score=p.score,
+                         joules_per_token=p.joules_per_token,
+                         seconds_per_token=p.seconds_per_token, weight_bits=p.weight_bits,
+                         fp16_joules_per_token=p.fp16_joules_per_token,
+                         fp16_seconds_per_token=p.fp16_seconds_per_token, budget=p.budget)
+            for p in response.phases)
+        entries = tuple(ResolvedFormat(_wire.phase_name(e.phase), e.layer,
+                                       _wire.format_name(e.format), e.rule)
+                        for e in response.entries)
+        return cls(PolicyInfo.from_proto(response.policy), phases, entries)
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def table(self) -> Dict[Tuple[str, str], str]:
+        """{(phase, layer): format}."""
+        return {(e.phase, e.layer): e.format for e in self.entries}
+
+    def formats(self, phase: _wire.PhaseLike) -> Dict[str, str]:
+        """{layer: format} of one phase, in registration order."""
+        name = _wire.phase_name(_wire.phase_to_wire(phase))
+        return {e.layer: e.format for e in self.entries if e.phase == name}
+
+    def summary(self, phase: _wire.PhaseLike) -> PhaseSummary:
+        name = _wire.phase_name(_wire.phase_to_wire(phase))
+        for p in self.phases:
+            if p.phase == name:
+                return p
+        raise KeyError(f"policy '{self.name}' has no summary of phase {name}")

@@ -1,5 +1,6 @@
 """The examples run to completion against a real daemon, with short settings."""
 
+import csv
 import pathlib
 import re
 import subprocess
@@ -48,3 +49,34 @@ def test_train_offloaded(daemon, client):
     assert all(float(joules) > 0 for _, joules in table.values())
     names = {m.name for m in client.list_models()}
     assert not {"example-policy", "example-reward"} & names  # restored and deleted
+
+
+def test_profile_policies(daemon, client, tmp_path):
+    pytest.importorskip("torch")
+    out = run_example("profile_policies.py", daemon, "--out", str(tmp_path), "--batches", "2")
+    with open(tmp_path / "sensitivity_matrix.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert rows[0][:3] == ["layer", "format", "out_features"]
+    assert len(rows) == 1 + 8 * 9, out  # 8 layers × the daemon's 9 default formats
+    lines = re.findall(r"^profile-example-(\S+)\s+(rollout|reward|update)\s+(.+?)\s+"
+                       r"([+-][0-9.]+)%$", out, re.M)
+    table = {(policy, phase): (formats.split(), float(energy))
+             for policy, phase, formats, energy in lines}
+    low = {key: sum(int(f.split("×")[1]) for f in formats if f.startswith("MXFP4"))
+           for key, (formats, _) in table.items()}
+    # round(fraction × 8 layers) in MXFP4 per generated phase.
+    expected = {("A", "rollout"): 2, ("A", "reward"): 2, ("B", "rollout"): 4,
+                ("B", "reward"): 4, ("C", "rollout"): 6, ("C", "reward"): 6,
+                ("D", "rollout"): 6, ("D", "reward"): 4, ("D", "update"): 2}
+    assert {key: low[key] for key in expected} == expected, out
+    for policy in "ABC":  # update is not generated: all FP16, when listed at all
+        assert table.get((policy, "update"), (["FP16×8"], 0.0)) == (["FP16×8"], 0.0)
+    for phase in ("rollout", "reward", "update"):
+        assert table[("half-energy", phase)][1] <= -49.95, out  # at most half FP16's energy
+    assert re.search(r"^most sensitive to MXFP4 \(Fisher\): blocks\.1\.fc2,", out, re.M), out
+    if (tmp_path / "sensitivity.png").exists():
+        assert (tmp_path / "sensitivity.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # It cleaned up after itself.
+    assert "profile-example" not in {m.name for m in client.list_models()}
+    assert not {p.name for p in client.list_policies()} & {
+        f"profile-example-{p}" for p in ("A", "B", "C", "D", "half-energy")}
