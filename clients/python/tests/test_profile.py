@@ -16,6 +16,7 @@ import io
 import math
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -357,6 +358,7 @@ class RecordingProfiles(profiles_pb2_grpc.ProfilesServicer):
         self.abort = None
         self.stream_ended = threading.Event()
         self.stream_cancelled = None
+        self.watch_cancel = False  # wait in ProfileModel to see a cancellation land
 
     def ProfileModel(self, request_iterator, context):
         messages = []
@@ -365,6 +367,11 @@ class RecordingProfiles(profiles_pb2_grpc.ProfilesServicer):
                 messages.append(message)
         finally:
             self.requests.append(messages)
+            # A cancelled call's context goes inactive a moment after its
+            # iterator ends; a half-closed one stays active until we return.
+            deadline = time.monotonic() + (5 if self.watch_cancel else 0)
+            while context.is_active() and time.monotonic() < deadline:
+                time.sleep(0.01)
             self.stream_cancelled = not context.is_active()
             self.stream_ended.set()
         if self.abort:
@@ -462,6 +469,7 @@ def test_profile_arguments_refused_before_sending(recorder):
 
 def test_a_failure_while_producing_batches_cancels_the_stream(recorder):
     client, servicer = recorder
+    servicer.watch_cancel = True
 
     def batches():
         yield "a", np.ones((4, 32)), None
