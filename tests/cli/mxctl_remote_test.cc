@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -187,6 +188,111 @@ TEST_F(MxctlRemote, PolicyPutListGetActivateResolveDelete) {
   out = Ok("policy delete test-policy");
   EXPECT_NE(out.find("deleted policy test-policy"), std::string::npos) << out;
   ExpectOneErrorLine(Run("policy get test-policy"), 1, "Policies.GetPolicy: NOT_FOUND");
+}
+
+// From the command line alone: a weight-only profile with its CSV, then the
+// fraction policies A-D of ORIGIN.md and a budgeted one, each one command.
+TEST_F(MxctlRemote, ProfileThenGenerateFractionAndBudgetedPolicies) {
+  Ok("models register --name profiled --layer model.layers.0.q_proj:32x64 "
+     "--layer model.layers.0.k_proj:32x64 --layer model.layers.0.mlp.up:64x64 "
+     "--layer model.layers.1.q_proj:32x64 --layer model.layers.1.mlp.up:64x64");
+  uint32_t seed = 20;
+  for (const char* layer :
+       {"model.layers.0.q_proj", "model.layers.0.k_proj", "model.layers.1.q_proj"}) {
+    std::vector<float> w = RandomFloats(32 * 64, seed++);
+    if (seed % 2 == 0) {
+      for (size_t i = 0; i < w.size(); i += 31) w[i] *= 60;  // outliers: MXFP4 suffers
+    }
+    WriteFloats("W.f32", w);
+    Ok(std::string("models upload --model profiled --layer ") + layer + " --weight " +
+       Path("W.f32"));
+  }
+  WriteFloats("U.f32", RandomFloats(64 * 64, seed++));
+  Ok("models upload --model profiled --layer model.layers.0.mlp.up --weight " + Path("U.f32"));
+  Ok("models upload --model profiled --layer model.layers.1.mlp.up --weight " + Path("U.f32") +
+     " --publish");
+
+  std::string out = Ok("profile --model profiled --formats MXFP4_E2M1,MXFP8_E4M3,FP16 --csv " +
+                       Path("profile.csv"));
+  EXPECT_TRUE(Contains(out, R"(model profiled version 1: 5 layers x 3 formats)")) << out;
+  EXPECT_TRUE(Contains(out, R"(\nlayer +MXFP4_E2M1 +MXFP8_E4M3 +FP16\n)")) << out;
+  std::ifstream csv_file(Path("profile.csv"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(csv_file, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 1u + 5 * 3);
+  EXPECT_EQ(lines[0].rfind("layer,format,", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(",rel_error,"), std::string::npos);
+  EXPECT_EQ(lines[1].rfind("model.layers.0.q_proj,MXFP4_E2M1,", 0), 0u) << lines[1];
+
+  // A, B, C: 20/50/80% low in rollout and reward, update all FP16; D: 80/50/20%.
+  const std::pair<const char*, const char*> fractions[] = {
+      {"A", "--phase rollout --phase reward --fraction 0.2"},
+      {"B", "--phase rollout --phase reward --fraction 0.5"},
+      {"C", "--phase rollout --phase reward --fraction 0.8"},
+      {"D", "--fraction rollout=0.8,reward=0.5,update=0.2"}};
+  const std::map<std::string, std::vector<int>> low = {
+      {"A", {1, 1, 0}}, {"B", {3, 3, 0}}, {"C", {4, 4, 0}}, {"D", {4, 3, 1}}};  // round(f·5)
+  for (const auto& [name, flags] : fractions) {
+    out = Ok(std::string("policy generate --model profiled --name gen-") + name +
+             " --kind fraction --low MXFP4_E2M1 --high FP16 " + flags);
+    EXPECT_NE(out.find(std::string("put policy gen-") + name + " for model profiled"),
+              std::string::npos)
+        << out;
+    EXPECT_TRUE(Contains(out, R"(\nlayer +rollout +reward +update\n)")) << out;
+    EXPECT_TRUE(Contains(out, R"(\nphase +J/token +FP16 J/token +vs FP16)")) << out;
+    const char* phases[] = {"rollout", "reward", "update"};
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_TRUE(Contains(
+          out, std::string("\n") + phases[p] + " .* " + std::to_string(low.at(name)[p]) + "/5\n"))
+          << name << " " << phases[p] << "\n"
+          << out;
+    }
+    // The daemon has it, and resolves to the printed table.
+    EXPECT_NE(Ok(std::string("policy resolve --model profiled --policy gen-") + name)
+                  .find("model.layers.1.mlp.up"),
+              std::string::npos);
+  }
+  out =
+      Ok("policy generate --model profiled --name gen-half --kind budget "
+         "--relative-budget 0.5 --group '*.q_proj|*.k_proj'");
+  EXPECT_NE(out.find("put policy gen-half"), std::string::npos) << out;
+  // At most half the FP16 energy in every phase ("vs FP16" at or under 50.0%).
+  std::smatch m;
+  std::string rest = out;
+  int phases_seen = 0;
+  while (std::regex_search(rest, m, std::regex(R"(\n(rollout|reward|update) .* ([0-9.]+)%)"))) {
+    EXPECT_LE(std::stod(m[2]), 50.0) << out;
+    ++phases_seen;
+    rest = m.suffix();
+  }
+  EXPECT_EQ(phases_seen, 3) << out;
+  // q and k of block 0 share a format in every phase.
+  EXPECT_TRUE(Contains(
+      out,
+      R"(\nmodel\.layers\.0\.q_proj +(\S+) +(\S+) +(\S+)\nmodel\.layers\.0\.k_proj +\1 +\2 +\3\n)"))
+      << out;
+
+  // Errors: the daemon's (exit 1, naming the field) and the command line's (exit 2).
+  ExpectOneErrorLine(
+      Run("policy generate --model profiled --name gen-x --kind budget --budget 1e-15"), 1,
+      "below the cheapest feasible budget");
+  ExpectOneErrorLine(Run("policy generate --model profiled --name gen-x --kind fraction "
+                         "--fraction 0.5 --low MXINT8"),
+                     1, "low: MXINT8 is not in the profile");
+  ExpectOneErrorLine(
+      Run("policy generate --model profiled --name gen-x --kind fraction --low MXFP4"), 2,
+      "--fraction");
+  ExpectOneErrorLine(
+      Run("policy generate --model profiled --name gen-x --kind knapsack --fraction 1"), 2,
+      "--kind: expected fraction, budget or tolerance");
+  ExpectOneErrorLine(Run("profile --model profiled --formats MXFP5"), 2,
+                     "--formats: unknown format 'MXFP5'");
+  ExpectOneErrorLine(Run("profile --model profiled --formats ''"), 2,
+                     "--formats: unknown format ''");
+  ExpectOneErrorLine(Run("profile --model no-such-model"), 1, "Profiles.ProfileModel: NOT_FOUND");
+  for (const char* name : {"A", "B", "C", "D"}) Ok(std::string("policy delete gen-") + name);
+  Ok("policy delete gen-half");
+  Ok("models delete profiled");
 }
 
 TEST_F(MxctlRemote, ForwardEqualsLocalGemmOfTheTransposedWeights) {

@@ -112,6 +112,59 @@ TEST_F(ClientAgainstDaemon, UploadInChunksThenForwardSyncAndAsyncAgree) {
   EXPECT_TRUE(client_->DeleteModel("chunky").ok());
 }
 
+// ProfileModel's stream with calibration batches, then what reads the profile
+// and a policy generated from it.
+TEST_F(ClientAgainstDaemon, ProfileWithCalibrationThenGenerate) {
+  RegisterWithWeights("client-profiled", 16, 64);
+  v1::ProfileConfig config;
+  config.set_model("client-profiled");
+  config.add_formats(v1::FORMAT_MXFP4_E2M1);
+  config.add_formats(v1::FORMAT_MXFP8_E4M3);
+  std::vector<v1::CalibrationBatch> batches(2);
+  for (int i = 0; i < 2; ++i) {
+    batches[i].set_layer("proj");
+    *batches[i].mutable_inputs() =
+        mxclient::MakeFloat32Tensor(RandomFloats(3 * 64, 10 + i), {3, 64}).value();
+    *batches[i].mutable_output_grads() =
+        mxclient::MakeFloat32Tensor(RandomFloats(3 * 16, 20 + i), {3, 16}).value();
+  }
+  absl::StatusOr<v1::Profile> profile = client_->ProfileModel(config, batches);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->source(), v1::PROFILE_SOURCE_GRADIENTS);
+  EXPECT_EQ(profile->tokens(), 6u);
+  ASSERT_EQ(profile->layers_size(), 1);
+  EXPECT_GT(profile->layers(0).scores(0).rel_error(), profile->layers(0).scores(1).rel_error());
+  EXPECT_TRUE(profile->layers(0).scores(0).has_fisher());
+
+  absl::StatusOr<v1::Profile> kept = client_->GetProfile("client-profiled");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->SerializeAsString(), profile->SerializeAsString());
+  absl::StatusOr<std::string> csv = client_->ExportProfile("client-profiled");
+  ASSERT_TRUE(csv.ok()) << csv.status();
+  EXPECT_EQ(std::count(csv->begin(), csv->end(), '\n'), 3);  // header + 1 layer × 2 formats
+  absl::StatusOr<v1::ListProfilesResponse> list = client_->ListProfiles("client-profiled");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->profiles_size(), 1);
+
+  v1::GeneratePolicyRequest request;
+  request.set_model("client-profiled");
+  request.set_name("client-generated");
+  request.set_kind(v1::GENERATION_KIND_FRACTION);
+  request.set_low(v1::FORMAT_MXFP4_E2M1);
+  request.add_fractions()->set_value(1.0);
+  request.set_dry_run(true);
+  absl::StatusOr<v1::GeneratePolicyResponse> generated = client_->GeneratePolicy(request);
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  ASSERT_EQ(generated->entries_size(), 3);
+  for (const auto& entry : generated->entries()) EXPECT_EQ(entry.format(), v1::FORMAT_MXFP4_E2M1);
+
+  // A stream the daemon refuses comes back as its status.
+  batches[1].set_layer("nope");
+  absl::StatusOr<v1::Profile> refused = client_->ProfileModel(config, batches);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
+  EXPECT_TRUE(client_->DeleteModel("client-profiled").ok());
+}
+
 TEST_F(ClientAgainstDaemon, StreamAnswersEveryRequestByIdErrorsIncluded) {
   RegisterWithWeights("streamed", 64, 96);
   const std::vector<float> x = RandomFloats(2 * 96, 5);
