@@ -204,12 +204,18 @@ def _choice(value: str, choices: Mapping[str, int], field: str) -> int:
 
 def _concrete_formats(formats: Union[None, _wire.FormatLike, Iterable[_wire.FormatLike]],
                       field: str) -> List[int]:
-    """Format names → wire values. None and [] give [] (the daemon's default); a
-    format that leaves the choice to a policy is no candidate and is refused."""
+    """Format names → wire values. None gives [] (the daemon's default). An empty
+    list is refused: it reads as "no formats", which is never what was meant, and
+    the wire could not tell it from the default. A format that leaves the choice
+    to a policy is no candidate and is refused too."""
     if formats is None:
         return []
     if isinstance(formats, (str, int)):
         formats = [formats]
+    formats = list(formats)
+    if not formats:
+        raise ValueError(f"{field}: an empty list; leave {field} out (None) for the daemon's "
+                         "default")
     wires = []
     for fmt in formats:
         wire = _wire.format_to_wire(fmt)
@@ -612,7 +618,7 @@ class Client:
         Send them layer-major (all of one layer's rows, then the next): the daemon
         keeps one layer's quantized weights at hand while its rows arrive. Each
         item's rows travel in messages of at most about `max_message_bytes`.
-        formats: candidate formats; None or [] for the daemon's default (every MX
+        formats: candidate formats; None for the daemon's default (every MX
         format, INT8, BF16 and FP16). layers: names to profile; None for every
         layer. reference: "fp32" or "fp64", what quantized outputs are compared
         with. batch_tokens: GEMM rows the cost model assumes (0: 128). Like every

@@ -340,7 +340,7 @@ def test_profile_table(tmp_path):
 
 
 def test_heatmap_is_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401  (python3-matplotlib: scripts/deps.sh installs it)
     prof = mxserve.Profile.from_proto(canned_profile())
     path = prof.heatmap(str(tmp_path / "sensitivity.png"))
     data = (tmp_path / "sensitivity.png").read_bytes()
@@ -451,8 +451,8 @@ def test_profile_streams_the_config_then_each_layers_rows_in_bounded_messages(re
     assert [tuple(m.inputs.shape) for m in b] == [(100, 96)]
     assert b[0].inputs.dtype == common_pb2.DTYPE_BF16 and not b[0].HasField("output_grads")
 
-    # No batches: a weight-only profile is the config alone; [] formats: the default.
-    client.profile("m", formats=[])
+    # No batches: a weight-only profile is the config alone; None formats: the default.
+    client.profile("m", formats=None)
     assert len(servicer.requests[1]) == 1 and not servicer.requests[1][0].config.formats
 
 
@@ -634,7 +634,7 @@ def test_profiles_are_kept_and_exported(planted, planted_profile, tmp_path):
 
 
 def test_heatmap_of_a_measured_profile(planted_profile, tmp_path):
-    pytest.importorskip("matplotlib")
+    import matplotlib  # noqa: F401  (python3-matplotlib: scripts/deps.sh installs it)
     png = tmp_path / "sensitivity.png"
     planted_profile.heatmap(str(png), score="fisher")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -707,9 +707,11 @@ def test_bad_calibration_is_refused_and_keeps_nothing(client, model_name):
         client.get_profile(model_name)
     assert error.value.code == grpc.StatusCode.NOT_FOUND
 
-    # An empty format list is the default, a misspelt one never leaves the client.
-    assert set(client.profile(model_name, [("fc1", x, g)], formats=[], layers=["fc1"]).formats) \
+    # No format list is the default; an empty or misspelt one never leaves the client.
+    assert set(client.profile(model_name, [("fc1", x, g)], layers=["fc1"]).formats) \
         == DEFAULT_FORMATS
+    with pytest.raises(ValueError, match="formats: an empty list"):
+        client.profile(model_name, formats=[])
     with pytest.raises(ValueError, match="MXFP5"):
         client.profile(model_name, formats=["MXFP5"])
 
