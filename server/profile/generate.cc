@@ -77,11 +77,6 @@ double PhaseCost(Phase phase, CostMetric metric, const LayerCost& c) {
   return 0;
 }
 
-LayerCost CostColumns(const FormatScore& s) {
-  return {s.seconds_per_token, s.joules_per_token, s.train_seconds_per_token,
-          s.train_joules_per_token, s.weight_bits};
-}
-
 // Everything the generator reads from the spec, checked.
 struct Plan {
   std::vector<Phase> phases;
@@ -281,7 +276,7 @@ absl::StatusOr<std::vector<int>> Solve(const Profile& profile, const GenerationS
       double cost = 0, score = 0;
       for (int layer : items[i]) {
         const FormatScore& s = profile.layers[layer].scores[f];
-        cost += PhaseCost(phase, spec.metric, CostColumns(s));
+        cost += PhaseCost(phase, spec.metric, s.cost);
         score += ScoreOf(s, plan.score);
       }
       if (!std::isfinite(cost) || !std::isfinite(score)) continue;  // not a usable choice
@@ -414,7 +409,7 @@ absl::StatusOr<GeneratedPolicy> GeneratePolicy(const Profile& profile,
       p.fp16_joules_per_token += PhaseCost(phase, CostMetric::kEnergy, fp16);
       p.fp16_seconds_per_token += PhaseCost(phase, CostMetric::kTime, fp16);
       const int f = profile.FormatIndex(p.formats[i]);
-      const LayerCost cost = f >= 0 ? CostColumns(l.scores[f])
+      const LayerCost cost = f >= 0 ? l.scores[f].cost
                                     : CostOf(energy, p.formats[i], l.out_features, l.in_features,
                                              profile.batch_tokens);
       p.joules_per_token += PhaseCost(phase, CostMetric::kEnergy, cost);

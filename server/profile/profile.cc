@@ -91,12 +91,12 @@ std::string ProfileToCsv(const Profile& profile) {
   std::string csv = absl::StrCat(kProfileCsvHeader, "\n");
   for (const LayerProfile& layer : profile.layers) {
     for (const FormatScore& s : layer.scores) {
-      absl::StrAppend(&csv, Field(layer.layer), ",", mx::FormatName(s.format), ",",
-                      layer.out_features, ",", layer.in_features, ",", layer.tokens, ",",
-                      Number(s.rel_error), ",", Number(s.sqnr_db), ",",
-                      s.has_fisher ? Number(s.fisher) : "", ",", Number(s.seconds_per_token), ",",
-                      Number(s.joules_per_token), ",", Number(s.train_seconds_per_token), ",",
-                      Number(s.train_joules_per_token), ",", Number(s.weight_bits), "\n");
+      absl::StrAppend(
+          &csv, Field(layer.layer), ",", mx::FormatName(s.format), ",", layer.out_features, ",",
+          layer.in_features, ",", layer.tokens, ",", Number(s.rel_error), ",", Number(s.sqnr_db),
+          ",", s.has_fisher ? Number(s.fisher) : "", ",", Number(s.cost.seconds_per_token), ",",
+          Number(s.cost.joules_per_token), ",", Number(s.cost.train_seconds_per_token), ",",
+          Number(s.cost.train_joules_per_token), ",", Number(s.cost.weight_bits), "\n");
     }
   }
   return csv;

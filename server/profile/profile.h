@@ -19,6 +19,17 @@ enum class Reference { kFp32, kFp64 };
 // Every MX format, INT8, BF16 and FP16: what a profile measures unless told.
 std::vector<mx::Format> DefaultProfileFormats();
 
+// What a layer costs in one format: the FPGA model at a profile's
+// batch_tokens rows, per token, for the forward GEMM and for forward plus both
+// backward GEMMs; and the bits its weight takes, scales included.
+struct LayerCost {
+  double seconds_per_token = 0;
+  double joules_per_token = 0;
+  double train_seconds_per_token = 0;
+  double train_joules_per_token = 0;
+  double weight_bits = 0;
+};
+
 struct FormatScore {
   mx::Format format = mx::Format::kFp32;
   // ‖Y_F − Y‖ / ‖Y‖ over every calibration output; weight-only: ‖W_F − W‖ / ‖W‖.
@@ -26,13 +37,7 @@ struct FormatScore {
   double sqnr_db = 0;  // −20·log10(rel_error); +inf when exact
   double fisher = 0;   // Σ (dL/dY)² (Y_F − Y)², when has_fisher
   bool has_fisher = false;
-  // The FPGA model at the profile's batch_tokens rows, per token: the forward
-  // GEMM, and forward plus both backward GEMMs.
-  double seconds_per_token = 0;
-  double joules_per_token = 0;
-  double train_seconds_per_token = 0;
-  double train_joules_per_token = 0;
-  double weight_bits = 0;  // the weight in this format, scales included
+  LayerCost cost;
 };
 
 struct LayerProfile {
@@ -59,14 +64,7 @@ struct Profile {
   int FormatIndex(mx::Format format) const;
 };
 
-// The cost columns of a FormatScore for an out×in layer in `format`.
-struct LayerCost {
-  double seconds_per_token = 0;
-  double joules_per_token = 0;
-  double train_seconds_per_token = 0;
-  double train_joules_per_token = 0;
-  double weight_bits = 0;
-};
+// The cost of an out×in layer in `format`.
 LayerCost CostOf(const fpga_model::EnergyModelParams& params, mx::Format format,
                  int64_t out_features, int64_t in_features, int64_t batch_tokens);
 

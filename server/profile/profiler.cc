@@ -268,13 +268,8 @@ absl::StatusOr<Profile> ProfileBuilder::Finish() {
       }
     }
     for (FormatScore& s : layer.scores) {
-      const LayerCost cost =
+      s.cost =
           CostOf(energy_, s.format, spec.out_features, spec.in_features, options_.batch_tokens);
-      s.seconds_per_token = cost.seconds_per_token;
-      s.joules_per_token = cost.joules_per_token;
-      s.train_seconds_per_token = cost.train_seconds_per_token;
-      s.train_joules_per_token = cost.train_joules_per_token;
-      s.weight_bits = cost.weight_bits;
     }
     profile.tokens += totals.tokens;
     profile.layers.push_back(std::move(layer));

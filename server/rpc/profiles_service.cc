@@ -52,11 +52,11 @@ void FillProfile(const Profile& p, bool with_layers, v1::Profile* out) {
       score->set_sqnr_db(s.sqnr_db);
       score->set_fisher(s.fisher);
       score->set_has_fisher(s.has_fisher);
-      score->set_seconds_per_token(s.seconds_per_token);
-      score->set_joules_per_token(s.joules_per_token);
-      score->set_train_seconds_per_token(s.train_seconds_per_token);
-      score->set_train_joules_per_token(s.train_joules_per_token);
-      score->set_weight_bits(s.weight_bits);
+      score->set_seconds_per_token(s.cost.seconds_per_token);
+      score->set_joules_per_token(s.cost.joules_per_token);
+      score->set_train_seconds_per_token(s.cost.train_seconds_per_token);
+      score->set_train_joules_per_token(s.cost.train_joules_per_token);
+      score->set_weight_bits(s.cost.weight_bits);
     }
   }
 }
