@@ -174,11 +174,8 @@ absl::StatusOr<Plan> Check(const Profile& profile, const GenerationSpec& spec) {
   }
 
   // The score.
-  const bool all_fisher =
-      std::all_of(profile.layers.begin(), profile.layers.end(), [](const LayerProfile& l) {
-        return std::all_of(l.scores.begin(), l.scores.end(),
-                           [](const FormatScore& s) { return s.has_fisher; });
-      });
+  // A gradients profile is exactly one whose every layer has Fisher scores.
+  const bool all_fisher = profile.source == ProfileSource::kGradients;
   plan.score = spec.score;
   if (spec.score == ScoreKind::kAuto) {
     plan.score = all_fisher ? ScoreKind::kFisher : ScoreKind::kRelError;

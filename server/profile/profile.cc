@@ -63,14 +63,11 @@ namespace {
 // Shortest text that reads back as the same double ("inf" for +inf).
 std::string Number(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%.17g", v);
-  for (int precision = 6; precision < 17; ++precision) {
-    char shorter[32];
-    std::snprintf(shorter, sizeof(shorter), "%.*g", precision, v);
-    if (std::strtod(shorter, nullptr) == v) return shorter;
+  char text[32];
+  for (int precision = 6;; ++precision) {  // 17 digits always read back
+    std::snprintf(text, sizeof(text), "%.*g", precision, v);
+    if (precision == 17 || std::strtod(text, nullptr) == v) return text;
   }
-  return buffer;
 }
 
 // A CSV field: quoted when it holds a comma, quote or line break.

@@ -13,6 +13,17 @@
 
 namespace mxserve {
 
+namespace {
+
+// rel_error = sqrt(error / reference) and its SQNR; +inf where nothing is left
+// to compare against or nothing was lost.
+void FillQuality(double error, double reference, FormatScore& score) {
+  score.rel_error = reference > 0 ? std::sqrt(error / reference) : (error > 0 ? HUGE_VAL : 0.0);
+  score.sqnr_db = score.rel_error > 0 ? -20.0 * std::log10(score.rel_error) : HUGE_VAL;
+}
+
+}  // namespace
+
 absl::Status CheckFinite(std::span<const float> values, absl::string_view field) {
   for (size_t i = 0; i < values.size(); ++i) {
     if (!std::isfinite(values[i])) {
@@ -202,20 +213,11 @@ absl::StatusOr<std::vector<FormatScore>> ProfileBuilder::WeightOnlyScores(int la
     }
     FormatScore score;
     score.format = format;
-    score.rel_error = energy > 0 ? std::sqrt(error / energy) : (error > 0 ? HUGE_VAL : 0.0);
+    FillQuality(error, energy, score);
     scores.push_back(score);
   }
   return scores;
 }
-
-namespace {
-
-void FillQuality(double error, double reference, FormatScore& score) {
-  score.rel_error = reference > 0 ? std::sqrt(error / reference) : (error > 0 ? HUGE_VAL : 0.0);
-  score.sqnr_db = score.rel_error > 0 ? -20.0 * std::log10(score.rel_error) : HUGE_VAL;
-}
-
-}  // namespace
 
 absl::StatusOr<Profile> ProfileBuilder::Finish() {
   const auto start = std::chrono::steady_clock::now();
@@ -254,9 +256,6 @@ absl::StatusOr<Profile> ProfileBuilder::Finish() {
     gradients = gradients && has_fisher;
     if (batches_ == 0) {
       MX_ASSIGN_OR_RETURN(layer.scores, WeightOnlyScores(static_cast<int>(i)));
-      for (FormatScore& s : layer.scores) {
-        s.sqnr_db = s.rel_error > 0 ? -20.0 * std::log10(s.rel_error) : HUGE_VAL;
-      }
     } else {
       for (size_t f = 0; f < options_.formats.size(); ++f) {
         FormatScore score;
