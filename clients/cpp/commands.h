@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "clients/cpp/flags.h"
 #include "clients/cpp/remote.h"
+#include "mxserve/v1/policies.pb.h"
 
 namespace mxctl {
 
@@ -26,6 +27,11 @@ absl::Status RunGemm(const RemoteContext& remote, const Args& args);
 absl::StatusOr<int> RunHealth(const RemoteContext& remote, const Args& args);
 absl::Status RunModels(const RemoteContext& remote, const Args& args);
 absl::Status RunPolicy(const RemoteContext& remote, const Args& args);
+// The phase × layer → format table of ResolvePolicy or GeneratePolicy entries,
+// formatted for printing; `show_rules` adds "(rule N)" where a rule chose.
+std::string PhaseLayerTable(
+    const google::protobuf::RepeatedPtrField<mxserve::v1::ResolvedFormat>& entries,
+    bool show_rules);
 // `policy generate`, from RunPolicy.
 absl::Status RunPolicyGenerate(mxclient::Client& client, const Args& args);
 absl::Status RunProfile(const RemoteContext& remote, const Args& args);

@@ -85,18 +85,29 @@ absl::Status Resolve(mxclient::Client& client, const Args& args) {
   absl::StatusOr<v1::ResolvePolicyResponse> response =
       client.ResolvePolicy(model, flags.Get("policy").value_or(""));
   if (!response.ok()) return ServerError("Policies.ResolvePolicy", response.status());
-  // One row per layer (registration order), one column per phase; a cell names
-  // the format and, when a rule rather than the phase default chose it, the rule.
+  std::printf("model %s, policy %s\n", model.c_str(), response->policy().c_str());
+  std::fputs(PhaseLayerTable(response->entries(), /*show_rules=*/true).c_str(), stdout);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string PhaseLayerTable(const google::protobuf::RepeatedPtrField<v1::ResolvedFormat>& entries,
+                            bool show_rules) {
+  // One row per layer (in the entries' order), one column per phase; a cell
+  // names the format and, with `show_rules`, the rule that chose it when a rule
+  // rather than the phase default did.
   const v1::Phase phases[] = {v1::PHASE_ROLLOUT, v1::PHASE_REWARD, v1::PHASE_UPDATE};
   std::vector<std::string> layers;
   std::map<std::pair<std::string, int>, std::string> cells;
-  for (const v1::ResolvedFormat& entry : response->entries()) {
-    if (std::find(layers.begin(), layers.end(), entry.layer()) == layers.end()) {
-      layers.push_back(entry.layer());
-    }
+  for (const v1::ResolvedFormat& entry : entries) {
     std::string cell = mxclient::WireFormatName(entry.format());
-    if (entry.rule() >= 0) absl::StrAppend(&cell, " (rule ", entry.rule(), ")");
-    cells[{entry.layer(), entry.phase()}] = cell;
+    if (show_rules && entry.rule() >= 0) absl::StrAppend(&cell, " (rule ", entry.rule(), ")");
+    const bool first_of_layer = std::none_of(phases, std::end(phases), [&](v1::Phase p) {
+      return cells.contains({entry.layer(), p});
+    });
+    if (first_of_layer) layers.push_back(entry.layer());
+    cells[{entry.layer(), entry.phase()}] = std::move(cell);
   }
   std::vector<std::vector<std::string>> rows = {{"layer"}};
   for (const v1::Phase phase : phases) rows[0].push_back(mxserve::PhaseName(phase));
@@ -108,12 +119,8 @@ absl::Status Resolve(mxclient::Client& client, const Args& args) {
     }
     rows.push_back(std::move(row));
   }
-  std::printf("model %s, policy %s\n", model.c_str(), response->policy().c_str());
-  std::fputs(FormatTable(rows).c_str(), stdout);
-  return absl::OkStatus();
+  return FormatTable(rows);
 }
-
-}  // namespace
 
 absl::Status RunPolicy(const RemoteContext& remote, const Args& all_args) {
   Args args = all_args;

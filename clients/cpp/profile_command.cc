@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,8 +20,6 @@ namespace mxctl {
 namespace {
 
 namespace v1 = ::mxserve::v1;
-
-constexpr v1::Phase kPhases[] = {v1::PHASE_ROLLOUT, v1::PHASE_REWARD, v1::PHASE_UPDATE};
 
 // "F1,F2,..." as wire formats; `flag` names the flag in errors.
 absl::StatusOr<std::vector<v1::Format>> FormatList(const std::string& text,
@@ -214,25 +211,9 @@ absl::Status RunPolicyGenerate(mxclient::Client& client, const Args& args) {
   if (!response.ok()) return ServerError("Profiles.GeneratePolicy", response.status());
 
   // The phase × layer table, then the modelled cost of each phase against FP16.
-  std::vector<std::string> layers;
-  std::map<std::pair<std::string, int>, std::string> cells;
-  for (const v1::ResolvedFormat& entry : response->entries()) {
-    if (!cells.contains({entry.layer(), v1::PHASE_ROLLOUT}) &&
-        std::find(layers.begin(), layers.end(), entry.layer()) == layers.end()) {
-      layers.push_back(entry.layer());
-    }
-    cells[{entry.layer(), entry.phase()}] = mxclient::WireFormatName(entry.format());
-  }
-  std::vector<std::vector<std::string>> rows = {{"layer"}};
-  for (v1::Phase phase : kPhases) rows[0].push_back(mxserve::PhaseName(phase));
-  for (const std::string& layer : layers) {
-    std::vector<std::string> row = {layer};
-    for (v1::Phase phase : kPhases) row.push_back(cells[{layer, phase}]);
-    rows.push_back(std::move(row));
-  }
   std::printf("%s policy %s for model %s\n", request.dry_run() ? "generated (dry run)" : "put",
               response->policy().name().c_str(), model.c_str());
-  std::fputs(FormatTable(rows).c_str(), stdout);
+  std::fputs(PhaseLayerTable(response->entries(), /*show_rules=*/false).c_str(), stdout);
   std::vector<std::vector<std::string>> costs = {
       {"phase", "J/token", "FP16 J/token", "vs FP16", "s/token", "score", "low layers"}};
   for (const v1::PhaseSummary& p : response->phases()) {
