@@ -367,8 +367,8 @@ TEST_F(ProfileTest, BadInputIsRefusedNamingTheFieldAndLosesNothing) {
 // ---------------------------------------------------------------------------
 // Generated policies.
 
-// A model of `blocks` blocks of q/k/v/o/up/down, weight-profiled in
-// `formats`.
+// A model of `blocks` blocks of q/k/v/o/up/down; some layers get a few large
+// weights per block, so the layers' sensitivities spread.
 std::vector<TestLayer> Blocks(int blocks) {
   std::vector<TestLayer> layers;
   uint32_t seed = 100;
@@ -515,8 +515,8 @@ TEST_F(GenerateTest, PhasesNotGeneratedRunEveryLayerInHigh) {
   EXPECT_EQ(low, 5);  // round(0.2 · 24)
 }
 
-// Σ cost and Σ score of every assignment of `candidates` to the profile's
-// layers, by brute force over `layers` (the others fixed to candidates[0]).
+// The best assignment brute force found: its summed score (the objective) and
+// its summed cost (the constraint).
 struct Best {
   double objective = std::numeric_limits<double>::infinity();
   double constraint = 0;
@@ -524,11 +524,8 @@ struct Best {
 
 TEST_F(GenerateTest, BudgetAndToleranceEqualBruteForceAndKeepTheBound) {
   // Five layers profiled alone, so brute force covers every assignment (3^5).
-  const v1::ProfileConfig config = [] {
-    v1::ProfileConfig c = Config(
-        "gen-small", {mx::Format::kMxfp4E2m1, mx::Format::kMxfp6E2m3, mx::Format::kMxfp8E4m3});
-    return c;
-  }();
+  const v1::ProfileConfig config =
+      Config("gen-small", {mx::Format::kMxfp4E2m1, mx::Format::kMxfp6E2m3, mx::Format::kMxfp8E4m3});
   std::vector<TestLayer> small(layers_.begin(), layers_.begin() + 5);
   ASSERT_TRUE(RegisterAndPublish(channel(), "gen-small", small).ok());
   v1::Profile profile;
