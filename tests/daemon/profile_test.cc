@@ -605,7 +605,43 @@ TEST_F(GenerateTest, GroupedLayersShareAFormatAndRelativeBudgetsHold) {
       EXPECT_EQ(table.at(prefix + "q_proj"), table.at(prefix + "k_proj"));
       EXPECT_EQ(table.at(prefix + "q_proj"), table.at(prefix + "v_proj"));
     }
+    // The phase's figures are the profile's cost columns summed over the
+    // chosen formats (update: forward + backward), and over FP16 for the baseline.
+    const bool update = p.phase() == v1::PHASE_UPDATE;
+    auto joules = [&](const v1::FormatScore& s) {
+      return update ? s.train_joules_per_token() : s.joules_per_token();
+    };
+    double chosen = 0, fp16 = 0, seconds = 0;
+    for (const auto& layer : profile_.layers()) {
+      const v1::FormatScore& f = ScoreOf(profile_, layer.layer(), table.at(layer.layer()));
+      chosen += joules(f);
+      seconds += update ? f.train_seconds_per_token() : f.seconds_per_token();
+      fp16 += joules(ScoreOf(profile_, layer.layer(), v1::FORMAT_FP16));
+    }
+    EXPECT_TRUE(NearlyEqual(p.joules_per_token(), chosen));
+    EXPECT_TRUE(NearlyEqual(p.seconds_per_token(), seconds));
+    EXPECT_TRUE(NearlyEqual(p.fp16_joules_per_token(), fp16));
   }
+}
+
+// A profile's working memory counts against --weight-memory-bytes: a batch
+// whose outputs do not fit is refused, and the daemon keeps serving.
+TEST(ProfileMemory, ABatchBeyondTheWeightMemoryLimitIsRefused) {
+  DaemonProcess daemon({"--weight-memory-bytes", "256K"});
+  ASSERT_TRUE(daemon.ok());
+  const TestLayer layer = MakeLayer("blk.0.fc", 64, 64, false, 61);  // 16 KiB of FP32
+  ASSERT_TRUE(RegisterAndPublish(daemon.channel().get(), "prof-memory", {layer}).ok());
+  const v1::ProfileConfig config = Config("prof-memory", {mx::Format::kMxfp4E2m1});
+  v1::Profile profile;
+  // 2,048 rows: outputs of 2048 × 64 in FP64 and FP32 alone are 1.5 MiB.
+  EXPECT_STATUS(
+      RunProfile(daemon, &config, {Batch(layer, TestValues(2048 * 64, 62), 2048)}, &profile),
+      RESOURCE_EXHAUSTED, "profiling a batch of layer 'blk.0.fc' needs");
+  // Small batches fit.
+  ASSERT_TRUE(
+      RunProfile(daemon, &config, {Batch(layer, TestValues(8 * 64, 63), 8)}, &profile).ok());
+  ExpectServesReference(daemon.channel(), "prof-memory", layer);
+  EXPECT_EQ(daemon.Stop(), 0);
 }
 
 TEST_F(GenerateTest, BadGenerationRequestsNameTheField) {
