@@ -21,6 +21,7 @@ packages=(
   python3 python3-grpcio python3-protobuf      # the Python client (clients/python) ...
   python3-numpy python3-torch python3-pytest   # ... its arrays, torch offload, tests
   python3-matplotlib                           # ... sensitivity heatmaps (mxserve.profile)
+  python3-regex                                # ... \p{L} in BPE pre-tokenization (mxserve.tokenizer)
 )
 
 missing=()
