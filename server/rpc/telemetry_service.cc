@@ -5,11 +5,11 @@
 #include <map>
 #include <tuple>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "mx/status_macros.h"
+#include "server/base/label.h"
 #include "server/compute/wire.h"
 #include "server/rpc/call.h"
 #include "server/telemetry/clock.h"
@@ -17,20 +17,6 @@
 
 namespace mxserve {
 namespace {
-
-// Sources and devices become metric labels: keep them short and plain.
-constexpr size_t kMaxLabelChars = 64;
-
-bool ValidLabel(absl::string_view value) {
-  if (value.empty() || value.size() > kMaxLabelChars) return false;
-  for (char c : value) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.' &&
-        c != ':' && c != '/') {
-      return false;
-    }
-  }
-  return true;
-}
 
 // Integrates one stream's samples: consecutive samples of a (source, device)
 // form a trapezoid whose energy goes to the later sample's phase. A sample that
@@ -66,14 +52,9 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     sample_.Clear();
     MX_RETURN_IF_ERROR(ParseMessage(raw_sample_, &sample_, field));
     raw_sample_.Clear();
-    for (const auto& [name, value] :
-         {std::pair{"source", &sample_.source()}, std::pair{"device", &sample_.device()}}) {
-      if (!ValidLabel(*value)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".", name, ": expected 1-", kMaxLabelChars,
-                         " characters of [A-Za-z0-9_.:/-], got ", Quote(*value)));
-      }
-    }
+    // Sources and devices become metric labels: short and plain.
+    MX_RETURN_IF_ERROR(CheckPlainLabel(sample_.source(), absl::StrCat(field, ".source")));
+    MX_RETURN_IF_ERROR(CheckPlainLabel(sample_.device(), absl::StrCat(field, ".device")));
     absl::StatusOr<Phase> phase = FromProto(sample_.phase(), absl::StrCat(field, ".phase"));
     if (!phase.ok()) return phase.status();
     if (!std::isfinite(sample_.watts()) || sample_.watts() < 0 ||
