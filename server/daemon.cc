@@ -122,7 +122,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         return backend->PrepareWeight(std::move(w));
       },
       [metrics = s->metrics.get()](int evicted) { metrics->RecordEvictions(evicted); });
-  s->ledger = std::make_unique<EnergyLedger>();
+  s->ledger = std::make_unique<EnergyLedger>(
+      EnergyLedgerLimits{.max_runs = static_cast<size_t>(options.max_energy_runs)});
   Scheduler::Options scheduler_options;
   scheduler_options.workers =
       options.workers > 0 ? options.workers

@@ -175,6 +175,12 @@ const std::vector<FlagSpec>& Flags() {
          o.max_power_watts = value;
          return absl::OkStatus();
        }},
+      {"max-energy-runs", "N",
+       "most distinct run tags the energy report keeps apart; a new tag beyond it folds the least "
+       "recently accounted run into the untagged energy (totals stay exact, that run's own "
+       "report becomes empty)",
+       [](const DaemonOptions& o) { return absl::StrCat(o.max_energy_runs); },
+       IntSetter("max-energy-runs", &DaemonOptions::max_energy_runs, 1, 65536)},
       {"grace-seconds", "S", "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
        [](const DaemonOptions& o) { return absl::StrCat(o.grace_seconds); },
        [](const std::string& text, DaemonOptions& o) {

@@ -35,6 +35,9 @@ struct DaemonOptions {
   int max_power_series = 64;
   std::vector<std::string> power_sources;
   double max_power_watts = 10000;
+  // Distinct run tags the energy ledger holds; a new one beyond folds the least
+  // recently accounted run into the untagged energy.
+  int max_energy_runs = 1024;
 };
 
 struct ParsedCommandLine {

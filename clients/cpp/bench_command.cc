@@ -84,9 +84,9 @@ absl::Status SetUpModel(mxclient::Client& client, const std::string& model, int6
 }  // namespace
 
 absl::Status RunBench(const RemoteContext& remote, const Args& args) {
-  MX_ASSIGN_OR_RETURN(auto flags,
-                      Flags::Parse(args, FlagSpec{.values = WithLoadFlags({"phase", "format"}),
-                                                  .switches = {"stream", "json"}}));
+  MX_ASSIGN_OR_RETURN(
+      auto flags, Flags::Parse(args, FlagSpec{.values = WithLoadFlags({"phase", "format", "run"}),
+                                              .switches = {"stream", "json"}}));
   MX_ASSIGN_OR_RETURN(auto phase, PhaseFlag(flags, v1::PHASE_ROLLOUT));
   MX_ASSIGN_OR_RETURN(auto format, WireFormatFlag(flags, "format"));
   MX_ASSIGN_OR_RETURN(LoadRun run, ParseLoadFlags(flags));
@@ -101,6 +101,7 @@ absl::Status RunBench(const RemoteContext& remote, const Args& args) {
   request->set_model(model);
   request->set_layer(kLayer);
   request->set_phase(phase);
+  request->set_run(RunFlag(flags));
   request->set_format(format);
   const std::vector<float> input = RandomValues(static_cast<size_t>(m * k), kInputSeed);
   MX_ASSIGN_OR_RETURN(*request->mutable_input()->mutable_tensor(),

@@ -286,9 +286,11 @@ absl::StatusOr<v1::ReportPowerResponse> Client::ReportPower(
   return response;
 }
 
-absl::StatusOr<v1::EnergyReport> Client::GetEnergyReport(double since_unix_seconds) {
+absl::StatusOr<v1::EnergyReport> Client::GetEnergyReport(double since_unix_seconds,
+                                                         const std::string& run) {
   v1::GetEnergyReportRequest request;
   request.set_since_seconds(since_unix_seconds);
+  request.set_run(run);
   auto context = NewContext();
   return Unary(telemetry_.get(), &v1::Telemetry::Stub::GetEnergyReport, context.get(), request);
 }

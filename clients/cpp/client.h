@@ -132,8 +132,12 @@ class Client {
 
   // Telemetry.
   absl::StatusOr<v1::ReportPowerResponse> ReportPower(std::span<const v1::PowerSample> samples);
-  // `since_unix_seconds` 0: since the daemon started.
-  absl::StatusOr<v1::EnergyReport> GetEnergyReport(double since_unix_seconds = 0);
+  // `since_unix_seconds` 0: since the daemon started. `run` empty: every run
+  // together; otherwise only the energy booked under that run tag, the tag a
+  // compute request or power sample carries in its own `run` field (set on the
+  // request, as its phase is).
+  absl::StatusOr<v1::EnergyReport> GetEnergyReport(double since_unix_seconds = 0,
+                                                   const std::string& run = "");
 
  private:
   // A context carrying the per-call deadline.

@@ -49,4 +49,6 @@ absl::StatusOr<mxserve::v1::Phase> PhaseFlag(const Flags& flags, mxserve::v1::Ph
   return phase;
 }
 
+std::string RunFlag(const Flags& flags) { return flags.Get("run").value_or(""); }
+
 }  // namespace mxctl

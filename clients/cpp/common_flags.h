@@ -1,5 +1,5 @@
 // Flags several mxctl subcommands share: formats, rounding and scale rule,
-// phases, and the wire (proto) forms of them for the remote commands.
+// phases, run tags, and the wire (proto) forms of them for the remote commands.
 #pragma once
 
 #include <string>
@@ -21,5 +21,9 @@ absl::StatusOr<mx::Format> FormatFlag(const Flags& flags, const std::string& nam
 absl::StatusOr<mxserve::v1::Format> WireFormatFlag(const Flags& flags, const std::string& name);
 // --phase rollout|reward|update, `fallback` when absent.
 absl::StatusOr<mxserve::v1::Phase> PhaseFlag(const Flags& flags, mxserve::v1::Phase fallback);
+// --run TAG: the run tag requests carry (and `energy` filters by); "" (untagged)
+// when absent. The daemon checks the tag (1-64 of [A-Za-z0-9_.:/-]) and names
+// it in its error; the rule lives there only.
+std::string RunFlag(const Flags& flags);
 
 }  // namespace mxctl

@@ -1,11 +1,12 @@
 // `mxctl energy`: the daemon's energy accounting (Telemetry.GetEnergyReport) as a
-// table per source and phase.
+// table per source and phase, of every run together or of one (--run).
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "clients/cpp/cli_status.h"
 #include "clients/cpp/commands.h"
+#include "clients/cpp/common_flags.h"
 #include "clients/cpp/table.h"
 #include "clients/cpp/wire_names.h"
 #include "mx/status_macros.h"
@@ -15,7 +16,7 @@ namespace mxctl {
 namespace v1 = ::mxserve::v1;
 
 absl::Status RunEnergy(const RemoteContext& remote, const Args& args) {
-  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"since"}));
+  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"since", "run"}));
   // --since N: the last N seconds; absent: since the daemon started.
   double since = 0;
   if (flags.Has("since")) {
@@ -23,7 +24,7 @@ absl::Status RunEnergy(const RemoteContext& remote, const Args& args) {
     since = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch() - window);
   }
   const auto client = MakeClient(remote);
-  absl::StatusOr<v1::EnergyReport> report = client->GetEnergyReport(since);
+  absl::StatusOr<v1::EnergyReport> report = client->GetEnergyReport(since, RunFlag(flags));
   if (!report.ok()) return ServerError("Telemetry.GetEnergyReport", report.status());
 
   const auto time = [](double unix_seconds) {
@@ -39,6 +40,7 @@ absl::Status RunEnergy(const RemoteContext& remote, const Args& args) {
     std::printf("energy since the daemon started, until %s\n",
                 time(report->until_seconds()).c_str());
   }
+  if (!report->run().empty()) std::printf("run %s\n", report->run().c_str());
   std::vector<std::vector<std::string>> rows = {
       {"source", "phase", "joules", "busy_s", "requests", "mean_watts"}};
   for (const v1::EnergyEntry& entry : report->entries()) {
@@ -49,7 +51,10 @@ absl::Status RunEnergy(const RemoteContext& remote, const Args& args) {
                                   : "-"});
   }
   std::fputs(FormatTable(rows).c_str(), stdout);
-  if (report->entries().empty()) std::printf("(nothing accounted yet)\n");
+  if (report->entries().empty()) {
+    std::printf(report->run().empty() ? "(nothing accounted yet)\n"
+                                      : "(nothing accounted under this run)\n");
+  }
   return absl::OkStatus();
 }
 

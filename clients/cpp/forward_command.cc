@@ -17,7 +17,7 @@ namespace v1 = ::mxserve::v1;
 
 absl::Status RunForward(const RemoteContext& remote, const Args& args) {
   MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"model", "layer", "phase", "format", "input",
-                                                      "m", "output", "min-weight-version"}));
+                                                      "m", "output", "min-weight-version", "run"}));
   MX_ASSIGN_OR_RETURN(auto model, flags.Require("model"));
   MX_ASSIGN_OR_RETURN(auto layer, flags.Require("layer"));
   MX_RETURN_IF_ERROR(flags.Require("phase").status());
@@ -39,6 +39,7 @@ absl::Status RunForward(const RemoteContext& remote, const Args& args) {
   request.set_model(model);
   request.set_layer(layer);
   request.set_phase(phase);
+  request.set_run(RunFlag(flags));
   request.set_format(format);
   request.set_min_weight_version(static_cast<uint64_t>(min_version));
   MX_ASSIGN_OR_RETURN(*request.mutable_input()->mutable_tensor(),

@@ -25,6 +25,7 @@ struct GemmInputs {
   mx::Format format_b;
   mx::QuantizeOptions options;
   v1::Phase phase;
+  std::string run;
   int64_t m, k, n;
   std::vector<float> a, b;
   std::string output_path;
@@ -33,7 +34,7 @@ struct GemmInputs {
 absl::StatusOr<GemmInputs> ReadInputs(const Args& args) {
   MX_ASSIGN_OR_RETURN(
       auto flags, Flags::Parse(args, {"format", "format-b", "rounding", "scale-rule", "a", "b", "m",
-                                      "k", "n", "output", "phase"}));
+                                      "k", "n", "output", "phase", "run"}));
   GemmInputs in;
   MX_ASSIGN_OR_RETURN(in.format_a, FormatFlag(flags, "format"));
   in.format_b = in.format_a;
@@ -43,6 +44,7 @@ absl::StatusOr<GemmInputs> ReadInputs(const Args& args) {
   MX_ASSIGN_OR_RETURN(in.options, QuantizeOptionsFromFlags(flags));
   // Accepted locally too (and ignored), so one command line works both ways.
   MX_ASSIGN_OR_RETURN(in.phase, PhaseFlag(flags, v1::PHASE_ROLLOUT));
+  in.run = RunFlag(flags);
   constexpr int64_t kMaxDim = int64_t{1} << 20;
   MX_ASSIGN_OR_RETURN(in.m, flags.RequireInt("m", 1, kMaxDim));
   MX_ASSIGN_OR_RETURN(in.k, flags.RequireInt("k", 1, kMaxDim));
@@ -71,6 +73,7 @@ absl::Status RemoteGemm(const RemoteContext& remote, const GemmInputs& in) {
   }
   v1::GemmRequest request;
   request.set_phase(in.phase);
+  request.set_run(in.run);
   request.set_format(mxserve::ToProto(in.format_a));
   request.set_format_b(mxserve::ToProto(in.format_b));
   request.set_rounding(in.options.rounding == mx::Rounding::kNearestAway

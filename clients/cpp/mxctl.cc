@@ -36,9 +36,11 @@ Commands (local, no server):
              runs the FPGA kernel's C++)
       --format F [--format-b F2] [--rounding even|away] [--scale-rule floor|nosat]
       --a A.f32 --b B.f32 --m M --k K --n N --output C.f32 [--phase P]
+      [--run TAG]
       A is MxK and B is KxN, row-major float32; both are quantized along K
       (A per row, B per column), A to F and B to F2 (default F). --phase
-      (default rollout) tags the daemon's request; the daemon has no nosat rule.
+      (default rollout) and --run (default none) tag the daemon's request; the
+      daemon has no nosat rule.
   demo       quantize a tensor and run a GEMM in every format; print the errors
   formats    list the formats and their traits
   help       this text
@@ -79,20 +81,24 @@ Commands (on the daemon at --server, default 127.0.0.1:50051):
       BF16, FP16; FILE gets the daemon's CSV (one row per layer and format)
   energy     joules, busy seconds and requests per source and phase
       [--since SECONDS]   only the last SECONDS (default: since the daemon started)
+      [--run TAG]         only what requests and power samples tagged TAG booked
+                          (default: every run together)
   forward    Y = X·Wᵀ (+ bias) for a registered layer; prints how it ran
       --model M --layer L --phase P [--format F|policy] --input X.f32 --m M
-      --output Y.f32 [--min-weight-version V]     X is MxK, Y is MxOUT
+      --output Y.f32 [--min-weight-version V] [--run TAG]   X is MxK, Y is MxOUT
   bench      load generator: a throwaway model with one NxK layer, C requests
              of an MxK input kept in flight, then requests/s, GFLOP/s and
              p50/p90/p99 latency
       --m M --k K --n N [--phase P] [--format F|policy] [--concurrency C]
-      [--duration 10s] [--warmup 1s] [--stream] [--json]
+      [--duration 10s] [--warmup 1s] [--stream] [--json] [--run TAG]
 
 Global flags, before or after the command:
   --server ADDR   the daemon's address (host:port)
   --timeout T     deadline of each RPC (default 60s; e.g. 500ms, 2m)
 
-Phases: rollout, reward, update. Files are raw little-endian float32.
+Phases: rollout, reward, update. Run tags (--run): 1-64 of [A-Za-z0-9_.:/-],
+the experiment run a request's energy is booked to (see mxctl energy --run).
+Files are raw little-endian float32.
 Exit status: 0 ok, 1 the daemon or the RPC failed, 2 usage or input error.
 
 Formats (case-insensitive): )";

@@ -7,6 +7,7 @@
 #include "mx/kernels/quantize_fast.h"
 #include "mx/reference_gemm.h"
 #include "mx/status_macros.h"
+#include "server/base/label.h"
 #include "server/compute/wire.h"
 #include "server/telemetry/clock.h"
 
@@ -93,9 +94,11 @@ void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t v
 }
 
 // Counts a finished compute request, its modelled energy and, where the backend
-// measures board power, that power over the request's share of device time.
-void Account(const ComputeContext& core, Rpc rpc, Phase phase, mx::Format format,
-             Clock::time_point arrival, double queue_seconds, double flops,
+// measures board power, that power over the request's share of device time. Called
+// once per request, batched or not, so each is booked under its own run. The run
+// goes to the ledger only: as a metric label it would be a series per client tag.
+void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
+             mx::Format format, Clock::time_point arrival, double queue_seconds, double flops,
              const fpga_model::GemmEstimate& model, double device_seconds) {
   core.metrics->RecordCompute({.rpc = rpc,
                                .phase = phase,
@@ -107,11 +110,11 @@ void Account(const ComputeContext& core, Rpc rpc, Phase phase, mx::Format format
                                .model_seconds = model.seconds,
                                .model_joules = model.joules});
   const double now = UnixSeconds();
-  core.ledger->Add("fpga_model", phase, now,
+  core.ledger->Add("fpga_model", phase, run, now,
                    {.joules = model.joules, .busy_seconds = model.seconds, .requests = 1});
   if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
     core.ledger->Add(
-        "fpga", phase, now,
+        "fpga", phase, run, now,
         {.joules = *watts * device_seconds, .busy_seconds = device_seconds, .requests = 1});
     core.metrics->AddEnergy("fpga", phase, *watts * device_seconds, device_seconds);
     core.metrics->SetPower("fpga", "board", *watts);
@@ -149,8 +152,8 @@ absl::StatusOr<std::shared_ptr<const PreparedWeight>> WeightCopy(const ComputeCo
 
 class ComputeItem : public WorkItem {
  public:
-  ComputeItem(const ComputeContext& core, CallInfo call, Done done)
-      : core_(core), call_(call), done_(std::move(done)) {
+  ComputeItem(const ComputeContext& core, CallInfo call, Done done, std::string run)
+      : core_(core), call_(call), done_(std::move(done)), run_(std::move(run)) {
     arrival = call.arrival;
     deadline = call.deadline;
   }
@@ -161,6 +164,7 @@ class ComputeItem : public WorkItem {
   const ComputeContext& core_;
   CallInfo call_;
   Done done_;
+  std::string run_;  // the request's run tag, validated; "" untagged
 };
 
 // ---------------------------------------------------------------------------
@@ -168,9 +172,9 @@ class ComputeItem : public WorkItem {
 
 class GemmItem final : public ComputeItem {
  public:
-  GemmItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, Activation a,
-           Activation b, mx::QuantizeOptions options, v1::GemmResponse* response)
-      : ComputeItem(core, call, std::move(done)),
+  GemmItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
+           Activation a, Activation b, mx::QuantizeOptions options, v1::GemmResponse* response)
+      : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
         a_(std::move(a)),
         b_(std::move(b)),
@@ -186,7 +190,7 @@ class GemmItem final : public ComputeItem {
           fpga_model::EstimateGemm(core_.energy_model, a_.format, b_.format, a_.rows, n, a_.cols);
       FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, "",
                response_->mutable_info());
-      Account(core_, Rpc::kGemm, phase_, a_.format, arrival, queue_seconds,
+      Account(core_, Rpc::kGemm, phase_, run_, a_.format, arrival, queue_seconds,
               2.0 * a_.rows * n * a_.cols, model, 0);
       return done_(absl::OkStatus());
     }
@@ -213,8 +217,8 @@ class GemmItem final : public ComputeItem {
         fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
     FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model, *kernel,
              response_->mutable_info());
-    Account(core_, Rpc::kGemm, phase_, qa->format, arrival, queue_seconds, 2.0 * m * n * k, model,
-            compute_seconds);
+    Account(core_, Rpc::kGemm, phase_, run_, qa->format, arrival, queue_seconds, 2.0 * m * n * k,
+            model, compute_seconds);
     done_(absl::OkStatus());
   }
 
@@ -230,9 +234,10 @@ class GemmItem final : public ComputeItem {
 
 class ForwardItem final : public ComputeItem {
  public:
-  ForwardItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, LayerView view,
-              mx::Format weight_format, Activation x, v1::LayerForwardResponse* response)
-      : ComputeItem(core, call, std::move(done)),
+  ForwardItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
+              LayerView view, mx::Format weight_format, Activation x,
+              v1::LayerForwardResponse* response)
+      : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
         view_(std::move(view)),
         weight_format_(weight_format),
@@ -347,7 +352,7 @@ class ForwardItem final : public ComputeItem {
         fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
              compute_seconds, model, kernel, response_->mutable_info());
-    Account(core_, Rpc::kLayerForward, phase_, weight_format_, arrival, queue_seconds,
+    Account(core_, Rpc::kLayerForward, phase_, run_, weight_format_, arrival, queue_seconds,
             2.0 * m * n * k, model, compute_seconds / static_cast<double>(batch));
     done_(absl::OkStatus());
   }
@@ -364,10 +369,10 @@ class ForwardItem final : public ComputeItem {
 
 class BackwardItem final : public ComputeItem {
  public:
-  BackwardItem(const ComputeContext& core, CallInfo call, Done done, Phase phase, LayerView view,
-               mx::Format format, DenseMatrix grad_output, std::optional<DenseMatrix> input,
-               v1::LayerBackwardResponse* response)
-      : ComputeItem(core, call, std::move(done)),
+  BackwardItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
+               LayerView view, mx::Format format, DenseMatrix grad_output,
+               std::optional<DenseMatrix> input, v1::LayerBackwardResponse* response)
+      : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
         view_(std::move(view)),
         format_(format),
@@ -396,7 +401,8 @@ class BackwardItem final : public ComputeItem {
       }
       FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model, "",
                response_->mutable_info());
-      Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model, 0);
+      Account(core_, Rpc::kLayerBackward, phase_, run_, format_, arrival, queue_seconds, flops,
+              model, 0);
       return done_(absl::OkStatus());
     }
     double compute_seconds = 0;
@@ -411,7 +417,7 @@ class BackwardItem final : public ComputeItem {
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
              *kernel, response_->mutable_info());
-    Account(core_, Rpc::kLayerBackward, phase_, format_, arrival, queue_seconds, flops, model,
+    Account(core_, Rpc::kLayerBackward, phase_, run_, format_, arrival, queue_seconds, flops, model,
             compute_seconds);
     done_(absl::OkStatus());
   }
@@ -484,6 +490,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
                                                       v1::GemmResponse* response, CallInfo call,
                                                       Done done) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
+  MX_RETURN_IF_ERROR(CheckRunTag(request.run(), "run"));
   MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_a, FromProto(request.format(), "format"));
   MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_b,
                       FromProto(request.format_b(), "format_b"));
@@ -511,12 +518,12 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
   MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(core, request.b(), "b", b_shape, format_b));
   const int64_t n = b.packed ? b.rows : b.cols;
   MX_RETURN_IF_ERROR(CheckOutputSize(core, a.rows, n, "b", "result C = A·B"));
-  return std::make_unique<GemmItem>(core, call, std::move(done), phase, std::move(a), std::move(b),
-                                    options, response);
+  return std::make_unique<GemmItem>(core, call, std::move(done), request.run(), phase, std::move(a),
+                                    std::move(b), options, response);
 }
 
-// What LayerForward and LayerBackward resolve first: phase, the layer's
-// published weights (at least `min_version`), and the format.
+// What LayerForward and LayerBackward resolve first: phase (and a valid run tag),
+// the layer's published weights (at least `min_version`), and the format.
 struct LayerRequest {
   Phase phase;
   LayerView view;
@@ -527,6 +534,7 @@ template <typename Request>
 absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core,
                                                  const Request& request) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
+  MX_RETURN_IF_ERROR(CheckRunTag(request.run(), "run"));
   MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
                                                             request.min_weight_version()));
   MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
@@ -546,7 +554,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
       DecodeActivation(core, request.input(), "input", shape,
                        request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
   MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output"));
-  return std::make_unique<ForwardItem>(core, call, std::move(done), layer.phase,
+  return std::make_unique<ForwardItem>(core, call, std::move(done), request.run(), layer.phase,
                                        std::move(layer.view), layer.format, std::move(x), response);
 }
 
@@ -571,7 +579,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
   }
   MX_RETURN_IF_ERROR(
       CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input"));
-  return std::make_unique<BackwardItem>(core, call, std::move(done), layer.phase,
+  return std::make_unique<BackwardItem>(core, call, std::move(done), request.run(), layer.phase,
                                         std::move(layer.view), layer.format, grad_output, input,
                                         response);
 }

@@ -5,11 +5,11 @@
 #include <map>
 #include <tuple>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "mx/status_macros.h"
+#include "server/base/label.h"
 #include "server/compute/wire.h"
 #include "server/rpc/call.h"
 #include "server/telemetry/clock.h"
@@ -17,20 +17,6 @@
 
 namespace mxserve {
 namespace {
-
-// Sources and devices become metric labels: keep them short and plain.
-constexpr size_t kMaxLabelChars = 64;
-
-bool ValidLabel(absl::string_view value) {
-  if (value.empty() || value.size() > kMaxLabelChars) return false;
-  for (char c : value) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.' &&
-        c != ':' && c != '/') {
-      return false;
-    }
-  }
-  return true;
-}
 
 // Integrates one stream's samples: consecutive samples of a (source, device)
 // form a trapezoid whose energy goes to the later sample's phase. A sample that
@@ -66,14 +52,10 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     sample_.Clear();
     MX_RETURN_IF_ERROR(ParseMessage(raw_sample_, &sample_, field));
     raw_sample_.Clear();
-    for (const auto& [name, value] :
-         {std::pair{"source", &sample_.source()}, std::pair{"device", &sample_.device()}}) {
-      if (!ValidLabel(*value)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".", name, ": expected 1-", kMaxLabelChars,
-                         " characters of [A-Za-z0-9_.:/-], got ", Quote(*value)));
-      }
-    }
+    // Sources and devices become metric labels, runs ledger keys: short and plain.
+    MX_RETURN_IF_ERROR(CheckPlainLabel(sample_.source(), absl::StrCat(field, ".source")));
+    MX_RETURN_IF_ERROR(CheckPlainLabel(sample_.device(), absl::StrCat(field, ".device")));
+    MX_RETURN_IF_ERROR(CheckRunTag(sample_.run(), absl::StrCat(field, ".run")));
     absl::StatusOr<Phase> phase = FromProto(sample_.phase(), absl::StrCat(field, ".phase"));
     if (!phase.ok()) return phase.status();
     if (!std::isfinite(sample_.watts()) || sample_.watts() < 0 ||
@@ -105,7 +87,7 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // A gap too long to say what the device did in between counts nothing.
       if (dt <= kMaxPowerGapSeconds) {
         const double joules = dt * (sample_.watts() + last->second.watts()) / 2;
-        core_.ledger->Add(sample_.source(), *phase, t,
+        core_.ledger->Add(sample_.source(), *phase, sample_.run(), t,
                           {.joules = joules, .busy_seconds = dt, .requests = 0});
         core_.metrics->AddEnergy(sample_.source(), *phase, joules, dt);
         response_.set_joules_added(response_.joules_added() + joules);
@@ -182,7 +164,8 @@ grpc::ServerUnaryReactor* TelemetryService::GetEnergyReport(grpc::CallbackServer
           return absl::InvalidArgumentError(absl::StrCat(
               "since_seconds: expected 0 (since start) or a Unix time, got ", r.since_seconds()));
         }
-        for (const EnergyRow& row : core_.ledger->Report(r.since_seconds())) {
+        MX_RETURN_IF_ERROR(CheckRunTag(r.run(), "run"));
+        for (const EnergyRow& row : core_.ledger->Report(r.since_seconds(), r.run())) {
           v1::EnergyEntry* entry = out->add_entries();
           entry->set_source(row.source);
           entry->set_phase(ToProto(row.phase));
@@ -191,6 +174,7 @@ grpc::ServerUnaryReactor* TelemetryService::GetEnergyReport(grpc::CallbackServer
           entry->set_requests(row.amount.requests);
         }
         out->set_since_seconds(r.since_seconds());
+        out->set_run(r.run());
         out->set_until_seconds(UnixSeconds());
         return absl::OkStatus();
       });

@@ -5,7 +5,9 @@
 // plain, the daemon's own sources ("fpga", "fpga_model") are reserved, the
 // (source, device) pairs are capped (--max-power-series) or listed
 // (--power-sources), and a sample must be plausible (watts up to
-// --max-power-watts, a timestamp near the daemon's clock).
+// --max-power-watts, a timestamp near the daemon's clock). Their run tags, like
+// those of compute requests, go to the energy ledger only, which bounds them
+// itself (--max-energy-runs).
 #pragma once
 
 #include <set>

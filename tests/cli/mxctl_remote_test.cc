@@ -363,6 +363,39 @@ TEST_F(MxctlRemote, EnergyPrintsATablePerSourceAndPhase) {
   Ok("models delete watts");
 }
 
+TEST_F(MxctlRemote, RunTagsOnForwardAndGemmAndEnergyByRun) {
+  RegisterWithWeights("tagged", "proj", 16, 64);
+  WriteFloats("X.f32", RandomFloats(2 * 64, 9));
+  const std::string forward = "forward --model tagged --layer proj --format mxfp8 --input " +
+                              Path("X.f32") + " --m 2 --output " + Path("Y.f32");
+  Ok(forward + " --phase update --run mxctl-test/run-1");
+  Ok(forward + " --phase update --run mxctl-test/run-1");
+  WriteFloats("A.f32", RandomFloats(2 * 32, 1));
+  WriteFloats("B.f32", RandomFloats(32 * 4, 2));
+  Ok("gemm --format fp16 --phase reward --run mxctl-test/run-1 --a " + Path("A.f32") + " --b " +
+     Path("B.f32") + " --m 2 --k 32 --n 4 --output " + Path("C.f32"));
+
+  std::string out = Ok("energy --run mxctl-test/run-1");
+  EXPECT_NE(out.find("\nrun mxctl-test/run-1\n"), std::string::npos) << out;
+  EXPECT_TRUE(Contains(out, R"(\nfpga_model +reward +[0-9.e+-]+ +[0-9.e+-]+ +1 )")) << out;
+  EXPECT_TRUE(Contains(out, R"(\nfpga_model +update +[0-9.e+-]+ +[0-9.e+-]+ +2 )")) << out;
+  EXPECT_FALSE(Contains(out, R"(\nfpga_model +rollout)")) << out;
+  out = Ok("energy --run mxctl-test/nothing --since 60");
+  EXPECT_NE(out.find("(nothing accounted under this run)"), std::string::npos) << out;
+  // A local gemm takes --run too (and ignores it), as it does --phase.
+  EXPECT_EQ(Run("gemm --format fp16 --run x --a " + Path("A.f32") + " --b " + Path("B.f32") +
+                    " --m 2 --k 32 --n 4 --output " + Path("C.f32"),
+                /*with_server=*/false)
+                .exit_code,
+            0);
+  // The daemon checks the tag and names it: exit 1, nothing booked.
+  ExpectOneErrorLine(Run(forward + " --phase update --run 'a b'"), 1,
+                     "Compute.LayerForward: INVALID_ARGUMENT: run: expected 1-64 characters");
+  ExpectOneErrorLine(Run("energy --run 'a b'"), 1,
+                     "Telemetry.GetEnergyReport: INVALID_ARGUMENT: run: expected 1-64");
+  Ok("models delete tagged");
+}
+
 TEST_F(MxctlRemote, BenchJsonCountsRequestsAndCleansUp) {
   for (const char* mode : {"", " --stream"}) {
     SCOPED_TRACE(mode);

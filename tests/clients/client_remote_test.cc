@@ -221,6 +221,38 @@ TEST_F(ClientAgainstDaemon, StreamAnswersEveryRequestByIdErrorsIncluded) {
   EXPECT_TRUE(client_->DeleteModel("streamed").ok());
 }
 
+// A run tag is a request field, as the phase is; GetEnergyReport reads one run.
+TEST_F(ClientAgainstDaemon, RunTagsGoOnTheRequestAndFilterTheEnergyReport) {
+  RegisterWithWeights("tagged", 32, 64);
+  const std::vector<float> x = RandomFloats(3 * 64, 6);
+  v1::LayerForwardRequest request = Forward("tagged", "proj", x, 3, 64);
+  request.set_run("client-test/run-1");
+  const v1::LayerForwardResponse unary = client_->LayerForward(request).value();
+  // The same request on a stream, booked under the same run.
+  std::unique_ptr<mxclient::ComputeStream> stream = client_->OpenStream().value();
+  v1::StreamRequest streamed;
+  *streamed.mutable_forward() = request;
+  const absl::StatusOr<v1::StreamResponse> answer = stream->Call(streamed);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_TRUE(stream->Close().ok());
+
+  const v1::EnergyReport report = client_->GetEnergyReport(0, "client-test/run-1").value();
+  EXPECT_EQ(report.run(), "client-test/run-1");
+  ASSERT_EQ(report.entries_size(), 1);
+  EXPECT_EQ(report.entries(0).source(), "fpga_model");
+  EXPECT_EQ(report.entries(0).phase(), v1::PHASE_ROLLOUT);
+  EXPECT_EQ(report.entries(0).requests(), 2u);
+  EXPECT_EQ(report.entries(0).joules(),
+            unary.info().model_joules() + answer->forward().info().model_joules());
+  EXPECT_EQ(client_->GetEnergyReport(0, "client-test/other").value().entries_size(), 0);
+  // The daemon's rule, its message naming the field.
+  const absl::StatusOr<v1::EnergyReport> bad = client_->GetEnergyReport(0, "a b");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("run: expected 1-64 characters"), std::string::npos)
+      << bad.status();
+  EXPECT_TRUE(client_->DeleteModel("tagged").ok());
+}
+
 TEST_F(ClientAgainstDaemon, DestroyingAnOpenStreamCancelsIt) {
   std::unique_ptr<mxclient::ComputeStream> stream = client_->OpenStream().value();
   stream.reset();  // must neither hang nor crash

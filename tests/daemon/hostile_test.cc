@@ -550,6 +550,99 @@ TEST_F(HostileTest, EnergyReportSinceFarFutureIsEmpty) {
   }
 }
 
+// Run tags key the energy ledger: each request and sample is checked against
+// the label rule before anything runs or is booked, and a bad one is named.
+TEST_F(HostileTest, BadRunTagsAreInvalidArgumentAndBookNothing) {
+  auto energy = [] {
+    grpc::ClientContext context;
+    v1::EnergyReport report;
+    EXPECT_TRUE(
+        v1::Telemetry::NewStub(daemon_->channel())->GetEnergyReport(&context, {}, &report).ok());
+    report.clear_until_seconds();
+    return report.SerializeAsString();
+  };
+  ExpectStillServing();  // the fpga_model rows have something to compare
+  const std::string before = energy();
+  const std::string kExpected = "run: expected 1-64 characters of [A-Za-z0-9_.:/-], got ";
+  const std::vector<float> x = TestValues(2 * layer_->in, 5);
+  auto compute = v1::Compute::NewStub(daemon_->channel());
+
+  v1::LayerForwardRequest forward = ForwardRequest("m", *layer_, v1::PHASE_ROLLOUT, 0, x, 2);
+  forward.set_run("a b");
+  {
+    grpc::ClientContext context;
+    v1::LayerForwardResponse response;
+    EXPECT_STATUS(compute->LayerForward(&context, forward, &response), INVALID_ARGUMENT,
+                  kExpected + "'a b'");
+  }
+  v1::GemmRequest gemm =
+      GemmRequest(v1::PHASE_REWARD, v1::FORMAT_FP32, TestValues(6, 1), TestValues(12, 2), 2, 3, 4);
+  gemm.set_run(std::string(65, 'r'));  // one too long
+  {
+    grpc::ClientContext context;
+    v1::GemmResponse response;
+    EXPECT_STATUS(compute->Gemm(&context, gemm, &response), INVALID_ARGUMENT,
+                  kExpected + "'" + std::string(64, 'r') + "…' (65 bytes)");
+  }
+  v1::LayerBackwardRequest backward =
+      BackwardRequest("m", *layer_, v1::PHASE_UPDATE, 0, TestValues(2 * layer_->out, 6), x, 2);
+  backward.set_run("run\n1");
+  {
+    grpc::ClientContext context;
+    v1::LayerBackwardResponse response;
+    EXPECT_STATUS(compute->LayerBackward(&context, backward, &response), INVALID_ARGUMENT,
+                  kExpected + "'run\\n1'");
+  }
+  // In a stream, the request with the bad tag is answered alone.
+  {
+    grpc::ClientContext context;
+    auto stream = compute->Stream(&context);
+    v1::StreamRequest request;
+    request.set_request_id(1);
+    *request.mutable_forward() = forward;
+    request.mutable_forward()->set_run("rün");
+    ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    v1::StreamResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.status_code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_NE(response.status_message().find(kExpected), std::string::npos)
+        << response.status_message();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  // A power sample: the stream ends at it.
+  v1::PowerSample sample;
+  sample.set_source("run_test");
+  sample.set_device("d0");
+  sample.set_phase(v1::PHASE_ROLLOUT);
+  sample.set_timestamp_seconds(UnixNow() - 10);
+  sample.set_watts(100);
+  v1::PowerSample bad = sample;
+  bad.set_timestamp_seconds(sample.timestamp_seconds() + 1);
+  bad.set_run("*");
+  {
+    grpc::ClientContext context;
+    v1::ReportPowerResponse response;
+    auto writer = v1::Telemetry::NewStub(daemon_->channel())->ReportPower(&context, &response);
+    writer->Write(sample);
+    writer->Write(bad);
+    writer->WritesDone();
+    EXPECT_STATUS(writer->Finish(), INVALID_ARGUMENT, "samples[1].run: expected 1-64 characters");
+  }
+  // And the report's filter.
+  {
+    v1::GetEnergyReportRequest request;
+    request.set_run("no spaces");
+    grpc::ClientContext context;
+    v1::EnergyReport report;
+    EXPECT_STATUS(
+        v1::Telemetry::NewStub(daemon_->channel())->GetEnergyReport(&context, request, &report),
+        INVALID_ARGUMENT, kExpected + "'no spaces'");
+  }
+  // Nothing was booked: not the requests, not the refused sample's trapezoid.
+  EXPECT_EQ(energy(), before);
+}
+
 TEST_F(HostileTest, GemmFieldsAreChecked) {
   v1::GemmRequest g =
       GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_FP32, TestValues(6, 1), TestValues(12, 2), 2, 3, 4);

@@ -7,7 +7,7 @@
 // client sends. A unary method gets the rest as its one message; a streaming
 // method gets a sequence of messages, each preceded by a 2-byte little-endian
 // length. The daemon (cpu backend, one worker, 64 KiB messages, a --model-dir
-// holding a safetensors file) has a model "m" with published weights, so
+// holding a safetensors file, room for 4 run tags) has a model "m" with published weights, so
 // forwards, backwards and loads reach the kernels, not just the validators.
 //
 // What counts as a failure: a crash or a sanitizer report in the daemon, or a
@@ -63,6 +63,8 @@ void Setup() {
   options.weight_memory_bytes = 64 << 20;
   options.grace_seconds = 0;
   options.model_dirs = {dir.string()};
+  // Few run tags, so that mutated tags fold runs into the untagged energy often.
+  options.max_energy_runs = 4;
   absl::StatusOr<std::unique_ptr<mxserve::Daemon>> started = mxserve::Daemon::Start(options);
   if (!started.ok()) Fail(std::string(started.status().message()));
   daemon = started->release();  // lives as long as the process

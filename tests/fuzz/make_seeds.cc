@@ -85,6 +85,22 @@ void RpcSeeds() {
   *s3.mutable_backward() = with;
   Rpc("stream", "/mxserve.v1.Compute/Stream", {&s1, &s2, &s3});
 
+  // Run tags: each kind of compute request booked under a run, and a stream
+  // whose requests belong to different runs (and none).
+  v1::GemmRequest tagged_gemm = gemm;
+  tagged_gemm.set_run("exp/fp16-baseline");
+  Rpc("gemm_run", "/mxserve.v1.Compute/Gemm", {&tagged_gemm});
+  v1::LayerForwardRequest tagged_forward = mxfp8;
+  tagged_forward.set_run("exp/policy-B:1");
+  Rpc("forward_run", "/mxserve.v1.Compute/LayerForward", {&tagged_forward});
+  v1::LayerBackwardRequest tagged_backward = with;
+  tagged_backward.set_run("exp/policy-B:1");
+  Rpc("backward_run", "/mxserve.v1.Compute/LayerBackward", {&tagged_backward});
+  v1::StreamRequest t1 = s1, t2 = s2, t3 = s3;
+  t1.mutable_gemm()->set_run("a");
+  t2.mutable_forward()->set_run("b");
+  Rpc("stream_runs", "/mxserve.v1.Compute/Stream", {&t1, &t2, &t3});
+
   v1::RegisterModelRequest reg;
   reg.set_name("fuzz-model");
   reg.set_policy("B-balanced");
@@ -159,9 +175,16 @@ void RpcSeeds() {
     samples[i].set_watts(100 + 10 * i);
   }
   Rpc("power", "/mxserve.v1.Telemetry/ReportPower", {&samples[0], &samples[1], &samples[2]});
+  // The same device working for two runs in turn.
+  samples[1].set_run("exp/policy-B:1");
+  samples[2].set_run("exp/fp16-baseline");
+  Rpc("power_runs", "/mxserve.v1.Telemetry/ReportPower", {&samples[0], &samples[1], &samples[2]});
   v1::GetEnergyReportRequest report;
   report.set_since_seconds(now - 60);
   Rpc("energy", "/mxserve.v1.Telemetry/GetEnergyReport", {&report});
+  v1::GetEnergyReportRequest run_report;
+  run_report.set_run("exp/policy-B:1");
+  Rpc("energy_run", "/mxserve.v1.Telemetry/GetEnergyReport", {&run_report});
 
   // Profiles: a calibrated profile of the seed model (inputs and gradients for
   // its first layer, inputs alone for the second), then what reads it.

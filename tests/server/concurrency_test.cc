@@ -102,12 +102,16 @@ TEST(Concurrency, CopiesUploadsAndEvictionsKeepTheBudgetExact) {
 }
 
 TEST(Concurrency, TheLedgerAddsUpWhileItIsRead) {
-  EnergyLedger ledger(/*retention_seconds=*/5);
-  constexpr int kThreads = 4, kAdds = 5000;
+  // Eight run tags and room for three, and a small bucket budget: runs fold
+  // into the untagged series and their seconds into totals while others add.
+  EnergyLedger ledger({.retention_seconds = 5, .max_runs = 3, .max_run_seconds = 64});
+  constexpr int kThreads = 4, kAdds = 5000, kRuns = 8;
   std::atomic<bool> stop{false};
   std::thread reader([&] {
-    while (!stop.load()) {
-      for (const EnergyRow& row : ledger.Report(0)) EXPECT_GE(row.amount.joules, 0);
+    for (int i = 0; !stop.load(); ++i) {
+      for (const EnergyRow& row : ledger.Report(0, i % 2 ? kAllRuns : "run-1")) {
+        EXPECT_GE(row.amount.joules, 0);
+      }
     }
   });
   std::vector<std::thread> writers;
@@ -115,7 +119,8 @@ TEST(Concurrency, TheLedgerAddsUpWhileItIsRead) {
     writers.emplace_back([&, t] {
       for (int i = 0; i < kAdds; ++i) {
         // Seconds far apart, so old ones fold into the per-key total meanwhile.
-        ledger.Add("source", static_cast<Phase>(t % 3), 1e9 + i,
+        const std::string run = i % (kRuns + 1) == 0 ? "" : "run-" + std::to_string(i % kRuns);
+        ledger.Add("source", static_cast<Phase>(t % 3), run, 1e9 + i,
                    {.joules = 0.5, .busy_seconds = 0.25, .requests = 1});
       }
     });
@@ -125,12 +130,14 @@ TEST(Concurrency, TheLedgerAddsUpWhileItIsRead) {
   reader.join();
   double joules = 0;
   uint64_t requests = 0;
-  for (const EnergyRow& row : ledger.Report(0)) {
+  for (const EnergyRow& row : ledger.Report(0, kAllRuns)) {
     joules += row.amount.joules;
     requests += row.amount.requests;
   }
   EXPECT_EQ(requests, uint64_t{kThreads} * kAdds);
   EXPECT_DOUBLE_EQ(joules, 0.5 * kThreads * kAdds);
+  EXPECT_LE(ledger.run_count(), 3u);
+  EXPECT_LE(ledger.run_seconds(), 64u);
 }
 
 }  // namespace

@@ -54,6 +54,19 @@ TEST(Options, ModelDirsRepeatAndPowerBounds) {
   EXPECT_EQ(parsed->options.max_power_series, 2);
 }
 
+TEST(Options, MaxEnergyRunsIsBounded) {
+  EXPECT_EQ(ParseCommandLine({}).value().options.max_energy_runs, 1024);
+  auto parsed = ParseCommandLine({"--max-energy-runs", "3"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.max_energy_runs, 3);
+  // At least one run: 0 would leave a tagged request nowhere to be booked apart.
+  EXPECT_EQ(ParseCommandLine({"--max-energy-runs", "0"}).status().message(),
+            "--max-energy-runs: expected an integer in [1, 65536], got '0'");
+  EXPECT_EQ(ParseCommandLine({"--max-energy-runs", "65537"}).status().message(),
+            "--max-energy-runs: expected an integer in [1, 65536], got '65537'");
+  EXPECT_NE(HelpText().find("--max-energy-runs N"), std::string::npos);
+}
+
 // Without XRT the fpga backend is not built; asking for it says so and names the
 // alternative, before anything starts.
 TEST(Options, FpgaBackendNeedsXrt) {

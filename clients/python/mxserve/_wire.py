@@ -1,4 +1,4 @@
-"""Names and tensors on the wire: phases, formats, and arrays ↔ mxserve.v1.Tensor.
+"""Names and tensors on the wire: phases, formats, run tags, and arrays ↔ mxserve.v1.Tensor.
 
 Arrays cross as raw little-endian bytes through the buffer protocol: one copy into
 the request, one copy out of the response, no Python loop over elements.
@@ -6,6 +6,7 @@ the request, one copy out of the response, no Python loop over elements.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, Optional, Union
 
@@ -22,6 +23,9 @@ FORMATS = ("MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1",
            "INT8", "BF16", "FP16", "FP32")
 _FORMAT_ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 _POLICY_WORDS = ("", "POLICY", "AUTO")
+
+# A run tag: the daemon's rule for client-chosen labels (server/base/label.h).
+_RUN_TAG = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 
 PhaseLike = Union[str, int]
 FormatLike = Union[None, str, int]
@@ -47,6 +51,17 @@ def phase_to_wire(phase: Optional[PhaseLike]) -> int:
     except KeyError:
         raise ValueError(f"phase: unknown phase {phase!r}; expected rollout, reward or update") \
             from None
+
+
+def run_to_wire(run: Optional[str], field: str = "run") -> str:
+    """A run tag as requests carry it: None or '' (untagged) become '', anything
+    else must be 1-64 characters of [A-Za-z0-9_.:/-], the daemon's rule, checked
+    here so that a bad tag fails before anything is sent."""
+    if run is None or run == "":
+        return ""
+    if not isinstance(run, str) or not _RUN_TAG.fullmatch(run):
+        raise ValueError(f"{field}: expected 1-64 characters of [A-Za-z0-9_.:/-], got {run!r}")
+    return run
 
 
 def phase_name(wire: int) -> str:

@@ -3,8 +3,9 @@
     with mxserve.Client("127.0.0.1:50051") as client:
         client.register_model("mlp", [("fc1", 64, 32, True)])
         client.upload_weights("mlp", {"fc1": (w, b)}, publish=True)
-        with client.phase("rollout"):
+        with client.run("exp1/policy-B"), client.phase("rollout"):
             y = client.forward("mlp", "fc1", x).output
+        joules = client.energy_report(run="exp1/policy-B").joules()
 
 Arrays are numpy arrays or torch tensors (outputs follow the input's kind). Every
 failure the daemon reports is raised as `MxserveError`, carrying the gRPC status
@@ -68,24 +69,26 @@ def _status_code(value: int) -> grpc.StatusCode:
     return _STATUS_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
 
 
-class _PhaseScope(contextlib.ContextDecorator):
-    """`with client.phase("rollout"):` or `@client.phase("rollout")`.
+class _Scope(contextlib.ContextDecorator):
+    """`with client.phase("rollout"):` or `@client.phase("rollout")`, and the same
+    for `client.run(...)`: `name` says which ("phase" or "run").
 
-    The phase lives in a ContextVar, so each thread (and each asyncio task) has its
+    The value lives in a ContextVar, so each thread (and each asyncio task) has its
     own; a scope restores whatever was current when it was entered. One scope object
     may be entered by several threads at once; within one thread, asyncio tasks
     should each use their own `with client.phase(...)`. Decorating a coroutine
     function is refused: the scope would end before its body runs.
     """
 
-    def __init__(self, var: contextvars.ContextVar, phase: str):
+    def __init__(self, var: contextvars.ContextVar, value: str, name: str):
         self._var = var
-        self._phase = phase
+        self._value = value
+        self._name = name
         self._tokens = threading.local()
 
     def __enter__(self):
         stack = self._tokens.__dict__.setdefault("stack", [])
-        stack.append(self._var.set(self._phase))
+        stack.append(self._var.set(self._value))
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -93,12 +96,12 @@ class _PhaseScope(contextlib.ContextDecorator):
         return False
 
     def _recreate_cm(self):  # each decorated call gets its own scope
-        return _PhaseScope(self._var, self._phase)
+        return _Scope(self._var, self._value, self._name)
 
     def __call__(self, function):
         if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
-            raise TypeError("client.phase(...) cannot decorate a coroutine function; use "
-                            "`with client.phase(...)` inside it")
+            raise TypeError(f"client.{self._name}(...) cannot decorate a coroutine function; "
+                            f"use `with client.{self._name}(...)` inside it")
         return super().__call__(function)
 
 
@@ -319,6 +322,7 @@ class Client:
             request_serializer=_health_pb2.HealthCheckRequest.SerializeToString,
             response_deserializer=_health_pb2.HealthCheckResponse.FromString)
         self._phase = contextvars.ContextVar(f"mxserve_phase_{id(self)}", default=None)
+        self._run = contextvars.ContextVar(f"mxserve_run_{id(self)}", default=None)
 
     # --- lifetime ----------------------------------------------------------------------
 
@@ -375,21 +379,41 @@ class Client:
     def _resolve_phase(self, phase: Optional[_wire.PhaseLike]) -> int:
         return _wire.phase_to_wire(phase if phase is not None else self._phase.get())
 
-    # --- phases --------------------------------------------------------------------------
+    def _resolve_run(self, run: Optional[str]) -> str:
+        return _wire.run_to_wire(run if run is not None else self._run.get())
 
-    def phase(self, phase: _wire.PhaseLike) -> _PhaseScope:
+    # --- phases and runs -----------------------------------------------------------------
+
+    def phase(self, phase: _wire.PhaseLike) -> _Scope:
         """Context manager and decorator: compute calls inside carry this phase.
 
         Nested scopes restore the outer phase on exit; each thread has its own.
         An explicit `phase=` argument on a call wins over the scope.
         """
         name = _wire.phase_name(_wire.phase_to_wire(phase))  # validates early
-        return _PhaseScope(self._phase, name)
+        return _Scope(self._phase, name, "phase")
 
     @property
     def current_phase(self) -> Optional[str]:
         """The phase compute calls from this thread carry now, or None."""
         return self._phase.get()
+
+    def run(self, tag: Optional[str]) -> _Scope:
+        """Context manager and decorator: compute calls and power samples inside
+        carry this run tag, and the daemon books their energy under it, so that
+        `energy_report(run=tag)` reads this run alone while others use the daemon.
+
+        A tag is 1-64 characters of [A-Za-z0-9_.:/-] (ValueError otherwise, at
+        once); "" or None leaves the calls inside untagged. Nested scopes restore
+        the outer run on exit; each thread has its own. An explicit `run=` argument
+        on a call wins over the scope.
+        """
+        return _Scope(self._run, _wire.run_to_wire(tag), "run")  # validates early
+
+    @property
+    def current_run(self) -> Optional[str]:
+        """The run tag compute calls from this thread carry now, or None (untagged)."""
+        return self._run.get() or None
 
     # --- health --------------------------------------------------------------------------
 
@@ -413,28 +437,30 @@ class Client:
 
     # --- compute -------------------------------------------------------------------------
 
-    def _gemm_request(self, a, b, format, format_b, phase, rounding) -> compute_pb2.GemmRequest:
+    def _gemm_request(self, a, b, format, format_b, phase, rounding,
+                      run) -> compute_pb2.GemmRequest:
         if rounding not in ("even", "away"):
             raise ValueError(f"rounding: expected 'even' or 'away', got {rounding!r}")
         return compute_pb2.GemmRequest(
-            phase=self._resolve_phase(phase), format=_wire.format_to_wire(format),
+            phase=self._resolve_phase(phase), run=self._resolve_run(run),
+            format=_wire.format_to_wire(format),
             format_b=_wire.format_to_wire(format_b),
             a=common_pb2.Operand(tensor=_wire.to_tensor(a, "a")),
             b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")),
             rounding=(common_pb2.ROUNDING_NEAREST_EVEN if rounding == "even"
                       else common_pb2.ROUNDING_NEAREST_AWAY))
 
-    def _forward_request(self, model, layer, x, format, phase, min_weight_version):
+    def _forward_request(self, model, layer, x, format, phase, min_weight_version, run):
         return compute_pb2.LayerForwardRequest(
-            model=model, layer=layer, phase=self._resolve_phase(phase),
+            model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             input=common_pb2.Operand(tensor=_wire.to_tensor(x, "input")),
             min_weight_version=min_weight_version)
 
     def _backward_request(self, model, layer, grad_output, input, format, phase,
-                          min_weight_version):
+                          min_weight_version, run):
         request = compute_pb2.LayerBackwardRequest(
-            model=model, layer=layer, phase=self._resolve_phase(phase),
+            model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             grad_output=_wire.to_tensor(grad_output, "grad_output"),
             min_weight_version=min_weight_version)
@@ -456,29 +482,34 @@ class Client:
 
     def gemm(self, a, b, format: _wire.FormatLike, format_b: _wire.FormatLike = None, *,
              phase: Optional[_wire.PhaseLike] = None, rounding: str = "even",
+             run: Optional[str] = None,
              timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """C = A·B, A [M, K] quantized to `format`, B [K, N] to `format_b` (default:
-        `format`), both along K. No model needed; the format is required."""
-        request = self._gemm_request(a, b, format, format_b, phase, rounding)
+        `format`), both along K. No model needed; the format is required. `phase`
+        and `run` ("" for untagged) default to the `client.phase(...)` and
+        `client.run(...)` scopes; so do those of the calls below."""
+        request = self._gemm_request(a, b, format, format_b, phase, rounding, run)
         response = self._call("Gemm", self._compute.Gemm, request, timeout)
         return self._compute_result(response.c, response.info, a)
 
     def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
+                run: Optional[str] = None,
                 timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
         is explicit or the model's policy's choice for (phase, layer)."""
-        request = self._forward_request(model, layer, x, format, phase, min_weight_version)
+        request = self._forward_request(model, layer, x, format, phase, min_weight_version, run)
         response = self._call("LayerForward", self._compute.LayerForward, request, timeout)
         return self._compute_result(response.output, response.info, x)
 
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
-                 min_weight_version: int = 0, timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
+                 min_weight_version: int = 0, run: Optional[str] = None,
+                 timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
         """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
         grad_bias (column sums of dY) comes back for layers with a bias."""
         request = self._backward_request(model, layer, grad_output, input, format, phase,
-                                         min_weight_version)
+                                         min_weight_version, run)
         return self._backward_result(
             self._call("LayerBackward", self._compute.LayerBackward, request, timeout),
             grad_output)
@@ -733,31 +764,45 @@ class Client:
     def report_power(self, samples: Iterable[Union[PowerSample, tuple]],
                      timeout: Optional[float] = None) -> PowerResult:
         """Streams power samples (PowerSample or (source, device, phase, timestamp,
-        watts)); the daemon integrates consecutive samples of a (source, device) by the
-        trapezoid rule into the later sample's phase. The iterable may be a generator
-        that keeps producing while the stream is open."""
+        watts[, run])); the daemon integrates consecutive samples of a (source, device)
+        by the trapezoid rule into the later sample's phase and run. A sample whose
+        run is None carries the run of the `client.run(...)` scope this call is made
+        in ("" for untagged). The iterable may be a generator that keeps producing
+        while the stream is open."""
+        # gRPC reads the generator on its own thread: the scope is this thread's.
+        scope_run = self._run.get()
+
         def stream():
-            for sample in samples:
+            for index, sample in enumerate(samples):
                 s = sample if isinstance(sample, PowerSample) else PowerSample(*sample)
+                run = _wire.run_to_wire(s.run if s.run is not None else scope_run,
+                                        f"samples[{index}].run")
                 yield telemetry_pb2.PowerSample(source=s.source, device=s.device,
                                                 phase=_wire.phase_to_wire(s.phase),
-                                                timestamp_seconds=s.timestamp, watts=s.watts)
+                                                timestamp_seconds=s.timestamp, watts=s.watts,
+                                                run=run)
         response = self._stream_call("ReportPower", self._telemetry.ReportPower, stream(),
                                      timeout)
         return PowerResult(samples_accepted=response.samples_accepted,
                            joules_added=response.joules_added)
 
-    def energy_report(self, since: float = 0.0, timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:
+    def energy_report(self, since: float = 0.0, run: Optional[str] = None, *,
+                      timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:
         """Joules, busy seconds and requests per source and phase (since a Unix time;
-        0 = since the daemon started)."""
-        response = self._call("GetEnergyReport", self._telemetry.GetEnergyReport,
-                              telemetry_pb2.GetEnergyReportRequest(since_seconds=since), timeout)
+        0 = since the daemon started), of one run (`run`, e.g. `client.current_run`)
+        or of every run together (None or ""; the `client.run(...)` scope does not
+        apply here). A run the daemon does not hold gives no entries."""
+        request = telemetry_pb2.GetEnergyReportRequest(since_seconds=since,
+                                                       run=_wire.run_to_wire(run))
+        response = self._call("GetEnergyReport", self._telemetry.GetEnergyReport, request,
+                              timeout)
         return EnergyReport(
             entries=tuple(
                 EnergyEntry(source=e.source, phase=_wire.phase_name(e.phase), joules=e.joules,
                             busy_seconds=e.busy_seconds, requests=e.requests)
                 for e in response.entries),
-            since_seconds=response.since_seconds, until_seconds=response.until_seconds)
+            since_seconds=response.since_seconds, until_seconds=response.until_seconds,
+            run=response.run)
 
 
 _CLOSE = object()
@@ -772,8 +817,9 @@ class StreamSession:
 
     Each call returns a concurrent.futures.Future right away; at most
     `max_in_flight` wait for answers (submitting more blocks). A failed request
-    fails its own future with MxserveError; the stream goes on. Phases are taken
-    from the submitting thread's `client.phase(...)` scope at submit time. Futures
+    fails its own future with MxserveError; the stream goes on. Phases and runs are
+    taken from the submitting thread's `client.phase(...)` and `client.run(...)`
+    scopes at submit time (an explicit `phase=` or `run=` wins). Futures
     run their done-callbacks on the session's reader thread: a callback must not
     submit to the same session (it could wait for a slot only it would free).
     """
@@ -845,20 +891,23 @@ class StreamSession:
         self._outbox.put(compute_pb2.StreamRequest(request_id=request_id, **{field: op}))
         return future
 
-    def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even") -> Future:
-        op = self._client._gemm_request(a, b, format, format_b, phase, rounding)
+    def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even",
+             run=None) -> Future:
+        op = self._client._gemm_request(a, b, format, format_b, phase, rounding, run)
         return self._submit("gemm", op, lambda r, like: Client._compute_result(r.gemm.c, r.gemm.info, like), a)
 
-    def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0) -> Future:
-        op = self._client._forward_request(model, layer, x, format, phase, min_weight_version)
+    def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0,
+                run=None) -> Future:
+        op = self._client._forward_request(model, layer, x, format, phase, min_weight_version,
+                                           run)
         return self._submit("forward", op,
                             lambda r, like: Client._compute_result(r.forward.output, r.forward.info,
                                                                   like), x)
 
     def backward(self, model, layer, grad_output, input=None, *, format=None, phase=None,
-                 min_weight_version=0) -> Future:
+                 min_weight_version=0, run=None) -> Future:
         op = self._client._backward_request(model, layer, grad_output, input, format, phase,
-                                            min_weight_version)
+                                            min_weight_version, run)
         return self._submit("backward", op,
                             lambda r, like: Client._backward_result(r.backward, like), grad_output)
 

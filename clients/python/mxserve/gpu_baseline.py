@@ -9,6 +9,9 @@ forward and backward at M=512) or a callable. Power comes from NVML about ten ti
 a second, or from `--power-source replay:FILE` (CSV timestamp,watts[,phase]) where
 there is no GPU. Each sample carries the phase running when it was taken; the
 daemon integrates consecutive samples (trapezoids) into the later sample's phase.
+With `--run TAG` every sample also carries the run tag, the daemon books the energy
+under that run, and the summary reads the run's own energy report: other clients'
+samples under the same source do not count.
 """
 
 from __future__ import annotations
@@ -77,8 +80,9 @@ class _Sampler:
     (Telemetry.ReportPower) as it comes, tagged with the runner's current phase."""
 
     def __init__(self, client: Client, power, device: str, source: str,
-                 current_phase: Callable[[], str]):
+                 current_phase: Callable[[], str], run: str = ""):
         self.client, self.power, self.device, self.source = client, power, device, source
+        self.run = run
         self._current_phase = current_phase
         self.sent: List[tuple] = []  # (timestamp, watts, phase), as sent
         self.result = None
@@ -102,7 +106,8 @@ class _Sampler:
                 timestamp, watts, phase = sample
                 sample = (timestamp, watts, phase or self._current_phase())
                 self.sent.append(sample)
-                self._outbox.put(PowerSample(self.source, self.device, sample[2], timestamp, watts))
+                self._outbox.put(PowerSample(self.source, self.device, sample[2], timestamp, watts,
+                                             run=self.run))
         except BaseException as error:  # surfaced by stop()
             self.error = error
         finally:
@@ -133,15 +138,23 @@ class _Sampler:
 class GpuBaseline:
     """Runs a workload on a torch device and streams the device's power to mxserved.
 
-        runner = GpuBaseline(client, power=open_power_source("nvml"))
+        runner = GpuBaseline(client, power=open_power_source("nvml"), run="exp1/gpu")
         summary = runner.run(qwen_workload(), steps=5)
+
+    `run`: the run tag of every power sample (default: the `client.run(...)` scope
+    the runner was made in, else untagged); when set, the summary's joules come
+    from that run's energy report.
     """
 
     def __init__(self, client: Client, power, device: str = "cuda:0", dtype=None,
-                 source: str = SOURCE, min_phase_seconds: float = 0.0, seed: int = 0):
+                 source: str = SOURCE, min_phase_seconds: float = 0.0, seed: int = 0,
+                 run: Optional[str] = None):
         import torch  # optional for the rest of the package
         self.torch = torch
         self.client, self.power, self.source = client, power, source
+        # The sampler streams from its own threads, where no scope is current:
+        # the tag is fixed here.
+        self.run_tag = _wire.run_to_wire(run if run is not None else client.current_run)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("CUDA is not available to torch; run with --device cpu and "
@@ -213,11 +226,11 @@ class GpuBaseline:
             for shape in workload:  # allocate up front, outside the measured time
                 for index in range(shape.repeat):
                     self._operands(shape, index)
-        before = self.client.energy_report()
+        before = self.client.energy_report(run=self.run_tag)
         self._phase = phases[0]
         self._synchronize()
         sampler = _Sampler(self.client, self.power, str(self.device), self.source,
-                           lambda: self._phase)
+                           lambda: self._phase, self.run_tag)
         sampler.start()
         started = time.monotonic()
         try:
@@ -228,11 +241,12 @@ class GpuBaseline:
             raise
         wall = time.monotonic() - started
         sampler.stop()
-        after = self.client.energy_report()
+        after = self.client.energy_report(run=self.run_tag)
 
         local = trapezoid_joules(sampler.sent)
         summary = {
             "source": self.source,
+            "run": self.run_tag,
             "device": str(self.device),
             "device_name": getattr(self.power, "device_name", ""),
             "dtype": str(self.dtype).replace("torch.", ""),
@@ -275,7 +289,8 @@ def nvml_index(device: str) -> int:
 def summary_table(summary: dict) -> str:
     lines = [f"{summary['device']} ({summary['device_name']}), {summary['dtype']}, power from "
              f"{summary['power_source']}: {summary['samples']} samples over "
-             f"{summary['wall_seconds']:.2f} s",
+             f"{summary['wall_seconds']:.2f} s"
+             + (f", run {summary['run']}" if summary.get("run") else ""),
              f"{'phase':<8} {'seconds':>9} {'TFLOP/s':>9} {'joules':>10} {'mean W':>8}"]
     for phase, p in summary["phases"].items():
         watts = p["joules"] / p["seconds"] if p["seconds"] else 0.0
@@ -310,12 +325,16 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
                                                           "gpu_baseline)")
     parser.add_argument("--samples-out", help="write every sample sent (CSV "
                                               "timestamp,watts,phase); replayable")
+    parser.add_argument("--run", default="",
+                        help="run tag of every power sample (1-64 of [A-Za-z0-9_.:/-]); the "
+                             "summary then reads that run's energy only (default: untagged)")
     parser.add_argument("--timeout", type=float, default=30.0, help="RPC deadline, s")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps: expected >= 1, got {args.steps}")
 
     try:
+        _wire.run_to_wire(args.run, "--run")
         workload = (qwen_workload(args.rollout_m, args.reward_m, args.update_m)
                     if args.workload == "qwen2.5-0.5b" else load_workload(args.workload))
         device_index = nvml_index(args.device)
@@ -327,7 +346,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         with Client(args.server, timeout=args.timeout) as client, contextlib.closing(power):
             client.wait_ready(timeout=args.timeout)
             runner = GpuBaseline(client, power, device=args.device, source=args.source,
-                                 min_phase_seconds=args.min_phase_seconds)
+                                 min_phase_seconds=args.min_phase_seconds, run=args.run)
             energy_before = power.energy_joules()
             summary = runner.run(workload, steps=args.steps)
             energy_after = power.energy_joules()

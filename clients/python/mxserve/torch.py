@@ -14,10 +14,11 @@ Every `nn.Linear` (and every Hugging Face `Conv1D`, GPT-2's linear layer, whose
 weight is stored transposed) is registered under its `named_modules()` name and
 replaced by an `OffloadedLinear` that shares the original's parameters, so an
 optimizer built before or after `offload` steps the same tensors. Forward runs
-`LayerForward` in the phase of the caller's `client.phase(...)` scope, in the format
-the model's policy gives that (phase, layer) unless `format=` pins one. Backward runs
-`LayerBackward` in the phase the forward ran in: grad_input remotely, grad_weight
-remotely (default) or locally in FP32 (`grad_weight="local"`).
+`LayerForward` in the phase (and run) of the caller's `client.phase(...)` (and
+`client.run(...)`) scope, in the format the model's policy gives that (phase, layer)
+unless `format=` pins one. Backward runs `LayerBackward` in the phase and run the
+forward ran in: grad_input remotely, grad_weight remotely (default) or locally in
+FP32 (`grad_weight="local"`).
 """
 
 from __future__ import annotations
@@ -53,14 +54,17 @@ class _RemoteLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, layer: "OffloadedLinear"):
         session = layer.session
         phase = session.client.current_phase
+        # "" (not None) when untagged: the backward must not pick up whatever run
+        # scope loss.backward() happens to be called in.
+        run = session.client.current_run or ""
         x2d = x.reshape(-1, layer.in_features)
         fmt = layer.effective_format
         result = session.client.forward(session.model_name, layer.layer_name, x2d,
-                                        format=fmt, phase=phase,
+                                        format=fmt, phase=phase, run=run,
                                         min_weight_version=session.weight_version)
         layer.last_info = result.info
         y = result.output.to(device=x.device, dtype=x.dtype)
-        ctx.layer, ctx.phase, ctx.format = layer, phase, fmt
+        ctx.layer, ctx.phase, ctx.run, ctx.format = layer, phase, run, fmt
         ctx.version = result.info.weight_version
         ctx.input_shape = x.shape
         if weight.requires_grad:
@@ -80,7 +84,7 @@ class _RemoteLinear(torch.autograd.Function):
         if need_x or remote_w or (need_b and session.grad_weight == "remote"):
             result = session.client.backward(
                 session.model_name, layer.layer_name, dy, x2d if remote_w else None,
-                format=ctx.format, phase=ctx.phase, min_weight_version=ctx.version)
+                format=ctx.format, phase=ctx.phase, run=ctx.run, min_weight_version=ctx.version)
             layer.last_backward_info = result.info
             if need_x:
                 grad_x = result.grad_input.to(device=grad_y.device,

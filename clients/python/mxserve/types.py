@@ -133,12 +133,14 @@ class ResolvedPolicy:
 
 @dataclass(frozen=True)
 class PowerSample:
-    """One power reading. `timestamp` is Unix time in seconds."""
+    """One power reading. `timestamp` is Unix time in seconds. `run`: the run tag the
+    device worked for (None: the `client.run(...)` scope's when sent; "": untagged)."""
     source: str
     device: str
     phase: str
     timestamp: float
     watts: float
+    run: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -158,9 +160,12 @@ class EnergyEntry:
 
 @dataclass(frozen=True)
 class EnergyReport:
+    """Energy per (source, phase); `run` is the run it was read for ("": every run
+    together)."""
     entries: Tuple[EnergyEntry, ...]
     since_seconds: float
     until_seconds: float
+    run: str = ""
 
     def joules(self, source: Optional[str] = None, phase: Optional[str] = None) -> float:
         """Total joules, optionally of one source and/or phase."""

@@ -6,12 +6,14 @@ import csv
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 pytest.importorskip("torch")
 
+import mxserve  # noqa: E402
 from conftest import python_env  # noqa: E402
 from mxserve.gpu_baseline import GpuBaseline, LayerShape, load_workload  # noqa: E402
 from mxserve.power import NvmlPower, PowerSourceError, ReplayPower  # noqa: E402
@@ -82,6 +84,54 @@ def test_replayed_power_is_accounted_per_phase(daemon, client, tmp_path):
         assert summary["phases"][phase]["seconds"] >= 0.8  # 2 steps × --min-phase-seconds
         assert summary["phases"][phase]["flops"] > 0
     assert "rollout" in done.stderr and "joules" in done.stderr  # the table
+
+
+def test_a_run_tag_reads_only_its_own_samples(daemon, client, tmp_path):
+    # Another client reports the same source (another device) untagged while the
+    # runner runs: with --run, the summary counts the runner's samples only.
+    rows = [(7000.0 + 0.1 * i, 120.0 + 4 * i, None) for i in range(12)]
+    write_trace(tmp_path / "trace.csv", rows)
+    stop = threading.Event()
+
+    def other_client():
+        def samples():
+            while not stop.is_set():
+                yield mxserve.PowerSample("gpu_tagged", "other:0", "rollout", time.time(), 300.0,
+                                          run="")
+                time.sleep(0.05)
+        client.report_power(samples())
+
+    other = threading.Thread(target=other_client)
+    other.start()
+    try:
+        out, log = tmp_path / "summary.json", tmp_path / "samples.csv"
+        done = run_cli(daemon, tmp_path, "--power-source", f"replay:{tmp_path / 'trace.csv'}",
+                       "--steps", "1", "--min-phase-seconds", "0.5", "--source", "gpu_tagged",
+                       "--run", "gpu-test/run-1", "--out", str(out), "--samples-out", str(log))
+    finally:
+        stop.set()
+        other.join()
+    assert done.returncode == 0, done.stderr
+    assert "run gpu-test/run-1" in done.stderr  # the table's first line
+    summary = json.loads(out.read_text())
+    assert summary["run"] == "gpu-test/run-1"
+    assert summary["samples"] == summary["samples_accepted"] == 12
+    with open(log) as f:
+        sent = [(float(r["timestamp"]), float(r["watts"]), r["phase"]) for r in csv.DictReader(f)]
+    expected = trapezoids(sent)
+    report = client.energy_report(run="gpu-test/run-1").by_phase("gpu_tagged")
+    assert set(report) == set(expected)
+    for phase, joules in expected.items():
+        assert report[phase].joules == pytest.approx(joules, rel=1e-9)
+        assert summary["phases"][phase]["joules"] == pytest.approx(joules, rel=1e-9)
+    # 1.1 s × 142 W of the trace; the other client's 300 W are in the total only.
+    assert summary["total_joules"] == pytest.approx(156.2, rel=1e-6)
+    assert client.energy_report().joules(source="gpu_tagged") > summary["total_joules"] + 100
+
+    done = run_cli(daemon, tmp_path, "--power-source", f"replay:{tmp_path / 'trace.csv'}",
+                   "--run", "a b")
+    assert done.returncode == 2
+    assert "--run: expected 1-64 characters of [A-Za-z0-9_.:/-], got 'a b'" in done.stderr
 
 
 def test_a_trace_with_phases_replays_exactly(daemon, client, tmp_path):

@@ -163,6 +163,23 @@ def test_local_grad_weight_is_plain_fp32(client, model_name):
     assert torch.equal(model[0].bias.grad, dy.sum(0))
 
 
+def test_backward_runs_in_the_run_and_phase_of_its_forward(client, model_name):
+    # loss.backward() outside the scopes still books under the forward's run: an
+    # experiment's energy includes its backward passes.
+    model = mlp()
+    x = torch.randn(4, 64)
+    with offload(model, client, name=model_name):
+        with client.run("offload-test/run-1"), client.phase("update"):
+            y = model(x)
+        assert client.current_run is None
+        with client.run("offload-test/elsewhere"):
+            y.sum().backward()
+    update = client.energy_report(run="offload-test/run-1").by_phase("fpga_model")["update"]
+    assert update.requests == 6  # three forwards, three backwards (grad_weight remote)
+    assert client.energy_report(run="offload-test/elsewhere").entries == ()
+    assert all(p.grad is not None for p in model.parameters())
+
+
 def test_training_works_unchanged_and_sync_weights_publishes(client, model_name):
     model = mlp()
     client.put_policy(MX_UPDATE_POLICY)
