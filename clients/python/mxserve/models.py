@@ -602,6 +602,17 @@ def _weight_files(directory: Path) -> List[Path]:
 def load_pretrained(path: os.PathLike | str, dtype: torch.dtype = torch.float32) -> CausalLM:
     """A model from a Hugging Face directory: config.json and model.safetensors (or a
     sharded model.safetensors.index.json), its weights converted to `dtype`.
+    See `load_pretrained_with_extra` for the checks."""
+    return load_pretrained_with_extra(path, (), dtype)[0]
+
+
+def load_pretrained_with_extra(path: os.PathLike | str, extra: Sequence[str] = (),
+                               dtype: torch.dtype = torch.float32
+                               ) -> Tuple[CausalLM, Dict[str, torch.Tensor]]:
+    """load_pretrained, plus the tensors named in `extra` that the checkpoint holds
+    beside the model (e.g. a sequence-classification head's "score.weight"), which
+    are returned by name. With `extra`, an untied lm_head.weight may be missing (a
+    classification checkpoint has none); the head keeps its initial values.
 
     Everything is checked before weights are read: a missing directory, config.json or
     weights file raises FileNotFoundError; a missing tensor, a wrong shape or an
@@ -623,7 +634,8 @@ def load_pretrained(path: os.PathLike | str, dtype: torch.dtype = torch.float32)
             found[name] = (file, info)
     prefix = cls.base_model_prefix + "."
     bare = not any(name.startswith(prefix) for name in found)
-    rename = {name: prefix + name if bare and not name.startswith("lm_head.") else name
+    rename = {name: prefix + name
+              if bare and not name.startswith("lm_head.") and name not in extra else name
               for name in found}
 
     model = cls(config, device="meta", dtype=dtype)
@@ -631,7 +643,13 @@ def load_pretrained(path: os.PathLike | str, dtype: torch.dtype = torch.float32)
     stored = {rename[name]: entry for name, entry in found.items()}
     tied_head = config.tie_word_embeddings and "lm_head.weight" in stored
     checked = dict(expected, **({"lm_head.weight": model.lm_head.weight} if tied_head else {}))
+    for name in extra:
+        if name not in stored:
+            raise ValueError(f"{directory}: the checkpoint lacks tensor {name!r}")
+    head_optional = bool(extra) and not config.tie_word_embeddings
     for name, tensor in checked.items():
+        if name == "lm_head.weight" and head_optional and name not in stored:
+            continue
         if name not in stored:
             raise ValueError(f"{directory}: the checkpoint lacks tensor {name!r} "
                              f"(expected shape {list(tensor.shape)})")
@@ -641,15 +659,18 @@ def load_pretrained(path: os.PathLike | str, dtype: torch.dtype = torch.float32)
                              f"expected {list(tensor.shape)} (from config.json)")
         if info.dtype not in ("F64", "F32", "F16", "BF16"):
             raise ValueError(f"{file}: tensor {name!r} is {info.dtype}, expected floating point")
-    extra = sorted(name for name in stored
-                   if name not in checked and not cls.hf_ignored.fullmatch(name))
-    if extra:
+    unexpected = sorted(name for name in stored if name not in checked and name not in extra
+                        and not cls.hf_ignored.fullmatch(name))
+    if unexpected:
         raise ValueError(f"{directory}: unexpected tensors for {config.arch}: "
-                         f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+                         f"{', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
 
     model.to_empty(device="cpu")  # allocates; breaks the tie, restored below
+    if head_optional and "lm_head.weight" not in stored:
+        model.init_weights()  # the unused head must hold numbers, not memory garbage
     targets = hf_tensors(model)
     stored_head = None
+    extras: Dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for file in sorted({file for file, _ in found.values()}):
             for name, tensor in read_safetensors(file).items():
@@ -658,9 +679,11 @@ def load_pretrained(path: os.PathLike | str, dtype: torch.dtype = torch.float32)
                     targets[name].copy_(tensor)
                 elif name == "lm_head.weight":
                     stored_head = tensor
+                elif name in extra:
+                    extras[name] = tensor.to(dtype)
     model.tie_weights()
     if stored_head is not None and not torch.equal(stored_head.to(dtype),
                                                    model.input_embeddings.weight):
         raise ValueError(f"{directory}: config.json ties the embeddings, but lm_head.weight "
                          "differs from the token embedding")
-    return model
+    return model, extras

@@ -550,3 +550,23 @@ def test_state_dict_names_follow_hugging_face():
     assert names == {n for n in gpt2_hf_tensors() if not n.endswith(buffers)}
     names = set(models.hf_tensors(build_model(ModelConfig.from_hf(QWEN2_HF_CONFIG))))
     assert names == set(qwen2_hf_tensors())
+
+
+def test_a_sequence_classification_checkpoint_loads_with_its_score_head(tmp_path):
+    # Hugging Face's Qwen2ForSequenceClassification: untied, no lm_head, a score head.
+    config = dict(QWEN2_HF_CONFIG, tie_word_embeddings=False,
+                  architectures=["Qwen2ForSequenceClassification"])
+    tensors = qwen2_hf_tensors()
+    tensors["score.weight"] = torch.arange(16, dtype=torch.float32)[None, :]
+    directory = write_checkpoint(tmp_path / "rm", config, tensors)
+    model, extra = models.load_pretrained_with_extra(directory, extra=("score.weight",))
+    assert torch.equal(extra["score.weight"], tensors["score.weight"])
+    assert torch.equal(model.model.embed_tokens.weight, tensors["model.embed_tokens.weight"])
+    assert torch.isfinite(model.lm_head.weight).all()
+    # Without asking for it the head is an unexpected tensor, and the untied lm_head is missing.
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        load_pretrained(directory)
+    del tensors["score.weight"]
+    write_checkpoint(directory, config, tensors)
+    with pytest.raises(ValueError, match="lacks tensor 'score.weight'"):
+        models.load_pretrained_with_extra(directory, extra=("score.weight",))
