@@ -11,7 +11,7 @@ over the response tokens; `mask` is 1 for real tokens and 0 for padding.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -109,11 +109,13 @@ class PolicyLoss:
 
 
 def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor, mask: torch.Tensor, cliprange: float = CLIPRANGE,
+                advantages: torch.Tensor, mask: torch.Tensor,
+                cliprange: Union[float, torch.Tensor] = CLIPRANGE,
                 is_weights: Optional[torch.Tensor] = None) -> PolicyLoss:
     """PPO's clipped surrogate, max(−A·ρ, −A·clip(ρ, 1 ± ε)) averaged over kept
-    tokens, ρ = π_new/π_old. `is_weights` (truncated importance weights of the
-    rollout, see truncated_is_weights) multiply each token's loss."""
+    tokens, ρ = π_new/π_old. `cliprange` is one ε or one per token (an adaptive
+    clipping range). `is_weights` (truncated importance weights of the rollout, see
+    truncated_is_weights) multiply each token's loss."""
     log_ratio = new_logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio

@@ -24,6 +24,7 @@ FP32 (`grad_weight="local"`).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -34,7 +35,26 @@ from mxserve import _wire
 from mxserve.client import Client, MxserveError
 from mxserve.types import ExecutionInfo, LayerSpec
 
-__all__ = ["OffloadSession", "OffloadedLinear", "offload"]
+__all__ = ["OffloadSession", "OffloadedLinear", "PhaseTotals", "offload"]
+
+
+@dataclass
+class PhaseTotals:
+    """What the daemon reported for one phase's calls, summed over their
+    ExecutionInfo: requests, compute and queue seconds, and the FPGA model's
+    seconds and joules."""
+    requests: int = 0
+    compute_seconds: float = 0.0
+    queue_seconds: float = 0.0
+    model_seconds: float = 0.0
+    model_joules: float = 0.0
+
+    def add(self, info: ExecutionInfo) -> None:
+        self.requests += 1
+        self.compute_seconds += info.compute_seconds
+        self.queue_seconds += info.queue_seconds
+        self.model_seconds += info.model_seconds
+        self.model_joules += info.model_joules
 
 
 def _is_conv1d(module: nn.Module) -> bool:
@@ -63,6 +83,7 @@ class _RemoteLinear(torch.autograd.Function):
                                         format=fmt, phase=phase, run=run,
                                         min_weight_version=session.weight_version)
         layer.last_info = result.info
+        session.account(phase, result.info)
         y = result.output.to(device=x.device, dtype=x.dtype)
         ctx.layer, ctx.phase, ctx.run, ctx.format = layer, phase, run, fmt
         ctx.version = result.info.weight_version
@@ -86,6 +107,7 @@ class _RemoteLinear(torch.autograd.Function):
                 session.model_name, layer.layer_name, dy, x2d if remote_w else None,
                 format=ctx.format, phase=ctx.phase, run=ctx.run, min_weight_version=ctx.version)
             layer.last_backward_info = result.info
+            session.account(ctx.phase, result.info)
             if need_x:
                 grad_x = result.grad_input.to(device=grad_y.device,
                                               dtype=grad_y.dtype).reshape(ctx.input_shape)
@@ -165,6 +187,7 @@ class OffloadSession:
         self.chunk_bytes = chunk_bytes
         self.weight_version = 0
         self.layers: Dict[str, OffloadedLinear] = {}
+        self.totals: Dict[str, PhaseTotals] = {}
         self._originals: Dict[str, nn.Module] = {}
         self._uploaded: Dict[str, Tuple[int, int]] = {}
 
@@ -240,6 +263,15 @@ class OffloadSession:
             yield self.model
         finally:
             self._swap({id(m): self.layers[n] for n, m in self._originals.items()})
+
+    def account(self, phase: Optional[str], info: ExecutionInfo) -> None:
+        """Adds one response's ExecutionInfo to `totals[phase]`."""
+        self.totals.setdefault(phase or "unspecified", PhaseTotals()).add(info)
+
+    def reset_totals(self) -> Dict[str, PhaseTotals]:
+        """Returns the per-phase totals so far and starts new ones."""
+        totals, self.totals = self.totals, {}
+        return totals
 
     def last_infos(self) -> Dict[str, Optional[ExecutionInfo]]:
         """{layer: ExecutionInfo of its latest forward}."""

@@ -110,3 +110,14 @@ def test_truncated_importance_weights_token_and_sequence():
         ppo.truncated_is_weights(rollout, learner, mask, level="batch")
     with pytest.raises(ValueError, match="cap"):
         ppo.truncated_is_weights(rollout, learner, mask, cap=0)
+
+
+def test_policy_loss_takes_a_clip_range_per_token():
+    # ratio e^0.5 ≈ 1.6487 with A = 1: ε 0.2 clips at 1.2, ε 1.0 lets 1.6487 through.
+    new = torch.tensor([[0.5, 0.5]])
+    old = torch.zeros(1, 2)
+    adv = torch.ones(1, 2)
+    mask = torch.ones(1, 2)
+    out = ppo.policy_loss(new, old, adv, mask, cliprange=torch.tensor([[0.2, 1.0]]))
+    assert out.loss.item() == pytest.approx(-(1.2 + math.exp(0.5)) / 2, abs=1e-6)
+    assert out.clipfrac.item() == pytest.approx(0.5)
