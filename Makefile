@@ -5,7 +5,7 @@ JOBS ?= 2
 # Keep nested makes (cmake --build) from printing "Entering directory" lines.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test run bench bench-overhead format clean \
+.PHONY: all deps configure build test run bench bench-overhead experiment format clean \
         test-asan test-tsan fuzz check-minimal-build
 
 # Sanitizer builds: clang, each in its own tree, without the benchmarks and the
@@ -53,6 +53,14 @@ run: build
 
 bench: build
 	@$(BUILD_DIR)/bin/mx_bench
+
+# The quick experiment: a daemon in emulation mode and PPO-RLHF over the whole
+# policy matrix on the built-in model; report.md, results.csv and the plots land in
+# EXPERIMENT_OUT. EXPERIMENT_ARGS replaces --quick (e.g. "--config my.toml").
+EXPERIMENT_OUT ?= $(BUILD_DIR)/experiment
+experiment: build
+	@BUILD_DIR=$(abspath $(BUILD_DIR)) EXPERIMENT_OUT=$(abspath $(EXPERIMENT_OUT)) \
+	    bash scripts/experiment.sh
 
 # mxserved (null backend) against a bare gRPC server: p50 and throughput ratios.
 bench-overhead: build

@@ -1,0 +1,236 @@
+"""The experiment runner end to end against a real daemon: the quick matrix, the
+HH-RLHF path on tiny stand-ins written here, the replayed-power baseline, and the
+errors that must come before any training."""
+
+import csv
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+from conftest import python_env  # noqa: E402
+from mxserve import experiment  # noqa: E402
+from mxserve.models import ModelConfig, build_model, save_pretrained  # noqa: E402
+from mxserve.tokenizer import bytes_to_unicode  # noqa: E402
+
+OUTPUTS = ("results.csv", "runs.csv", "summary.json", "pareto.png", "curves.png", "report.md")
+
+
+def run_experiment(daemon, *args, timeout=1200):
+    return subprocess.run([sys.executable, "-m", "mxserve.experiment", "--server",
+                           daemon.address, "--quiet", *args],
+                          capture_output=True, text=True, timeout=timeout, env=python_env())
+
+
+def read_rows(path):
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_the_quick_matrix_runs_end_to_end(daemon, tmp_path):
+    out = tmp_path / "quick"
+    done = run_experiment(daemon, "--quick", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in OUTPUTS:
+        assert (out / name).stat().st_size > 0, name
+
+    rows = read_rows(out / "results.csv")
+    assert [r["configuration"] for r in rows] == [c["name"] for c in experiment.DEFAULT_MATRIX]
+    metrics = ["energy_fpga_model_J", "energy_saving_pct", "speedup_model", "held_out_reward",
+               "win_rate", "kl_vs_fp16", "reward_spearman", "wall_rollout_s", "wall_reward_s",
+               "wall_update_s", "compute_update_s", "final_objective_rlhf_reward",
+               "final_objective_kl", "final_is_ess"]
+    for row in rows:
+        for metric in metrics:
+            assert math.isfinite(float(row[metric])), (row["configuration"], metric)
+        assert float(row["energy_fpga_model_J"]) > 0
+    baseline = rows[0]
+    # The FP16 baseline against itself: the same trained weights, the same sampled
+    # responses, every comparison a tie.
+    assert float(baseline["win_rate"]) == 0.5
+    assert abs(float(baseline["kl_vs_fp16"])) < 1e-4
+    assert float(baseline["energy_saving_pct"]) == 0.0
+    # INT8 everywhere costs the FPGA model less than FP16 everywhere, in every phase.
+    int8 = next(r for r in rows if r["configuration"] == "INT8-uniform")
+    for phase in ("rollout", "reward", "update"):
+        assert float(int8[f"energy_saving_{phase}_pct"]) > 10
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task_setup"]["reward_pair_accuracy"] > 0.6
+    # Each run's energy, read back by its run tag, is exactly what its responses
+    # reported: nothing of the other runs, the profile or the evaluation mixed in.
+    tags = set()
+    for run in summary["runs"]:
+        tags.add(run["run_tag"])
+        assert len(run["curves"]) == summary["steps"]
+        for phase in ("rollout", "reward", "update"):
+            assert run["energy"][phase]["fpga_model"] == pytest.approx(
+                run["totals"][phase]["model_joules"], rel=1e-9)
+    assert len(tags) == len(rows)
+    report = (out / "report.md").read_text()
+    assert "FPGA-model estimates" in report and "| MX-D |" in report
+    assert "policy D:" in report and "![Pareto](pareto.png)" in report
+
+
+def test_a_replayed_power_trace_stands_in_for_the_gpu_baseline(daemon, tmp_path):
+    trace = tmp_path / "power.csv"
+    trace.write_text("timestamp,watts\n" + "".join(f"{i * 0.05:.2f},{100 + i}\n"
+                                                  for i in range(2000)))
+    out = tmp_path / "replay"
+    done = run_experiment(daemon, "--quick", "--steps", "2", "--only", "MX-A", "--out", str(out),
+                          "--power-source", f"replay:{trace}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["configuration"]: r for r in read_rows(out / "results.csv")}
+    assert set(rows) == {"FP16", "FP16-cpu", "MX-A"}
+    local = rows["FP16-cpu"]
+    assert local["where"] == "local:cpu"
+    assert float(local["energy_gpu_baseline_J"]) > 0
+    assert local.get("energy_fpga_model_J", "") == ""  # nothing of it ran on the daemon
+    assert rows["FP16"].get("energy_gpu_baseline_J", "") == ""
+    assert math.isfinite(float(rows["MX-A"]["energy_saving_vs_gpu_pct"]))
+    assert "GPU baseline (measured)" in (out / "report.md").read_text()
+
+
+# --- HH-RLHF on tiny stand-ins ------------------------------------------------------------
+
+
+def write_tokenizer(directory):
+    """A byte-level BPE over all 256 byte symbols, a few merges and <|endoftext|>."""
+    symbols = list(bytes_to_unicode().values())
+    vocab = {s: i for i, s in enumerate(symbols)}
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ a"]
+    for merge in merges:
+        vocab["".join(merge.split())] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    return len(vocab)
+
+
+def write_checkpoint(directory):
+    directory.mkdir()
+    vocab = write_tokenizer(directory)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="qwen2", vocab_size=vocab, hidden_size=32, num_layers=2,
+                                    num_heads=4, num_kv_heads=2, intermediate_size=48,
+                                    max_positions=256, norm_eps=1e-6,
+                                    eos_token_id=vocab - 1))
+    save_pretrained(model, directory)
+
+
+def write_hh(directory, pairs=12, bad_line=None):
+    directory.mkdir()
+    for split, opener in (("train", open), ("test", gzip.open)):
+        lines = []
+        for i in range(pairs):
+            prompt = f"\n\nHuman: what is {i} plus {i}?\n\nAssistant:"
+            lines.append(json.dumps({"chosen": prompt + f" it is {2 * i}.",
+                                     "rejected": prompt + " the moon."}))
+        if bad_line is not None and split == "train":
+            lines.insert(bad_line, json.dumps({"rejected": "no chosen here"}))
+        name = "train.jsonl" if split == "train" else "test.jsonl.gz"
+        with opener(directory / name, "wt") as handle:
+            handle.write("\n".join(lines) + "\n")
+
+
+def hh_config(tmp_path, checkpoint, data, **overrides):
+    config = {
+        "name": "hh-tiny",
+        "task": {"kind": "hh-rlhf", "checkpoint": str(checkpoint), "data": str(data),
+                 "n_train": 8, "n_test": 4, "reward_steps": 3, "max_prompt_tokens": 48},
+        "ppo": {"steps": 2, "batch_size": 2, "response_length": 4, "learning_rate": 1e-4},
+        "configurations": [{"name": "FP16", "policy": "fp16-baseline"},
+                           {"name": "MX-A", "policy": "A-conservative"}],
+    }
+    config.update(overrides)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_hh_rlhf_with_a_checkpoint_directory_runs_the_matrix(daemon, tmp_path):
+    write_checkpoint(tmp_path / "ckpt")
+    write_hh(tmp_path / "hh")
+    out = tmp_path / "out"
+    done = run_experiment(daemon, "--config", str(hh_config(tmp_path, tmp_path / "ckpt",
+                                                              tmp_path / "hh")),
+                          "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_rows(out / "results.csv")
+    assert [r["configuration"] for r in rows] == ["FP16", "MX-A"]
+    assert float(rows[0]["win_rate"]) == 0.5
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"].startswith("ckpt on Anthropic HH-RLHF (8 train / 4 test pairs, seed 42)")
+    assert "Human:" in summary["runs"][0]["examples"][0]["prompt"]
+
+
+def _refused_before_training(done, message):
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr, done.stderr
+    assert "base policy" not in done.stderr and "reward model: step" not in done.stderr
+
+
+def test_bad_input_is_refused_before_any_training(daemon, tmp_path):
+    write_checkpoint(tmp_path / "ckpt")
+    write_hh(tmp_path / "hh")
+    write_hh(tmp_path / "bad-hh", bad_line=3)
+    out = tmp_path / "never"
+
+    config = hh_config(tmp_path, tmp_path / "missing-ckpt", tmp_path / "hh")
+    done = run_experiment(daemon, "--config", str(config), "--out", str(out))
+    _refused_before_training(done, "missing-ckpt")
+    assert "not found" in done.stderr
+
+    (tmp_path / "ckpt" / "model.safetensors").rename(tmp_path / "ckpt" / "moved.safetensors")
+    config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "hh")
+    done = run_experiment(daemon, "--config", str(config), "--out", str(out))
+    _refused_before_training(done, "model.safetensors")
+    (tmp_path / "ckpt" / "moved.safetensors").rename(tmp_path / "ckpt" / "model.safetensors")
+
+    config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "bad-hh")
+    done = run_experiment(daemon, "--config", str(config), "--out", str(out))
+    _refused_before_training(done, "train.jsonl line 4: expected a JSON object with string "
+                                   "fields 'chosen' and 'rejected'")
+
+    config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "hh", configurations=[
+        {"name": "FP16", "policy": "fp16-baseline"}, {"name": "X", "policy": "no-such-policy"}])
+    done = run_experiment(daemon, "--config", str(config), "--out", str(out))
+    _refused_before_training(done, "configurations[1] (X).policy: the daemon has no policy "
+                                   "'no-such-policy'")
+
+    config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "hh", ppo={"stepz": 3})
+    done = run_experiment(daemon, "--config", str(config), "--out", str(out))
+    _refused_before_training(done, "ppo.stepz: unknown key")
+    assert not out.exists()
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(experiment.ConfigError, match="one must be the FP16 baseline"):
+        experiment.load_config({"configurations": [{"name": "A", "policy": "A-conservative"}]})
+    with pytest.raises(experiment.ConfigError, match=r"configurations\[1\] \(B\): give exactly one"):
+        experiment.load_config({"configurations": [{"name": "F", "policy": "fp16-baseline"},
+                                                   {"name": "B"}]})
+    with pytest.raises(experiment.ConfigError, match="generate.kind: expected fraction"):
+        experiment.load_config({"configurations": [
+            {"name": "F", "policy": "fp16-baseline"},
+            {"name": "G", "generate": {"kind": "random"}}]})
+    with pytest.raises(experiment.ConfigError, match="task.checkpoint: required"):
+        experiment.load_config({"task": {"kind": "hh-rlhf", "data": "x"}})
+    # The baseline runs first whatever the order in the file.
+    loaded = experiment.load_config({"configurations": [
+        {"name": "A", "policy": "A-conservative"}, {"name": "F", "policy": "fp16-baseline"}]})
+    assert [c.name for c in loaded.configurations] == ["F", "A"]
+
+
+def test_the_pareto_front():
+    # (saving, drop): B beats A on both; C trades more saving for more drop.
+    points = [(10.0, 5.0), (20.0, 2.0), (40.0, 8.0), (30.0, 9.0)]
+    assert experiment.pareto_front(points) == [1, 2]
