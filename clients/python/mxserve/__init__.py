@@ -7,7 +7,10 @@
 `mxserve.profile` (needs PyTorch) captures calibration data and measures which
 layers tolerate which format;
 `python3 -m mxserve.gpu_baseline` measures the same work on a GPU and streams its
-power to the daemon.
+power to the daemon;
+`python3 -m mxserve.experiment` runs PPO-RLHF (`mxserve.rlhf`) over a policy matrix
+and reports energy per phase and quality against the FP16 baseline, with models,
+tokenizers and data from disk (`mxserve.models`, `.tokenizer`, `.hhrlhf`).
 """
 
 try:
