@@ -40,14 +40,14 @@ import platform
 import re
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from mxserve.client import Client, MxserveError
 from mxserve.rlhf import PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad
 from mxserve.tasks import Task
-from mxserve.torch import PhaseTotals, offload
+from mxserve.torch import offload
 
 __all__ = ["ConfigError", "Configuration", "Experiment", "load_config", "main", "run_experiment"]
 

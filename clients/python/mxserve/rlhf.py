@@ -43,7 +43,6 @@ import time
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mxserve import ppo

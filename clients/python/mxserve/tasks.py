@@ -27,7 +27,6 @@ import dataclasses
 import math
 import os
 import random
-import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch

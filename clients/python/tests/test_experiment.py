@@ -6,10 +6,8 @@ import csv
 import gzip
 import json
 import math
-import os
 import subprocess
 import sys
-import time
 
 import pytest
 
