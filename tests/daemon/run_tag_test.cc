@@ -235,8 +235,9 @@ TEST(RunTagBatchTest, AFusedBatchBooksEachRequestUnderItsOwnRun) {
     EXPECT_EQ(report.entries(0).joules(), calls[i]->response.info().model_joules());
     EXPECT_EQ(report.entries(0).busy_seconds(), calls[i]->response.info().model_seconds());
   }
-  const v1::EnergyEntry* reward =
-      FindEnergyEntry(Report(daemon, ""), "fpga_model", v1::PHASE_REWARD);
+  // The report must outlive the entry pointer FindEnergyEntry returns into it.
+  const v1::EnergyReport all = Report(daemon, "");
+  const v1::EnergyEntry* reward = FindEnergyEntry(all, "fpga_model", v1::PHASE_REWARD);
   ASSERT_NE(reward, nullptr);
   EXPECT_EQ(reward->requests(), 3u);
   EXPECT_TRUE(NearlyEqual(reward->joules(), total));
