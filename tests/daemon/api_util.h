@@ -243,6 +243,10 @@ inline const v1::EnergyEntry* FindEnergyEntry(const v1::EnergyReport& report,
   }
   return nullptr;
 }
+// The entry would point into a report about to be destroyed: keep the report in a
+// variable first.
+const v1::EnergyEntry* FindEnergyEntry(v1::EnergyReport&& report, const std::string& source,
+                                       v1::Phase phase) = delete;
 
 // The work of two estimates together (a request that runs two GEMMs, or several
 // requests), field by field.
