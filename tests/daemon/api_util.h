@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -189,6 +191,35 @@ inline v1::LayerForwardRequest ForwardRequest(const std::string& model, const Te
   request.set_format(Wire(mx_format));
   *request.mutable_input()->mutable_tensor() = Matrix(x, m, layer.in);
   return request;
+}
+
+// Sends every request at once, asynchronously, so that a batching daemon can fuse
+// them, and waits for all; the statuses and responses come back in request order.
+struct ForwardResult {
+  grpc::Status status;
+  v1::LayerForwardResponse response;
+};
+inline std::vector<ForwardResult> ForwardAllAtOnce(
+    const std::shared_ptr<grpc::Channel>& channel,
+    const std::vector<v1::LayerForwardRequest>& requests) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::LayerForwardResponse response;
+    std::promise<grpc::Status> done;
+  };
+  auto stub = v1::Compute::NewStub(channel);
+  std::vector<std::unique_ptr<Call>> calls;
+  for (const v1::LayerForwardRequest& request : requests) {
+    Call* call = calls.emplace_back(std::make_unique<Call>()).get();
+    stub->async()->LayerForward(&call->context, &request, &call->response,
+                                [call](grpc::Status s) { call->done.set_value(std::move(s)); });
+  }
+  std::vector<ForwardResult> results;
+  for (const auto& call : calls) {
+    grpc::Status status = call->done.get_future().get();
+    results.push_back({std::move(status), std::move(call->response)});
+  }
+  return results;
 }
 
 // The reference Y = X·Wᵀ + b of `layer` in `format`: X (m × layer.in) and W

@@ -9,7 +9,6 @@
 // LayerBackward with its input once booked 0 J: its two estimates were summed
 // positionally into a struct that had gained a field, and no test compared the
 // books with the model.
-#include <future>
 #include <map>
 #include <memory>
 
@@ -148,33 +147,21 @@ TEST(EnergyBatchTest, BatchedLayerForward) {
   const auto f = mx::Format::kMxfp8E5m2;
   const ModelBooks before = ReadModelBooks(daemon, v1::PHASE_REWARD, f);
 
-  struct Call {
-    grpc::ClientContext context;
-    v1::LayerForwardRequest request;
-    v1::LayerForwardResponse response;
-    std::promise<grpc::Status> done;
-  };
-  auto stub = v1::Compute::NewStub(daemon.channel());
   const int64_t rows[kRequests] = {1, 2, 5};
-  std::vector<std::unique_ptr<Call>> calls;
+  std::vector<v1::LayerForwardRequest> requests;
   for (int i = 0; i < kRequests; ++i) {
-    auto call = std::make_unique<Call>();
-    call->request = ForwardRequest("m", layer, v1::PHASE_REWARD, Int(f),
-                                   TestValues(rows[i] * layer.in, 98 + i), rows[i]);
-    Call* raw = call.get();
-    stub->async()->LayerForward(&raw->context, &raw->request, &raw->response,
-                                [raw](grpc::Status s) { raw->done.set_value(std::move(s)); });
-    calls.push_back(std::move(call));
+    requests.push_back(ForwardRequest("m", layer, v1::PHASE_REWARD, Int(f),
+                                      TestValues(rows[i] * layer.in, 98 + i), rows[i]));
   }
+  const std::vector<ForwardResult> results = ForwardAllAtOnce(daemon.channel(), requests);
   fpga_model::GemmEstimate total;
   int64_t total_rows = 0;
   for (int i = 0; i < kRequests; ++i) {
     SCOPED_TRACE(i);
-    const grpc::Status s = calls[i]->done.get_future().get();
-    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
     const auto own = fpga_model::EstimateGemm(params, f, f, rows[i], layer.out, layer.in);
-    EXPECT_EQ(calls[i]->response.info().batch_size(), static_cast<uint32_t>(kRequests));
-    ExpectInfoIs(calls[i]->response.info(), own);
+    EXPECT_EQ(results[i].response.info().batch_size(), static_cast<uint32_t>(kRequests));
+    ExpectInfoIs(results[i].response.info(), own);
     total = Plus(total, own);
     total_rows += rows[i];
   }

@@ -5,9 +5,7 @@
 // --max-energy-runs the least recently accounted run folds into the untagged
 // energy, and the totals do not move. The metrics never get a run label.
 #include <cmath>
-#include <future>
 #include <map>
-#include <memory>
 
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
@@ -199,41 +197,29 @@ TEST(RunTagBatchTest, AFusedBatchBooksEachRequestUnderItsOwnRun) {
   ASSERT_TRUE(daemon.ok());
   const TestLayer layer = MakeLayer("model.layers.4.self_attn.o_proj", 40, 64, false, 111);
   ASSERT_TRUE(RegisterAndPublish(daemon.channel().get(), "m", {layer}).ok());
-  struct Call {
-    grpc::ClientContext context;
-    v1::LayerForwardRequest request;
-    v1::LayerForwardResponse response;
-    std::promise<grpc::Status> done;
-  };
   const char* runs[kRequests] = {"a", "b", ""};
   const int64_t rows[kRequests] = {1, 3, 2};
-  auto stub = v1::Compute::NewStub(daemon.channel());
-  std::vector<std::unique_ptr<Call>> calls;
+  std::vector<v1::LayerForwardRequest> requests;
   for (int i = 0; i < kRequests; ++i) {
-    auto call = std::make_unique<Call>();
-    call->request =
-        ForwardRequest("m", layer, v1::PHASE_REWARD, static_cast<int>(mx::Format::kMxfp4E2m1),
-                       TestValues(rows[i] * layer.in, 112 + i), rows[i]);
-    call->request.set_run(runs[i]);
-    Call* raw = call.get();
-    stub->async()->LayerForward(&raw->context, &raw->request, &raw->response,
-                                [raw](grpc::Status s) { raw->done.set_value(std::move(s)); });
-    calls.push_back(std::move(call));
+    requests.push_back(ForwardRequest("m", layer, v1::PHASE_REWARD,
+                                      static_cast<int>(mx::Format::kMxfp4E2m1),
+                                      TestValues(rows[i] * layer.in, 112 + i), rows[i]));
+    requests.back().set_run(runs[i]);
   }
+  const std::vector<ForwardResult> results = ForwardAllAtOnce(daemon.channel(), requests);
   double total = 0;
   for (int i = 0; i < kRequests; ++i) {
-    const grpc::Status s = calls[i]->done.get_future().get();
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(calls[i]->response.info().batch_size(), static_cast<uint32_t>(kRequests));
-    total += calls[i]->response.info().model_joules();
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].response.info().batch_size(), static_cast<uint32_t>(kRequests));
+    total += results[i].response.info().model_joules();
   }
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE(runs[i]);
     const v1::EnergyReport report = Report(daemon, runs[i]);
     ASSERT_EQ(report.entries_size(), 1) << report.DebugString();
     EXPECT_EQ(report.entries(0).requests(), 1u);
-    EXPECT_EQ(report.entries(0).joules(), calls[i]->response.info().model_joules());
-    EXPECT_EQ(report.entries(0).busy_seconds(), calls[i]->response.info().model_seconds());
+    EXPECT_EQ(report.entries(0).joules(), results[i].response.info().model_joules());
+    EXPECT_EQ(report.entries(0).busy_seconds(), results[i].response.info().model_seconds());
   }
   // The report must outlive the entry pointer FindEnergyEntry returns into it.
   const v1::EnergyReport all = Report(daemon, "");
