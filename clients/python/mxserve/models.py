@@ -415,6 +415,14 @@ class CausalLM(nn.Module):
     config: ModelConfig
     lm_head: nn.Linear
 
+    def __init__(self, config: ModelConfig, backbone: nn.Module, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        setattr(self, self.base_model_prefix, backbone)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
+                                 device=device, dtype=dtype)
+        self.tie_weights()
+
     @property
     def input_embeddings(self) -> nn.Embedding:
         raise NotImplementedError
@@ -487,12 +495,7 @@ class GPT2LMHeadModel(CausalLM):
     hf_ignored = re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")
 
     def __init__(self, config: ModelConfig, device=None, dtype=None):
-        super().__init__()
-        self.config = config
-        self.transformer = GPT2Model(config, device=device, dtype=dtype)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
-                                 device=device, dtype=dtype)
-        self.tie_weights()
+        super().__init__(config, GPT2Model(config, device=device, dtype=dtype), device, dtype)
 
     @property
     def input_embeddings(self) -> nn.Embedding:
@@ -513,12 +516,7 @@ class Qwen2ForCausalLM(CausalLM):
     hf_ignored = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
     def __init__(self, config: ModelConfig, device=None, dtype=None):
-        super().__init__()
-        self.config = config
-        self.model = Qwen2Model(config, device=device, dtype=dtype)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
-                                 device=device, dtype=dtype)
-        self.tie_weights()
+        super().__init__(config, Qwen2Model(config, device=device, dtype=dtype), device, dtype)
 
     @property
     def input_embeddings(self) -> nn.Embedding:
