@@ -310,10 +310,8 @@ class PPOTrainer:
         """Per phase: the daemon's ExecutionInfo summed over every session."""
         summed: Dict[str, PhaseTotals] = {}
         for session in self.sessions.values():
-            for phase, t in session.totals.items():
-                s = summed.setdefault(phase, PhaseTotals())
-                for field in dataclasses.fields(PhaseTotals):
-                    setattr(s, field.name, getattr(s, field.name) + getattr(t, field.name))
+            for phase, totals in session.totals.items():
+                summed.setdefault(phase, PhaseTotals()).merge(totals)
         return summed
 
     def policy_copy(self) -> nn.Module:

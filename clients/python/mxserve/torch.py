@@ -50,11 +50,17 @@ class PhaseTotals:
     model_joules: float = 0.0
 
     def add(self, info: ExecutionInfo) -> None:
-        self.requests += 1
-        self.compute_seconds += info.compute_seconds
-        self.queue_seconds += info.queue_seconds
-        self.model_seconds += info.model_seconds
-        self.model_joules += info.model_joules
+        """Counts one response."""
+        self.merge(PhaseTotals(1, info.compute_seconds, info.queue_seconds, info.model_seconds,
+                               info.model_joules))
+
+    def merge(self, other: "PhaseTotals") -> None:
+        """Adds another set of totals (of another session) to these."""
+        self.requests += other.requests
+        self.compute_seconds += other.compute_seconds
+        self.queue_seconds += other.queue_seconds
+        self.model_seconds += other.model_seconds
+        self.model_joules += other.model_joules
 
 
 def _is_conv1d(module: nn.Module) -> bool:
@@ -267,11 +273,6 @@ class OffloadSession:
     def account(self, phase: Optional[str], info: ExecutionInfo) -> None:
         """Adds one response's ExecutionInfo to `totals[phase]`."""
         self.totals.setdefault(phase or "unspecified", PhaseTotals()).add(info)
-
-    def reset_totals(self) -> Dict[str, PhaseTotals]:
-        """Returns the per-phase totals so far and starts new ones."""
-        totals, self.totals = self.totals, {}
-        return totals
 
     def last_infos(self) -> Dict[str, Optional[ExecutionInfo]]:
         """{layer: ExecutionInfo of its latest forward}."""
