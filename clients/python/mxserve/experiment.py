@@ -319,12 +319,11 @@ class RunResult:
 
 
 def _energy_for_run(client: Client, run: str):
-    energy: Dict[str, Dict[str, float]] = {p: {} for p in PHASES}
-    busy: Dict[str, Dict[str, float]] = {p: {} for p in PHASES}
-    for entry in client.energy_report(run=run).entries:
-        if entry.phase in energy:
-            energy[entry.phase][entry.source] = energy[entry.phase].get(entry.source, 0.0) + entry.joules
-            busy[entry.phase][entry.source] = busy[entry.phase].get(entry.source, 0.0) + entry.busy_seconds
+    """The run's own energy report as {phase: {source: joules}} and {phase:
+    {source: busy seconds}}."""
+    report = client.energy_report(run=run)
+    energy = {p: {e.source: e.joules for e in report.entries if e.phase == p} for p in PHASES}
+    busy = {p: {e.source: e.busy_seconds for e in report.entries if e.phase == p} for p in PHASES}
     return energy, busy
 
 
@@ -379,8 +378,7 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
 
     prompts = task.test_prompts[:experiment.eval_prompts]
     generator = torch.Generator().manual_seed(experiment.eval_seed)
-    trainer.run, training_run = eval_run, trainer.run
-    wall = dict(trainer.wall)
+    trainer.run, training_run = eval_run, trainer.run  # evaluation is not the run's energy
     judge_scores: List[float] = []
     config_scores: List[float] = []
     kls: List[float] = []
@@ -401,16 +399,14 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
             q = log_q.exp()  # ids outside the tokenizer's vocabulary have q = 0
             per_token = torch.where(q > 0, q * (log_q - log_b), torch.zeros_like(q)).sum(-1)
             kls += (per_token * rollout.response_mask.cpu()).sum(1).tolist()
-            if len(result.examples) < 3:
-                for row in range(min(3 - len(result.examples), ids.shape[0])):
-                    prompt = ids[row, :width][mask[row, :width].bool()].tolist()
-                    response = rollout.responses()[row]
-                    result.examples.append({"prompt": task.decode(prompt),
-                                            "response": task.decode(response),
-                                            "judge_score": f"{judge_scores[start + row]:.4f}"})
+            responses = rollout.responses()
+            for row in range(min(3 - len(result.examples), ids.shape[0])):
+                prompt = ids[row, :width][mask[row, :width].bool()].tolist()
+                result.examples.append({"prompt": task.decode(prompt),
+                                        "response": task.decode(responses[row]),
+                                        "judge_score": f"{judge_scores[start + row]:.4f}"})
     finally:
         trainer.run = training_run
-        trainer.wall = wall  # evaluation is not training time
     result.judge_scores = judge_scores
     result.held_out_reward = sum(judge_scores) / len(judge_scores)
     result.kl_vs_fp16 = sum(kls) / len(kls)
@@ -421,13 +417,16 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
     result.win_rate = sum(wins) / len(wins)
 
 
-def _run_one(client: Optional[Client], judges: _Judges, task: Task, experiment: Experiment,
-             configuration: Configuration, seed: int, repetition: int, run_tag: str,
-             baseline_scores: Optional[List[float]], progress: Progress, label: str,
-             device: str = "cpu", sampler_factory=None) -> Tuple[RunResult, PPOTrainer]:
+def _run_one(client: Client, task: Task, experiment: Experiment, configuration: Configuration,
+             seed: int, repetition: int, run_tag: str, progress: Progress, label: str,
+             local_device: Optional[str] = None,
+             sampler_factory=None) -> Tuple[RunResult, PPOTrainer]:
+    """Trains one configuration on the daemon, or with `local_device` here (the
+    measured baseline); the energy is read from the daemon for `run_tag` either way."""
     torch.manual_seed(seed)
     policy_lm, reward = task.new_policy(), task.new_reward()
-    trainer = PPOTrainer(client, policy_lm, reward, experiment.ppo,
+    device = local_device or "cpu"
+    trainer = PPOTrainer(None if local_device else client, policy_lm, reward, experiment.ppo,
                          policy=configuration.policy_name, run=run_tag,
                          name_prefix=f"{run_tag.split('/')[0]}.{configuration.name}",
                          eos_id=task.eos_id, pad_id=task.pad_id, seed=seed, device=device,
@@ -451,10 +450,10 @@ def _run_one(client: Optional[Client], judges: _Judges, task: Task, experiment: 
             sampler.stop()
     totals = {phase: dataclasses.asdict(t) for phase, t in trainer.totals().items()}
     # Read only after the sampler stopped: the power stream ends with the run.
-    energy, busy = _energy_for_run(judges.client, run_tag)
+    energy, busy = _energy_for_run(client, run_tag)
     result = RunResult(configuration=configuration.name, policy=configuration.label,
                        seed=seed, repetition=repetition, run_tag=run_tag,
-                       where="mxserved" if client is not None else f"local:{device}",
+                       where=f"local:{local_device}" if local_device else "mxserved",
                        wall_seconds=wall, totals=totals, energy=energy, busy_seconds=busy,
                        curves=curves)
     if trainer.sessions:
@@ -569,6 +568,10 @@ def _energy_total(run: RunResult, source: str) -> float:
     return sum(run.energy[p].get(source, 0.0) for p in PHASES)
 
 
+def _model_seconds(run: RunResult) -> float:
+    return sum(run.busy_seconds[p].get("fpga_model", 0.0) for p in PHASES)
+
+
 def summarize(runs: List[RunResult], baseline: str) -> List[Dict[str, Any]]:
     """One row per configuration: means over its seeds and repetitions."""
     by_config: Dict[str, List[RunResult]] = {}
@@ -576,8 +579,9 @@ def summarize(runs: List[RunResult], baseline: str) -> List[Dict[str, Any]]:
         by_config.setdefault(run.configuration, []).append(run)
     base_runs = by_config[baseline]
     base_energy = _mean([_energy_total(r, "fpga_model") for r in base_runs])
-    base_seconds = _mean([sum(r.busy_seconds[p].get("fpga_model", 0.0) for p in PHASES)
-                          for r in base_runs])
+    base_phase_energy = {p: _mean([r.energy[p].get("fpga_model", 0.0) for r in base_runs])
+                         for p in PHASES}
+    base_seconds = _mean([_model_seconds(r) for r in base_runs])
     gpu_runs = [r for r in runs if any(r.energy[p].get("gpu_baseline") for p in PHASES)]
     gpu_energy = _mean([_energy_total(r, "gpu_baseline") for r in gpu_runs]) if gpu_runs else None
     rows = []
@@ -595,12 +599,10 @@ def summarize(runs: List[RunResult], baseline: str) -> List[Dict[str, Any]]:
         if energy is not None and base_energy:
             row["energy_saving_pct"] = 100.0 * (1.0 - energy / base_energy)
             for phase in PHASES:
-                base_phase = _mean([r.energy[phase].get("fpga_model", 0.0) for r in base_runs])
-                if base_phase:
+                if base_phase_energy[phase]:
                     row[f"energy_saving_{phase}_pct"] = 100.0 * (
-                        1.0 - row[f"energy_fpga_model_{phase}_J"] / base_phase)
-            seconds = _mean([sum(r.busy_seconds[p].get("fpga_model", 0.0) for p in PHASES)
-                             for r in group])
+                        1.0 - row[f"energy_fpga_model_{phase}_J"] / base_phase_energy[phase])
+            seconds = _mean([_model_seconds(r) for r in group])
             row["model_seconds"] = seconds
             row["speedup_model"] = base_seconds / seconds if seconds else float("nan")
         if energy is not None and gpu_energy:
@@ -862,10 +864,9 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
             label = f"[{index}/{len(jobs)}] {configuration.name} seed {seed}"
             run_tag = f"{tag}/{configuration.name}/s{seed}r{repetition}"
             sampler_factory = _sampler_factory(client, power_source, device, run_tag) if local else None
-            result, trainer = _run_one(None if local else client, judges, task, experiment,
-                                       configuration, seed, repetition, run_tag,
-                                       baseline_scores.get((seed, repetition)), progress, label,
-                                       device=device if local else "cpu",
+            result, trainer = _run_one(client, task, experiment, configuration, seed, repetition,
+                                       run_tag, progress, label,
+                                       local_device=device if local else None,
                                        sampler_factory=sampler_factory)
             try:
                 if configuration.is_baseline and not local and judges.baseline_session is None:
