@@ -44,10 +44,12 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from mxserve import _wire
 from mxserve.client import Client, MxserveError
 from mxserve.rlhf import PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad
 from mxserve.tasks import Task
 from mxserve.torch import offload
+from mxserve.types import PROFILE_SCORES
 
 __all__ = ["ConfigError", "Configuration", "Experiment", "load_config", "main", "run_experiment"]
 
@@ -97,10 +99,14 @@ QUICK: Dict[str, Any] = {
     "seeds": [0],
 }
 
+# Each task kind's keys and what they take: (type, least value) for numbers.
+_COUNT, _SEED, _TEXT = (int, 1), (int, 0), (str, None)
 _TASK_KEYS = {
-    "synthetic": {"kind", "seed", "n_train", "n_test", "sft_steps", "reward_steps"},
-    "hh-rlhf": {"kind", "checkpoint", "data", "reward_checkpoint", "n_train", "n_test", "seed",
-                "max_prompt_tokens", "reward_steps"},
+    "synthetic": {"kind": _TEXT, "seed": _SEED, "n_train": _COUNT, "n_test": _COUNT,
+                  "sft_steps": _COUNT, "reward_steps": _COUNT},
+    "hh-rlhf": {"kind": _TEXT, "checkpoint": _TEXT, "data": _TEXT, "reward_checkpoint": _TEXT,
+                "n_train": _COUNT, "n_test": _COUNT, "seed": _SEED, "max_prompt_tokens": _COUNT,
+                "reward_steps": _COUNT},
 }
 _TOP_KEYS = {"name", "task", "ppo", "seeds", "repetitions", "configurations", "profile", "eval"}
 _CONFIG_KEYS = {"name", "policy", "generate"}
@@ -144,12 +150,80 @@ class Experiment:
     eval_seed: int = 1234
 
 
-def _check_keys(where: str, mapping: Mapping[str, Any], allowed: Iterable[str]) -> None:
+def _check_keys(where: str, mapping: Any, allowed: Iterable[str]) -> Dict[str, Any]:
+    """`mapping` as a dict, when it is a table with only `allowed` keys."""
     if not isinstance(mapping, Mapping):
         raise ConfigError(f"{where}: expected a table/object, got {type(mapping).__name__}")
     unknown = sorted(set(mapping) - set(allowed))
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
+    return dict(mapping)
+
+
+def _check_value(where: str, value: Any, kind: type, least: Optional[float] = None) -> Any:
+    """`value` when it is a `kind` (an int is a float too; a bool is neither) and at
+    least `least`."""
+    ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value)
+    if not ok or (least is not None and value < least):
+        bound = f" >= {least}" if least is not None else ""
+        raise ConfigError(f"{where}: expected {_KIND_NAMES[kind]}{bound}, got {value!r}")
+    return value
+
+
+_KIND_NAMES = {int: "an integer", float: "a finite number", bool: "true or false",
+               str: "a string", list: "a list"}
+
+
+def _check_generate(where: str, spec: Any) -> Dict[str, Any]:
+    """A generated policy's recipe, checked here so a typo costs no training: the
+    daemon checks the numbers against the profile later."""
+    spec = _check_keys(where, spec, _GENERATE_KEYS)
+    kind = spec.get("kind", "fraction")
+    if kind not in ("fraction", "budget", "tolerance"):
+        raise ConfigError(f"{where}.kind: expected fraction, budget or tolerance, got {kind!r}")
+    for key in ("fraction", "budget", "relative_budget", "tolerance"):
+        if key in spec:
+            values = spec[key]
+            if isinstance(values, Mapping):
+                for phase, value in values.items():
+                    _check_phase(f"{where}.{key}.{phase}", phase)
+                    _check_value(f"{where}.{key}.{phase}", value, float, 0)
+            else:
+                _check_value(f"{where}.{key}", values, float, 0)
+    for key in ("low", "high"):
+        if key in spec:
+            _check_format(f"{where}.{key}", spec[key])
+    candidates = spec.get("candidates", [])
+    if not isinstance(candidates, list):
+        raise ConfigError(f"{where}.candidates: expected a list of formats, got {candidates!r}")
+    for i, fmt in enumerate(candidates):
+        _check_format(f"{where}.candidates[{i}]", fmt)
+    for i, phase in enumerate(_check_value(f"{where}.phases", spec.get("phases", []), list)):
+        _check_phase(f"{where}.phases[{i}]", phase)
+    for i, glob in enumerate(_check_value(f"{where}.groups", spec.get("groups", []), list)):
+        _check_value(f"{where}.groups[{i}]", glob, str)
+    if spec.get("metric", "energy") not in ("energy", "time", "bits"):
+        raise ConfigError(f"{where}.metric: expected energy, time or bits, got {spec['metric']!r}")
+    if spec.get("score", "auto") not in PROFILE_SCORES:
+        raise ConfigError(f"{where}.score: expected one of {', '.join(PROFILE_SCORES)}, "
+                          f"got {spec['score']!r}")
+    return spec
+
+
+def _check_format(where: str, fmt: Any) -> None:
+    try:
+        _wire.format_to_wire(_check_value(where, fmt, str))
+    except ValueError:
+        raise ConfigError(f"{where}: expected a format ({', '.join(_wire.FORMATS)}), "
+                          f"got {fmt!r}") from None
+
+
+def _check_phase(where: str, phase: Any) -> None:
+    if phase not in PHASES:
+        raise ConfigError(f"{where}: expected a phase ({', '.join(PHASES)}), got {phase!r}")
 
 
 def load_config(source: Any) -> Experiment:
@@ -173,17 +247,22 @@ def load_config(source: Any) -> Experiment:
                               f"{error}") from None
     else:
         data = source
-    _check_keys("config", data, _TOP_KEYS)
+    data = _check_keys("config", data, _TOP_KEYS)
 
-    name = str(data.get("name", "experiment"))
-    if not _NAME.match(name):
+    name = data.get("name", "experiment")
+    if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"name: expected 1-16 of [A-Za-z0-9_.-], got {name!r}")
 
-    task = dict(data.get("task", {"kind": "synthetic"}))
+    task = data.get("task", {"kind": "synthetic"})
+    if not isinstance(task, Mapping):
+        raise ConfigError(f"task: expected a table/object, got {type(task).__name__}")
     kind = task.get("kind", "synthetic")
     if kind not in _TASK_KEYS:
         raise ConfigError(f"task.kind: expected 'synthetic' or 'hh-rlhf', got {kind!r}")
-    _check_keys("task", task, _TASK_KEYS[kind])
+    task = _check_keys("task", task, _TASK_KEYS[kind])
+    for key, (type_, least) in _TASK_KEYS[kind].items():
+        if key in task:
+            _check_value(f"task.{key}", task[key], type_, least)
     task["kind"] = kind
     if kind == "hh-rlhf":
         for key in ("checkpoint", "data"):
@@ -191,15 +270,18 @@ def load_config(source: Any) -> Experiment:
                 raise ConfigError(f"task.{key}: required for kind 'hh-rlhf' (a checkpoint "
                                   "directory and a directory with HH-RLHF's train/test jsonl)")
 
-    ppo_table = dict(data.get("ppo", {}))
-    known = {f.name for f in dataclasses.fields(PPOConfig)} | {"steps"}
-    _check_keys("ppo", ppo_table, known)
-    steps = int(ppo_table.pop("steps", 100))
-    if steps < 1:
-        raise ConfigError(f"ppo.steps: expected at least 1, got {steps}")
+    ppo_fields = {f.name: f for f in dataclasses.fields(PPOConfig)}
+    ppo_table = _check_keys("ppo", data.get("ppo", {}), set(ppo_fields) | {"steps"})
+    steps = _check_value("ppo.steps", ppo_table.pop("steps", 100), int, 1)
+    for key, value in ppo_table.items():
+        default = ppo_fields[key].default
+        if default is None:  # Optional[float]: a number or absent
+            _check_value(f"ppo.{key}", value, float)
+        else:
+            _check_value(f"ppo.{key}", value, float if isinstance(default, float) else type(default))
     try:
         ppo_config = PPOConfig(**ppo_table)
-    except (TypeError, ValueError) as error:
+    except ValueError as error:
         raise ConfigError(f"ppo: {error}") from None
 
     seeds = data.get("seeds", [0])
@@ -211,15 +293,19 @@ def load_config(source: Any) -> Experiment:
     if not isinstance(repetitions, int) or not 1 <= repetitions <= 999:
         raise ConfigError(f"repetitions: expected an integer in [1, 999], got {repetitions!r}")
 
-    profile = data.get("profile", {})
-    _check_keys("profile", profile, {"batches"})
-    evaluation = data.get("eval", {})
-    _check_keys("eval", evaluation, {"prompts", "seed"})
+    profile = _check_keys("profile", data.get("profile", {}), {"batches"})
+    profile_batches = _check_value("profile.batches", profile.get("batches", 2), int, 1)
+    evaluation = _check_keys("eval", data.get("eval", {}), {"prompts", "seed"})
+    eval_prompts = _check_value("eval.prompts", evaluation.get("prompts", 32), int, 1)
+    eval_seed = _check_value("eval.seed", evaluation.get("seed", 1234), int, 0)
 
+    entries = data.get("configurations", DEFAULT_MATRIX)
+    if not isinstance(entries, list):
+        raise ConfigError(f"configurations: expected a list of tables, got {entries!r}")
     configurations = []
-    for index, entry in enumerate(data.get("configurations", DEFAULT_MATRIX)):
+    for index, entry in enumerate(entries):
         where = f"configurations[{index}]"
-        _check_keys(where, entry, _CONFIG_KEYS)
+        entry = _check_keys(where, entry, _CONFIG_KEYS)
         cname = entry.get("name")
         if not isinstance(cname, str) or not _CONFIG_NAME.match(cname):
             raise ConfigError(f"{where}.name: expected 1-24 of [A-Za-z0-9_.-], got {cname!r}")
@@ -232,12 +318,8 @@ def load_config(source: Any) -> Experiment:
                               f"table, got {type(policy).__name__}")
         generate = entry.get("generate")
         if generate is not None:
-            _check_keys(f"{where}.generate", generate, _GENERATE_KEYS)
-            if generate.get("kind", "fraction") not in ("fraction", "budget", "tolerance"):
-                raise ConfigError(f"{where}.generate.kind: expected fraction, budget or "
-                                  f"tolerance, got {generate.get('kind')!r}")
-        configurations.append(Configuration(cname, policy=policy,
-                                            generate=dict(generate) if generate else None))
+            generate = _check_generate(f"{where}.generate", generate)
+        configurations.append(Configuration(cname, policy=policy, generate=generate))
     names = [c.name for c in configurations]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
@@ -250,9 +332,8 @@ def load_config(source: Any) -> Experiment:
 
     return Experiment(name=name, task=task, ppo=ppo_config, steps=steps, seeds=list(seeds),
                       repetitions=repetitions, configurations=configurations,
-                      profile_batches=int(profile.get("batches", 2)),
-                      eval_prompts=int(evaluation.get("prompts", 32)),
-                      eval_seed=int(evaluation.get("seed", 1234)))
+                      profile_batches=profile_batches, eval_prompts=eval_prompts,
+                      eval_seed=eval_seed)
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -958,11 +1039,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         with Client(args.server) as client:
             summary = run_experiment(client, experiment, args.out, progress=progress,
                                      device=args.device, power_source=power)
-    except ConfigError as error:
-        progress.done()
-        print(f"mxserve.experiment: {error}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError) as error:  # ConfigError is a ValueError
         progress.done()
         print(f"mxserve.experiment: {error}", file=sys.stderr)
         return 2

@@ -222,6 +222,24 @@ def test_config_errors_name_the_field():
             {"name": "G", "generate": {"kind": "random"}}]})
     with pytest.raises(experiment.ConfigError, match="task.checkpoint: required"):
         experiment.load_config({"task": {"kind": "hh-rlhf", "data": "x"}})
+    # Types are checked too, with the field's path, whatever the file's syntax allows.
+    for config, message in (
+            ({"ppo": {"batch_size": "8"}}, r"ppo.batch_size: expected an integer, got '8'"),
+            ({"ppo": {"adaptive_clip": 1}}, r"ppo.adaptive_clip: expected true or false"),
+            ({"eval": {"prompts": 0}}, r"eval.prompts: expected an integer >= 1, got 0"),
+            ({"task": {"kind": "synthetic", "seed": "x"}}, r"task.seed: expected an integer"),
+            ({"task": [1]}, r"task: expected a table/object, got list"),
+            ({"configurations": "abc"}, r"configurations: expected a list of tables")):
+        with pytest.raises(experiment.ConfigError, match=message):
+            experiment.load_config(config)
+    for generate, message in (({"fraction": {"rollut": 0.2}}, r"generate.fraction.rollut: "
+                                                                r"expected a phase"),
+                              ({"low": "MXFP3"}, r"generate.low: expected a format"),
+                              ({"fraction": -0.5}, r"generate.fraction: expected a finite "
+                                                   r"number >= 0")):
+        with pytest.raises(experiment.ConfigError, match=message):
+            experiment.load_config({"configurations": [{"name": "F", "policy": "fp16-baseline"},
+                                                       {"name": "G", "generate": generate}]})
     # The baseline runs first whatever the order in the file.
     loaded = experiment.load_config({"configurations": [
         {"name": "A", "policy": "A-conservative"}, {"name": "F", "policy": "fp16-baseline"}]})
