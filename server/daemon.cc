@@ -116,6 +116,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   MX_ASSIGN_OR_RETURN(s->model_dirs, ModelDirs::Create(options.model_dirs));
   s->budget = std::make_unique<MemoryBudget>(options.weight_memory_bytes);
   s->metrics = std::make_unique<Metrics>(options.backend);
+  // The card's measured energy starts at zero on /metrics, like the model's.
+  if (options.backend == "fpga") s->metrics->DeclareEnergySource("fpga");
   s->registry = std::make_unique<Registry>(
       s->budget.get(),
       [backend = s->backend.get()](mx::QuantizedMatrix w) {

@@ -116,7 +116,7 @@ void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string
     core.ledger->Add(
         "fpga", phase, run, now,
         {.joules = *watts * device_seconds, .busy_seconds = device_seconds, .requests = 1});
-    core.metrics->AddEnergy("fpga", phase, *watts * device_seconds, device_seconds);
+    core.metrics->RecordBoardEnergy(phase, format, *watts * device_seconds, device_seconds);
     core.metrics->SetPower("fpga", "board", *watts);
   }
 }

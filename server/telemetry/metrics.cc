@@ -71,10 +71,21 @@ Metrics::Metrics(std::string backend)
                       .Name("mxserve_busy_seconds_total")
                       .Help("Seconds a device was busy, by source and phase")
                       .Register(*registry_);
+  request_energy_family_ =
+      &BuildCounter()
+           .Name("mxserve_request_energy_joules_total")
+           .Help(
+               "Device energy of the served compute requests by source (fpga_model; fpga where "
+               "the board measures power), phase and the weight's format; summed over format "
+               "it is mxserve_energy_joules_total of that source")
+           .Register(*registry_);
   power_family_ = &BuildGauge()
                        .Name("mxserve_power_watts")
                        .Help("Last reported power, by source and device")
                        .Register(*registry_);
+  for (Phase phase : kAllPhases) {
+    model_energy_[static_cast<int>(phase)] = Energy(std::string(kModelSource), phase);
+  }
   auto& queue_family = BuildHistogram()
                            .Name("mxserve_queue_duration_seconds")
                            .Help("Time compute requests waited in the scheduler's queue")
@@ -133,6 +144,10 @@ Metrics::ComputeSeries* Metrics::Compute(Rpc rpc, Phase phase, mx::Format format
       .latency = &latency_family_->Add(labels, LatencyBuckets()),
       .flops = &flops_family_->Add(work_labels),
       .bytes = &bytes_family_->Add(work_labels),
+      .model_joules =
+          &request_energy_family_->Add({{"source", std::string(kModelSource)},
+                                        {"phase", std::string(PhaseName(phase))},
+                                        {"format", std::string(mx::FormatName(format))}}),
   });
   ComputeSeries* raw = series.get();
   compute_storage_[{static_cast<int>(rpc), static_cast<int>(phase), static_cast<int>(format)}] =
@@ -143,14 +158,14 @@ Metrics::ComputeSeries* Metrics::Compute(Rpc rpc, Phase phase, mx::Format format
 
 Metrics::EnergySeries* Metrics::Energy(const std::string& source, Phase phase) {
   MutexLock lock(&mu_);
-  auto& slot = energy_[{source, phase}];
-  if (!slot) {
-    const prometheus::Labels labels = {{"source", source},
-                                       {"phase", std::string(PhaseName(phase))}};
+  for (Phase p : kAllPhases) {
+    auto& slot = energy_[{source, p}];
+    if (slot) continue;
+    const prometheus::Labels labels = {{"source", source}, {"phase", std::string(PhaseName(p))}};
     slot = std::make_unique<EnergySeries>(
         EnergySeries{.joules = &energy_family_->Add(labels), .busy = &busy_family_->Add(labels)});
   }
-  return slot.get();
+  return energy_[{source, phase}].get();
 }
 
 void Metrics::RecordCompute(const ComputeRecord& r) {
@@ -160,12 +175,8 @@ void Metrics::RecordCompute(const ComputeRecord& r) {
   series->flops->Increment(r.flops);
   series->bytes->Increment(r.bytes);
   queue_[static_cast<int>(r.phase)]->Observe(r.queue_seconds);
-  const int p = static_cast<int>(r.phase);
-  EnergySeries* energy = model_energy_[p].load(std::memory_order_acquire);
-  if (energy == nullptr) {
-    energy = Energy(std::string(kModelSource), r.phase);
-    model_energy_[p].store(energy, std::memory_order_release);
-  }
+  series->model_joules->Increment(r.model_joules);
+  EnergySeries* energy = model_energy_[static_cast<int>(r.phase)];
   energy->joules->Increment(r.model_joules);
   energy->busy->Increment(r.model_seconds);
 }
@@ -201,6 +212,23 @@ void Metrics::AddEnergy(const std::string& source, Phase phase, double joules,
   EnergySeries* series = Energy(source, phase);
   series->joules->Increment(joules);
   series->busy->Increment(busy_seconds);
+}
+
+void Metrics::DeclareEnergySource(const std::string& source) { Energy(source, Phase::kRollout); }
+
+void Metrics::RecordBoardEnergy(Phase phase, mx::Format format, double joules,
+                                double busy_seconds) {
+  AddEnergy("fpga", phase, joules, busy_seconds);
+  const int index = static_cast<int>(phase) * mx::kFormatCount + static_cast<int>(format);
+  prometheus::Counter* counter = board_energy_[index].load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    MutexLock lock(&mu_);
+    counter = &request_energy_family_->Add({{"source", "fpga"},
+                                            {"phase", std::string(PhaseName(phase))},
+                                            {"format", std::string(mx::FormatName(format))}});
+    board_energy_[index].store(counter, std::memory_order_release);
+  }
+  counter->Increment(joules);
 }
 
 void Metrics::SetPower(const std::string& source, const std::string& device, double watts) {

@@ -91,8 +91,15 @@ class Metrics {
   void SetWeightBytes(double bytes) { weight_bytes_->Set(bytes); }
   void SetModels(double models) { models_->Set(models); }
 
-  // Energy and busy time from measured power (ReportPower, board sensors).
+  // Energy and busy time from measured power (ReportPower). A source's series
+  // are made for all three phases at once, at zero, on its first use or on
+  // DeclareEnergySource: a counter first scraped at zero lets increase() over a
+  // range count everything it gained (one first seen at 5 J loses those 5 J).
   void AddEnergy(const std::string& source, Phase phase, double joules, double busy_seconds);
+  void DeclareEnergySource(const std::string& source);
+  // The board's measured energy of one compute request (fpga backend): energy and
+  // busy time of source fpga, and its share by the weight's format.
+  void RecordBoardEnergy(Phase phase, mx::Format format, double joules, double busy_seconds);
   void SetPower(const std::string& source, const std::string& device, double watts);
 
  private:
@@ -104,6 +111,7 @@ class Metrics {
     prometheus::Histogram* latency;
     prometheus::Counter* flops;
     prometheus::Counter* bytes;
+    prometheus::Counter* model_joules;  // source fpga_model, by phase and format
   };
   struct EnergySeries {
     prometheus::Counter* joules;
@@ -122,6 +130,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* quantizations_family_;
   prometheus::Family<prometheus::Counter>* energy_family_;
   prometheus::Family<prometheus::Counter>* busy_family_;
+  prometheus::Family<prometheus::Counter>* request_energy_family_;
   prometheus::Family<prometheus::Gauge>* power_family_;
   std::array<prometheus::Histogram*, 3> queue_;  // per phase
   prometheus::Histogram* batch_size_;
@@ -134,7 +143,8 @@ class Metrics {
   std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * mx::kFormatCount> compute_{};
   std::array<std::atomic<prometheus::Counter*>, kRpcs * kCodes> status_{};
   std::array<std::atomic<prometheus::Counter*>, mx::kFormatCount> quantizations_{};
-  std::array<std::atomic<EnergySeries*>, 3> model_energy_{};  // source fpga_model
+  std::array<EnergySeries*, 3> model_energy_{};  // source fpga_model, made at start
+  std::array<std::atomic<prometheus::Counter*>, 3 * mx::kFormatCount> board_energy_{};
   std::map<std::tuple<std::string, Phase>, std::unique_ptr<EnergySeries>> energy_
       ABSL_GUARDED_BY(mu_);
   std::map<std::tuple<int, int, int>, std::unique_ptr<ComputeSeries>> compute_storage_

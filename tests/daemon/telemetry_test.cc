@@ -3,6 +3,7 @@
 // the phase of the later sample; the FPGA model's energy adds up per phase.
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "fpga/model/energy_model.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
@@ -17,6 +18,15 @@ class TelemetryTest : public ::testing::Test {
 };
 
 TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
+  // Before any request the model's energy series are there, at zero, so that
+  // Prometheus' increase() over a range counts the first request's joules too.
+  const std::string before = ScrapeMetrics(daemon_.metrics_address());
+  for (const char* phase : {"rollout", "reward", "update"}) {
+    EXPECT_EQ(MetricValue(before, absl::StrCat("mxserve_energy_joules_total{phase=\"", phase,
+                                               "\",source=\"fpga_model\"}")),
+              0)
+        << before;
+  }
   // Block 3 of 0..9 is neither first nor last: a tolerant layer for policy D.
   const TestLayer first = MakeLayer("model.layers.0.mlp.gate_proj", 64, 128, false, 80);
   const TestLayer layer = MakeLayer("model.layers.3.mlp.gate_proj", 64, 128, false, 81);
@@ -72,6 +82,15 @@ TEST_F(TelemetryTest, RequestCountsAndModelEnergyPerPhaseAndFormat) {
   EXPECT_NEAR(
       MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"fpga_model\"}"),
       model_joules[v1::PHASE_ROLLOUT], 1e-12);
+  // The same energy by the weight's format: rollout's all went to MXFP4.
+  EXPECT_NEAR(MetricValue(m,
+                          "mxserve_request_energy_joules_total{format=\"MXFP4_E2M1\","
+                          "phase=\"rollout\",source=\"fpga_model\"}"),
+              model_joules[v1::PHASE_ROLLOUT], 1e-12);
+  EXPECT_NEAR(MetricValue(m,
+                          "mxserve_request_energy_joules_total{format=\"FP16\","
+                          "phase=\"update\",source=\"fpga_model\"}"),
+              model_joules[v1::PHASE_UPDATE], 1e-12);
   EXPECT_NE(m.find("mxserve_build_info{backend=\"cpu\",version=\""), std::string::npos);
 
   auto telemetry = v1::Telemetry::NewStub(daemon_.channel());
@@ -184,6 +203,9 @@ TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
       MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"gpu_baseline\"}"),
       250);
   EXPECT_EQ(MetricValue(m, "mxserve_power_watts{device=\"cuda:1\",source=\"gpu_baseline\"}"), 50);
+  // A phase the source never reported is there too, at zero.
+  EXPECT_EQ(MetricValue(m, "mxserve_energy_joules_total{phase=\"reward\",source=\"gpu_baseline\"}"),
+            0);
 }
 
 }  // namespace
