@@ -5,7 +5,7 @@ JOBS ?= 2
 # Keep nested makes (cmake --build) from printing "Entering directory" lines.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test run bench bench-overhead experiment format clean \
+.PHONY: all deps configure build test run observe bench bench-overhead experiment format clean \
         test-asan test-tsan fuzz check-minimal-build
 
 # Sanitizer builds: clang, each in its own tree, without the benchmarks and the
@@ -50,6 +50,11 @@ run: build
 	@exec $(BUILD_DIR)/bin/mxserved --backend cpu --default-policy D-phase-adaptive \
 	      --listen 127.0.0.1:50051 --metrics-listen 127.0.0.1:9464 \
 	      --model-dir $(MODEL_DIR) $(MXSERVED_FLAGS)
+
+# mxserved and Debian's Prometheus natively, with deploy/prometheus's config and
+# rules (no Docker needed); prints where to look. Ctrl-C stops both.
+observe: build
+	@BUILD_DIR=$(abspath $(BUILD_DIR)) bash scripts/observe.sh
 
 bench: build
 	@$(BUILD_DIR)/bin/mx_bench

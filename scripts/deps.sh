@@ -22,6 +22,7 @@ packages=(
   python3-numpy python3-torch python3-pytest   # ... its arrays, torch offload, tests
   python3-matplotlib                           # ... sensitivity heatmaps (mxserve.profile)
   python3-regex                                # ... \p{L} in BPE pre-tokenization (mxserve.tokenizer)
+  python3-yaml                                 # tests/deploy: Prometheus, compose, k8s files
 )
 
 missing=()
