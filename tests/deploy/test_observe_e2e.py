@@ -209,28 +209,34 @@ def test_every_dashboard_query_returns_data_and_energy_agrees(tmp_path):
         assert daemon.stop() == 0, "\n".join(daemon.log)
 
 
+UNIT_TEXT = {"joule": " J", "watt": " W", "percentunit": "", "reqps": " req/s", "s": " s",
+             "short": "", "bytes": " B", "flops": " FLOP/s", "Bps": " B/s"}
+
+
 def write_report(path, figures, report, seconds):
-    """Markdown: per panel, its queries and what Prometheus returned at the end."""
-    def label(metric):
-        return " ".join(f"{v}" for k, v in sorted(metric.items())) or "(all)"
+    """Markdown for the README: per panel its queries and what Prometheus returned at
+    the end of the run (range panels: the last value of each series)."""
+    def figure(value, unit):
+        if unit == "percentunit":
+            return f"{100 * value:.2f} %"
+        suffix = unit[len("suffix:"):] if unit.startswith("suffix:") else UNIT_TEXT[unit]
+        return f"{value:.4g}{suffix}"
 
-    def number(v):
-        return f"{v:.4g}"
-
-    lines = [f"Sample run: {seconds:.0f} s of traffic in three phases plus a replayed GPU "
-             "power trace; figures at the last scrape (range panels: last value of each "
-             "series).", ""]
+    lines = []
     for panel, target, result in figures:
+        unit = panel["fieldConfig"]["defaults"]["unit"]
         if target["refId"] == "A":
-            lines += [f"#### {panel['title']} ({panel['fieldConfig']['defaults']['unit']})", ""]
+            lines += [f"**{panel['title']}** ({panel['type']}, unit `{unit}`)", ""]
         lines += ["```promql", target["expr"], "```", ""]
         rows = []
         for s in result:
             value = float((s.get("values") or [s.get("value")])[-1][1])
-            rows.append(f"{label(s['metric'])}: {number(value)}")
-        lines += ["> " + "; ".join(sorted(rows)), ""]
-    lines += ["GetEnergyReport for the same run:", "",
+            name = " ".join(v for k, v in sorted(s["metric"].items())) or "all"
+            rows.append(f"{name}: {figure(value, unit)}")
+        lines += ["Read: " + "; ".join(sorted(rows)), ""]
+    lines += [f"GetEnergyReport at the end of the same {seconds:.0f} s run:", "",
               "| source | phase | joules | busy s | requests |", "|---|---|---|---|---|"]
     for e in sorted(report.entries, key=lambda e: (e.source, PHASES.index(e.phase))):
-        lines.append(f"| {e.source} | {e.phase} | {e.joules:.4g} | {e.busy_seconds:.4g} | {e.requests} |")
+        lines.append(f"| {e.source} | {e.phase} | {e.joules:.4g} | {e.busy_seconds:.4g} | "
+                     f"{e.requests} |")
     path.write_text("\n".join(lines) + "\n")
