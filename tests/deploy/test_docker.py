@@ -177,12 +177,6 @@ def test_compose_prometheus_config_is_the_native_one_but_the_target():
     assert ours == native
 
 
-def test_make_up_and_down_use_this_compose_file():
-    makefile = (REPO / "Makefile").read_text()
-    assert "-f docker/compose.yaml" in makefile
-    assert COMPOSE_FILE.relative_to(REPO).as_posix() == "docker/compose.yaml"
-
-
 # --- Dockerfile -------------------------------------------------------------------
 
 def dockerfile_instructions() -> List[tuple]:
