@@ -5,7 +5,8 @@ JOBS ?= 2
 # Keep nested makes (cmake --build) from printing "Entering directory" lines.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test run observe bench bench-overhead experiment format clean \
+.PHONY: all deps configure build test run observe up down bench bench-overhead experiment \
+        format clean \
         test-asan test-tsan fuzz check-minimal-build
 
 # Sanitizer builds: clang, each in its own tree, without the benchmarks and the
@@ -55,6 +56,26 @@ run: build
 # rules (no Docker needed); prints where to look. Ctrl-C stops both.
 observe: build
 	@BUILD_DIR=$(abspath $(BUILD_DIR)) bash scripts/observe.sh
+
+# The compose stack of docker/compose.yaml, built from this checkout: mxserved
+# (cpu backend, policy D), Prometheus and Grafana, published on 127.0.0.1 only
+# (gRPC 50051, metrics 9464, Prometheus 9090, Grafana 3000). `docker compose`
+# (v2) or else docker-compose (v1). COMPOSE_FLAGS goes before the command, e.g.
+# COMPOSE_FLAGS="--profile gpu" for the GPU baseline runner. `make down` keeps
+# the volumes (policies, Prometheus and Grafana data); add -v by hand to drop them.
+COMPOSE_FLAGS ?=
+COMPOSE = $(shell if docker compose version >/dev/null 2>&1; then echo "docker compose"; \
+                  elif command -v docker-compose >/dev/null 2>&1; then echo docker-compose; fi)
+NO_COMPOSE = no Docker here: use `make observe` for the native stack (neither `docker compose` nor docker-compose was found)
+up:
+	@$(if $(COMPOSE),,echo 'make up: $(NO_COMPOSE)' >&2; exit 1)
+	@$(COMPOSE) -p mxserve -f docker/compose.yaml $(COMPOSE_FLAGS) up -d --build
+	@echo "mxserve: gRPC 127.0.0.1:50051, metrics http://127.0.0.1:9464/metrics," \
+	      "Prometheus http://127.0.0.1:9090, Grafana http://127.0.0.1:3000; make down stops it."
+
+down:
+	@$(if $(COMPOSE),,echo 'make down: $(NO_COMPOSE)' >&2; exit 1)
+	@$(COMPOSE) -p mxserve -f docker/compose.yaml $(COMPOSE_FLAGS) down
 
 bench: build
 	@$(BUILD_DIR)/bin/mx_bench

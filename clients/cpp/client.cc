@@ -41,6 +41,9 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
   args.SetMaxSendMessageSize(options_.max_message_bytes);
+  if (!options_.load_balancing_policy.empty()) {
+    args.SetLoadBalancingPolicyName(options_.load_balancing_policy);
+  }
   channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
   health_ = grpc::health::v1::Health::NewStub(channel_);
   compute_ = v1::Compute::NewStub(channel_);

@@ -36,6 +36,9 @@ namespace v1 = ::mxserve::v1;
 class ComputeStream;
 
 struct ClientOptions {
+  // A gRPC target: "host:port", several daemons as "ipv4:10.0.0.1:50051,10.0.0.2:50051",
+  // or a name resolving to several, e.g. a headless Service's
+  // "dns:///mxserved.mxserve.svc.cluster.local:50051" (deploy/k8s).
   std::string address = "127.0.0.1:50051";
   // Deadline of each unary or client-streaming call, from its start;
   // absl::InfiniteDuration() for none. Compute.Stream sessions have no deadline.
@@ -44,6 +47,12 @@ struct ClientOptions {
   // and GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH); gRPC's default receive limit is 4 MiB,
   // less than one large layer's weights or outputs.
   int max_message_bytes = 256 << 20;
+  // gRPC load-balancing policy: round_robin spreads calls over every address the
+  // target resolves to (one address: no difference); "" leaves gRPC's default,
+  // pick_first. Models and policies live in the daemon that took their calls:
+  // register, upload and put on each daemon (a Client per address) before
+  // spreading calls that use them over a round_robin channel.
+  std::string load_balancing_policy = "round_robin";
 };
 
 // The largest weight chunk UploadWeights sends (whole FP32 elements).

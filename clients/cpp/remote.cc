@@ -7,8 +7,11 @@
 namespace mxctl {
 
 std::unique_ptr<mxclient::Client> MakeClient(const RemoteContext& context) {
-  return std::make_unique<mxclient::Client>(
-      mxclient::ClientOptions{.address = context.server, .timeout = context.timeout});
+  // pick_first, not the library's round_robin: a command works on one daemon's
+  // models and policies (bench registers, uploads, then calls its model), which
+  // round_robin would split across the daemons of a multi-address --server.
+  return std::make_unique<mxclient::Client>(mxclient::ClientOptions{
+      .address = context.server, .timeout = context.timeout, .load_balancing_policy = ""});
 }
 
 std::string FormatExecutionInfo(const mxserve::v1::ExecutionInfo& info) {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "clients/cpp/client.h"
 #include "clients/cpp/compute_stream.h"
 #include "clients/cpp/tensor.h"
@@ -270,6 +271,57 @@ TEST_F(ClientAgainstDaemon, DeadlinesComeBackAsDeadlineExceeded) {
       mxclient::MakeFloat32Tensor(RandomFloats(4096 * 1024, 2), {4096, 1024}).value();
   mxclient::Client hurried({.address = daemon_->grpc_address(), .timeout = absl::Milliseconds(1)});
   EXPECT_EQ(hurried.Gemm(request).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// Gemm calls a daemon has served, from its /metrics (0 before the first).
+double GemmsServed(const mx_test::DaemonProcess& daemon) {
+  const double value = mx_test::MetricValue(
+      mx_test::ScrapeMetrics(daemon.metrics_address()),
+      R"(mxserve_requests_total{backend="cpu",format="FP32",phase="rollout",rpc="Gemm"})");
+  return value < 0 ? 0 : value;
+}
+
+// One target naming two daemons, as a headless Service's DNS name resolves to
+// every pod (deploy/k8s): the client's round_robin spreads calls over both,
+// while pick_first (mxctl's choice) sends them all to one.
+TEST(ClientLoadBalancing, RoundRobinSpreadsCallsOverEveryDaemonOfTheTarget) {
+  mx_test::DaemonProcess first({"--backend", "cpu", "--workers", "1"});
+  mx_test::DaemonProcess second({"--backend", "cpu", "--workers", "1"});
+  ASSERT_TRUE(first.ok() && second.ok());
+  const std::string target =
+      absl::StrCat("ipv4:", first.grpc_address(), ",", second.grpc_address());
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_ROLLOUT);
+  request.set_format(v1::FORMAT_FP32);
+  *request.mutable_a()->mutable_tensor() =
+      mxclient::MakeFloat32Tensor(RandomFloats(4 * 32, 1), {4, 32}).value();
+  *request.mutable_b()->mutable_tensor() =
+      mxclient::MakeFloat32Tensor(RandomFloats(32 * 8, 2), {32, 8}).value();
+  constexpr int kCalls = 20;
+  for (const bool pick_first : {false, true}) {
+    SCOPED_TRACE(pick_first ? "pick_first" : "the default, round_robin");
+    mxclient::ClientOptions options{.address = target};
+    if (pick_first) options.load_balancing_policy = "pick_first";
+    const double before[] = {GemmsServed(first), GemmsServed(second)};
+    {
+      mxclient::Client client(options);
+      ASSERT_TRUE(client.WaitForConnected(absl::Seconds(10)).ok());
+      for (int call = 0; call < kCalls; ++call) {
+        absl::StatusOr<v1::GemmResponse> response = client.Gemm(request);
+        ASSERT_TRUE(response.ok()) << response.status();
+      }
+    }
+    const double served[] = {GemmsServed(first) - before[0], GemmsServed(second) - before[1]};
+    EXPECT_EQ(served[0] + served[1], kCalls);
+    if (pick_first) {
+      EXPECT_TRUE(served[0] == 0 || served[1] == 0) << served[0] << " and " << served[1];
+    } else {
+      EXPECT_GT(served[0], 0);
+      EXPECT_GT(served[1], 0);
+    }
+  }
+  EXPECT_EQ(first.Stop(), 0) << first.Log();
+  EXPECT_EQ(second.Stop(), 0) << second.Log();
 }
 
 }  // namespace

@@ -1,18 +1,17 @@
-"""mxserved and Debian's real Prometheus as child processes on 127.0.0.1, for the
-deploy tests: Prometheus runs the project's own deploy/prometheus/prometheus.yml and
-rules with only the scrape target (a free port) and the intervals rewritten."""
+"""Debian's real Prometheus as a child process on 127.0.0.1, for the deploy tests
+(mxserved: conftest.Daemon). Prometheus runs the project's own
+deploy/prometheus/prometheus.yml and rules with only the scrape target (a free
+port) and the intervals rewritten."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
-import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -21,14 +20,12 @@ from typing import Any, Dict, Optional
 
 import yaml
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from conftest import REPO
+
 sys.path.insert(0, str(REPO / "clients" / "python"))
 DEPLOY = REPO / "deploy"
-BIN_DIR = pathlib.Path(os.environ.get("MXSERVE_BIN_DIR", REPO / "build" / "bin"))
 PROMETHEUS = os.environ.get("PROMETHEUS", "/usr/bin/prometheus")
 PROMTOOL = os.environ.get("PROMTOOL", "/usr/bin/promtool")
-
-_LISTENING = re.compile(r"event=listening grpc=(\S+) metrics=(\S+)")
 
 
 def free_port() -> int:
@@ -46,42 +43,6 @@ def stop(process: subprocess.Popen, timeout: float = 30) -> int:
             process.kill()
             process.wait()
     return process.returncode
-
-
-class Daemon:
-    """mxserved on free 127.0.0.1 ports; its log is kept for failure messages."""
-
-    def __init__(self, *flags: str, start_timeout: float = 30):
-        self.log = []
-        self.process = subprocess.Popen(
-            [str(BIN_DIR / "mxserved"), "--listen", "127.0.0.1:0", "--metrics-listen",
-             "127.0.0.1:0", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        ready = threading.Event()
-        self.address = self.metrics_address = None
-
-        def read():
-            for line in self.process.stderr:
-                self.log.append(line.rstrip("\n"))
-                if (m := _LISTENING.search(line)):
-                    self.address, self.metrics_address = m.groups()
-                    ready.set()
-
-        self._reader = threading.Thread(target=read, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + start_timeout
-        while not ready.wait(0.05):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("mxserved did not start:\n" + "\n".join(self.log))
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def stop(self) -> int:
-        code = stop(self.process)
-        self._reader.join(timeout=5)
-        return code
 
 
 def prometheus_config(target: str, interval: str = "1s") -> Dict[str, Any]:

@@ -5,14 +5,14 @@ $__rate_interval or $__range; panel ids are unique and the grid is valid; every
 variable used is defined; every metric is one the daemon exports. The linter is
 shown to catch each kind of mistake on a broken copy."""
 
-import copy
 import importlib.util
 import json
 import re
 
 import pytest
 
-from stack import DEPLOY, REPO
+from conftest import REPO
+from stack import DEPLOY
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "mxserve-energy.json"
 # Grafana's unit ids this dashboard may use; custom units are "suffix:<text>".

@@ -16,11 +16,13 @@ import os
 import pathlib
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
 
-from stack import DEPLOY, Daemon, Prometheus, prometheus_config
+from conftest import Daemon, local_daemon_flags
+from stack import DEPLOY, Prometheus, prometheus_config
 
 import mxserve  # noqa: E402  (stack puts clients/python on the path)
 from mxserve.power import ReplayPower
@@ -83,7 +85,7 @@ def drive(client, stop):
 
 def test_every_dashboard_query_returns_data_and_energy_agrees(tmp_path):
     t_begin = time.time()
-    daemon = Daemon("--backend", "cpu", "--workers", "2")
+    daemon = Daemon(*local_daemon_flags("--backend", "cpu", "--workers", "2"))
     prometheus = None
     try:
         prometheus = Prometheus(prometheus_config(daemon.metrics_address, f"{SCRAPE:g}s"),
@@ -131,7 +133,8 @@ def test_every_dashboard_query_returns_data_and_energy_agrees(tmp_path):
 
         # Wait until Prometheus holds the daemon's final counters.
         def final_scrape():
-            text = daemon.metrics()
+            with urllib.request.urlopen(f"http://{daemon.metrics_address}/metrics") as page:
+                text = page.read().decode()
             want = {}
             for line in text.splitlines():
                 if line.startswith("mxserve_energy_joules_total{"):
@@ -206,7 +209,7 @@ def test_every_dashboard_query_returns_data_and_energy_agrees(tmp_path):
     finally:
         if prometheus is not None:
             assert prometheus.stop() == 0, prometheus.log()
-        assert daemon.stop() == 0, "\n".join(daemon.log)
+        assert daemon.stop() == 0, daemon.log()
 
 
 UNIT_TEXT = {"joule": " J", "watt": " W", "percentunit": "", "reqps": " req/s", "s": " s",

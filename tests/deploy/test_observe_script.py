@@ -8,11 +8,11 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 
 import yaml
 
-from stack import BIN_DIR, DEPLOY, REPO, PrometheusApi, free_port
+from conftest import BIN_DIR, REPO
+from stack import DEPLOY, PrometheusApi, free_port
 
 
 def test_observe_runs_the_stack_and_stops_it(tmp_path):

@@ -298,7 +298,14 @@ def _calibration_requests(batches: Iterable[Any], max_bytes: int
 class Client:
     """A connection to mxserved.
 
-    address: "host:port". timeout: default deadline of each unary call, in seconds
+    address: "host:port", or any gRPC target: several daemons as
+    "ipv4:10.0.0.1:50051,10.0.0.2:50051", or a name that resolves to several, such as a
+    headless Service's "dns:///mxserved.mxserve.svc.cluster.local:50051" (deploy/k8s).
+    The channel balances calls over all of them with gRPC's round_robin (one address: no
+    difference); `options` with "grpc.lb_policy_name" or "grpc.service_config" choose
+    otherwise. Models and policies live in the daemon that took their calls: register,
+    upload and put on each daemon (a Client per address) before spreading calls that use
+    them over such a target. timeout: default deadline of each unary call, in seconds
     (a call's own `timeout=` overrides it; None: no deadline). Streams (`session`,
     `report_power`) have no deadline unless given one. The channel opens lazily; `wait_ready()` blocks until the daemon
     answers its health check.
@@ -309,9 +316,11 @@ class Client:
                  options: Sequence[tuple] = ()):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes), *options])
+        defaults = [("grpc.max_send_message_length", max_message_bytes),
+                    ("grpc.max_receive_message_length", max_message_bytes)]
+        if not {key for key, _ in options} & {"grpc.lb_policy_name", "grpc.service_config"}:
+            defaults.append(("grpc.lb_policy_name", "round_robin"))
+        self._channel = grpc.insecure_channel(address, options=[*defaults, *options])
         self._compute = compute_pb2_grpc.ComputeStub(self._channel)
         self._models = models_pb2_grpc.ModelsStub(self._channel)
         self._policies = policies_pb2_grpc.PoliciesStub(self._channel)
