@@ -85,7 +85,7 @@ Energy per phase and source, the last 15 minutes:
   $prom/graph?g0.expr=sum%20by%20(phase%2C%20source)%20(increase(mxserve_energy_joules_total%5B15m%5D))&g0.tab=1
 Recording rules (deploy/prometheus/rules/mxserve.rules.yml), e.g.
   source_phase:mxserve_energy_watts:rate1m   source_phase_format:mxserve_joules_per_gflop:ratio_rate5m
-The Grafana dashboard's queries, panel by panel: README.md, "Observe".
+The Grafana dashboard's queries, panel by panel: README.md, "Observe and deploy".
 
 Some traffic, in another terminal:
   build/bin/mxctl --server 127.0.0.1:$grpc_port bench --phase rollout --format mxfp4 --m 8 --k 896 --n 4864 --duration 30s
