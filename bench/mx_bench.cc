@@ -299,9 +299,16 @@ void ModelOneDnn(benchmark::State& state, int64_t m, dnnl::memory::data_type typ
 
 // Keeps each benchmark's seconds per iteration so ratios can be printed at the
 // end: the best of its repetitions (this machine's noise only ever adds time),
-// or its median when only aggregates are reported.
-class RatioReporter : public benchmark::ConsoleReporter {
+// or its median when only aggregates are reported. Everything else goes to the
+// reporter --benchmark_format asks for (console, json, csv), so json stays valid
+// JSON on stdout; the ratios then go to stderr.
+class RatioReporter : public benchmark::BenchmarkReporter {
  public:
+  RatioReporter(std::unique_ptr<benchmark::BenchmarkReporter> inner, FILE* ratios)
+      : inner_(std::move(inner)), out_(ratios) {}
+
+  bool ReportContext(const Context& context) override { return inner_->ReportContext(context); }
+  void Finalize() override { inner_->Finalize(); }
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       const bool sample = run.run_type == Run::RT_Iteration ||
@@ -311,11 +318,11 @@ class RatioReporter : public benchmark::ConsoleReporter {
           seconds_.try_emplace(run.run_name.function_name, run.GetAdjustedRealTime());
       if (!added) it->second = std::min(it->second, run.GetAdjustedRealTime());
     }
-    ConsoleReporter::ReportRuns(runs);
+    inner_->ReportRuns(runs);
   }
 
   void PrintRatios() const {
-    std::printf("\nratio = peer time / mxserve time (> 1: mxserve is faster)\n");
+    std::fprintf(out_, "\nratio = peer time / mxserve time (> 1: mxserve is faster)\n");
     const char* peers[] = {"openblas_sgemm", "onednn_bf16", "onednn_f32"};
     for (const Shape& s : GemmShapes()) {
       for (int threads : {1, 2}) {
@@ -335,7 +342,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const std::string tail = name.substr(name.find("/qwen"));
       for (const char* peer : peers) Print(name, "model/" + std::string(peer) + tail);
     }
-    std::printf("\nratio = one-thread time / two-thread time\n");
+    std::fprintf(out_, "\nratio = one-thread time / two-thread time\n");
     for (const auto& [name, seconds] : seconds_) {
       const size_t at = name.find("/threads:2");
       if (at != std::string::npos) Print(name, name.substr(0, at), /*label=*/"vs one thread");
@@ -350,16 +357,31 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void Print(const std::string& ours, const std::string& peer, const char* label = nullptr) const {
     const auto a = seconds_.find(ours), b = seconds_.find(peer);
     if (a == seconds_.end() || b == seconds_.end()) return;
-    std::printf("ratio %s %s: %.2f\n", ours.c_str(),
-                label ? label : ("vs " + peer.substr(peer.find('/') + 1,
-                                                     peer.find('/', peer.find('/') + 1) -
-                                                         peer.find('/') - 1))
-                                    .c_str(),
-                b->second / a->second);
+    std::fprintf(out_, "ratio %s %s: %.2f\n", ours.c_str(),
+                 label
+                     ? label
+                     : ("vs " + peer.substr(peer.find('/') + 1, peer.find('/', peer.find('/') + 1) -
+                                                                    peer.find('/') - 1))
+                           .c_str(),
+                 b->second / a->second);
   }
 
+  std::unique_ptr<benchmark::BenchmarkReporter> inner_;
+  FILE* out_;
   std::map<std::string, double> seconds_;
 };
+
+// The value of --benchmark_format (console, json or csv), read before
+// benchmark::Initialize consumes the flag.
+std::string FormatFlag(int argc, char** argv) {
+  std::string format = "console";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::string flag = "--benchmark_format=";
+    if (arg.rfind(flag, 0) == 0) format = arg.substr(flag.size());
+  }
+  return format;
+}
 
 template <typename F>
 void Register(const std::string& name, F f, double min_time = 0.3) {
@@ -370,9 +392,13 @@ void Register(const std::string& name, F f, double min_time = 0.3) {
 
 int main(int argc, char** argv) {
   SetThreads(1);
-  std::printf("mx_bench: kernels at %s (CPU supports %s; MX_ISA caps it)\n",
-              std::string(mx::kernels::IsaName(mx::kernels::DefaultIsa())).c_str(),
-              std::string(mx::kernels::IsaName(mx::kernels::CpuSupports())).c_str());
+  // On stderr and in the benchmark context, so that json output stays JSON.
+  const std::string isa(mx::kernels::IsaName(mx::kernels::DefaultIsa()));
+  const std::string cpu_isa(mx::kernels::IsaName(mx::kernels::CpuSupports()));
+  std::fprintf(stderr, "mx_bench: kernels at %s (CPU supports %s; MX_ISA caps it)\n", isa.c_str(),
+               cpu_isa.c_str());
+  benchmark::AddCustomContext("mx_kernels_isa", isa);
+  benchmark::AddCustomContext("mx_cpu_isa", cpu_isa);
   constexpr int64_t kElements = 1 << 20;
   for (const mx::FormatTraits& t : mx::AllFormats()) {
     const std::string suffix = std::string(t.name) + "/" + std::to_string(kElements);
@@ -415,9 +441,21 @@ int main(int argc, char** argv) {
   Register("model/onednn_f32" + model,
            [](benchmark::State& s) { ModelOneDnn(s, kDecodeRows, dt::f32, 1); }, 2.0);
 
+  const std::string format = FormatFlag(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  RatioReporter reporter;
+  std::unique_ptr<benchmark::BenchmarkReporter> display;
+  if (format == "json") {
+    display = std::make_unique<benchmark::JSONReporter>();
+  } else if (format == "csv") {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // still the library's csv
+    display = std::make_unique<benchmark::CSVReporter>();
+#pragma GCC diagnostic pop
+  } else {
+    display = std::make_unique<benchmark::ConsoleReporter>();
+  }
+  RatioReporter reporter(std::move(display), format == "console" ? stdout : stderr);
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.PrintRatios();
   benchmark::Shutdown();
