@@ -8,9 +8,10 @@
 // two) add straight into int32, exact for every pair those kinds take. Within a
 // lane the sum over blocks runs in ascending block order, as everywhere.
 //
-// Kinds without a kernel here (kMxF64, kInt8) run the avx2 ones; the table of
-// which kinds each level has is kHasKernel (gemm_internal.h), and the tests check
-// that it and Avx512Tile below agree.
+// kMxF64 (pairs with MXFP8) runs FP64 FMAs, 8 lanes per zmm, two per panel;
+// kInt8 the int16 pairs of its packing through vpdpwssd over the whole K. The
+// table of which kinds each level has is kHasKernel (gemm_internal.h), and the
+// tests check that it and Avx512Tile below agree.
 //
 // Tests also compile this file against SIMDe's portable AVX-512 (with
 // MX_KERNELS_EMULATED, tests/mx/kernels/simd_emulation.h), so its logic is
@@ -108,12 +109,88 @@ void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
     for (int64_t pair = b * 16; pair < b * 16 + 16; ++pair) {
       const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
       for (int r = 0; r < MR; ++r) {
-        acc[r] = _mm512_dpwssd_epi32(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
+        acc[r] =
+            _mm512_dpwssd_epi32(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
       }
     }
     const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
     for (int r = 0; r < MR; ++r) {
       y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) StoreRow(tile, r, y[r]);
+  tile.Store(p, row0, MR);
+}
+
+// INT8: the whole K in int32 (vpdpwssd on the int16 pairs; exact: the driver
+// caps K at 2^17), then (float(dot) · scale_x) · scale_w, then the bias, in the
+// reference's order (no fused multiply-add).
+template <int MR>
+void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  const int16_t* wp = w.i16.data() + panel * kp * kPanel;
+  Tile tile(p, panel, false);
+  __m512i acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
+  for (int64_t pair = 0; pair < kp / 2; ++pair) {
+    const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      acc[r] =
+          _mm512_dpwssd_epi32(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
+    }
+  }
+  const __m512 ws = _mm512_loadu_ps(w.scale.data() + panel * kPanel);
+  for (int r = 0; r < MR; ++r) {
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x.scale[row0 + r]));
+    v = _mm512_mul_ps(v, ws);
+    StoreRow(tile, r, v);
+  }
+  if (p.bias) {
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < tile.cols; ++j) tile.y[r][j] += p.bias[tile.n0 + j];
+    }
+  }
+  tile.Store(p, row0, MR);
+}
+
+// kMxF64: W's FP16 element values widened to doubles, 8 lanes per zmm, FP64 FMAs
+// per block (exact: the driver checked that every block sum fits 53 bits), then
+// the wide epilogue float(dot · 2^ex · 2^ew) added to y block by block.
+template <int MR>
+void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
+  Tile tile(p, panel, true);
+  __m512 y[MR];
+  for (int r = 0; r < MR; ++r) y[r] = LoadRow(tile, r);
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    __m512d acc[MR][2];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_pd();
+    for (int64_t k = b * kBlockSize; k < (b + 1) * kBlockSize; ++k) {
+      const __m512 wf =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * kPanel)));
+      const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
+      const __m512d w1 = _mm512_cvtps_pd(
+          _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(wf), 1)));
+      for (int r = 0; r < MR; ++r) {
+        const __m512d xv = _mm512_set1_pd(x.f64[(row0 + r) * kp + k]);
+        acc[r][0] = _mm512_fmadd_pd(xv, w0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_pd(xv, w1, acc[r][1]);
+      }
+    }
+    const double* ws = w.scale_d.data() + (panel * x.blocks + b) * kPanel;
+    const __m512d ws0 = _mm512_loadu_pd(ws), ws1 = _mm512_loadu_pd(ws + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m512d xs = _mm512_set1_pd(x.scale_d[(row0 + r) * x.blocks + b]);
+      const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0], xs), ws0));
+      const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][1], xs), ws1));
+      const __m512 block = _mm512_castsi512_ps(_mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
+      y[r] = _mm512_add_ps(y[r], block);
     }
   }
   for (int r = 0; r < MR; ++r) StoreRow(tile, r, y[r]);
@@ -168,6 +245,14 @@ template <int MR>
 struct I16K {
   static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxI16Tile<MR>(p, r, n, c); }
 };
+template <int MR>
+struct Int8K {
+  static void Run(const Problem& p, int64_t r, int n, int64_t c) { Int8Tile<MR>(p, r, n, c); }
+};
+template <int MR>
+struct F64K {
+  static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxF64Tile<MR>(p, r, n, c); }
+};
 template <Format kStore>
 struct F32 {
   template <int MR>
@@ -189,13 +274,17 @@ TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
       return p.fast_scales ? ByRows<I16K> : nullptr;
     case Kind::kF32:
       switch (p.w->float_store) {
-        case Format::kFp16: return ByRows<F32<Format::kFp16>::K>;
-        case Format::kBf16: return ByRows<F32<Format::kBf16>::K>;
-        default: return ByRows<F32<Format::kFp32>::K>;
+        case Format::kFp16:
+          return ByRows<F32<Format::kFp16>::K>;
+        case Format::kBf16:
+          return ByRows<F32<Format::kBf16>::K>;
+        default:
+          return ByRows<F32<Format::kFp32>::K>;
       }
     case Kind::kMxF64:
+      return ByRows<F64K>;
     case Kind::kInt8:
-      return nullptr;
+      return ByRows<Int8K>;
   }
   return nullptr;
 }

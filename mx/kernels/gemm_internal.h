@@ -213,8 +213,8 @@ constexpr bool kHasKernel[kKinds][kIsaLevels] = {
     //            scalar avx2  avx512 amx
     /* kMxI8  */ {true, true, true, true},
     /* kMxI16 */ {true, true, true, false},
-    /* kMxF64 */ {true, true, false, false},
-    /* kInt8  */ {true, true, false, false},
+    /* kMxF64 */ {true, true, true, false},
+    /* kInt8  */ {true, true, true, false},
     /* kF32   */ {true, true, true, false},
 };
 static_assert(static_cast<int>(Kind::kF32) + 1 == kKinds &&

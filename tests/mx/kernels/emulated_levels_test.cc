@@ -105,10 +105,63 @@ TEST_P(EmulatedLevel, EveryMxPairMatchesReference) {
 TEST_P(EmulatedLevel, FloatFormatsMatchReference) {
   const int64_t m = 7, n = 33, k = 45;
   for (Format f : {Format::kFp32, Format::kFp16, Format::kBf16}) {
-    const std::string name = Run(Quantize(Gaussian(m * k, 4), m, k, f),
-                                 Quantize(Gaussian(n * k, 5), n, k, f), Gaussian(n, 6),
-                                 std::string(FormatName(f)));
+    const std::string name =
+        Run(Quantize(Gaussian(m * k, 4), m, k, f), Quantize(Gaussian(n * k, 5), n, k, f),
+            Gaussian(n, 6), std::string(FormatName(f)));
     EXPECT_EQ(name, Expected(internal::Kind::kF32)) << FormatName(f);
+  }
+}
+
+// INT8 × INT8 (per-row scales, the whole K in int32, the bias after), ragged
+// shapes with bias on and off, K past several blocks, two threads; and INT8 with
+// the float formats.
+TEST_P(EmulatedLevel, Int8MatchesReference) {
+  ThreadPool pool(2);
+  const struct { int64_t m, n, k; } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 301}};
+  uint32_t seed = 200;
+  for (const auto& s : shapes) {
+    for (bool with_bias : {false, true}) {
+      seed += 3;
+      const std::vector<float> bias = with_bias ? Gaussian(s.n, seed) : std::vector<float>{};
+      const std::string what =
+          absl::StrCat("INT8 ", s.m, "x", s.n, "x", s.k, with_bias ? " bias" : "");
+      const QuantizedMatrix x = Quantize(Gaussian(s.m * s.k, seed + 1), s.m, s.k, Format::kInt8);
+      const QuantizedMatrix w =
+          Quantize(Gaussian(s.n * s.k, seed + 2, 30.0f), s.n, s.k, Format::kInt8);
+      const std::string name = Run(x, w, bias, what, &pool);
+      EXPECT_EQ(name, Expected(internal::Kind::kInt8)) << what;
+    }
+  }
+  for (Format f : {Format::kBf16, Format::kFp32}) {
+    const std::string name = Run(Quantize(Gaussian(5 * 70, 210), 5, 70, Format::kInt8),
+                                 Quantize(Gaussian(19 * 70, 211), 19, 70, f), Gaussian(19, 212),
+                                 absl::StrCat("INT8 x ", FormatName(f)));
+    EXPECT_EQ(name, Expected(internal::KindFor(Format::kInt8, f))) << FormatName(f);
+  }
+}
+
+// MXFP8 E5M2 blocks whose pair spans more than FP64's 53 bits, planted among
+// ordinary ones: the level's FP64 tiles run first, then the driver computes those
+// outputs again exactly; every output must equal the reference.
+TEST_P(EmulatedLevel, WideE5m2BlocksAreRedoneExactly) {
+  ThreadPool pool(2);
+  const int64_t m = 21, n = 35, k = 130;
+  std::vector<float> xv = Gaussian(m * k, 220), wv = Gaussian(n * k, 221);
+  for (int64_t i : {2, 9, 20}) {  // a 31-bit span in X's block 1 of these rows
+    xv[i * k + 32] = 0x1p15f;
+    xv[i * k + 33] = 0x1p-16f;
+  }
+  for (int64_t j : {0, 17, 34}) {
+    wv[j * k + 32] = -0x1p15f;
+    wv[j * k + 35] = 0x1.8p-16f;
+  }
+  for (Format wf : {Format::kMxfp8E5m2, Format::kMxfp8E4m3}) {
+    const std::string what = absl::StrCat("wide E5M2 x ", FormatName(wf));
+    const std::string name = Run(Quantize(xv, m, k, Format::kMxfp8E5m2), Quantize(wv, n, k, wf),
+                                 Gaussian(n, 222), what, &pool);
+    // 31 bits of X's block with E5M2's or E4M3's widest (31, 17): both pairs
+    // pass 53 bits.
+    EXPECT_EQ(name, Expected(internal::Kind::kMxF64) + "+exact_wide") << what;
   }
 }
 
@@ -125,8 +178,8 @@ TEST_P(EmulatedLevel, WideBytesNanAndZeroBlocksAndThreads) {
                         std::pair{Format::kMxint8, Format::kMxfp4E2m1},
                         std::pair{Format::kMxint8, Format::kMxint8}}) {
     const std::string what = absl::StrCat(FormatName(fx), " x ", FormatName(fw));
-    const std::string name = Run(Quantize(xv, m, k, fx), Quantize(wv, n, k, fw), Gaussian(n, 9),
-                                 what, &pool);
+    const std::string name =
+        Run(Quantize(xv, m, k, fx), Quantize(wv, n, k, fw), Gaussian(n, 9), what, &pool);
     EXPECT_EQ(name, Expected(internal::KindFor(fx, fw))) << what;
   }
 }

@@ -1,6 +1,6 @@
 // What the kernel tests need to run the avx512 and amx kernels on a CPU without
 // those instructions: SIMDe's portable AVX-512 under the intrinsics' own names,
-// the three conversions SIMDe 0.7 lacks, and an emulation of the AMX tile
+// the conversions SIMDe 0.7 lacks, and an emulation of the AMX tile
 // instructions the amx kernels use. Included by the wrappers that compile a
 // kernel source with MX_KERNELS_EMULATED (gemm_*_emulated.cc), built with AVX2
 // and FMA so that SIMDe computes each 512-bit FMA as two native 256-bit ones:
@@ -40,6 +40,21 @@ inline __m512 CvtphPs(__m256i a) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
   for (int i = 0; i < 16; ++i) out[i] = Fp16ToFloat(in[i]);
   return _mm512_loadu_ps(out);
+}
+// float -> double widens exactly; double -> float rounds to nearest even.
+inline __m512d CvtpsPd(__m256 a) {
+  float in[8];
+  double out[8];
+  _mm256_storeu_ps(in, a);
+  for (int i = 0; i < 8; ++i) out[i] = in[i];
+  return _mm512_loadu_pd(out);
+}
+inline __m256 CvtpdPs(__m512d a) {
+  double in[8];
+  float out[8];
+  _mm512_storeu_pd(in, a);
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<float>(in[i]);
+  return _mm256_loadu_ps(out);
 }
 
 // AMX: eight tile registers of up to 16 rows × 64 bytes per thread, shaped by
@@ -107,6 +122,8 @@ inline void TileDpbsud(int c, int a, int b) {
 #define _mm512_cvtepi32_ps mx::kernels::emulated::Cvtepi32Ps
 #define _mm512_cvtepu16_epi32 mx::kernels::emulated::Cvtepu16Epi32
 #define _mm512_cvtph_ps mx::kernels::emulated::CvtphPs
+#define _mm512_cvtps_pd mx::kernels::emulated::CvtpsPd
+#define _mm512_cvtpd_ps mx::kernels::emulated::CvtpdPs
 #define _tile_loadconfig(config) mx::kernels::emulated::TileLoadConfig(config)
 #define _tile_release() mx::kernels::emulated::TileRelease()
 #define _tile_zero(t) mx::kernels::emulated::TileZero(t)
