@@ -166,7 +166,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->core.backend = s->backend.get();
   s->core.metrics = s->metrics.get();
   s->core.ledger = s->ledger.get();
-  s->core.default_policy = options.default_policy;
+  s->core.default_policy = std::string(CanonicalPolicyName(options.default_policy));
   s->core.max_message_bytes = options.max_message_bytes;
   s->core.model_dirs = &s->model_dirs;
   s->core.max_power_series = options.max_power_series;

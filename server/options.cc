@@ -124,7 +124,9 @@ const std::vector<FlagSpec>& Flags() {
        "where user policies persist as NAME.json (loaded at start); empty keeps them in memory",
        [](const DaemonOptions& o) { return o.policy_dir.empty() ? "''" : o.policy_dir; },
        StringSetter(&DaemonOptions::policy_dir)},
-      {"default-policy", "NAME", "active policy of models registered without one",
+      {"default-policy", "NAME",
+       "active policy of models registered without one (a built-in answers to its short name too: "
+       "fp16, A, B, C, D)",
        [](const DaemonOptions& o) { return o.default_policy; },
        StringSetter(&DaemonOptions::default_policy)},
       {"energy-model", "FILE",

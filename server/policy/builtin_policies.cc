@@ -36,4 +36,13 @@ const std::vector<Policy>& BuiltinPolicies() {
   return *policies;
 }
 
+absl::string_view CanonicalPolicyName(absl::string_view name) {
+  // A built-in's short name is the part before its first '-': fp16, A, B, C, D.
+  for (const Policy& policy : BuiltinPolicies()) {
+    const absl::string_view full = policy.name;
+    if (name == full.substr(0, full.find('-'))) return full;
+  }
+  return name;
+}
+
 }  // namespace mxserve

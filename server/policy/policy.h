@@ -63,5 +63,9 @@ ResolvedFormat Resolve(const Policy& policy, Phase phase, absl::string_view laye
 // C-aggressive, D-phase-adaptive.
 const std::vector<Policy>& BuiltinPolicies();
 inline constexpr absl::string_view kDefaultPolicy = "D-phase-adaptive";
+// A built-in's full name for its short one (fp16, A, B, C, D); any other name as
+// given. Every lookup by name goes through it, so the short names work wherever a
+// policy is named, and models hold the full name.
+absl::string_view CanonicalPolicyName(absl::string_view name);
 
 }  // namespace mxserve

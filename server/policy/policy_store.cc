@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Create(const std::stri
       return absl::InvalidArgumentError(
           absl::StrCat(path.string(), ": ", policy.status().message()));
     }
-    if (store->policies_.contains(policy->name) && store->policies_[policy->name].builtin) {
+    if (CanonicalPolicyName(policy->name) != policy->name ||
+        (store->policies_.contains(policy->name) && store->policies_[policy->name].builtin)) {
       return absl::InvalidArgumentError(
           absl::StrCat(path.string(), ": '", policy->name, "' is a built-in policy name"));
     }
@@ -68,6 +69,11 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json) {
   if (auto it = policies_.find(parsed->name); it != policies_.end() && it->second.builtin) {
     return absl::FailedPreconditionError(absl::StrCat(
         "json: policy.name: '", parsed->name, "' is a built-in policy and cannot be replaced"));
+  }
+  if (const absl::string_view full = CanonicalPolicyName(parsed->name); full != parsed->name) {
+    return absl::FailedPreconditionError(absl::StrCat("json: policy.name: '", parsed->name,
+                                                      "' is the short name of the built-in '", full,
+                                                      "' and cannot be replaced"));
   }
   if (!dir_.empty()) {
     const auto path = std::filesystem::path(dir_) / absl::StrCat(parsed->name, ".json");
@@ -90,7 +96,7 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json) {
 absl::StatusOr<StoredPolicy> PolicyStore::Get(absl::string_view name,
                                               absl::string_view field) const {
   MutexLock lock(&mu_);
-  auto it = policies_.find(name);
+  auto it = policies_.find(CanonicalPolicyName(name));
   if (it == policies_.end()) {
     // Only the built-ins are named: other users' policy names are theirs.
     std::vector<std::string> builtins;
@@ -112,7 +118,7 @@ std::vector<StoredPolicy> PolicyStore::List() const {
 absl::Status PolicyStore::Delete(absl::string_view name,
                                  absl::FunctionRef<bool(absl::string_view)> in_use) {
   MutexLock lock(&mu_);
-  auto it = policies_.find(name);
+  auto it = policies_.find(CanonicalPolicyName(name));
   if (it == policies_.end()) {
     return absl::NotFoundError(absl::StrCat("name: no policy named ", Quote(name)));
   }

@@ -283,8 +283,10 @@ grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerConte
   return ServeNow<v1::RegisterModelRequest, v1::ModelInfo>(
       core_, Rpc::kRegisterModel, context, request, response,
       [this](const v1::RegisterModelRequest& r, v1::ModelInfo* out) -> absl::Status {
-        const std::string policy = r.policy().empty() ? core_.default_policy : r.policy();
-        MX_RETURN_IF_ERROR(core_.policies->Get(policy, "policy").status());
+        MX_ASSIGN_OR_RETURN(
+            StoredPolicy stored,
+            core_.policies->Get(r.policy().empty() ? core_.default_policy : r.policy(), "policy"));
+        const std::string policy = stored.policy->name;  // the full name of a short one
         std::vector<LayerSpec> layers;
         for (const auto& layer : r.layers()) {
           layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});

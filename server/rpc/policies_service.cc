@@ -95,12 +95,12 @@ absl::Status PoliciesService::Delete(const v1::DeletePolicyRequest& request) {
 
 absl::Status PoliciesService::SetActive(const v1::SetActivePolicyRequest& request,
                                         v1::SetActivePolicyResponse* response) {
-  MX_RETURN_IF_ERROR(core_.policies->Get(request.policy(), "policy").status());
-  MX_ASSIGN_OR_RETURN(std::string previous,
-                      core_.registry->SetPolicy(request.model(), request.policy()));
+  MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Get(request.policy(), "policy"));
+  const std::string& policy = stored.policy->name;  // the full name of a short one
+  MX_ASSIGN_OR_RETURN(std::string previous, core_.registry->SetPolicy(request.model(), policy));
   response->set_previous_policy(previous);
   Log(LogLevel::kInfo, "policy_activated",
-      {{"model", request.model()}, {"policy", request.policy()}, {"previous", previous}});
+      {{"model", request.model()}, {"policy", policy}, {"previous", previous}});
   return absl::OkStatus();
 }
 
@@ -109,7 +109,7 @@ absl::Status PoliciesService::Resolve(const v1::ResolvePolicyRequest& request,
   MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request.model()));
   const std::string name = request.policy().empty() ? model.policy : request.policy();
   MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Get(name, "policy"));
-  response->set_policy(name);
+  response->set_policy(stored.policy->name);
   for (Phase phase : kAllPhases) {
     for (const auto& layer : model.layers) {
       const ResolvedFormat resolved =

@@ -360,6 +360,74 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   EXPECT_EQ(list.policies_size(), 6);
 }
 
+// The built-ins answer to their short names (fp16, A, B, C, D) wherever a policy
+// is named; models hold, and answers give, the full name; no user policy may take
+// a short name.
+TEST_F(PoliciesTest, BuiltinsAnswerToTheirShortNames) {
+  const TestLayer mid = MakeLayer("model.layers.5.mlp.up_proj", 8, 32, false, 65);
+  auto policies = v1::Policies::NewStub(daemon_.channel());
+  auto models = v1::Models::NewStub(daemon_.channel());
+  grpc::ClientContext c1;
+  v1::RegisterModelRequest reg;
+  reg.set_name("short");
+  reg.set_policy("B");
+  auto* layer = reg.add_layers();
+  layer->set_name(mid.name);
+  layer->set_out_features(mid.out);
+  layer->set_in_features(mid.in);
+  v1::ModelInfo info;
+  ASSERT_TRUE(models->RegisterModel(&c1, reg, &info).ok());
+  EXPECT_EQ(info.policy(), "B-balanced");
+
+  grpc::ClientContext c2;
+  v1::SetActivePolicyRequest activate;
+  activate.set_model("short");
+  activate.set_policy("fp16");
+  v1::SetActivePolicyResponse activated;
+  ASSERT_TRUE(policies->SetActivePolicy(&c2, activate, &activated).ok());
+  EXPECT_EQ(activated.previous_policy(), "B-balanced");
+  EXPECT_EQ(Describe(channel(), "short").policy(), "fp16-baseline");
+
+  grpc::ClientContext c3;
+  v1::ResolvePolicyRequest resolve;
+  resolve.set_model("short");
+  resolve.set_policy("C");
+  v1::ResolvePolicyResponse table;
+  ASSERT_TRUE(policies->ResolvePolicy(&c3, resolve, &table).ok());
+  EXPECT_EQ(table.policy(), "C-aggressive");
+
+  grpc::ClientContext c4;
+  v1::GetPolicyRequest get;
+  get.set_name("D");
+  v1::PolicyInfo got;
+  ASSERT_TRUE(policies->GetPolicy(&c4, get, &got).ok());
+  EXPECT_EQ(got.name(), "D-phase-adaptive");
+  EXPECT_TRUE(got.builtin());
+
+  // Case matters, and a short name is not a user's to take or to delete.
+  grpc::ClientContext c5;
+  get.set_name("d");
+  grpc::Status s = policies->GetPolicy(&c5, get, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  grpc::ClientContext c6;
+  v1::PutPolicyRequest put;
+  put.set_json(R"({"name": "A", "defaults": {"rollout": "FP16", "reward": "FP16",
+    "update": "FP16"}})");
+  v1::PolicyInfo stored;
+  s = policies->PutPolicy(&c6, put, &stored);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(s.error_message(),
+            "json: policy.name: 'A' is the short name of the built-in 'A-conservative' and "
+            "cannot be replaced");
+  grpc::ClientContext c7;
+  v1::DeletePolicyRequest del;
+  del.set_name("A");
+  v1::DeletePolicyResponse deleted;
+  s = policies->DeletePolicy(&c7, del, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("built-in"), std::string::npos) << s.error_message();
+}
+
 TEST(PolicyDirTest, UserPoliciesSurviveARestart) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/mxserve_policies_", getpid());
   std::filesystem::remove_all(dir);

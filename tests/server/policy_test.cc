@@ -1,11 +1,15 @@
 // The policy engine: parsing and its error messages, globs, the sensitivity
-// heuristic, first-match resolution, and the built-in presets.
+// heuristic, first-match resolution, and the built-in presets and their short names.
 #include "server/policy/policy.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "server/policy/glob.h"
 #include "server/policy/layer_sensitivity.h"
+#include "server/policy/policy_store.h"
 
 namespace mxserve {
 namespace {
@@ -165,6 +169,27 @@ TEST(Policy, BuiltinPresetsFollowTheDesignTable) {
     EXPECT_EQ(PolicyToJson(ParsePolicyJson(PolicyToJson(p)).value()), PolicyToJson(p));
   }
   EXPECT_EQ(find(kDefaultPolicy).name, kDefaultPolicy);
+}
+
+TEST(Policy, ShortNamesAreTheBuiltinsOwn) {
+  EXPECT_EQ(CanonicalPolicyName("fp16"), "fp16-baseline");
+  EXPECT_EQ(CanonicalPolicyName("A"), "A-conservative");
+  EXPECT_EQ(CanonicalPolicyName("B"), "B-balanced");
+  EXPECT_EQ(CanonicalPolicyName("C"), "C-aggressive");
+  EXPECT_EQ(CanonicalPolicyName("D"), "D-phase-adaptive");
+  for (absl::string_view other : {"d", "D-phase-adaptive", "E", "", "mine", "D-"}) {
+    EXPECT_EQ(CanonicalPolicyName(other), other);
+  }
+  // A --policy-dir file that takes a short name stops the start, naming the file.
+  const std::string dir = ::testing::TempDir() + "/policy_short_names";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/A.json")
+      << R"({"name": "A", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})";
+  const auto store = PolicyStore::Create(dir);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().message(), dir + "/A.json: 'A' is a built-in policy name");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
