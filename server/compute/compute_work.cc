@@ -100,6 +100,7 @@ void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t v
 void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
              mx::Format format, Clock::time_point arrival, double queue_seconds, double flops,
              const fpga_model::GemmEstimate& model, double device_seconds) {
+  const bool book_model = core.backend->BooksModelEnergy();  // not where nothing ran (null)
   core.metrics->RecordCompute({.rpc = rpc,
                                .phase = phase,
                                .format = format,
@@ -107,11 +108,13 @@ void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string
                                .queue_seconds = queue_seconds,
                                .flops = flops,
                                .bytes = model.bytes,
-                               .model_seconds = model.seconds,
-                               .model_joules = model.joules});
+                               .model_seconds = book_model ? model.seconds : 0,
+                               .model_joules = book_model ? model.joules : 0});
   const double now = UnixSeconds();
-  core.ledger->Add("fpga_model", phase, run, now,
-                   {.joules = model.joules, .busy_seconds = model.seconds, .requests = 1});
+  if (book_model) {
+    core.ledger->Add("fpga_model", phase, run, now,
+                     {.joules = model.joules, .busy_seconds = model.seconds, .requests = 1});
+  }
   if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
     core.ledger->Add(
         "fpga", phase, run, now,

@@ -278,6 +278,17 @@ TEST(NullBackendTest, AnswersZerosOfTheRightShapeWithoutComputing) {
                         "mxserve_requests_total{backend=\"null\",format=\"MXFP4_E2M1\","
                         "phase=\"rollout\",rpc=\"LayerForward\"}"),
             1);
+  // ... but no energy is booked for work that did not run: the counters stay at
+  // zero and the energy report has no fpga_model joules.
+  EXPECT_EQ(MetricValue(m, "mxserve_energy_joules_total{phase=\"rollout\",source=\"fpga_model\"}"),
+            0);
+  EXPECT_EQ(MetricValue(m, "mxserve_busy_seconds_total{phase=\"rollout\",source=\"fpga_model\"}"),
+            0);
+  auto telemetry = v1::Telemetry::NewStub(daemon.channel());
+  grpc::ClientContext c3;
+  v1::EnergyReport report;
+  ASSERT_TRUE(telemetry->GetEnergyReport(&c3, {}, &report).ok());
+  for (const auto& e : report.entries()) EXPECT_EQ(e.joules(), 0) << e.source();
 }
 
 }  // namespace

@@ -56,6 +56,11 @@ class Backend {
   // where nothing is measured. The daemon charges it to the "fpga" energy
   // source for the time each request keeps the device busy.
   virtual std::optional<double> BoardPowerWatts() const { return std::nullopt; }
+  // Whether the FPGA model's joules of a served request are booked (ledger and
+  // mxserve_energy_joules_total, source fpga_model). False where no GEMM runs
+  // (null): the estimate still goes back in ExecutionInfo, but it is not energy
+  // anything spent.
+  virtual bool BooksModelEnergy() const { return true; }
 };
 
 // The backend names --backend accepts, for help and errors.

@@ -17,6 +17,7 @@ class ShapeOnly final : public PreparedWeight {
 class NullBackend final : public Backend {
  public:
   absl::string_view name() const override { return "null"; }
+  bool BooksModelEnergy() const override { return false; }
   bool computes() const override { return false; }
 
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
