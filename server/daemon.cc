@@ -1,5 +1,7 @@
 #include "server/daemon.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -23,6 +25,47 @@
 #include "server/telemetry/log.h"
 
 namespace mxserve {
+namespace {
+
+// Deletes the models whose lease ran out (RegisterModelRequest.lease_seconds),
+// four times a second, as DeleteModel would: their profiles go too. Stops when
+// destroyed.
+class LeaseReaper {
+ public:
+  explicit LeaseReaper(const Core& core) : core_(core), thread_([this] { Loop(); }) {}
+  ~LeaseReaper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(250), [this] { return stop_; })) {
+      lock.unlock();
+      const auto expired = core_.registry->DeleteExpired(std::chrono::steady_clock::now());
+      for (const auto& [model, freed] : expired) {
+        (void)core_.profiles->Delete(model, 0);
+        Log(LogLevel::kInfo, "model_lease_expired",
+            {{"model", model}, {"freed_bytes", absl::StrCat(freed)}});
+      }
+      if (!expired.empty()) core_.UpdateMemoryGauges();
+      lock.lock();
+    }
+  }
+
+  const Core& core_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace
 
 // Members are destroyed in reverse order: the schedulers (and the requests they
 // hold, with their LayerViews) go before the registry, and the registry (whose
@@ -50,6 +93,8 @@ struct Daemon::State {
   std::unique_ptr<ProfilesService> profiles_service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<prometheus::Exposer> exposer;
+  // Last, so destroyed first: it stops before anything it deletes through goes.
+  std::unique_ptr<LeaseReaper> reaper;
   std::string grpc_address;
   std::string metrics_address;
   bool stopped = false;
@@ -173,6 +218,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->core.power_sources = options.power_sources;
   s->core.max_power_watts = options.max_power_watts;
   s->core.UpdateMemoryGauges();
+  s->reaper = std::make_unique<LeaseReaper>(s->core);
 
   if (options.metrics_listen != "off") {
     try {

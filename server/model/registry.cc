@@ -93,7 +93,7 @@ uint64_t LayerWeights::Bytes() const {
 }
 
 absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> layers,
-                                const std::string& policy) {
+                                const std::string& policy, double lease_seconds) {
   if (!ValidModelName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("name: ", Quote(name),
                                                    " is not a model name; expected 1-",
@@ -102,9 +102,15 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   if (layers.empty()) {
     return absl::InvalidArgumentError("layers: a model needs at least one layer");
   }
+  if (!(lease_seconds == 0 || (lease_seconds >= 1 && lease_seconds <= kMaxLeaseSeconds))) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_seconds: expected 0 (no lease) or 1 to ",
+                                                   kMaxLeaseSeconds, ", got ", lease_seconds));
+  }
   auto model = std::make_unique<Model>();
   model->name = name;
   model->policy = policy;
+  model->lease_seconds = lease_seconds;
+  model->last_used = std::chrono::steady_clock::now();
   uint64_t fp32_bytes = 0;
   std::vector<std::string> names;
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -154,6 +160,7 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
 absl::StatusOr<const Registry::Model*> Registry::FindModel(absl::string_view name) const {
   auto it = models_.find(name);
   if (it == models_.end()) return ModelNotFound(name);
+  it->second->last_used = std::chrono::steady_clock::now();  // renews a lease
   return it->second.get();
 }
 
@@ -276,6 +283,7 @@ ModelSummary Registry::Summarize(const Model& model) const {
   s.name = model.name;
   s.policy = model.policy;
   s.version = model.version;
+  s.lease_seconds = model.lease_seconds;
   s.staged_tensors = model.staged.size();
   std::set<const StoredTensor*> counted;
   for (const auto& [key, tensor] : model.staged) {
@@ -319,6 +327,27 @@ absl::StatusOr<uint64_t> Registry::Delete(absl::string_view model_name) {
     models_.erase(it);
   }
   return bytes;  // `doomed` frees outside the lock; readers still holding layers keep theirs
+}
+
+std::vector<std::pair<std::string, uint64_t>> Registry::DeleteExpired(
+    std::chrono::steady_clock::time_point now) {
+  std::vector<std::pair<std::string, uint64_t>> deleted;
+  std::vector<std::unique_ptr<Model>> doomed;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = models_.begin(); it != models_.end();) {
+      const Model& model = *it->second;
+      if (model.lease_seconds > 0 &&
+          now - model.last_used >= std::chrono::duration<double>(model.lease_seconds)) {
+        deleted.emplace_back(model.name, Summarize(model).bytes);
+        doomed.push_back(std::move(it->second));
+        it = models_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return deleted;  // `doomed` frees outside the lock, as in Delete
 }
 
 absl::StatusOr<std::string> Registry::SetPolicy(absl::string_view model_name,

@@ -15,6 +15,7 @@
 // (copy_cache.h), and made again on their next use.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -131,6 +132,7 @@ struct ModelSummary {
   uint64_t version = 0;
   uint64_t staged_tensors = 0;
   uint64_t bytes = 0;
+  double lease_seconds = 0;  // 0: none
   struct Layer {
     LayerSpec spec;
     std::vector<mx::Format> cached_formats;
@@ -149,9 +151,15 @@ class Registry {
 
   MemoryBudget& budget() const { return *budget_; }
 
-  // ALREADY_EXISTS, or INVALID_ARGUMENT naming the field (name, layers[i].name, ...).
+  // ALREADY_EXISTS, or INVALID_ARGUMENT naming the field (name, layers[i].name,
+  // lease_seconds, ...). A model with a lease (lease_seconds > 0) is deleted by
+  // DeleteExpired once no call has found it by name for that long.
   absl::Status Register(const std::string& name, std::vector<LayerSpec> layers,
-                        const std::string& policy);
+                        const std::string& policy, double lease_seconds = 0);
+  // Deletes the models whose lease ran out by `now`; their names and the bytes
+  // each held.
+  std::vector<std::pair<std::string, uint64_t>> DeleteExpired(
+      std::chrono::steady_clock::time_point now);
   // NOT_FOUND "model: ..." / "layer: ..."; FAILED_PRECONDITION before the first
   // publish or below min_version.
   absl::StatusOr<LayerView> Lookup(absl::string_view model, absl::string_view layer,
@@ -186,6 +194,9 @@ class Registry {
     std::map<std::string, int, std::less<>> index;
     std::string policy;
     uint64_t version = 0;
+    double lease_seconds = 0;
+    // The last time a call found the model by name (FindModel): its lease's start.
+    mutable std::chrono::steady_clock::time_point last_used;
     std::vector<std::shared_ptr<const LayerWeights>> published;  // per layer
     std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>> staged;
   };
@@ -216,6 +227,8 @@ class Registry {
 // Name limits (server/README.md documents them).
 inline constexpr size_t kMaxModelNameChars = 128;  // [A-Za-z0-9._-]+
 inline constexpr size_t kMaxLayerNameChars = 256;  // any bytes
+// The longest model lease (RegisterModelRequest.lease_seconds): 30 days.
+inline constexpr int64_t kMaxLeaseSeconds = 30 * 24 * 3600;
 
 // The model-name rule of RegisterModel: [A-Za-z0-9._-]+, at most 128 characters.
 bool ValidModelName(absl::string_view name);

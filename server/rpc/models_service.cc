@@ -24,6 +24,7 @@ void FillModelInfo(const ModelSummary& s, v1::ModelInfo* info) {
   info->set_weight_version(s.version);
   info->set_staged_tensors(s.staged_tensors);
   info->set_weight_bytes(s.bytes);
+  info->set_lease_seconds(s.lease_seconds);
   for (const auto& layer : s.layers) {
     v1::LayerInfo* out = info->add_layers();
     out->mutable_spec()->set_name(layer.spec.name);
@@ -291,11 +292,15 @@ grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerConte
         for (const auto& layer : r.layers()) {
           layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
         }
-        MX_RETURN_IF_ERROR(core_.registry->Register(r.name(), std::move(layers), policy));
+        MX_RETURN_IF_ERROR(
+            core_.registry->Register(r.name(), std::move(layers), policy, r.lease_seconds()));
         FillModelInfo(*core_.registry->Describe(r.name()), out);
         core_.UpdateMemoryGauges();
         Log(LogLevel::kInfo, "model_registered",
-            {{"model", r.name()}, {"layers", absl::StrCat(r.layers_size())}, {"policy", policy}});
+            {{"model", r.name()},
+             {"layers", absl::StrCat(r.layers_size())},
+             {"policy", policy},
+             {"lease_seconds", absl::StrCat(r.lease_seconds())}});
         return absl::OkStatus();
       });
 }

@@ -110,6 +110,11 @@ void RpcSeeds() {
   spec->set_in_features(32);
   spec->set_bias(true);
   Rpc("register", "/mxserve.v1.Models/RegisterModel", {&reg});
+  v1::RegisterModelRequest leased = reg;  // a short name and a lease
+  leased.set_name("fuzz-leased");
+  leased.set_policy("C");
+  leased.set_lease_seconds(1);
+  Rpc("register_leased", "/mxserve.v1.Models/RegisterModel", {&leased});
 
   std::vector<v1::WeightChunk> chunks(3);
   const SeedLayer& head = kSeedLayers[1];

@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "mx/kernels/quantize_fast.h"
 
 namespace mxserve {
@@ -157,6 +161,47 @@ TEST_F(RegistryTest, EveryByteIsInTheBudgetAndDeleteGivesItBack) {
   EXPECT_EQ(registry_.Delete("m").value(), kMasterBytes + kOut * kIn * 2u);
   EXPECT_EQ(budget_.used(), 0u);
   EXPECT_EQ(registry_.Lookup("m", "fc", 0).status().message(), "model: no model named 'm'");
+}
+
+// Leases: a leased model goes once no call has found it by name for its lease;
+// every call that names it renews it; List does not; unleased models stay; the
+// memory comes back to the budget. Time is passed in, so no test sleeps.
+TEST_F(RegistryTest, LeasedModelsExpireUnlessNamed) {
+  using std::chrono::milliseconds;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(registry_.Register("leased", {{"fc", kOut, kIn, false}}, "D-phase-adaptive", 2).ok());
+  EXPECT_EQ(registry_.Describe("leased")->lease_seconds, 2);
+  EXPECT_EQ(registry_.Describe("m")->lease_seconds, 0);
+  const auto named = std::chrono::steady_clock::now();  // the Describe just now renewed it
+  EXPECT_TRUE(registry_.DeleteExpired(named + milliseconds(1900)).empty());
+  (void)registry_.List();  // listing is not naming: no renewal
+  EXPECT_TRUE(registry_.DeleteExpired(named + milliseconds(1999)).empty());
+
+  // A lookup by name (what every compute call does) renews it; failing ones too.
+  EXPECT_EQ(registry_.Lookup("leased", "fc", 0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const auto looked_up = std::chrono::steady_clock::now();
+  EXPECT_TRUE(registry_.DeleteExpired(looked_up + milliseconds(1990)).empty());
+  const uint64_t before = budget_.used();
+  const auto deleted = registry_.DeleteExpired(looked_up + milliseconds(2001));
+  ASSERT_EQ(deleted.size(), 1u);
+  EXPECT_EQ(deleted[0].first, "leased");
+  EXPECT_EQ(deleted[0].second, before - budget_.used());
+  EXPECT_EQ(registry_.Describe("leased").status().code(), absl::StatusCode::kNotFound);
+  // The unleased model is there however much time passes.
+  EXPECT_TRUE(registry_.DeleteExpired(start + std::chrono::hours(24 * 365)).empty());
+  EXPECT_TRUE(registry_.Describe("m").ok());
+}
+
+TEST_F(RegistryTest, LeaseSecondsOutOfRangeNameTheField) {
+  for (double bad : {-1.0, 0.5, 2592001.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    const absl::Status s = registry_.Register("x", {{"fc", kOut, kIn, false}}, "D", bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(
+        absl::StartsWith(s.message(), "lease_seconds: expected 0 (no lease) or 1 to 2592000, got "))
+        << s.message();
+  }
+  EXPECT_TRUE(registry_.Register("x", {{"fc", kOut, kIn, false}}, "D", 2592000).ok());
 }
 
 class TightRegistryTest : public RegistryTest {

@@ -530,10 +530,14 @@ class Client:
     # --- models --------------------------------------------------------------------------
 
     def register_model(self, name: str, layers: Iterable[Any], policy: str = "",
-                       timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
-        """Declares a model's linear layers: LayerSpec, (name, out, in[, bias]) or dicts."""
+                       timeout: Optional[float] = CLIENT_TIMEOUT, *,
+                       lease_seconds: float = 0.0) -> ModelInfo:
+        """Declares a model's linear layers: LayerSpec, (name, out, in[, bias]) or dicts.
+        `lease_seconds` (1 to 30 days; 0: none): the daemon deletes the model once no
+        call has named it for that long, so a crashed trainer leaves nothing behind."""
         specs = [_layer_spec(layer) for layer in layers]
-        request = models_pb2.RegisterModelRequest(name=name, policy=policy or "", layers=[
+        request = models_pb2.RegisterModelRequest(name=name, policy=policy or "",
+                                                  lease_seconds=lease_seconds, layers=[
             models_pb2.LayerSpec(name=s.name, out_features=s.out_features,
                                  in_features=s.in_features, bias=s.bias) for s in specs])
         return ModelInfo.from_proto(

@@ -75,6 +75,7 @@ class ModelInfo:
     weight_version: int  # 0 until the first publish
     staged_tensors: int
     weight_bytes: int
+    lease_seconds: float = 0.0  # 0: no lease
 
     @classmethod
     def from_proto(cls, info) -> "ModelInfo":
@@ -82,7 +83,7 @@ class ModelInfo:
             LayerInfo(LayerSpec(l.spec.name, l.spec.out_features, l.spec.in_features, l.spec.bias),
                       tuple(_wire.format_name(f) for f in l.cached_formats)) for l in info.layers)
         return cls(info.name, layers, info.policy, info.weight_version, info.staged_tensors,
-                   info.weight_bytes)
+                   info.weight_bytes, info.lease_seconds)
 
 
 @dataclass(frozen=True)
