@@ -76,9 +76,10 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     MX_RETURN_IF_ERROR(service_.AdmitSeries(sample_.source(), sample_.device(), field));
     auto key = std::make_tuple(sample_.source(), sample_.device());
     auto last = last_.find(key);
-    // The first sample of a series adds no energy; its counters start at zero.
-    if (last == last_.end()) core_.metrics->DeclareEnergySource(sample_.source());
-    if (last != last_.end()) {
+    if (last == last_.end()) {
+      // The first sample of a series adds no energy; its counters start at zero.
+      core_.metrics->DeclareEnergySource(sample_.source());
+    } else {
       const double dt = t - last->second.timestamp_seconds();
       if (dt < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
