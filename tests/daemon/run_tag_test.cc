@@ -42,6 +42,18 @@ struct Sum {
   }
 };
 
+// A run's report holds exactly one fpga_model entry: `phase`, `requests`, and
+// the energy those requests' ExecutionInfos gave.
+void ExpectOnlyModelEntry(const v1::EnergyReport& report, v1::Phase phase, uint64_t requests,
+                          const Sum& sent) {
+  ASSERT_EQ(report.entries_size(), 1) << report.DebugString();
+  EXPECT_EQ(report.entries(0).source(), "fpga_model");
+  EXPECT_EQ(report.entries(0).phase(), phase);
+  EXPECT_EQ(report.entries(0).requests(), requests);
+  EXPECT_TRUE(NearlyEqual(report.entries(0).joules(), sent.joules));
+  EXPECT_TRUE(NearlyEqual(report.entries(0).busy_seconds(), sent.seconds));
+}
+
 class RunTagTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -81,21 +93,11 @@ TEST_F(RunTagTest, EachRunsReportHoldsItsOwnRequestsAndTheTotalIsTheirSum) {
 
   const v1::EnergyReport a = Report(daemon_, "a");
   EXPECT_EQ(a.run(), "a");  // the filter, echoed
-  ASSERT_EQ(a.entries_size(), 1) << a.DebugString();
-  EXPECT_EQ(a.entries(0).source(), "fpga_model");
-  EXPECT_EQ(a.entries(0).phase(), v1::PHASE_ROLLOUT);
-  EXPECT_EQ(a.entries(0).requests(), 3u);
-  EXPECT_TRUE(NearlyEqual(a.entries(0).joules(), a_sent.joules));
-  EXPECT_TRUE(NearlyEqual(a.entries(0).busy_seconds(), a_sent.seconds));
+  ExpectOnlyModelEntry(a, v1::PHASE_ROLLOUT, 3, a_sent);
 
   const v1::EnergyReport b = Report(daemon_, "b");
   EXPECT_EQ(b.run(), "b");
-  ASSERT_EQ(b.entries_size(), 1) << b.DebugString();
-  EXPECT_EQ(b.entries(0).source(), "fpga_model");
-  EXPECT_EQ(b.entries(0).phase(), v1::PHASE_UPDATE);
-  EXPECT_EQ(b.entries(0).requests(), 2u);
-  EXPECT_TRUE(NearlyEqual(b.entries(0).joules(), b_sent.joules));
-  EXPECT_TRUE(NearlyEqual(b.entries(0).busy_seconds(), b_sent.seconds));
+  ExpectOnlyModelEntry(b, v1::PHASE_UPDATE, 2, b_sent);
 
   // Every run together: a + b + the untagged forward, per (source, phase).
   const v1::EnergyReport all = Report(daemon_, "");
