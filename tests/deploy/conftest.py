@@ -9,16 +9,17 @@ taken from the repository root). Every daemon a test starts listens on
 import os
 import pathlib
 import re
-import signal
 import subprocess
-import threading
-import time
+import sys
 import urllib.request
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "clients" / "python" / "tests"))
+from daemon_process import DaemonProcess  # noqa: E402  (the Python client's tests share it)
+
 BIN_DIR = REPO / os.environ.get("MXSERVE_BIN_DIR", "build/bin")
 MXSERVED = BIN_DIR / "mxserved"
 MXCTL = BIN_DIR / "mxctl"
@@ -33,54 +34,11 @@ def require_binary(path: pathlib.Path) -> str:
     return str(path)
 
 
-class Daemon:
-    """mxserved as a child process on 127.0.0.1, stopped with SIGTERM."""
+class Daemon(DaemonProcess):
+    """mxserved as a child process with exactly `flags`, stopped with SIGTERM."""
 
     def __init__(self, *flags: str, start_timeout: float = 30.0):
-        self.log_lines: List[str] = []
-        self.address: Optional[str] = None
-        self.metrics_address: Optional[str] = None
-        self.process = subprocess.Popen([require_binary(MXSERVED), *flags],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True)
-        listening = threading.Event()
-
-        def read_log():
-            for line in self.process.stderr:
-                self.log_lines.append(line.rstrip("\n"))
-                match = _LISTENING.search(line)
-                if match:
-                    self.address, self.metrics_address = match.groups()
-                    listening.set()
-
-        self._reader = threading.Thread(target=read_log, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + start_timeout
-        while not listening.wait(0.05):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("mxserved did not start:\n" + self.log())
-
-    def log(self) -> str:
-        return "\n".join(self.log_lines)
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then the exit status (SIGKILL after `timeout` s, and -9)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(timeout=5)
-        return self.process.returncode
-
-    def __enter__(self) -> "Daemon":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().__init__(require_binary(MXSERVED), *flags, start_timeout=start_timeout)
 
 
 def local_daemon_flags(*flags: str) -> List[str]:

@@ -7,11 +7,7 @@ import itertools
 import os
 import pathlib
 import re
-import signal
-import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
@@ -19,6 +15,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the package, when run straight from the checkout
 
 import mxserve  # noqa: E402
+from daemon_process import DaemonProcess  # noqa: E402  (this directory)
 
 REPO = HERE.parent.parent.parent
 
@@ -29,46 +26,14 @@ def python_env(**extra):
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
 
 MXSERVED = os.environ.get("MXSERVED", str(REPO / "build" / "bin" / "mxserved"))
-_LISTENING = re.compile(r"event=listening grpc=(\S+) metrics=(\S+)")
 
 
-class Daemon:
-    """mxserved as a child process, stopped with SIGTERM (it exits 0 on that)."""
+class Daemon(DaemonProcess):
+    """mxserved on free 127.0.0.1 ports with `flags`."""
 
     def __init__(self, *flags: str, start_timeout: float = 30.0):
-        self.log_lines = []
-        self.process = subprocess.Popen(
-            [MXSERVED, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", *flags],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        listening = threading.Event()
-        self.address = self.metrics_address = None
-
-        def read_log():
-            for line in self.process.stderr:
-                self.log_lines.append(line.rstrip("\n"))
-                match = _LISTENING.search(line)
-                if match:
-                    self.address, self.metrics_address = match.groups()
-                    listening.set()
-
-        self._reader = threading.Thread(target=read_log, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + start_timeout
-        while not listening.wait(0.05):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("mxserved did not start:\n" + "\n".join(self.log_lines))
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(timeout=5)
-        return self.process.returncode
+        super().__init__(MXSERVED, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                         *flags, start_timeout=start_timeout)
 
 
 @pytest.fixture(scope="module")
