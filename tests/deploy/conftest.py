@@ -83,6 +83,11 @@ def mxserved_flags() -> Dict[str, bool]:
     return flags
 
 
+def args_dict(args: List[str]) -> Dict[str, str]:
+    """A flag list of --name value pairs as {--name: value}."""
+    return dict(zip(args[::2], args[1::2]))
+
+
 def check_daemon_args(args: List[str], flags: Dict[str, bool]) -> None:
     """Every --flag in `args` is one mxserved knows, and one that takes a value has one."""
     index = 0

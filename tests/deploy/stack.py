@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any, Dict, Optional
 import yaml
 
 from conftest import REPO
+from daemon_process import stop_process  # on the path through conftest
 
 sys.path.insert(0, str(REPO / "clients" / "python"))
 DEPLOY = REPO / "deploy"
@@ -32,17 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def stop(process: subprocess.Popen, timeout: float = 30) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
 
 
 def prometheus_config(target: str, interval: str = "1s") -> Dict[str, Any]:
@@ -121,6 +110,6 @@ class Prometheus(PrometheusApi):
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> int:
-        code = stop(self.process)
+        code = stop_process(self.process)
         self._log.close()
         return code

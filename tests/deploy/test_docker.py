@@ -14,8 +14,8 @@ from typing import Dict, List
 import pytest
 import yaml
 
-from conftest import (MXCTL, MXSERVED, REPO, Daemon, check_daemon_args, metric_sum, mxctl,
-                      require_binary)
+from conftest import (MXCTL, MXSERVED, REPO, Daemon, args_dict, check_daemon_args, metric_sum,
+                      mxctl, require_binary)
 
 DOCKER = REPO / "docker"
 COMPOSE_FILE = DOCKER / "compose.yaml"
@@ -66,6 +66,8 @@ def test_healthchecks_and_start_order(compose):
     checks = {name: " ".join(services[name]["healthcheck"]["test"])
               for name in ("mxserved", "prometheus", "grafana")}
     assert checks["mxserved"].startswith("CMD mxctl health --server 127.0.0.1:50051")
+    # The image's HEALTHCHECK and compose's are the same command.
+    assert services["mxserved"]["healthcheck"]["test"] == ["CMD", *healthcheck_command()]
     assert "http://127.0.0.1:9090/-/ready" in checks["prometheus"]
     assert "http://127.0.0.1:3000/api/health" in checks["grafana"]
     depends = {name: services[name].get("depends_on", {}) for name in services}
@@ -134,7 +136,7 @@ def test_volumes_and_mounts(compose):
     for table, target, source in binds:
         assert table[target] == {"source": str(source), "type": "bind", "read_only": True}, target
     # The compose config must match its flags: the daemon's policy dir is the volume.
-    args = dict(zip(dockerfile_cmd()[::2], dockerfile_cmd()[1::2]))
+    args = args_dict(dockerfile_cmd())
     assert args["--policy-dir"] == "/var/lib/mxserve/policies"
 
 
@@ -267,7 +269,7 @@ def test_runtime_stage_installs_exactly_the_listed_packages():
 def test_dockerfile_cmd_flags(mxserved_flags):
     cmd = dockerfile_cmd()
     check_daemon_args(cmd, mxserved_flags)
-    args = dict(zip(cmd[::2], cmd[1::2]))
+    args = args_dict(cmd)
     assert args == {"--listen": "0.0.0.0:50051", "--metrics-listen": "0.0.0.0:9464",
                     "--backend": "cpu", "--default-policy": "D-phase-adaptive",
                     "--policy-dir": "/var/lib/mxserve/policies"}
@@ -285,7 +287,7 @@ def test_image_command_and_healthcheck_run_against_the_real_binaries(tmp_path):
     policy dir, starts the daemon; its HEALTHCHECK command, pointed at that port,
     says SERVING (exit 0); compose's healthcheck is the same command."""
     cmd = dockerfile_cmd()
-    args = dict(zip(cmd[::2], cmd[1::2]))
+    args = args_dict(cmd)
     args.update({"--listen": "127.0.0.1:0", "--metrics-listen": "127.0.0.1:0",
                  "--policy-dir": str(tmp_path / "policies")})
     with Daemon(*[word for pair in args.items() for word in pair]) as daemon:

@@ -11,7 +11,7 @@ from typing import Dict, List
 import pytest
 import yaml
 
-from conftest import REPO, Daemon, check_daemon_args, mxctl
+from conftest import REPO, Daemon, args_dict, check_daemon_args, mxctl
 
 K8S = REPO / "deploy" / "k8s"
 NAMESPACE = "mxserve"
@@ -50,10 +50,6 @@ def pod(objects):
 def daemon_container(pod):
     (container,) = [c for c in pod["containers"] if c["name"] == "mxserved"]
     return container
-
-
-def args_dict(args: List[str]) -> Dict[str, str]:
-    return dict(zip(args[::2], args[1::2]))
 
 
 def test_kinds_and_api_versions(objects):

@@ -1,4 +1,4 @@
-"""deploy/prometheus: the config and rules pass promtool, and the rules' unit tests
+"""deploy/prometheus: the config and the rules it loads pass promtool check, and the rules' unit tests
 (known series in, every recording rule's and alert's figures out) pass."""
 
 import subprocess
@@ -15,12 +15,9 @@ def promtool(*args, cwd=DEPLOY / "prometheus"):
 def test_config_is_valid_and_loads_the_rules():
     result = promtool("check", "config", "prometheus.yml")
     assert result.returncode == 0, result.stdout + result.stderr
+    # check config checks every rule file it loads, too.
     assert "SUCCESS: 1 rule files found" in result.stdout + result.stderr
-
-
-def test_rules_are_valid():
-    result = promtool("check", "rules", "rules/mxserve.rules.yml")
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Checking rules/mxserve.rules.yml" in result.stdout + result.stderr
 
 
 def test_every_rule_has_a_unit_test_and_the_tests_pass():

@@ -11,7 +11,8 @@ from typing import Dict, List
 
 import pytest
 
-from conftest import MXSERVED, REPO, Daemon, check_daemon_args, mxctl, require_binary
+from conftest import (MXSERVED, REPO, Daemon, args_dict, check_daemon_args, mxctl,
+                      require_binary)
 
 UNIT = REPO / "deploy" / "systemd" / "mxserved.service"
 DEFAULTS = REPO / "deploy" / "systemd" / "mxserved.default"
@@ -122,7 +123,7 @@ def test_execstart_flags(unit, mxserved_flags):
     assert argv[0] == "/usr/local/bin/mxserved"
     assert argv[-1] == "$MXSERVED_ARGS", "the hook must come last so that its flags win"
     check_daemon_args(argv[1:-1], mxserved_flags)
-    flags = dict(zip(argv[1:-1:2], argv[2:-1:2]))
+    flags = args_dict(argv[1:-1])
     assert flags["--listen"].startswith("127.0.0.1:")
     assert flags["--metrics-listen"].startswith("127.0.0.1:")
     # %S is /var/lib for system units: policies persist in StateDirectory=.

@@ -13,6 +13,18 @@ from typing import List, Optional
 _LISTENING = re.compile(r"event=listening grpc=(\S+) metrics=(\S+)")
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 30.0) -> int:
+    """SIGTERM, then the exit status (SIGKILL after `timeout` s, and -9)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 class DaemonProcess:
     def __init__(self, binary: str, *flags: str, start_timeout: float = 30.0):
         self.log_lines: List[str] = []
@@ -42,16 +54,9 @@ class DaemonProcess:
         return "\n".join(self.log_lines)
 
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then the exit status (SIGKILL after `timeout` s, and -9)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        code = stop_process(self.process, timeout)
         self._reader.join(timeout=5)
-        return self.process.returncode
+        return code
 
     def __enter__(self) -> "DaemonProcess":
         return self
