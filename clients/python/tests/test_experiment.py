@@ -51,8 +51,8 @@ def test_the_quick_matrix_runs_end_to_end(daemon, tmp_path):
             assert math.isfinite(float(row[metric])), (row["configuration"], metric)
         assert float(row["energy_fpga_model_J"]) > 0
     baseline = rows[0]
-    # The FP16 baseline against itself: the same trained weights, the same sampled
-    # responses, every comparison a tie.
+    # The FP16 baseline is judged against its own responses: 0.5 by definition
+    # (the pairing of the others is checked below).
     assert float(baseline["win_rate"]) == 0.5
     assert abs(float(baseline["kl_vs_fp16"])) < 1e-4
     assert float(baseline["energy_saving_pct"]) == 0.0
@@ -63,6 +63,15 @@ def test_the_quick_matrix_runs_end_to_end(daemon, tmp_path):
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task_setup"]["reward_pair_accuracy"] > 0.6
+    # Every win rate pairs that configuration's judged responses with the FP16
+    # baseline's, prompt by prompt, ties half.
+    runs = {r["configuration"]: r for r in summary["runs"]}
+    base_scores = runs["FP16"]["judge_scores"]
+    for name, run in runs.items():
+        assert len(run["judge_scores"]) == len(base_scores), name
+        wins = [1.0 if a > b else 0.5 if a == b else 0.0
+                for a, b in zip(run["judge_scores"], base_scores)]
+        assert run["win_rate"] == pytest.approx(sum(wins) / len(wins)), name
     # Each run's energy, read back by its run tag, is exactly what its responses
     # reported: nothing of the other runs, the profile or the evaluation mixed in.
     tags = set()
