@@ -46,7 +46,8 @@ import torch
 
 from mxserve import _wire
 from mxserve.client import Client, MxserveError
-from mxserve.rlhf import PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad
+from mxserve.rlhf import (PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad,
+                          limit_vocab)
 from mxserve.tasks import Task
 from mxserve.torch import offload
 from mxserve.types import PROFILE_SCORES
@@ -471,9 +472,11 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
             ids, mask = rollout.ids.cpu(), rollout.mask.cpu()
             judge_scores += judges.score(ids, mask).tolist()
             config_scores += trainer.score(rollout.ids, rollout.mask).cpu().tolist()
-            # π_FP16 on the same tokens: the logits predicting each response token.
+            # π_FP16 on the same tokens: the logits predicting each response token,
+            # over the vocabulary the rollout could sample from (as π_q's are).
             width = rollout.prompt_width
-            base = judges.baseline_logits(ids, mask)[:, width - 1:-1]
+            base = limit_vocab(judges.baseline_logits(ids, mask)[:, width - 1:-1],
+                               task.vocab_limit)
             quantized = rollout.logits.cpu()
             log_q = torch.log_softmax(quantized, -1)
             log_b = torch.log_softmax(base, -1)
