@@ -46,13 +46,13 @@ import torch
 from torch import nn
 
 from mxserve import ppo
+from mxserve._wire import PHASES
 from mxserve.client import Client
 from mxserve.torch import OffloadSession, PhaseTotals, offload
 
 __all__ = ["PPOConfig", "PPOTrainer", "PolicyWithValue", "Rollout", "RewardModel",
            "adaptive_cliprange", "generate", "left_pad", "response_logprobs", "sequence_scores"]
 
-PHASES = ("rollout", "reward", "update")
 
 
 @dataclasses.dataclass
@@ -166,12 +166,19 @@ def limit_vocab(logits: torch.Tensor, vocab_limit: Optional[int]) -> torch.Tenso
                               float("-inf"))
 
 
+def response_log_softmax(logits: torch.Tensor, prompt_width: int, temperature: float,
+                         vocab_limit: Optional[int] = None) -> torch.Tensor:
+    """The next-token log-distributions at the response positions ([B, R, V]) of
+    logits of the whole sequence (position t predicts token t+1), at `temperature`
+    and over the ids that can be sampled, as in generation."""
+    predicting = limit_vocab(logits[:, prompt_width - 1:-1].float(), vocab_limit) / temperature
+    return torch.log_softmax(predicting, dim=-1)
+
+
 def response_logprobs(logits: torch.Tensor, ids: torch.Tensor, prompt_width: int,
                       temperature: float, vocab_limit: Optional[int] = None) -> torch.Tensor:
-    """Log-probs of the response tokens ids[:, prompt_width:] under logits of the
-    whole sequence (position t predicts token t+1), at `temperature` as sampled."""
-    predicting = limit_vocab(logits[:, prompt_width - 1:-1].float(), vocab_limit) / temperature
-    return torch.log_softmax(predicting, dim=-1).gather(
+    """Log-probs of the response tokens ids[:, prompt_width:]."""
+    return response_log_softmax(logits, prompt_width, temperature, vocab_limit).gather(
         2, ids[:, prompt_width:, None]).squeeze(2)
 
 
@@ -275,7 +282,7 @@ class PPOTrainer:
     def __init__(self, client: Optional[Client], policy_lm: nn.Module, reward_model: RewardModel,
                  config: PPOConfig, *, policy: str = "", run: str = "", name_prefix: str = "ppo",
                  eos_id: int, pad_id: int, seed: int = 0, device: str = "cpu",
-                 vocab_limit: Optional[int] = None, value_head: Optional[nn.Linear] = None):
+                 vocab_limit: Optional[int] = None):
         self.client = client
         self.config = config
         self.run = run
@@ -283,8 +290,6 @@ class PPOTrainer:
         self.eos_id, self.pad_id = eos_id, pad_id
         self.vocab_limit = vocab_limit
         self.model = PolicyWithValue(policy_lm)
-        if value_head is not None:
-            self.model.value_head.load_state_dict(value_head.state_dict())
         self.reference = copy.deepcopy(policy_lm).requires_grad_(False)
         self.reward_model = reward_model.requires_grad_(False)
         for module in (self.model, self.reference, self.reward_model):
@@ -346,14 +351,14 @@ class PPOTrainer:
                     torch.cuda.synchronize(self.device)
                 self.wall[phase] += time.perf_counter() - start
 
-    def rollout(self, prompts: Sequence[Sequence[int]], greedy: bool = False,
-                keep_logits: bool = False, generator: Optional[torch.Generator] = None) -> Rollout:
+    def rollout(self, prompts: Sequence[Sequence[int]], keep_logits: bool = False,
+                generator: Optional[torch.Generator] = None) -> Rollout:
         """Samples responses in the rollout phase."""
         ids, mask = (t.to(self.device) for t in left_pad(prompts, self.pad_id))
         with self._in_phase("rollout"):
             return generate(self.model.lm, ids, mask, self.config.response_length,
                             self.config.temperature, self.eos_id, self.pad_id,
-                            generator or self.generator, greedy=greedy, keep_logits=keep_logits,
+                            generator or self.generator, keep_logits=keep_logits,
                             vocab_limit=self.vocab_limit)
 
     @torch.no_grad()
@@ -410,11 +415,13 @@ class PPOTrainer:
         for _ in range(cfg.num_ppo_epochs):
             for start in range(0, batch, size):
                 rows = order[start:start + size]
-                sl = (rows,)
+                sl = rows
                 with self._in_phase("update"):
                     new_logits, new_values_all = self.model(ids[sl], mask[sl])
-                    new_logprobs = response_logprobs(new_logits, ids[sl], width, cfg.temperature,
-                                                self.vocab_limit)
+                    # One log-softmax over the vocabulary serves the loss and the entropy.
+                    log_dist = response_log_softmax(new_logits, width, cfg.temperature,
+                                                    self.vocab_limit)
+                    new_logprobs = log_dist.gather(2, ids[sl][:, width:, None]).squeeze(2)
                     new_values = new_values_all[:, width - 1:-1].float()
                     m = response_mask[sl]
                     pl = ppo.policy_loss(new_logprobs, old_logprobs[sl], advantages[sl], m,
@@ -430,8 +437,7 @@ class PPOTrainer:
                     if self.sessions:
                         self.sessions["policy"].sync_weights()
                 with torch.no_grad():
-                    probs = torch.softmax(new_logits[:, width - 1:-1].float() / cfg.temperature, -1)
-                    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+                    entropy = torch.special.entr(log_dist.exp()).sum(-1)
                 stats["policy/approxkl_avg"].append(float(pl.approx_kl))
                 stats["policy/clipfrac_avg"].append(float(pl.clipfrac))
                 stats["loss/policy_avg"].append(float(pl.loss))
