@@ -44,7 +44,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from mxserve import _wire
+from mxserve import _wire, tasks
 from mxserve.client import Client, MxserveError
 from mxserve.rlhf import (PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad,
                           limit_vocab)
@@ -227,6 +227,16 @@ def _check_phase(where: str, phase: Any) -> None:
         raise ConfigError(f"{where}: expected a phase ({', '.join(PHASES)}), got {phase!r}")
 
 
+def _check_seeds(where: str, seeds: Any) -> List[int]:
+    """Seeds as the config and --seeds take them: a non-empty list of integers in
+    [0, 10^6)."""
+    if not isinstance(seeds, list) or not seeds or \
+            not all(isinstance(s, int) and 0 <= s < 10**6 for s in seeds):
+        raise ConfigError(f"{where}: expected a non-empty list of integers in [0, 10^6), "
+                          f"got {seeds!r}")
+    return seeds
+
+
 def load_config(source: Any) -> Experiment:
     """A config file (.toml or .json) or an already parsed mapping → Experiment.
     Every key is checked: a typo is an error, not a silent default."""
@@ -285,11 +295,7 @@ def load_config(source: Any) -> Experiment:
     except ValueError as error:
         raise ConfigError(f"ppo: {error}") from None
 
-    seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or \
-            not all(isinstance(s, int) and 0 <= s < 10**6 for s in seeds):
-        raise ConfigError(f"seeds: expected a non-empty list of integers in [0, 10^6), "
-                          f"got {seeds!r}")
+    seeds = _check_seeds("seeds", data.get("seeds", [0]))
     repetitions = data.get("repetitions", 1)
     if not isinstance(repetitions, int) or not 1 <= repetitions <= 999:
         raise ConfigError(f"repetitions: expected an integer in [1, 999], got {repetitions!r}")
@@ -413,9 +419,7 @@ def _prompt_batches(prompts: List[List[int]], batch_size: int, seed: int):
     """An endless, seeded stream of prompt batches (reshuffled every pass)."""
     generator = torch.Generator().manual_seed(seed)
     while True:
-        order = torch.randperm(len(prompts), generator=generator).tolist()
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            yield [prompts[i] for i in order[start:start + batch_size]]
+        yield from tasks.shuffled_batches(prompts, batch_size, generator)
 
 
 class _Judges:
@@ -623,8 +627,6 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
 
 
 def build_task(spec: Mapping[str, Any], progress: Progress) -> Task:
-    from mxserve import tasks
-
     spec = dict(spec)
     kind = spec.pop("kind")
     if kind == "synthetic":
@@ -1022,12 +1024,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             experiment.steps = args.steps
         if args.seeds:
             try:
-                experiment.seeds = [int(s) for s in args.seeds.split(",")]
-                if not all(0 <= s < 10**6 for s in experiment.seeds):
-                    raise ValueError
+                seeds = [int(s) for s in args.seeds.split(",")]
             except ValueError:
-                raise ConfigError(f"--seeds: expected integers in [0, 10^6) separated by commas, "
-                                  f"got {args.seeds!r}") from None
+                seeds = args.seeds
+            experiment.seeds = _check_seeds("--seeds", seeds)
         if args.only:
             wanted = set(args.only.split(","))
             unknown = wanted - {c.name for c in experiment.configurations}

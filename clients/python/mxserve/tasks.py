@@ -68,10 +68,11 @@ def _quiet(_: str) -> None:
 # --- training helpers --------------------------------------------------------------------
 
 
-def _pair_batches(pairs, batch_size: int, generator: torch.Generator):
-    order = torch.randperm(len(pairs), generator=generator).tolist()
+def shuffled_batches(items, batch_size: int, generator: torch.Generator):
+    """One seeded pass over `items` in batches of `batch_size` (a short last one dropped)."""
+    order = torch.randperm(len(items), generator=generator).tolist()
     for start in range(0, len(order) - batch_size + 1, batch_size):
-        yield [pairs[i] for i in order[start:start + batch_size]]
+        yield [items[i] for i in order[start:start + batch_size]]
 
 
 def bradley_terry(reward: RewardModel, pairs: Sequence[Tuple[List[int], List[int], List[int]]],
@@ -85,7 +86,7 @@ def bradley_terry(reward: RewardModel, pairs: Sequence[Tuple[List[int], List[int
     loss_value, step = float("nan"), 0
     batch_size = min(batch_size, len(pairs))
     while step < steps:
-        for batch in _pair_batches(pairs, batch_size, generator):
+        for batch in shuffled_batches(pairs, batch_size, generator):
             ids, mask = left_pad([p + c for p, c, _ in batch] + [p + r for p, _, r in batch],
                                  pad_id)
             scores = reward(ids, mask)
