@@ -61,8 +61,10 @@ absl::StatusOr<Activation> DecodeActivation(const ComputeContext& core, const v1
 
 // A result must fit in one response message; RESOURCE_EXHAUSTED otherwise (the
 // request is valid, the daemon's --max-message-bytes is what it exceeds).
+// `how` tells the client how to split it.
 absl::Status CheckOutputSize(const ComputeContext& core, int64_t rows, int64_t cols,
-                             absl::string_view field, absl::string_view what) {
+                             absl::string_view field, absl::string_view what,
+                             absl::string_view how) {
   // Room for the response's other fields (shape, ExecutionInfo).
   constexpr uint64_t kEnvelopeBytes = 4096;
   const std::optional<uint64_t> bytes =
@@ -72,7 +74,7 @@ absl::Status CheckOutputSize(const ComputeContext& core, int64_t rows, int64_t c
         absl::StrCat(field, ": the ", what, " (", rows, " x ", cols,
                      " FP32 = ", bytes ? absl::StrCat(*bytes) : std::string("more than 2^64"),
                      " bytes) would exceed the maximum message size of ", core.max_message_bytes,
-                     " bytes (--max-message-bytes); split the request"));
+                     " bytes (--max-message-bytes); ", how));
   }
   return absl::OkStatus();
 }
@@ -368,35 +370,39 @@ class ForwardItem final : public ComputeItem {
 };
 
 // ---------------------------------------------------------------------------
-// LayerBackward: grad_input = dY·W, grad_weight = dYᵀ·X, grad_bias = Σ_rows dY.
+// LayerBackward: grad_input = dY·W, grad_weight = dYᵀ·X, grad_bias = Σ_rows dY;
+// with a weight_rows range, only the last two, for those rows of W.
 
 class BackwardItem final : public ComputeItem {
  public:
   BackwardItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
                LayerView view, mx::Format format, DenseMatrix grad_output,
-               std::optional<DenseMatrix> input, v1::LayerBackwardResponse* response)
+               std::optional<DenseMatrix> input, bool weight_rows_only,
+               v1::LayerBackwardResponse* response)
       : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
         view_(std::move(view)),
         format_(format),
         grad_output_(grad_output),
         input_(input),
+        weight_rows_only_(weight_rows_only),
         response_(response) {}
 
   void Run(std::span<WorkItem* const>) override {
     const double queue_seconds = Seconds(Clock::now() - arrival);
     const LayerWeights& weights = *view_.weights;
-    const int64_t m = grad_output_.rows;
-    const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
-    // grad_input always, grad_weight with the input, grad_bias with a bias.
-    fpga_model::GemmEstimate model =
-        fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
+    // n: the rows of W this request is about (all, or its weight_rows range).
+    const int64_t m = grad_output_.rows, n = grad_output_.cols, k = weights.spec().in_features;
+    // grad_input unless a row range, grad_weight with the input, grad_bias with a bias.
+    const bool want_input_grad = !weight_rows_only_;
+    fpga_model::GemmEstimate model{};
+    if (want_input_grad) model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
     if (input_) {
       model = Sum(model, fpga_model::EstimateGemm(core_.energy_model, format_, format_, n, k, m));
     }
-    const double flops = (input_ ? 4.0 : 2.0) * m * n * k;
+    const double flops = ((want_input_grad ? 2.0 : 0.0) + (input_ ? 2.0 : 0.0)) * m * n * k;
     if (!core_.backend->computes()) {
-      ZeroMatrix(m, k, response_->mutable_grad_input());
+      if (want_input_grad) ZeroMatrix(m, k, response_->mutable_grad_input());
       if (input_) ZeroMatrix(n, k, response_->mutable_grad_weight());
       if (weights.spec().bias) {
         EncodeVector(std::vector<float>(static_cast<size_t>(n), 0.0f),
@@ -409,17 +415,23 @@ class BackwardItem final : public ComputeItem {
       return done_(absl::OkStatus());
     }
     double compute_seconds = 0;
-    absl::StatusOr<std::string> kernel = GradInput(compute_seconds);
-    if (!kernel.ok()) return Fail(kernel.status());
+    std::string kernel;
+    if (want_input_grad) {
+      absl::StatusOr<std::string> ran = GradInput(compute_seconds);
+      if (!ran.ok()) return Fail(ran.status());
+      kernel = *std::move(ran);
+    }
     const std::vector<float> dy = ToFloat(grad_output_);
     if (input_) {
-      if (absl::Status s = GradWeight(dy, compute_seconds); !s.ok()) return Fail(s);
+      absl::StatusOr<std::string> ran = GradWeight(dy, compute_seconds);
+      if (!ran.ok()) return Fail(ran.status());
+      if (kernel.empty()) kernel = *std::move(ran);
     }
     if (weights.spec().bias) {
       EncodeVector(mx::ColumnSums(dy, m, n), response_->mutable_grad_bias());
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
-             *kernel, response_->mutable_info());
+             kernel, response_->mutable_info());
     Account(core_, Rpc::kLayerBackward, phase_, run_, format_, arrival, queue_seconds, flops, model,
             compute_seconds);
     done_(absl::OkStatus());
@@ -446,10 +458,11 @@ class BackwardItem final : public ComputeItem {
   }
 
   // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): dY and X quantized per column,
-  // i.e. along M, held as N and K rows.
-  absl::Status GradWeight(std::span<const float> dy, double& compute_seconds) {
-    const int64_t m = grad_output_.rows;
-    const int64_t n = view_.weights->spec().out_features, k = view_.weights->spec().in_features;
+  // i.e. along M, held as N and K rows. Each row of it depends on its column of dY
+  // alone, which is why a weight_rows slice is exact. Returns the kernel that ran.
+  absl::StatusOr<std::string> GradWeight(std::span<const float> dy, double& compute_seconds) {
+    const int64_t m = grad_output_.rows, n = grad_output_.cols;
+    const int64_t k = view_.weights->spec().in_features;
     absl::StatusOr<mx::QuantizedMatrix> dyt = mx::kernels::QuantizeColumns(dy, m, n, format_);
     absl::StatusOr<mx::QuantizedMatrix> xt =
         mx::kernels::QuantizeColumns(ToFloat(*input_), m, k, format_);
@@ -459,10 +472,10 @@ class BackwardItem final : public ComputeItem {
     }
     std::vector<float> grad_weight(static_cast<size_t>(n * k));
     const auto start = Clock::now();
-    MX_RETURN_IF_ERROR(core_.backend->Linear(*dyt, *xt, {}, grad_weight).status());
+    MX_ASSIGN_OR_RETURN(std::string kernel, core_.backend->Linear(*dyt, *xt, {}, grad_weight));
     compute_seconds += Seconds(Clock::now() - start);
     EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
-    return absl::OkStatus();
+    return kernel;
   }
 
   Phase phase_;
@@ -470,6 +483,7 @@ class BackwardItem final : public ComputeItem {
   mx::Format format_;
   DenseMatrix grad_output_;
   std::optional<DenseMatrix> input_;
+  bool weight_rows_only_;  // a weight_rows request: no grad_input
   v1::LayerBackwardResponse* response_;
 };
 
@@ -520,7 +534,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
   }
   MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(core, request.b(), "b", b_shape, format_b));
   const int64_t n = b.packed ? b.rows : b.cols;
-  MX_RETURN_IF_ERROR(CheckOutputSize(core, a.rows, n, "b", "result C = A·B"));
+  MX_RETURN_IF_ERROR(CheckOutputSize(core, a.rows, n, "b", "result C = A·B",
+                                     "split the request along M or N"));
   return std::make_unique<GemmItem>(core, call, std::move(done), request.run(), phase, std::move(a),
                                     std::move(b), options, response);
 }
@@ -556,7 +571,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
       Activation x,
       DecodeActivation(core, request.input(), "input", shape,
                        request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
-  MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output"));
+  MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output",
+                                     "split the input's rows (M) over several requests"));
   return std::make_unique<ForwardItem>(core, call, std::move(done), request.run(), layer.phase,
                                        std::move(layer.view), layer.format, std::move(x), response);
 }
@@ -567,7 +583,23 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
                                                           CallInfo call, Done done) {
   MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
   const LayerSpec& spec = layer.view.weights->spec();
-  const ExpectedShape dy_shape = LayerColumns(spec, /*in_features=*/false);
+  const bool ranged = request.has_weight_rows();
+  ExpectedShape dy_shape = LayerColumns(spec, /*in_features=*/false);
+  if (ranged) {
+    const v1::RowRange& rows = request.weight_rows();
+    if (rows.begin() < 0 || rows.begin() >= rows.end() || rows.end() > spec.out_features) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weight_rows: expected 0 <= begin < end <= ", spec.out_features, " (out_features of layer '",
+          spec.name, "'), got [", rows.begin(), ", ", rows.end(), ")"));
+    }
+    if (!request.has_input()) {
+      return absl::InvalidArgumentError(
+          "input: required with weight_rows (a row range asks for grad_weight, which needs the "
+          "forward input; grad_input is not computed per row range)");
+    }
+    dy_shape.cols = rows.end() - rows.begin();
+    dy_shape.cols_what = "end - begin of weight_rows";
+  }
   MX_ASSIGN_OR_RETURN(DenseMatrix grad_output, DecodeMatrix(request.grad_output(), "grad_output",
                                                             dy_shape, core.max_message_bytes));
   std::optional<DenseMatrix> input;
@@ -577,14 +609,18 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
     x_shape.rows_what = "M, the rows of grad_output";
     MX_ASSIGN_OR_RETURN(input,
                         DecodeMatrix(request.input(), "input", x_shape, core.max_message_bytes));
-    MX_RETURN_IF_ERROR(
-        CheckOutputSize(core, spec.out_features, spec.in_features, "input", "grad_weight"));
+    MX_RETURN_IF_ERROR(CheckOutputSize(core, grad_output.cols, spec.in_features,
+                                       ranged ? "weight_rows" : "input", "grad_weight",
+                                       "ask for it in slices of rows with weight_rows"));
   }
-  MX_RETURN_IF_ERROR(
-      CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input"));
+  if (!ranged) {
+    MX_RETURN_IF_ERROR(
+        CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input",
+                        "split grad_output's rows (M) over several requests"));
+  }
   return std::make_unique<BackwardItem>(core, call, std::move(done), request.run(), layer.phase,
                                         std::move(layer.view), layer.format, grad_output, input,
-                                        response);
+                                        ranged, response);
 }
 
 }  // namespace mxserve

@@ -179,6 +179,64 @@ TEST_F(ComputeTest, LayerBackwardEqualsReference) {
   }
 }
 
+// A layer too large for one message is split: grad_weight by weight_rows (its
+// rows depend on their own columns of dY only) and grad_input along M (its rows on
+// their own rows of dY only). Every slice equals the same rows of the unsplit
+// answer, bit for bit, in every format.
+TEST_F(ComputeTest, SplitBackwardsAreSlicesOfTheWholeBitForBit) {
+  const int64_t m = 5, n = layer_->out, k = layer_->in;
+  const auto dy = TestValues(m * n, 31), x = TestValues(m * k, 32);
+  for (int f = 0; f < mx::kFormatCount; ++f) {
+    SCOPED_TRACE(mx::FormatName(static_cast<mx::Format>(f)));
+    v1::LayerBackwardResponse whole;
+    {
+      grpc::ClientContext context;
+      ASSERT_TRUE(Stub()
+                      ->LayerBackward(&context,
+                                      BackwardRequest("m", *layer_, v1::PHASE_UPDATE, f, dy, x, m),
+                                      &whole)
+                      .ok());
+    }
+    const std::vector<float> grad_weight = Floats(whole.grad_weight());
+    const std::vector<float> grad_bias = Floats(whole.grad_bias());
+    const std::vector<float> grad_input = Floats(whole.grad_input());
+    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 5}, {5, 12}, {11, 12}}) {
+      SCOPED_TRACE(absl::StrCat("weight_rows [", begin, ", ", end, ")"));
+      std::vector<float> columns;
+      for (int64_t r = 0; r < m; ++r) {
+        columns.insert(columns.end(), dy.begin() + r * n + begin, dy.begin() + r * n + end);
+      }
+      v1::LayerBackwardRequest request = BackwardRequest("m", *layer_, v1::PHASE_UPDATE, f, dy, x, m);
+      *request.mutable_grad_output() = Matrix(columns, m, end - begin);
+      request.mutable_weight_rows()->set_begin(begin);
+      request.mutable_weight_rows()->set_end(end);
+      grpc::ClientContext context;
+      v1::LayerBackwardResponse slice;
+      const grpc::Status status = Stub()->LayerBackward(&context, request, &slice);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      EXPECT_FALSE(slice.has_grad_input());
+      EXPECT_EQ(slice.grad_weight().shape(0), end - begin);
+      EXPECT_TRUE(SameBits(Floats(slice.grad_weight()),
+                           std::vector<float>(grad_weight.begin() + begin * k,
+                                              grad_weight.begin() + end * k)));
+      EXPECT_TRUE(SameBits(Floats(slice.grad_bias()),
+                           std::vector<float>(grad_bias.begin() + begin, grad_bias.begin() + end)));
+    }
+    // grad_input of rows [2, 5) alone.
+    const std::vector<float> tail(dy.begin() + 2 * n, dy.end());
+    grpc::ClientContext context;
+    v1::LayerBackwardResponse rows;
+    ASSERT_TRUE(
+        Stub()
+            ->LayerBackward(&context,
+                            BackwardRequest("m", *layer_, v1::PHASE_UPDATE, f, tail, std::nullopt, 3),
+                            &rows)
+            .ok());
+    EXPECT_TRUE(SameBits(Floats(rows.grad_input()),
+                         std::vector<float>(grad_input.begin() + 2 * k, grad_input.end())));
+  }
+}
+
 TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
   auto stub = Stub();
   grpc::ClientContext context;

@@ -127,6 +127,29 @@ TEST_F(EnergyTest, LayerBackwardWithInput) {
   ExpectBooked(before, ReadModelBooks(daemon_, v1::PHASE_UPDATE, f), estimate, 1);
 }
 
+// A weight_rows slice runs one GEMM: its rows of grad_weight, (end - begin) × in
+// = dY[:, begin:end]ᵀ · X, and no grad_input. The slices of a split backward book
+// what their GEMMs did, so they add up to the unsplit grad_weight's estimate.
+TEST_F(EnergyTest, LayerBackwardWeightRows) {
+  const int64_t m = 6, rows = 5;
+  const auto f = mx::Format::kMxint8;
+  const auto estimate = Estimate(f, f, rows, layer_.in, m);
+  const ModelBooks before = ReadModelBooks(daemon_, v1::PHASE_UPDATE, f);
+  v1::LayerBackwardRequest request = BackwardRequest(
+      "m", layer_, v1::PHASE_UPDATE, Int(f), TestValues(m * layer_.out, 97), TestValues(m * layer_.in, 98), m);
+  *request.mutable_grad_output() = Matrix(TestValues(m * rows, 99), m, rows);
+  request.mutable_weight_rows()->set_begin(1);
+  request.mutable_weight_rows()->set_end(1 + rows);
+  grpc::ClientContext context;
+  v1::LayerBackwardResponse response;
+  const grpc::Status status =
+      v1::Compute::NewStub(daemon_.channel())->LayerBackward(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_FALSE(response.has_grad_input());
+  ExpectInfoIs(response.info(), estimate);
+  ExpectBooked(before, ReadModelBooks(daemon_, v1::PHASE_UPDATE, f), estimate, 1);
+}
+
 // A fused batch runs one GEMM of the members' stacked rows, but each member is
 // booked as if it had run alone: the estimate of its own rows (M = its rows, the
 // layer's N and K), in its ExecutionInfo and once in the ledger and counters.

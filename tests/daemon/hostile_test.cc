@@ -665,6 +665,60 @@ TEST_F(HostileTest, GemmFieldsAreChecked) {
                 "message size of 1048576 bytes");
 }
 
+TEST_F(HostileTest, WeightRowsAreChecked) {
+  auto compute = v1::Compute::NewStub(daemon_->channel());
+  const int64_t m = 2, k = layer_->in;
+  const auto x = TestValues(m * k, 5);
+  auto call = [&](int64_t begin, int64_t end, int64_t columns, bool with_input) {
+    v1::LayerBackwardRequest request = BackwardRequest(
+        "m", *layer_, v1::PHASE_UPDATE, 0, TestValues(m * layer_->out, 6),
+        with_input ? std::optional(x) : std::nullopt, m);
+    *request.mutable_grad_output() = Matrix(TestValues(m * columns, 7), m, columns);
+    request.mutable_weight_rows()->set_begin(begin);
+    request.mutable_weight_rows()->set_end(end);
+    grpc::ClientContext context;
+    v1::LayerBackwardResponse response;
+    return compute->LayerBackward(&context, request, &response);
+  };
+  const std::string expected =
+      "weight_rows: expected 0 <= begin < end <= 16 (out_features of layer "
+      "'blocks.1.mlp.down_proj'), got ";
+  EXPECT_STATUS(call(-1, 4, 5, true), INVALID_ARGUMENT, expected + "[-1, 4)");
+  EXPECT_STATUS(call(4, 4, 0, true), INVALID_ARGUMENT, expected + "[4, 4)");
+  EXPECT_STATUS(call(9, 17, 8, true), INVALID_ARGUMENT, expected + "[9, 17)");
+  EXPECT_STATUS(call(INT64_MIN, INT64_MAX, 4, true), INVALID_ARGUMENT,
+                expected + absl::StrCat("[", INT64_MIN, ", ", INT64_MAX, ")"));
+  EXPECT_STATUS(call(0, 4, 4, false), INVALID_ARGUMENT, "input: required with weight_rows");
+  EXPECT_STATUS(call(0, 4, 16, true), INVALID_ARGUMENT,
+                "grad_output.shape: expected [M, 4] (columns: end - begin of weight_rows), got "
+                "[2, 16]");
+  const grpc::Status ok = call(12, 16, 4, true);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+}
+
+// A grad_weight over --max-message-bytes (1 MiB here) names the way to split it.
+TEST_F(HostileTest, AnOversizedGradWeightSaysHowToSplitIt) {
+  const TestLayer wide = MakeLayer("wide", 4096, 96, false, 13);  // 1.5 MiB of grad_weight
+  ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "wide", {wide}).ok());
+  v1::LayerBackwardRequest request = BackwardRequest(
+      "wide", wide, v1::PHASE_UPDATE, 0, TestValues(2 * wide.out, 1), TestValues(2 * wide.in, 2), 2);
+  grpc::ClientContext context;
+  v1::LayerBackwardResponse response;
+  EXPECT_STATUS(v1::Compute::NewStub(daemon_->channel())->LayerBackward(&context, request, &response),
+                RESOURCE_EXHAUSTED,
+                "input: the grad_weight (4096 x 96 FP32 = 1572864 bytes) would exceed the maximum "
+                "message size of 1048576 bytes (--max-message-bytes); ask for it in slices of rows "
+                "with weight_rows");
+  request.mutable_weight_rows()->set_begin(0);
+  request.mutable_weight_rows()->set_end(2048);
+  *request.mutable_grad_output() = Matrix(TestValues(2 * 2048, 1), 2, 2048);
+  grpc::ClientContext again;
+  const grpc::Status s =
+      v1::Compute::NewStub(daemon_->channel())->LayerBackward(&again, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.grad_weight().shape(0), 2048);
+}
+
 TEST_F(HostileTest, QueueDepthReadsZeroOnAnIdleDaemon) {
   auto stub = v1::Compute::NewStub(daemon_->channel());
   std::vector<std::future<grpc::Status>> calls;

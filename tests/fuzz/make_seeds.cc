@@ -93,6 +93,11 @@ void RpcSeeds() {
   v1::LayerForwardRequest tagged_forward = mxfp8;
   tagged_forward.set_run("exp/policy-B:1");
   Rpc("forward_run", "/mxserve.v1.Compute/LayerForward", {&tagged_forward});
+  v1::LayerBackwardRequest rows = with;
+  *rows.mutable_grad_output() = Matrix(SeedValues(2 * 8, 14), 2, 8);
+  rows.mutable_weight_rows()->set_begin(8);
+  rows.mutable_weight_rows()->set_end(16);
+  Rpc("backward_weight_rows", "/mxserve.v1.Compute/LayerBackward", {&rows});
   v1::LayerBackwardRequest tagged_backward = with;
   tagged_backward.set_run("exp/policy-B:1");
   Rpc("backward_run", "/mxserve.v1.Compute/LayerBackward", {&tagged_backward});
