@@ -22,7 +22,8 @@ import json
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import grpc
 import numpy as np
@@ -38,6 +39,9 @@ from mxserve.v1 import (common_pb2, compute_pb2, compute_pb2_grpc, models_pb2, m
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the daemon's default --max-message-bytes
 DEFAULT_CHUNK_BYTES = 1 << 20         # UploadWeights chunk size
+# Room in a message for what is not tensor data (names, shapes, ExecutionInfo): a
+# message carries at most max_message_bytes - ENVELOPE_BYTES of tensors.
+ENVELOPE_BYTES = 64 << 10
 # ProfileModel calibration messages: well under the daemon's message limit, so one
 # message never holds much of a layer's rows in memory on either side.
 DEFAULT_CALIBRATION_BYTES = 16 << 20
@@ -316,6 +320,7 @@ class Client:
                  options: Sequence[tuple] = ()):
         self.address = address
         self.timeout = timeout
+        self.max_message_bytes = max_message_bytes  # what callers split large work by
         defaults = [("grpc.max_send_message_length", max_message_bytes),
                     ("grpc.max_receive_message_length", max_message_bytes)]
         if not {key for key, _ in options} & {"grpc.lb_policy_name", "grpc.service_config"}:
@@ -467,7 +472,7 @@ class Client:
             min_weight_version=min_weight_version)
 
     def _backward_request(self, model, layer, grad_output, input, format, phase,
-                          min_weight_version, run):
+                          min_weight_version, run, weight_rows=None):
         request = compute_pb2.LayerBackwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
@@ -475,6 +480,9 @@ class Client:
             min_weight_version=min_weight_version)
         if input is not None:
             request.input.CopyFrom(_wire.to_tensor(input, "input"))
+        if weight_rows is not None:
+            begin, end = weight_rows
+            request.weight_rows.begin, request.weight_rows.end = begin, end
         return request
 
     @staticmethod
@@ -485,7 +493,7 @@ class Client:
     def _backward_result(response, like) -> BackwardResult:
         def optional(tensor):
             return _wire.from_tensor(tensor, like) if len(tensor.shape) else None
-        return BackwardResult(_wire.from_tensor(response.grad_input, like),
+        return BackwardResult(optional(response.grad_input),
                               optional(response.grad_weight), optional(response.grad_bias),
                               ExecutionInfo.from_proto(response.info))
 
@@ -514,11 +522,17 @@ class Client:
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
                  min_weight_version: int = 0, run: Optional[str] = None,
+                 weight_rows: Optional[Tuple[int, int]] = None,
                  timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
         """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
-        grad_bias (column sums of dY) comes back for layers with a bias."""
+        grad_bias (column sums of dY) comes back for layers with a bias.
+
+        weight_rows=(begin, end) asks for rows [begin, end) of grad_weight and
+        grad_bias only, for a weight gradient larger than a message: grad_output is
+        then dY's columns [begin, end), `input` is required, and grad_input is None.
+        Slices are bit-identical to the same rows of an unsplit call."""
         request = self._backward_request(model, layer, grad_output, input, format, phase,
-                                         min_weight_version, run)
+                                         min_weight_version, run, weight_rows)
         return self._backward_result(
             self._call("LayerBackward", self._compute.LayerBackward, request, timeout),
             grad_output)
@@ -549,7 +563,9 @@ class Client:
         """Stages weights, streamed in chunks: {layer: W} or {layer: (W, b)} or
         {layer: {"weight": W, "bias": b}}. W is [out, in]. FP32, FP16 and BF16 travel
         as they are. Nothing is staged unless the whole stream arrives; `publish`
-        makes the staged tensors the next weight version."""
+        makes the staged tensors the next weight version. Chunks are cut to fit the
+        client's max_message_bytes."""
+        chunk_bytes = max(1, min(chunk_bytes, self.max_message_bytes - ENVELOPE_BYTES))
         # Checked before the stream opens: a stream that ended early on the client's
         # side would still complete, and stage what it had carried.
         tensors = []

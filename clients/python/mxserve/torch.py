@@ -19,6 +19,12 @@ optimizer built before or after `offload` steps the same tensors. Forward runs
 unless `format=` pins one. Backward runs `LayerBackward` in the phase and run the
 forward ran in: grad_input remotely, grad_weight remotely (default) or locally in
 FP32 (`grad_weight="local"`).
+
+A call too large for one gRPC message (a vocabulary projection's logits, its
+151936 × 896 weight gradient) is split into several, each under the client's
+`max_message_bytes`: forwards and grad_input along the rows of X (M), grad_weight
+along the rows of W (`weight_rows`). Every piece is bit-identical to the same part
+of an unsplit call, and each is booked, so the energy ledger holds the whole.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from mxserve import _wire
-from mxserve.client import Client, MxserveError
+from mxserve.client import ENVELOPE_BYTES, Client, MxserveError
 from mxserve.types import ExecutionInfo, LayerSpec
 
 __all__ = ["OffloadSession", "OffloadedLinear", "PhaseTotals", "offload"]
@@ -85,14 +91,10 @@ class _RemoteLinear(torch.autograd.Function):
         run = session.client.current_run or ""
         x2d = x.reshape(-1, layer.in_features)
         fmt = layer.effective_format
-        result = session.client.forward(session.model_name, layer.layer_name, x2d,
-                                        format=fmt, phase=phase, run=run,
-                                        min_weight_version=session.weight_version)
-        layer.last_info = result.info
-        session.account(phase, result.info)
-        y = result.output.to(device=x.device, dtype=x.dtype)
+        y, info = session.remote_forward(layer, x2d, fmt, phase, run)
+        y = y.to(device=x.device, dtype=x.dtype)
         ctx.layer, ctx.phase, ctx.run, ctx.format = layer, phase, run, fmt
-        ctx.version = result.info.weight_version
+        ctx.version = info.weight_version
         ctx.input_shape = x.shape
         if weight.requires_grad:
             ctx.save_for_backward(x2d)
@@ -107,20 +109,11 @@ class _RemoteLinear(torch.autograd.Function):
         dy = grad_y.reshape(-1, layer.out_features)
         x2d = ctx.saved_tensors[0] if ctx.saved_tensors else None
         remote_w = need_w and session.grad_weight == "remote"
-        grad_x = grad_w = grad_b = None
-        if need_x or remote_w or (need_b and session.grad_weight == "remote"):
-            result = session.client.backward(
-                session.model_name, layer.layer_name, dy, x2d if remote_w else None,
-                format=ctx.format, phase=ctx.phase, run=ctx.run, min_weight_version=ctx.version)
-            layer.last_backward_info = result.info
-            session.account(ctx.phase, result.info)
-            if need_x:
-                grad_x = result.grad_input.to(device=grad_y.device,
-                                              dtype=grad_y.dtype).reshape(ctx.input_shape)
-            if remote_w:
-                grad_w = result.grad_weight
-            if need_b and result.grad_bias is not None:
-                grad_b = result.grad_bias
+        grad_x, grad_w, grad_b = session.remote_backward(
+            layer, dy, x2d if remote_w else None, need_x, need_b and session.grad_weight == "remote",
+            ctx)
+        if grad_x is not None:
+            grad_x = grad_x.to(device=grad_y.device, dtype=grad_y.dtype).reshape(ctx.input_shape)
         if need_w and grad_w is None:  # local: FP32 dYᵀ·X
             grad_w = dy.float().t() @ x2d.float()
         if need_b and grad_b is None:
@@ -269,6 +262,85 @@ class OffloadSession:
             yield self.model
         finally:
             self._swap({id(m): self.layers[n] for n, m in self._originals.items()})
+
+    # --- remote calls, split to fit in messages ---------------------------------------
+
+    def _message_budget(self) -> int:
+        """Tensor bytes one request or response may carry."""
+        return max(1, self.client.max_message_bytes - ENVELOPE_BYTES)
+
+    def _rows_per_call(self, row_bytes: int) -> int:
+        return max(1, self._message_budget() // max(1, row_bytes))
+
+    def remote_forward(self, layer: OffloadedLinear, x2d: torch.Tensor, fmt, phase: Optional[str],
+                       run: str) -> Tuple[torch.Tensor, ExecutionInfo]:
+        """Y = X·Wᵀ + b on the daemon, in as many calls as the messages need (rows of
+        X and Y are independent, so the pieces are exact). Returns Y and the first
+        call's ExecutionInfo; every call is accounted."""
+        row_bytes = max(layer.in_features * x2d.element_size(), layer.out_features * 4)
+        step = self._rows_per_call(row_bytes)
+        outputs, first = [], None
+        for start in range(0, x2d.shape[0], step):
+            result = self.client.forward(self.model_name, layer.layer_name, x2d[start:start + step],
+                                         format=fmt, phase=phase, run=run,
+                                         min_weight_version=self.weight_version)
+            self.account(phase, result.info)
+            layer.last_info = result.info
+            first = first or result.info
+            outputs.append(result.output)
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), first
+
+    def remote_backward(self, layer: OffloadedLinear, dy: torch.Tensor, x2d: Optional[torch.Tensor],
+                        need_x: bool, need_b: bool, ctx) -> Tuple[Optional[torch.Tensor], ...]:
+        """(grad_input if need_x, grad_weight if x2d is given, grad_bias if need_b and
+        the layer has one) from the daemon; None for what was not asked. One call
+        when everything fits in a message; otherwise grad_input along the rows of
+        dY and grad_weight (with grad_bias) along the rows of W."""
+        need_b = need_b and layer.bias is not None
+        if not (need_x or x2d is not None or need_b):
+            return None, None, None
+        m, n, k = dy.shape[0], layer.out_features, layer.in_features
+        x_bytes = 0 if x2d is None else m * k * x2d.element_size()
+        request_bytes = m * n * dy.element_size() + x_bytes
+        response_bytes = m * k * 4 + (0 if x2d is None else (n * k + n) * 4)
+        budget = self._message_budget()
+        if request_bytes <= budget and response_bytes <= budget:
+            result = self._backward_call(layer, dy, x2d, ctx)
+            return (result.grad_input if need_x else None, result.grad_weight,
+                    result.grad_bias if need_b else None)
+        grad_x = grad_w = grad_b = None
+        if need_x:
+            step = self._rows_per_call(max(n * dy.element_size(), k * 4))
+            grad_x = torch.cat([self._backward_call(layer, dy[start:start + step], None,
+                                                    ctx).grad_input
+                                for start in range(0, m, step)])
+        if x2d is not None:
+            # Each slice carries all of X and its columns of dY; it returns its rows.
+            width = min((budget - x_bytes) // (m * dy.element_size()) if x_bytes < budget else 0,
+                        budget // ((k + 1) * 4))
+            if width < 1:
+                raise ValueError(
+                    f"{layer.layer_name}: grad_weight needs all of the input X ({m} x {k}, "
+                    f"{x_bytes} bytes) in each request, more than a message holds "
+                    f"({self.client.max_message_bytes} bytes, the client's max_message_bytes): "
+                    f"run backward on fewer tokens at a time, or use grad_weight='local'")
+            slices = [self._backward_call(layer, dy[:, start:start + width].contiguous(), x2d, ctx,
+                                          (start, min(start + width, n)))
+                      for start in range(0, n, width)]
+            grad_w = torch.cat([piece.grad_weight for piece in slices])
+            if need_b:
+                grad_b = torch.cat([piece.grad_bias for piece in slices])
+        if need_b and grad_b is None:
+            grad_b = dy.float().sum(0)
+        return grad_x, grad_w, grad_b
+
+    def _backward_call(self, layer: OffloadedLinear, dy, x2d, ctx, weight_rows=None):
+        result = self.client.backward(self.model_name, layer.layer_name, dy, x2d,
+                                      format=ctx.format, phase=ctx.phase, run=ctx.run,
+                                      min_weight_version=ctx.version, weight_rows=weight_rows)
+        layer.last_backward_info = result.info
+        self.account(ctx.phase, result.info)
+        return result
 
     def account(self, phase: Optional[str], info: ExecutionInfo) -> None:
         """Adds one response's ExecutionInfo to `totals[phase]`."""

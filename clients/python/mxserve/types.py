@@ -55,8 +55,8 @@ class ComputeResult:
 
 @dataclass
 class BackwardResult:
-    grad_input: Any                 # [M, in_features]
-    grad_weight: Optional[Any]      # [out_features, in_features]; None without input
+    grad_input: Optional[Any]       # [M, in_features]; None for a weight_rows slice
+    grad_weight: Optional[Any]      # [out_features or a slice's rows, in_features]; None without X
     grad_bias: Optional[Any]        # [out_features]; None for a layer without bias
     info: ExecutionInfo
 
