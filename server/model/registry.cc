@@ -41,9 +41,10 @@ bool ValidModelName(absl::string_view name) {
 LayerWeights::~LayerWeights() { copies_.Forget(this); }
 
 absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, WeightLayout layout,
-                                                          MemoryBudget& budget) const {
+                                                          MemoryBudget& budget, CopyUse use) const {
   MutexLock lock(&mu_);
   auto key = std::make_pair(format, layout);
+  if (use == CopyUse::kRequest) used_.insert(key);
   if (auto it = cache_.find(key); it != cache_.end()) {
     if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
       copies_.Touch(this, copy);  // back in the cache if it was evicted
@@ -81,6 +82,16 @@ std::vector<mx::Format> LayerWeights::CachedFormats() const {
     if (key.second == WeightLayout::kForward && !copy.expired()) formats.push_back(key.first);
   }
   return formats;
+}
+
+std::vector<CopyKey> LayerWeights::CopiesInUse() const {
+  MutexLock lock(&mu_);
+  std::vector<CopyKey> copies;
+  for (const CopyKey& key : used_) {
+    auto it = cache_.find(key);
+    if (it != cache_.end() && !it->second.expired()) copies.push_back(key);
+  }
+  return copies.empty() ? used_before_ : copies;
 }
 
 uint64_t LayerWeights::Bytes() const {
@@ -238,8 +249,9 @@ uint64_t Registry::PublishLocked(Model& model) {
     auto bias = b != model.staged.end() ? b->second : nullptr;
     if (!weight) weight = previous->weight_tensor();
     if (!bias && spec.bias) bias = previous->bias_tensor();
-    model.published[i] =
-        std::make_shared<const LayerWeights>(spec, version, weight, bias, copies_, prepare_);
+    model.published[i] = std::make_shared<const LayerWeights>(
+        spec, version, weight, bias, copies_, prepare_,
+        previous ? previous->CopiesInUse() : std::vector<CopyKey>{});
   }
   model.staged.clear();
   model.version = version;

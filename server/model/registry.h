@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,19 +53,25 @@ struct StoredTensor {
 // How a weight is quantized: blocked along in_features (W as N×K, for the
 // forward pass) or along out_features (Wᵀ as K×N rows, for grad_input = dY·W).
 enum class WeightLayout { kForward, kTransposed };
+// One prepared copy of a layer's weight: its format and layout.
+using CopyKey = std::pair<mx::Format, WeightLayout>;
+// Who asks for a copy: a request (which marks it used) or the warm-up.
+enum class CopyUse { kRequest, kWarmUp };
 
 // One layer at one published version. Values are immutable; the cache grows.
 class LayerWeights {
  public:
   // `cache` keeps this version's copies, `prepare` makes them; both outlive it
-  // (the registry owns them).
+  // (the registry owns them). `used_before`: the copies the version it replaces
+  // held when it was replaced (what requests actually used), to warm.
   LayerWeights(LayerSpec spec, uint64_t version, std::shared_ptr<const StoredTensor> weight,
                std::shared_ptr<const StoredTensor> bias, CopyCache& cache,
-               const WeightPreparer& prepare)
+               const WeightPreparer& prepare, std::vector<CopyKey> used_before = {})
       : spec_(std::move(spec)),
         version_(version),
         weight_(std::move(weight)),
         bias_(std::move(bias)),
+        used_before_(std::move(used_before)),
         copies_(cache),
         prepare_(prepare) {}
   ~LayerWeights();
@@ -87,13 +94,21 @@ class LayerWeights {
   // on first use or after an eviction (under this layer's lock, so concurrent
   // first users wait for one conversion). The budget is charged for the
   // prepared copy as a whole.
-  absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget) const;
+  absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget,
+                                CopyUse use = CopyUse::kRequest) const;
 
   const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
   const std::shared_ptr<const StoredTensor>& bias_tensor() const { return bias_; }
 
   // Formats held in the forward layout (not evicted).
   std::vector<mx::Format> CachedFormats() const;
+  // What the next version of this layer should warm: the copies requests used
+  // that are still held, or, if requests used none, what this version was told
+  // its predecessor used.
+  std::vector<CopyKey> CopiesInUse() const;
+  // The predecessor's CopiesInUse() when this version replaced it; empty for a
+  // first version.
+  const std::vector<CopyKey>& used_before() const { return used_before_; }
   // FP32 masters (counted once even when shared with another version) + copies.
   uint64_t Bytes() const;
 
@@ -102,13 +117,15 @@ class LayerWeights {
   const uint64_t version_;
   const std::shared_ptr<const StoredTensor> weight_;
   const std::shared_ptr<const StoredTensor> bias_;
+  const std::vector<CopyKey> used_before_;
   CopyCache& copies_;
   const WeightPreparer& prepare_;
   mutable Mutex mu_;
   // Strong references live in copies_ and in the requests using a copy: an
   // evicted copy expires here once they are done.
-  mutable std::map<std::pair<mx::Format, WeightLayout>, std::weak_ptr<const CachedCopy>> cache_
+  mutable std::map<CopyKey, std::weak_ptr<const CachedCopy>> cache_
       ABSL_GUARDED_BY(mu_);
+  mutable std::set<CopyKey> used_ ABSL_GUARDED_BY(mu_);  // asked for by requests
 };
 
 // A tensor an upload fills; committed to a model's staging area as a whole.

@@ -236,9 +236,12 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
           std::function<void(uint64_t)> done) {
   Log(LogLevel::kInfo, "weights_published",
       {{"model", model}, {"version", absl::StrCat(published)}});
-  // Quantize, on the loader pool, what the active policy will ask for. A failure here is
-  // not the publish's: the request that needs the copy reports it. The warm-up
-  // runs even if the client stops waiting.
+  // Quantize, on the loader pool, what requests will ask for: the copies requests
+  // used of the layer's previous version (a policy model never asks for its
+  // reward-phase format, and a trained one needs the transposed copies of its
+  // backward too), or for a first version, the active policy's format of every
+  // phase. A failure here is not the publish's: the request that needs the copy
+  // reports it. The warm-up runs even if the client stops waiting.
   CallInfo call;
   RunOn(
       *core.loader, call,
@@ -247,17 +250,21 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
         if (layers.ok()) {
           for (const LayerView& view : *layers) {
             if (view.weights->version() != published) continue;  // unchanged layers are warm
-            std::set<mx::Format> formats;
-            absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy);
-            if (!policy.ok()) break;
-            for (Phase phase : kAllPhases) {
-              formats.insert(
-                  Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive)
-                      .format);
+            std::set<CopyKey> copies(view.weights->used_before().begin(),
+                                     view.weights->used_before().end());
+            if (copies.empty()) {
+              absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy);
+              if (!policy.ok()) break;
+              for (Phase phase : kAllPhases) {
+                copies.insert(
+                    {Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive)
+                         .format,
+                     WeightLayout::kForward});
+              }
             }
-            for (mx::Format format : formats) {
+            for (const auto& [format, layout] : copies) {
               auto copy =
-                  view.weights->Get(format, WeightLayout::kForward, core.registry->budget());
+                  view.weights->Get(format, layout, core.registry->budget(), CopyUse::kWarmUp);
               if (copy.ok() && copy->created) core.metrics->RecordQuantization(format);
               if (!copy.ok()) {
                 Log(LogLevel::kWarning, "warm_failed",

@@ -260,6 +260,67 @@ TEST_F(ModelsTest, QuantizedCopiesAreMadeOncePerFormat) {
   EXPECT_EQ(cached, (std::set<int>{v1::FORMAT_MXFP6_E2M3, v1::FORMAT_FP16}));
 }
 
+// A republished layer is warmed with what requests used of its previous version:
+// both layouts of the formats its forwards and backwards ran in, and not the
+// policy's formats of phases it was never called in (D's reward MXFP8 here). A
+// version nobody used passes its predecessor's list on.
+TEST_F(ModelsTest, ARepublishWarmsWhatRequestsUsed) {
+  std::vector<TestLayer> layers;
+  for (int block = 0; block < 3; ++block) {  // block 1 is neither first nor last
+    layers.push_back(
+        MakeLayer(absl::StrCat("model.layers.", block, ".mlp.up_proj"), 16, 32, false, 70 + block));
+  }
+  const TestLayer& mid = layers[1];
+  ASSERT_TRUE(RegisterAndPublish(channel(), "m", layers, "D").ok());
+  auto cached = [&] {
+    const v1::ModelInfo info = Describe(channel(), "m");
+    return std::set<int>(info.layers(1).cached_formats().begin(),
+                         info.layers(1).cached_formats().end());
+  };
+  auto quantized = [&](const char* format) {
+    return std::max(0.0, MetricValue(ScrapeMetrics(daemon_.metrics_address()),
+                                     absl::StrCat("mxserve_weight_quantizations_total{format=\"",
+                                                  format, "\"}")));
+  };
+  // Version 1, never used: the policy's format of each phase.
+  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_MXFP8_E4M3,
+                                     v1::FORMAT_FP16}));
+  // A rollout forward (MXFP4), an update forward and backward (FP16, both layouts).
+  const auto x = TestValues(2 * 32, 74);
+  v1::LayerForwardResponse y;
+  ASSERT_TRUE(
+      Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 2, 32, &y)
+          .ok());
+  ASSERT_TRUE(
+      Forward(channel(), "m", mid.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 2, 32, &y)
+          .ok());
+  auto backward = [&] {
+    grpc::ClientContext context;
+    v1::LayerBackwardResponse response;
+    v1::LayerBackwardRequest request =
+        BackwardRequest("m", mid, v1::PHASE_UPDATE, 0, TestValues(2 * 16, 75), x, 2);
+    request.clear_format();  // the policy's: FP16
+    return v1::Compute::NewStub(daemon_.channel())->LayerBackward(&context, request, &response);
+  };
+  ASSERT_TRUE(backward().ok());
+  const double fp16 = quantized("FP16"), mxfp4 = quantized("MXFP4_E2M1"),
+               mxfp8 = quantized("MXFP8_E4M3");
+  for (uint64_t version = 2; version <= 3; ++version) {
+    SCOPED_TRACE(absl::StrCat("version ", version));
+    v1::UploadWeightsResponse uploaded;
+    const TestLayer next = MakeLayer(mid.name, 16, 32, false, 75 + static_cast<int>(version));
+    ASSERT_TRUE(Upload(channel(), "m", {next}, /*publish=*/true, &uploaded, 1 << 20).ok());
+    ASSERT_EQ(uploaded.weight_version(), version);
+    EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_FP16}));
+    EXPECT_EQ(quantized("FP16"), fp16 + 2 * (version - 1));  // forward and transposed
+    EXPECT_EQ(quantized("MXFP4_E2M1"), mxfp4 + (version - 1));
+    EXPECT_EQ(quantized("MXFP8_E4M3"), mxfp8);
+  }
+  // The backward finds its transposed copy warm: nothing more is quantized.
+  ASSERT_TRUE(backward().ok());
+  EXPECT_EQ(quantized("FP16"), fp16 + 4);
+}
+
 class PoliciesTest : public ModelsTest {};
 
 std::map<std::pair<int, std::string>, int> Table(const v1::ResolvePolicyResponse& r) {
