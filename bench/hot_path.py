@@ -395,11 +395,14 @@ def measure_null_backend(args, client, model, inputs, cache, name) -> dict:
              f"input through a {OVERHEAD_SHAPE[2]}x{OVERHEAD_SHAPE[1]} layer, x{args.repeat}")
     calls = measure_call_overhead(args, client, f"{name}-overhead")
     progress("null backend: uploading the model for its decode step")
+    start = time.perf_counter()
     session = offload(model, client, name, policy=args.policy)
+    upload = time.perf_counter() - start
     try:
         step = lambda: offloaded(session, "rollout", lambda: decode_step(model, inputs, cache))
         decode = measure({"offloaded": step}, args.repeat, args.warmup)["offloaded"]
-        return {"calls": calls, "decode": decode, "linear_layers": len(session.layers)}
+        return {"calls": calls, "decode": decode, "linear_layers": len(session.layers),
+                "upload_s": upload}
     finally:
         session.restore()
 
@@ -672,7 +675,8 @@ def detail_lines(args, results) -> List[str]:
                  f"{seconds_text(null['decode'])} s = {per_layer * 1e3:.3f} ms per linear layer "
                  f"({null['linear_layers']} layers, local attention and norms included)")
     if "upload_s" in results:
-        lines.append(f"offload() upload of the weights: {results['upload_s']:.2f} s")
+        lines.append(f"offload() upload of the weights: {results['upload_s']:.2f} s to the cpu "
+                     f"backend, {null['upload_s']:.2f} s to the null backend")
     if "decode" in results:
         lines += decode_details(results)
     if "sync" in results:
