@@ -44,6 +44,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import ctypes
 import json
 import math
 import os
@@ -149,6 +150,33 @@ def timed(function: Callable[[], object]) -> float:
     start = time.perf_counter()
     function()
     return time.perf_counter() - start
+
+
+def timed_locally(function: Callable[[], object]) -> Tuple[float, dict]:
+    """Seconds of a local-only run, and the process's CPU seconds in it (their
+    ratio says how many threads torch really kept busy)."""
+    cpu = time.process_time()
+    seconds = timed(function)
+    return seconds, {"cpu_s": time.process_time() - cpu}
+
+
+def limit_blas_threads(threads: int) -> str:
+    """torch.set_num_threads does not reach the OpenBLAS that Debian's torch calls
+    for float32 GEMMs, which keeps one thread per core: a "one thread" peer would
+    run on all of them. Sets every loaded OpenBLAS to `threads`; says what it found."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return "unknown (no /proc/self/maps)"
+    paths = sorted({line.split()[-1] for line in maps
+                    if len(line.split()) >= 6 and "blas" in Path(line.split()[-1]).name})
+    counts = set()
+    for path in paths:
+        library = ctypes.CDLL(path)
+        if hasattr(library, "openblas_set_num_threads"):
+            library.openblas_set_num_threads(threads)
+            counts.add(str(library.openblas_get_num_threads()))
+    return f"OpenBLAS on {'/'.join(sorted(counts))} thread(s)" if counts else "no OpenBLAS"
 
 
 # --- daemons -----------------------------------------------------------------------
@@ -350,11 +378,11 @@ def measure_decode(args, model, session, inputs, cache) -> Dict[str, Timing]:
     cache16 = KVCache([k.bfloat16() for k in cache.keys], [v.bfloat16() for v in cache.values])
 
     def local_bf16():
-        return timed(lambda: decode_step(bf16_model, inputs, cache16)), {}
+        return timed_locally(lambda: decode_step(bf16_model, inputs, cache16))
 
     def local_fp32():
         with session.local():
-            return timed(lambda: decode_step(model, inputs, cache)), {}
+            return timed_locally(lambda: decode_step(model, inputs, cache))
 
     def remote():
         seconds, extras = offloaded(session, "rollout", lambda: decode_step(model, inputs, cache))
@@ -511,8 +539,10 @@ def measure_update(args, model, session, originals, inputs
 
     def local():
         with session.local():
+            cpu = time.process_time()
             parts = ppo_step(model, inputs, optimizer)
-        return sum(parts.values()), parts
+            parts["cpu_s"] = time.process_time() - cpu
+        return sum(v for k, v in parts.items() if k != "cpu_s"), parts
 
     return measure({"offloaded": remote, "torch FP32": local}, args.repeat, args.warmup), remote
 
@@ -658,8 +688,9 @@ def header_lines(args, results, machine: dict) -> List[str]:
         f"vocabulary {m['vocab']}: {m['parameters'] / 1e6:.1f} M parameters, "
         f"{m['linear_layers']} linear layers, random weights",
         f"machine: {machine['cpu']}, {machine['cpus']} CPUs; torch {machine['torch']} on "
-        f"{args.threads} thread(s); mxserved --backend cpu --kernel-threads "
-        f"{args.kernel_threads}, policy {args.policy}, max message {args.max_message_bytes} B",
+        f"{args.threads} thread(s), {machine['blas']}",
+        f"daemon: mxserved --backend cpu --kernel-threads {args.kernel_threads}, policy "
+        f"{args.policy}, max message {args.max_message_bytes} B",
         f"batch {args.batch}: decode after {args.prompt_tokens} prompt tokens, update of "
         f"{args.update_tokens} tokens (grad_weight {args.grad_weight}); best of {args.repeat} "
         f"after {args.warmup} warm-up (median); ratio = best / best",
@@ -696,6 +727,11 @@ def detail_lines(args, results) -> List[str]:
     return lines
 
 
+def busy(timing: Timing) -> float:
+    """CPU seconds per second of a local side's best run: the threads it kept busy."""
+    return timing.best_extras["cpu_s"] / timing.best
+
+
 def decode_details(results) -> List[str]:
     decode = results["decode"]
     best = decode["offloaded"].best_extras
@@ -703,7 +739,9 @@ def decode_details(results) -> List[str]:
                                                              key=lambda kv: -kv[1]))
     return [
         f"decode, local torch FP32: {seconds_text(decode['torch FP32'])} s "
-        f"(offloaded / FP32 = {decode['offloaded'].best / decode['torch FP32'].best:.3f})",
+        f"(offloaded / FP32 = {decode['offloaded'].best / decode['torch FP32'].best:.3f}); "
+        f"threads busy: BF16 {busy(decode['torch BF16']):.2f}, FP32 "
+        f"{busy(decode['torch FP32']):.2f}",
         f"decode, offloaded: {best['requests']} calls, daemon compute "
         f"{best['daemon_compute_s']:.4g} s, the rest (RPC, client, local attention) "
         f"{decode['offloaded'].best - best['daemon_compute_s']:.4g} s; formats "
@@ -718,12 +756,13 @@ def update_details(results) -> List[str]:
 
     def parts(extras):
         return ", ".join(f"{k[:-2]} {v:.3g}" for k, v in extras.items()
-                         if k.endswith("_s") and k != "daemon_compute_s")
+                         if k.endswith("_s") and k not in ("daemon_compute_s", "cpu_s"))
 
     lines = [f"PPO update, offloaded (grad_weight {results['update_grad_weight']}): "
              f"{parts(remote)} s; {remote['requests']} calls, daemon compute "
              f"{remote['daemon_compute_s']:.4g} s; formats {results['update_formats']}",
-             f"PPO update, local torch FP32: {parts(local)} s"]
+             f"PPO update, local torch FP32: {parts(local)} s; threads busy "
+             f"{busy(update['torch FP32']):.2f}"]
     lines += [f"fallback: {note}" for note in results.get("update_fallbacks", [])]
     return lines
 
@@ -836,7 +875,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     torch.set_num_threads(args.threads)
     machine = {"cpu": cpu_model_name(), "cpus": os.cpu_count(), "torch": torch.__version__,
-               "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
+               "torch_threads": torch.get_num_threads(), "blas": limit_blas_threads(args.threads),
+               "python": platform.python_version()}
     try:
         results = run(args)
     except SetupError as error:
