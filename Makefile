@@ -5,7 +5,8 @@ JOBS ?= 2
 # Keep nested makes (cmake --build) from printing "Entering directory" lines.
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps configure build test run observe up down bench bench-overhead experiment \
+.PHONY: all deps configure build test run observe up down bench bench-overhead bench-hot-path \
+        experiment \
         format clean \
         test-asan test-tsan fuzz check-minimal-build
 
@@ -91,6 +92,14 @@ experiment: build
 # mxserved (null backend) against a bare gRPC server: p50 and throughput ratios.
 bench-overhead: build
 	@BUILD_DIR=$(abspath $(BUILD_DIR)) bash bench/overhead.sh
+
+# The trainer's hot path on a Qwen2.5-0.5B-shaped model (issue 20): decode step,
+# per-call overhead, sync_weights and a PPO update step against their targets, in
+# one run (about 10 minutes; its own daemons). HOT_PATH_ARGS adds flags, e.g.
+# HOT_PATH_ARGS="--scale small" for a quick run, "--json hot_path.json".
+HOT_PATH_ARGS ?=
+bench-hot-path: build
+	@MXSERVED=$(abspath $(BUILD_DIR))/bin/mxserved /usr/bin/python3 bench/hot_path.py $(HOT_PATH_ARGS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over the unit, daemon and
 # fuzz tests (the fuzz targets run under libFuzzer for a few seconds each).
