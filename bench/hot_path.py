@@ -34,7 +34,7 @@ stdout, every figure to --json. Exit status 0 whether or not the targets are
 met; 1 when a measurement failed, 2 when a daemon could not be started.
 
 Run after `make build` (or `make bench-hot-path`):
-    /usr/bin/python3 bench/hot_path.py                    # the 0.5B shape, ~10 min
+    /usr/bin/python3 bench/hot_path.py                    # the 0.5B shape, ~7 min
     /usr/bin/python3 bench/hot_path.py --scale small      # 2 small blocks, seconds
 """
 
