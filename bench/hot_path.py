@@ -841,7 +841,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     timing.add_argument("--calls", type=positive, default=500,
                         help="calls per overhead run (default 500)")
     timing.add_argument("--threads", type=positive, default=1,
-                        help="torch threads, both sides (default 1)")
+                        help="torch and OpenBLAS threads, every side (default 1)")
     daemon = p.add_argument_group("daemons")
     daemon.add_argument("--server", help="a running cpu-backend mxserved (default: start one)")
     daemon.add_argument("--null-server",
