@@ -95,7 +95,7 @@ bench-overhead: build
 
 # The trainer's hot path on a Qwen2.5-0.5B-shaped model (issue 20): decode step,
 # per-call overhead, sync_weights and a PPO update step against their targets, in
-# one run (about 10 minutes; its own daemons). HOT_PATH_ARGS adds flags, e.g.
+# one run (about 7 minutes on 2 cores; its own daemons). HOT_PATH_ARGS adds flags, e.g.
 # HOT_PATH_ARGS="--scale small" for a quick run, "--json hot_path.json".
 HOT_PATH_ARGS ?=
 bench-hot-path: build

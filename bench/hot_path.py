@@ -34,7 +34,7 @@ stdout, every figure to --json. Exit status 0 whether or not the targets are
 met; 1 when a measurement failed, 2 when a daemon could not be started.
 
 Run after `make build` (or `make bench-hot-path`):
-    /usr/bin/python3 bench/hot_path.py                    # the 0.5B shape, ~10 min
+    /usr/bin/python3 bench/hot_path.py                    # the 0.5B shape, ~7 min
     /usr/bin/python3 bench/hot_path.py --scale small      # 2 small blocks, seconds
 """
 
@@ -841,7 +841,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     timing.add_argument("--calls", type=positive, default=500,
                         help="calls per overhead run (default 500)")
     timing.add_argument("--threads", type=positive, default=1,
-                        help="torch threads, both sides (default 1)")
+                        help="torch and OpenBLAS threads, every side (default 1)")
     daemon = p.add_argument_group("daemons")
     daemon.add_argument("--server", help="a running cpu-backend mxserved (default: start one)")
     daemon.add_argument("--null-server",
