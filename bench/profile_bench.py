@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -38,6 +37,7 @@ try:
     import torch
 
     import mxserve
+    from mxserve.machine import cpu_model
 except ImportError as error:
     sys.exit(f"profile_bench.py: cannot import what it needs ({error}).\n"
              "Run it with /usr/bin/python3 after `make build` (python3-grpcio, -protobuf, "
@@ -51,16 +51,6 @@ SHAPES = {  # name: (out_features, in_features)
     "mlp.down_proj": (HIDDEN, INTERMEDIATE),
 }
 DEFAULT_FORMATS = "MXFP4_E2M1,MXFP6_E2M3,MXFP8_E4M3,MXINT8,INT8,BF16"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def start_daemon(binary: str, threads: int) -> tuple[subprocess.Popen, str]:

@@ -36,7 +36,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import re
 import sys
 import time
@@ -46,6 +45,7 @@ import torch
 
 from mxserve import _wire, tasks
 from mxserve.client import Client, MxserveError
+from mxserve.machine import cpu_model
 from mxserve.rlhf import (PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad,
                           limit_vocab)
 from mxserve.tasks import Task
@@ -887,17 +887,6 @@ def _report(out, experiment, task, rows, checks, info) -> None:
 # --- the driver --------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def run_experiment(client: Client, experiment: Experiment, out: str, *,
                    progress: Optional[Progress] = None, device: str = "cpu",
                    power_source: Optional[str] = None, task: Optional[Task] = None) -> Dict[str, Any]:
@@ -922,7 +911,7 @@ def run_experiment(client: Client, experiment: Experiment, out: str, *,
             if c.policy_name.startswith(tag + "."):
                 with contextlib.suppress(MxserveError):
                     client.delete_policy(c.policy_name)
-    info = {"backend": next((r.backend for r in runs if r.backend), "?"), "cpu": _cpu_model(),
+    info = {"backend": next((r.backend for r in runs if r.backend), "?"), "cpu": cpu_model(),
             "run_tag": tag, "duration_s": time.time() - started, "device": device,
             "policies": policies, **profile_info}
     return write_outputs(out, experiment, task, runs, info)
