@@ -62,13 +62,13 @@ sys.path.insert(0, str(REPO / "clients" / "python"))
 sys.path.insert(0, str(REPO / "clients" / "python" / "tests"))  # daemon_process
 
 try:
-    import grpc
     import torch
     import torch.nn.functional as F
     from torch import nn
 
     import mxserve
     from daemon_process import DaemonProcess
+    from mxserve.machine import cpu_model
     from mxserve.models import KVCache, ModelConfig, build_model
     from mxserve.torch import OffloadSession, offload
 except ImportError as error:
@@ -233,38 +233,6 @@ def connect(args: argparse.Namespace, backend: str) -> Iterator[mxserve.Client]:
                          + "\n".join(daemon.log_lines[-10:]))
 
 
-class LayerCallError(Exception):
-    """A LayerForward or LayerBackward that failed, with the layer it was for."""
-
-    def __init__(self, layer: str, error: mxserve.MxserveError):
-        super().__init__(f"{layer}: {error}")
-        self.layer = layer
-        self.error = error
-
-
-class LayerNamingClient:
-    """A Client whose failed forward and backward calls name their layer
-    (OffloadSession's calls happen deep inside autograd); the rest is the Client's."""
-
-    def __init__(self, client: mxserve.Client):
-        self._client = client
-
-    def __getattr__(self, name: str):
-        return getattr(self._client, name)
-
-    def forward(self, model: str, layer: str, *args, **kwargs):
-        try:
-            return self._client.forward(model, layer, *args, **kwargs)
-        except mxserve.MxserveError as error:
-            raise LayerCallError(layer, error) from error
-
-    def backward(self, model: str, layer: str, *args, **kwargs):
-        try:
-            return self._client.backward(model, layer, *args, **kwargs)
-        except mxserve.MxserveError as error:
-            raise LayerCallError(layer, error) from error
-
-
 # --- the model ---------------------------------------------------------------------
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
@@ -295,32 +263,9 @@ def make_inputs(args: argparse.Namespace, vocab: int) -> Inputs:
                   ids(args.update_tokens))
 
 
-def linear_names(model: nn.Module) -> Dict[str, nn.Linear]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-
-
 def offloaded_parameters(session: OffloadSession) -> int:
     return sum(l.in_features * l.out_features + (l.out_features if l.bias is not None else 0)
                for l in session.layers.values())
-
-
-def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
-
-
-@contextlib.contextmanager
-def run_locally(model: nn.Module, session: OffloadSession, originals: Dict[str, nn.Linear],
-                names: List[str]) -> Iterator[None]:
-    """Inside, the named layers are their original local modules (the fallback for
-    a layer whose messages exceed the message limit); offloaded again on exit."""
-    for name in names:
-        set_module(model, name, originals[name])
-    try:
-        yield
-    finally:
-        for name in names:
-            set_module(model, name, session.layers[name])
 
 
 def decode_step(model: nn.Module, inputs: Inputs, cache: KVCache) -> None:
@@ -356,12 +301,10 @@ def compute_by_kind(infos: Dict[str, Optional[mxserve.ExecutionInfo]]) -> Dict[s
     return dict(kinds)
 
 
-def formats_used(session: OffloadSession, skip: Tuple[str, ...] = ()) -> Dict[str, int]:
-    """How many layers' latest forward ran in which format, with which kernel
-    (`skip`: layers that ran locally, whose latest remote forward is an older one)."""
-    infos = session.last_infos()
-    return dict(collections.Counter(f"{info.format}/{info.kernel}" for name, info in infos.items()
-                                    if info is not None and name not in skip))
+def formats_used(session: OffloadSession) -> Dict[str, int]:
+    """How many layers' latest forward ran in which format, with which kernel."""
+    return dict(collections.Counter(f"{info.format}/{info.kernel}"
+                                    for info in session.last_infos().values() if info is not None))
 
 
 # --- 1. rollout decode -------------------------------------------------------------
@@ -490,52 +433,11 @@ def ppo_step(model: nn.Module, inputs: Inputs, optimizer: torch.optim.Optimizer,
     return parts
 
 
-def message_too_large(error: mxserve.MxserveError) -> bool:
-    return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class OffloadedUpdate:
-    """The offloaded PPO step, with the fallbacks for messages over the limit:
-    a LayerBackward that fails so with grad_weight="remote" switches the session to
-    grad_weight="local"; a layer whose calls still fail runs locally in FP32.
-    Each fallback prints one line and is kept in `notes`."""
-
-    def __init__(self, model, session, originals, inputs, optimizer):
-        self.model, self.session, self.originals = model, session, originals
-        self.inputs, self.optimizer = inputs, optimizer
-        self.local_layers: List[str] = []
-        self.notes: List[str] = []
-
-    def __call__(self) -> Tuple[float, dict]:
-        while True:
-            try:
-                with run_locally(self.model, self.session, self.originals, self.local_layers):
-                    return offloaded(self.session, "update", lambda: ppo_step(
-                        self.model, self.inputs, self.optimizer, self.session))
-            except LayerCallError as failure:
-                if not message_too_large(failure.error):
-                    raise
-                self.fall_back(failure)
-
-    def fall_back(self, failure: LayerCallError) -> None:
-        error = failure.error
-        if error.rpc == "LayerBackward" and self.session.grad_weight == "remote":
-            self.session.grad_weight = "local"
-            action = "grad_weight='local' for this measurement"
-        elif failure.layer not in self.local_layers:
-            self.local_layers.append(failure.layer)
-            action = f"{failure.layer} runs locally in FP32 for this measurement"
-        else:
-            raise failure
-        note = f"{failure.layer}: {error.rpc} failed {error.code.name} ({error.message}); {action}"
-        progress("fallback: " + note)
-        self.notes.append(note)
-
-
-def measure_update(args, model, session, originals, inputs
-                   ) -> Tuple[Dict[str, Timing], "OffloadedUpdate"]:
+def measure_update(args, model, session, inputs) -> Dict[str, Timing]:
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    remote = OffloadedUpdate(model, session, originals, inputs, optimizer)
+
+    def remote():
+        return offloaded(session, "update", lambda: ppo_step(model, inputs, optimizer, session))
 
     def local():
         with session.local():
@@ -544,20 +446,10 @@ def measure_update(args, model, session, originals, inputs
             parts["cpu_s"] = time.process_time() - cpu
         return sum(v for k, v in parts.items() if k != "cpu_s"), parts
 
-    return measure({"offloaded": remote, "torch FP32": local}, args.repeat, args.warmup), remote
+    return measure({"offloaded": remote, "torch FP32": local}, args.repeat, args.warmup)
 
 
 # --- the run -----------------------------------------------------------------------
-
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
 
 def weight_bytes_per_parameter(client, session: OffloadSession) -> float:
     return client.describe_model(session.model_name).weight_bytes / offloaded_parameters(session)
@@ -574,29 +466,27 @@ def run(args: argparse.Namespace) -> dict:
     progress(f"prefilling {args.batch}x{args.prompt_tokens} prompt tokens locally (not timed)")
     with torch.no_grad():
         cache = model(inputs.prompt, use_cache=True).cache
-    originals = linear_names(model)
     name = f"hot-path-{os.getpid()}"
     results = {"model": {"blocks": config.num_layers, "hidden": config.hidden_size,
                          "vocab": config.vocab_size, "parameters": parameters,
-                         "linear_layers": len(originals)}}
+                         "linear_layers": sum(isinstance(m, nn.Linear) for m in model.modules())}}
 
     with connect(args, "null") as client:
         results["null"] = measure_null_backend(args, client, model, inputs, cache, name)
 
-    with connect(args, "cpu") as plain_client:
-        client = LayerNamingClient(plain_client)
+    with connect(args, "cpu") as client:
         progress(f"cpu backend: uploading {parameters / 1e6:.1f} M parameters (offload)")
         start = time.perf_counter()
         session = offload(model, client, name, policy=args.policy, grad_weight=args.grad_weight)
         results["upload_s"] = time.perf_counter() - start
         try:
-            results.update(run_cpu(args, model, session, originals, inputs, cache))
+            results.update(run_cpu(args, model, session, inputs, cache))
         finally:
             session.restore()
     return results
 
 
-def run_cpu(args, model, session, originals, inputs, cache) -> dict:
+def run_cpu(args, model, session, inputs, cache) -> dict:
     client, results = session.client, {}
     results["bytes_per_parameter"] = {"upload": weight_bytes_per_parameter(client, session)}
     results["offloaded_parameters"] = offloaded_parameters(session)
@@ -615,12 +505,10 @@ def run_cpu(args, model, session, originals, inputs, cache) -> dict:
     progress(f"PPO update step, {args.batch}x{args.update_tokens} tokens, "
              f"x{args.warmup + args.repeat} (offloaded, local FP32)")
     try:
-        results["update"], update = measure_update(args, model, session, originals, inputs)
-        results["update_fallbacks"] = update.notes
-        results["update_formats"] = formats_used(session, skip=tuple(update.local_layers))
-        results["update_grad_weight"] = session.grad_weight
+        results["update"] = measure_update(args, model, session, inputs)
+        results["update_formats"] = formats_used(session)
         results["bytes_per_parameter"]["update"] = weight_bytes_per_parameter(client, session)
-    except LayerCallError as failure:
+    except (mxserve.MxserveError, ValueError) as failure:  # a call the daemon or client refused
         progress(f"PPO update step: not measured: {failure}")
         results["update_error"] = str(failure)
     return results
@@ -653,15 +541,13 @@ class Ratio:
 
 def ratios(results: dict) -> List[Ratio]:
     decode, sync, update = results.get("decode"), results.get("sync"), results.get("update")
-    notes = results.get("update_fallbacks") or []
     return [
         Ratio("rollout_decode", decode and decode["offloaded"], decode and decode["torch BF16"]),
         Ratio("layer_call", results["null"]["calls"]["client.forward"], None),
         Ratio("sync_all", sync and sync["all"], None),
         Ratio("sync_part", sync and sync["part"], None),
         Ratio("ppo_update", update and update["offloaded"], update and update["torch FP32"],
-              results.get("update_error", "") or
-              ("; ".join(notes) and f"with {len(notes)} fallback(s), see below")),
+              results.get("update_error", "")),
     ]
 
 
@@ -718,7 +604,7 @@ def detail_lines(args, results) -> List[str]:
                      f"{seconds_text(sync['part'])} s; decode step right after a full sync "
                      f"{min(e['decode_after_sync_s'] for e in sync['all'].extras):.4g} s")
     if "update" in results:
-        lines += update_details(results)
+        lines += update_details(args, results)
     per = results.get("bytes_per_parameter", {})
     if per:
         lines.append("daemon bytes per parameter (ModelInfo.weight_bytes / "
@@ -750,7 +636,7 @@ def decode_details(results) -> List[str]:
     ]
 
 
-def update_details(results) -> List[str]:
+def update_details(args, results) -> List[str]:
     update = results["update"]
     remote, local = update["offloaded"].best_extras, update["torch FP32"].best_extras
 
@@ -758,13 +644,11 @@ def update_details(results) -> List[str]:
         return ", ".join(f"{k[:-2]} {v:.3g}" for k, v in extras.items()
                          if k.endswith("_s") and k not in ("daemon_compute_s", "cpu_s"))
 
-    lines = [f"PPO update, offloaded (grad_weight {results['update_grad_weight']}): "
+    return [f"PPO update, offloaded (grad_weight {args.grad_weight}): "
              f"{parts(remote)} s; {remote['requests']} calls, daemon compute "
              f"{remote['daemon_compute_s']:.4g} s; formats {results['update_formats']}",
              f"PPO update, local torch FP32: {parts(local)} s; threads busy "
              f"{busy(update['torch FP32']):.2f}"]
-    lines += [f"fallback: {note}" for note in results.get("update_fallbacks", [])]
-    return lines
 
 
 def report(args, results: dict, machine: dict) -> List[Ratio]:
@@ -874,7 +758,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     torch.set_num_threads(args.threads)
-    machine = {"cpu": cpu_model_name(), "cpus": os.cpu_count(), "torch": torch.__version__,
+    machine = {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__,
                "torch_threads": torch.get_num_threads(), "blas": limit_blas_threads(args.threads),
                "python": platform.python_version()}
     try:
