@@ -292,11 +292,11 @@ class OffloadSession:
 
     def remote_backward(self, layer: OffloadedLinear, dy: torch.Tensor, x2d: Optional[torch.Tensor],
                         need_x: bool, need_b: bool, ctx) -> Tuple[Optional[torch.Tensor], ...]:
-        """(grad_input if need_x, grad_weight if x2d is given, grad_bias if need_b and
-        the layer has one) from the daemon; None for what was not asked. One call
-        when everything fits in a message; otherwise grad_input along the rows of
-        dY and grad_weight (with grad_bias) along the rows of W."""
-        need_b = need_b and layer.bias is not None
+        """(grad_input if need_x, grad_weight if x2d is given, grad_bias if need_b)
+        from the daemon; None for what was not asked or, for grad_bias, not had (the
+        caller sums dY locally then). One call when everything fits in a message;
+        otherwise grad_input along the rows of dY and grad_weight (with grad_bias)
+        along the rows of W."""
         if not (need_x or x2d is not None or need_b):
             return None, None, None
         m, n, k = dy.shape[0], layer.out_features, layer.in_features
@@ -330,8 +330,6 @@ class OffloadSession:
             grad_w = torch.cat([piece.grad_weight for piece in slices])
             if need_b:
                 grad_b = torch.cat([piece.grad_bias for piece in slices])
-        if need_b and grad_b is None:
-            grad_b = dy.float().sum(0)
         return grad_x, grad_w, grad_b
 
     def _backward_call(self, layer: OffloadedLinear, dy, x2d, ctx, weight_rows=None):
