@@ -1,5 +1,6 @@
 #include "server/compute/compute_work.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -143,16 +144,60 @@ fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model
           .joules = a.joules + b.joules};
 }
 
-absl::StatusOr<std::shared_ptr<const PreparedWeight>> WeightCopy(const ComputeContext& core,
-                                                                 const LayerWeights& weights,
-                                                                 mx::Format format,
-                                                                 WeightLayout layout) {
-  MX_ASSIGN_OR_RETURN(auto copy, weights.Get(format, layout, core.registry->budget()));
+// The most weight elements a slice of an update call's copy holds (LinearOnCopy):
+// 32 MiB of FP32 source, 64 MiB of copy at most.
+constexpr int64_t kSliceElements = int64_t{8} << 20;
+
+// y (M × R) = x · Cᵀ + bias, with C the layer's weight in `format` and `layout`
+// (R rows: N forward, K transposed). C comes from the cache, or, for the first
+// update-phase use of a copy (CopyUse::kUpdate in registry.h), is made for this
+// call in slices of rows, each freed once its columns of y are written: a column
+// of y reads its own row of C only, so the bits are the same. `compute_seconds`
+// gets the kernels' time.
+absl::StatusOr<std::string> LinearOnCopy(const ComputeContext& core, const LayerWeights& weights,
+                                         mx::Format format, WeightLayout layout, CopyUse use,
+                                         const mx::QuantizedMatrix& x, std::span<const float> bias,
+                                         std::span<float> y, double& compute_seconds) {
+  MX_ASSIGN_OR_RETURN(LayerWeights::Quantized copy,
+                      weights.Get(format, layout, core.registry->budget(), use));
   if (copy.created) {
     core.metrics->RecordQuantization(format);
     core.UpdateMemoryGauges();
   }
-  return copy.weight;
+  if (copy.weight) {
+    const auto start = Clock::now();
+    absl::StatusOr<std::string> kernel = core.backend->Linear(x, *copy.weight, bias, y);
+    compute_seconds += Seconds(Clock::now() - start);
+    return kernel;
+  }
+  const int64_t m = x.rows;
+  const int64_t rows =
+      layout == WeightLayout::kForward ? weights.spec().out_features : weights.spec().in_features;
+  const int64_t cols =
+      layout == WeightLayout::kForward ? weights.spec().in_features : weights.spec().out_features;
+  // Whole panels of 64 rows per slice, unless one slice holds them all.
+  const int64_t step = std::max<int64_t>(64, kSliceElements / cols / 64 * 64);
+  std::string kernel;
+  std::vector<float> part;
+  for (int64_t begin = 0; begin < rows; begin += step) {
+    const int64_t end = std::min(rows, begin + step);
+    MX_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedWeight> slice,
+                        weights.Slice(format, layout, begin, end, core.registry->budget()));
+    const bool whole = begin == 0 && end == rows;
+    if (!whole) part.resize(static_cast<size_t>(m * (end - begin)));
+    const auto start = Clock::now();
+    MX_ASSIGN_OR_RETURN(
+        kernel,
+        core.backend->Linear(x, *slice, bias.empty() ? bias : bias.subspan(begin, end - begin),
+                             whole ? y : std::span<float>(part)));
+    compute_seconds += Seconds(Clock::now() - start);
+    for (int64_t row = 0; !whole && row < m; ++row) {
+      std::copy_n(part.data() + row * (end - begin), end - begin, y.data() + row * rows + begin);
+    }
+  }
+  core.metrics->RecordQuantization(format);
+  core.UpdateMemoryGauges();
+  return kernel;
 }
 
 class ComputeItem : public WorkItem {
@@ -288,12 +333,6 @@ class ForwardItem final : public ComputeItem {
       }
       return;
     }
-    absl::StatusOr<std::shared_ptr<const PreparedWeight>> w =
-        WeightCopy(core, weights, first.weight_format_, WeightLayout::kForward);
-    if (!w.ok()) {
-      for (ForwardItem* member : batch) member->Fail(w.status());
-      return;
-    }
     std::vector<ForwardItem*> members;
     std::vector<mx::QuantizedMatrix> xs;
     for (ForwardItem* member : batch) {
@@ -331,9 +370,14 @@ class ForwardItem final : public ComputeItem {
       shared.resize(static_cast<size_t>(x.rows * n));
       y = shared;
     }
-    const auto start = Clock::now();
-    absl::StatusOr<std::string> kernel = core.backend->Linear(x, **w, weights.bias(), y);
-    const double compute_seconds = Seconds(Clock::now() - start);
+    // Update-phase copies are made per call until reused (registry.h, CopyUse).
+    const bool update = std::all_of(members.begin(), members.end(), [](const ForwardItem* member) {
+      return member->phase_ == Phase::kUpdate;
+    });
+    double compute_seconds = 0;
+    absl::StatusOr<std::string> kernel = LinearOnCopy(
+        core, weights, first.weight_format_, WeightLayout::kForward,
+        update ? CopyUse::kUpdate : CopyUse::kRequest, x, weights.bias(), y, compute_seconds);
     core.metrics->RecordBatch(static_cast<int>(members.size()));
     int64_t row = 0;
     for (ForwardItem* member : members) {
@@ -443,16 +487,16 @@ class BackwardItem final : public ComputeItem {
   absl::StatusOr<std::string> GradInput(double& compute_seconds) {
     const LayerWeights& weights = *view_.weights;
     const int64_t m = grad_output_.rows, k = weights.spec().in_features;
-    MX_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedWeight> wt,
-                        WeightCopy(core_, weights, format_, WeightLayout::kTransposed));
     absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});
     if (!dy.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message()));
     }
     std::vector<float> grad_input(static_cast<size_t>(m * k));
-    const auto start = Clock::now();
-    MX_ASSIGN_OR_RETURN(std::string kernel, core_.backend->Linear(*dy, *wt, {}, grad_input));
-    compute_seconds += Seconds(Clock::now() - start);
+    MX_ASSIGN_OR_RETURN(
+        std::string kernel,
+        LinearOnCopy(core_, weights, format_, WeightLayout::kTransposed,
+                     phase_ == Phase::kUpdate ? CopyUse::kUpdate : CopyUse::kRequest, *dy, {},
+                     grad_input, compute_seconds));
     EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
     return kernel;
   }

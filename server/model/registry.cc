@@ -1,5 +1,6 @@
 #include "server/model/registry.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -44,14 +45,17 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
                                                           MemoryBudget& budget, CopyUse use) const {
   MutexLock lock(&mu_);
   auto key = std::make_pair(format, layout);
-  if (use == CopyUse::kRequest) used_.insert(key);
   if (auto it = cache_.find(key); it != cache_.end()) {
     if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
+      if (use != CopyUse::kWarmUp) used_.insert(key);
       copies_.Touch(this, copy);  // back in the cache if it was evicted
       return Quantized{std::shared_ptr<const PreparedWeight>(copy, copy->weight.get()), false};
     }
     cache_.erase(it);  // evicted and released: make it again
   }
+  // The first update-phase use of a copy caches nothing (the caller slices).
+  if (use == CopyUse::kUpdate && made_once_.insert(key).second) return Quantized{};
+  if (use != CopyUse::kWarmUp) used_.insert(key);
   absl::StatusOr<mx::QuantizedMatrix> q =
       layout == WeightLayout::kForward
           ? mx::kernels::QuantizeRows(weight_->values, spec_.out_features, spec_.in_features,
@@ -62,8 +66,9 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> prepared = prepare_(*std::move(q));
   if (!prepared.ok()) return prepared.status();
   auto copy = std::make_shared<CachedCopy>();
-  const std::string what =
-      absl::StrCat("the ", mx::FormatName(format), " copy of layer ", Quote(spec_.name));
+  const std::string what = absl::StrCat("the ", mx::FormatName(format),
+                                        layout == WeightLayout::kTransposed ? " transposed" : "",
+                                        " copy of layer ", Quote(spec_.name));
   if (absl::Status s = ReserveInto(budget, (*prepared)->bytes(), what, copy->reservation);
       !s.ok()) {
     return s;
@@ -73,6 +78,41 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   cache_[key] = held;
   copies_.Touch(this, held);
   return Quantized{std::shared_ptr<const PreparedWeight>(held, held->weight.get()), true};
+}
+
+absl::StatusOr<std::shared_ptr<const PreparedWeight>> LayerWeights::Slice(
+    mx::Format format, WeightLayout layout, int64_t begin, int64_t end,
+    MemoryBudget& budget) const {
+  const int64_t n = spec_.out_features, k = spec_.in_features;
+  const std::vector<float>& w = weight_->values;
+  absl::StatusOr<mx::QuantizedMatrix> q;
+  if (layout == WeightLayout::kForward) {
+    q = mx::kernels::QuantizeRows(std::span<const float>(w).subspan(begin * k, (end - begin) * k),
+                                  end - begin, k, format);
+  } else {
+    // Columns [begin, end) of W, gathered, then quantized along out_features.
+    const int64_t width = end - begin;
+    std::vector<float> columns(static_cast<size_t>(n * width));
+    for (int64_t row = 0; row < n; ++row) {
+      std::copy_n(w.data() + row * k + begin, width, columns.data() + row * width);
+    }
+    q = mx::kernels::QuantizeColumns(columns, n, width, format);
+  }
+  if (!q.ok()) return q.status();
+  absl::StatusOr<std::shared_ptr<const PreparedWeight>> prepared = prepare_(*std::move(q));
+  if (!prepared.ok()) return prepared.status();
+  auto copy = std::make_shared<CachedCopy>();
+  const std::string what =
+      absl::StrCat("rows ", begin, "-", end, " of the ", mx::FormatName(format),
+                   layout == WeightLayout::kTransposed ? " transposed" : "", " copy of layer ",
+                   Quote(spec_.name));
+  if (absl::Status s = ReserveInto(budget, (*prepared)->bytes(), what, copy->reservation);
+      !s.ok()) {
+    return s;
+  }
+  copy->weight = *std::move(prepared);
+  std::shared_ptr<const CachedCopy> held = std::move(copy);
+  return std::shared_ptr<const PreparedWeight>(held, held->weight.get());
 }
 
 std::vector<mx::Format> LayerWeights::CachedFormats() const {

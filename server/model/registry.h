@@ -55,8 +55,18 @@ struct StoredTensor {
 enum class WeightLayout { kForward, kTransposed };
 // One prepared copy of a layer's weight: its format and layout.
 using CopyKey = std::pair<mx::Format, WeightLayout>;
-// Who asks for a copy: a request (which marks it used) or the warm-up.
-enum class CopyUse { kRequest, kWarmUp };
+// Who asks for a copy:
+// - kRequest: a rollout or reward-phase request; the copy is cached and marked
+//   used, so the next version warms it.
+// - kUpdate: an update-phase request. A trainer changes its weights after every
+//   step, so each update copy of a version is typically read once (the forward
+//   layout by the forward, the transposed one by grad_input). So the first use
+//   caches nothing: Get returns no weight, and the caller makes the rows it needs
+//   with Slice, for that call alone. A second use of the same copy of the same
+//   version (a second micro-batch or epoch on unchanged weights) caches it, as
+//   kRequest does. A copy already cached is shared either way.
+// - kWarmUp: the warm-up after a publish; cached, not marked used.
+enum class CopyUse { kRequest, kUpdate, kWarmUp };
 
 // One layer at one published version. Values are immutable; the cache grows.
 class LayerWeights {
@@ -87,6 +97,7 @@ class LayerWeights {
   }
 
   struct Quantized {
+    // Null for the first CopyUse::kUpdate use of a copy: make it with Slice.
     std::shared_ptr<const PreparedWeight> weight;
     bool created = false;  // false: served from the cache
   };
@@ -96,6 +107,15 @@ class LayerWeights {
   // prepared copy as a whole.
   absl::StatusOr<Quantized> Get(mx::Format format, WeightLayout layout, MemoryBudget& budget,
                                 CopyUse use = CopyUse::kRequest) const;
+  // Rows [begin, end) of the copy in `format` and `layout` (of W's N rows in the
+  // forward layout, of Wᵀ's K rows in the transposed one), quantized and
+  // prepared for one call: never cached, charged to the budget while held. Each
+  // row is quantized on its own, so they are those rows of the whole copy, bit
+  // for bit. The caller checks 0 <= begin < end <= rows.
+  absl::StatusOr<std::shared_ptr<const PreparedWeight>> Slice(mx::Format format,
+                                                              WeightLayout layout, int64_t begin,
+                                                              int64_t end,
+                                                              MemoryBudget& budget) const;
 
   const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
   const std::shared_ptr<const StoredTensor>& bias_tensor() const { return bias_; }
@@ -126,6 +146,8 @@ class LayerWeights {
   mutable std::map<CopyKey, std::weak_ptr<const CachedCopy>> cache_
       ABSL_GUARDED_BY(mu_);
   mutable std::set<CopyKey> used_ ABSL_GUARDED_BY(mu_);  // asked for by requests
+  // Update-phase copies made once for a single call (CopyUse::kUpdate).
+  mutable std::set<CopyKey> made_once_ ABSL_GUARDED_BY(mu_);
 };
 
 // A tensor an upload fills; committed to a model's staging area as a whole.

@@ -238,10 +238,12 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
       {{"model", model}, {"version", absl::StrCat(published)}});
   // Quantize, on the loader pool, what requests will ask for: the copies requests
   // used of the layer's previous version (a policy model never asks for its
-  // reward-phase format, and a trained one needs the transposed copies of its
-  // backward too), or for a first version, the active policy's format of every
-  // phase. A failure here is not the publish's: the request that needs the copy
-  // reports it. The warm-up runs even if the client stops waiting.
+  // reward-phase format; a trainer that reuses a version's update copies needs
+  // them again), or for a first version, the active policy's rollout and reward
+  // formats. Update-phase copies read once per version are made per call and
+  // never cached (CopyUse::kUpdate), so they are not warmed. A failure here is
+  // not the publish's: the request that needs the copy reports it. The warm-up
+  // runs even if the client stops waiting.
   CallInfo call;
   RunOn(
       *core.loader, call,
@@ -255,7 +257,7 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
             if (copies.empty()) {
               absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy);
               if (!policy.ok()) break;
-              for (Phase phase : kAllPhases) {
+              for (Phase phase : {Phase::kRollout, Phase::kReward}) {
                 copies.insert(
                     {Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive)
                          .format,

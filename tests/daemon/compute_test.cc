@@ -237,6 +237,55 @@ TEST_F(ComputeTest, SplitBackwardsAreSlicesOfTheWholeBitForBit) {
   }
 }
 
+// An update-phase call's first use of a copy makes it in slices of rows, for
+// that call only (server/model/registry.h, CopyUse::kUpdate); a layer of more
+// than 8 Mi weights takes two or more. Its bits are the cached copy's: the
+// second use of the copy caches it, and a rollout forward reads a cached one.
+TEST_F(ComputeTest, AnUpdateCallOnALargeLayerIsSlicedBitForBit) {
+  const TestLayer big = MakeLayer("model.layers.0.mlp.down_proj", 4160, 2048, true, 40);
+  ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "big", {big}).ok());
+  const int64_t m = 3;
+  const auto x = TestValues(m * big.in, 41), dy = TestValues(m * big.out, 42);
+  for (mx::Format format : {mx::Format::kMxfp6E2m3, mx::Format::kInt8, mx::Format::kFp32}) {
+    SCOPED_TRACE(mx::FormatName(format));
+    const int f = static_cast<int>(format);
+    auto forward = [&](v1::Phase phase) {
+      grpc::ClientContext context;
+      v1::LayerForwardResponse y;
+      const grpc::Status s =
+          Stub()->LayerForward(&context, ForwardRequest("big", big, phase, f, x, m), &y);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      return Floats(y.output());
+    };
+    auto grad_input = [&] {
+      grpc::ClientContext context;
+      v1::LayerBackwardResponse g;
+      const grpc::Status s = Stub()->LayerBackward(
+          &context, BackwardRequest("big", big, v1::PHASE_UPDATE, f, dy, std::nullopt, m), &g);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      return Floats(g.grad_input());
+    };
+    const std::vector<float> sliced = forward(v1::PHASE_UPDATE);
+    if (format == mx::Format::kMxfp6E2m3) {  // the reference once: it is slow
+      const auto qx = mx::QuantizeRows(x, m, big.in, format).value();
+      const auto qw = mx::QuantizeRows(big.weight, big.out, big.in, format).value();
+      EXPECT_TRUE(SameBits(sliced, *mx::ReferenceLinear(qx, qw, big.bias_values)));
+    }
+    EXPECT_TRUE(SameBits(sliced, forward(v1::PHASE_UPDATE)));   // now cached
+    EXPECT_TRUE(SameBits(sliced, forward(v1::PHASE_ROLLOUT)));  // cached too
+    ASSERT_EQ(sliced.size(), static_cast<size_t>(m * big.out));
+    const std::vector<float> sliced_t = grad_input();
+    EXPECT_TRUE(SameBits(sliced_t, grad_input()));  // the cached transposed copy
+    ASSERT_EQ(sliced_t.size(), static_cast<size_t>(m * big.in));
+  }
+  grpc::ClientContext deleting;
+  v1::DeleteModelRequest request;
+  request.set_name("big");
+  v1::DeleteModelResponse deleted;
+  ASSERT_TRUE(
+      v1::Models::NewStub(daemon_->channel())->DeleteModel(&deleting, request, &deleted).ok());
+}
+
 TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
   auto stub = Stub();
   grpc::ClientContext context;

@@ -277,23 +277,26 @@ TEST_F(ModelsTest, ARepublishWarmsWhatRequestsUsed) {
     return std::set<int>(info.layers(1).cached_formats().begin(),
                          info.layers(1).cached_formats().end());
   };
+  auto bytes = [&] { return Describe(channel(), "m").weight_bytes(); };
   auto quantized = [&](const char* format) {
     return std::max(0.0, MetricValue(ScrapeMetrics(daemon_.metrics_address()),
                                      absl::StrCat("mxserve_weight_quantizations_total{format=\"",
                                                   format, "\"}")));
   };
-  // Version 1, never used: the policy's format of each phase.
-  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_MXFP8_E4M3,
-                                     v1::FORMAT_FP16}));
-  // A rollout forward (MXFP4), an update forward and backward (FP16, both layouts).
+  // Version 1, never used: the policy's rollout and reward formats, not its
+  // update format (FP16), whose copies are made per call.
+  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_MXFP8_E4M3}));
   const auto x = TestValues(2 * 32, 74);
-  v1::LayerForwardResponse y;
-  ASSERT_TRUE(
-      Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 2, 32, &y)
-          .ok());
-  ASSERT_TRUE(
-      Forward(channel(), "m", mid.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 2, 32, &y)
-          .ok());
+  auto rollout = [&] {
+    v1::LayerForwardResponse y;
+    return Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 2, 32,
+                   &y);
+  };
+  auto update = [&] {
+    v1::LayerForwardResponse y;
+    return Forward(channel(), "m", mid.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 2, 32,
+                   &y);
+  };
   auto backward = [&] {
     grpc::ClientContext context;
     v1::LayerBackwardResponse response;
@@ -302,23 +305,49 @@ TEST_F(ModelsTest, ARepublishWarmsWhatRequestsUsed) {
     request.clear_format();  // the policy's: FP16
     return v1::Compute::NewStub(daemon_.channel())->LayerBackward(&context, request, &response);
   };
-  ASSERT_TRUE(backward().ok());
-  const double fp16 = quantized("FP16"), mxfp4 = quantized("MXFP4_E2M1"),
-               mxfp8 = quantized("MXFP8_E4M3");
-  for (uint64_t version = 2; version <= 3; ++version) {
-    SCOPED_TRACE(absl::StrCat("version ", version));
+  auto republish = [&](uint64_t version) {
     v1::UploadWeightsResponse uploaded;
     const TestLayer next = MakeLayer(mid.name, 16, 32, false, 75 + static_cast<int>(version));
     ASSERT_TRUE(Upload(channel(), "m", {next}, /*publish=*/true, &uploaded, 1 << 20).ok());
     ASSERT_EQ(uploaded.weight_version(), version);
-    EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_FP16}));
-    EXPECT_EQ(quantized("FP16"), fp16 + 2 * (version - 1));  // forward and transposed
+  };
+  // A PPO step: a rollout forward (MXFP4), then one update forward and one
+  // backward (FP16, forward and transposed layouts): each update copy is read
+  // once, so it is made for its call and freed, and nothing stays held.
+  const double fp16 = quantized("FP16"), mxfp4 = quantized("MXFP4_E2M1"),
+               mxfp8 = quantized("MXFP8_E4M3");
+  for (uint64_t version = 1; version <= 3; ++version) {
+    SCOPED_TRACE(absl::StrCat("version ", version));
+    if (version > 1) republish(version);
+    ASSERT_TRUE(rollout().ok());
+    const uint64_t held = bytes();
+    ASSERT_TRUE(update().ok());
+    ASSERT_TRUE(backward().ok());
+    EXPECT_EQ(bytes(), held);
+    EXPECT_EQ(quantized("FP16"), fp16 + 2 * version);
+    // Versions 2 and 3 warm what version 1 and 2 used: MXFP4 only.
+    EXPECT_EQ(cached(), version == 1 ? (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_MXFP8_E4M3})
+                                     : (std::set<int>{v1::FORMAT_MXFP4_E2M1}));
     EXPECT_EQ(quantized("MXFP4_E2M1"), mxfp4 + (version - 1));
     EXPECT_EQ(quantized("MXFP8_E4M3"), mxfp8);
   }
-  // The backward finds its transposed copy warm: nothing more is quantized.
+  // A second micro-batch on the same version reads the update copies again:
+  // that use caches them (and the next version warms them).
+  const uint64_t held = bytes();
+  ASSERT_TRUE(update().ok());
   ASSERT_TRUE(backward().ok());
-  EXPECT_EQ(quantized("FP16"), fp16 + 4);
+  EXPECT_EQ(quantized("FP16"), fp16 + 8);
+  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_FP16}));
+  EXPECT_GE(bytes(), held + 2 * (16 * 32 * 2));  // two FP16 copies of 16×32 (and padding)
+  ASSERT_TRUE(update().ok());
+  ASSERT_TRUE(backward().ok());
+  EXPECT_EQ(quantized("FP16"), fp16 + 8);  // served from the cache
+  republish(4);
+  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_FP16}));
+  EXPECT_EQ(quantized("FP16"), fp16 + 10);  // both layouts warmed
+  ASSERT_TRUE(update().ok());
+  ASSERT_TRUE(backward().ok());
+  EXPECT_EQ(quantized("FP16"), fp16 + 10);  // the warm copies served them
 }
 
 class PoliciesTest : public ModelsTest {};

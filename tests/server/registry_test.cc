@@ -147,6 +147,61 @@ TEST_F(RegistryTest, EachFormatAndLayoutIsQuantizedAndPreparedOnce) {
   EXPECT_EQ(prepared_.load(), 3);
 }
 
+TEST_F(RegistryTest, AnUpdateCopyIsSlicedForItsCallUntilItIsUsedTwice) {
+  ASSERT_TRUE(Upload(1).ok());
+  const uint64_t masters = budget_.used();
+  const LayerView view = registry_.Lookup("m", "fc", 0).value();
+  const auto fmt = mx::Format::kMxfp6E3m2;
+  for (WeightLayout layout : {WeightLayout::kForward, WeightLayout::kTransposed}) {
+    SCOPED_TRACE(layout == WeightLayout::kForward ? "forward" : "transposed");
+    // First update-phase use: nothing made, nothing cached; the caller slices.
+    auto once = view.weights->Get(fmt, layout, budget_, CopyUse::kUpdate);
+    ASSERT_TRUE(once.ok());
+    EXPECT_EQ(once->weight, nullptr);
+    EXPECT_EQ(budget_.used(), masters);
+    const int64_t rows = layout == WeightLayout::kForward ? kOut : kIn;
+    const int64_t cols = layout == WeightLayout::kForward ? kIn : kOut;
+    const mx::QuantizedMatrix whole =
+        layout == WeightLayout::kForward
+            ? mx::kernels::QuantizeRows(Values(1), kOut, kIn, fmt).value()
+            : mx::kernels::QuantizeColumns(Values(1), kOut, kIn, fmt).value();
+    const int64_t row_bytes = static_cast<int64_t>(whole.elements.size()) / rows;
+    const int64_t row_scales = static_cast<int64_t>(whole.block_scales.size()) / rows;
+    {
+      // A slice is those rows of the whole copy, bit for bit, charged while held.
+      auto slice = view.weights->Slice(fmt, layout, 1, rows - 1, budget_);
+      ASSERT_TRUE(slice.ok()) << slice.status();
+      EXPECT_EQ((*slice)->rows(), rows - 2);
+      EXPECT_EQ((*slice)->cols(), cols);
+      const auto& part = static_cast<const FakeWeight&>(**slice).matrix();
+      EXPECT_EQ(part.elements, std::vector<uint8_t>(whole.elements.begin() + row_bytes,
+                                                    whole.elements.end() - row_bytes));
+      EXPECT_EQ(part.block_scales, std::vector<uint8_t>(whole.block_scales.begin() + row_scales,
+                                                        whole.block_scales.end() - row_scales));
+      EXPECT_EQ(budget_.used(), masters + (*slice)->bytes());
+      EXPECT_EQ(view.weights->Bytes(), masters);  // not the layer's: the call's
+      EXPECT_TRUE(view.weights->CopiesInUse().empty());
+    }
+    EXPECT_EQ(budget_.used(), masters);  // freed with its last holder
+  }
+  // The second use of the same copy of this version caches it.
+  auto twice = view.weights->Get(fmt, WeightLayout::kTransposed, budget_, CopyUse::kUpdate);
+  ASSERT_TRUE(twice.ok());
+  ASSERT_NE(twice->weight, nullptr);
+  EXPECT_TRUE(twice->created);
+  EXPECT_EQ(view.weights->Bytes(), masters + twice->weight->bytes());
+  EXPECT_EQ(view.weights->CopiesInUse(), (std::vector<CopyKey>{{fmt, WeightLayout::kTransposed}}));
+  auto third = view.weights->Get(fmt, WeightLayout::kTransposed, budget_, CopyUse::kUpdate);
+  EXPECT_FALSE(third->created);
+  EXPECT_EQ(third->weight.get(), twice->weight.get());
+  // An update use of a copy a request cached shares it, from its first use.
+  auto bf16 = view.weights->Get(mx::Format::kBf16, WeightLayout::kForward, budget_).value();
+  auto shared =
+      view.weights->Get(mx::Format::kBf16, WeightLayout::kForward, budget_, CopyUse::kUpdate);
+  EXPECT_FALSE(shared->created);
+  EXPECT_EQ(shared->weight.get(), bf16.weight.get());
+}
+
 TEST_F(RegistryTest, EveryByteIsInTheBudgetAndDeleteGivesItBack) {
   ASSERT_TRUE(Upload(1).ok());
   const uint64_t masters = budget_.used();
