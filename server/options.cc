@@ -120,6 +120,19 @@ const std::vector<FlagSpec>& Flags() {
          o.weight_memory_bytes = *bytes;
          return absl::OkStatus();
        }},
+      {"update-copies", "slice|cache",
+       "update-phase weight copies: 'slice' quantizes them per call, in slices of at most 8 Mi "
+       "weights, and holds none (a trainer changes its weights every step); 'cache' keeps them "
+       "like rollout copies (faster for several update calls per weight version, e.g. "
+       "micro-batches; holds one copy per format and layout)",
+       [](const DaemonOptions& o) { return o.cache_update_copies ? "cache" : "slice"; },
+       [](const std::string& text, DaemonOptions& o) {
+         if (text != "slice" && text != "cache") {
+           return FlagError("update-copies", absl::StrCat("expected slice or cache, got '", text, "'"));
+         }
+         o.cache_update_copies = text == "cache";
+         return absl::OkStatus();
+       }},
       {"policy-dir", "DIR",
        "where user policies persist as NAME.json (loaded at start); empty keeps them in memory",
        [](const DaemonOptions& o) { return o.policy_dir.empty() ? "''" : o.policy_dir; },

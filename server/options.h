@@ -38,6 +38,9 @@ struct DaemonOptions {
   // Distinct run tags the energy ledger holds; a new one beyond folds the least
   // recently accounted run into the untagged energy.
   int max_energy_runs = 1024;
+  // --update-copies: false ("slice") makes update-phase weight copies per call,
+  // in slices, and holds none; true ("cache") caches them as rollout copies are.
+  bool cache_update_copies = false;
 };
 
 struct ParsedCommandLine {

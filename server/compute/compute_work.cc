@@ -144,16 +144,23 @@ fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model
           .joules = a.joules + b.joules};
 }
 
+// How a request of `phase` asks for its weight copy: an update-phase one slices
+// (CopyUse::kUpdate) unless mxserved --update-copies cache.
+CopyUse CopyUseOf(const ComputeContext& core, Phase phase) {
+  return phase == Phase::kUpdate && !core.cache_update_copies ? CopyUse::kUpdate
+                                                              : CopyUse::kRequest;
+}
+
 // The most weight elements a slice of an update call's copy holds (LinearOnCopy):
 // 32 MiB of FP32 source, 64 MiB of copy at most.
 constexpr int64_t kSliceElements = int64_t{8} << 20;
 
 // y (M × R) = x · Cᵀ + bias, with C the layer's weight in `format` and `layout`
-// (R rows: N forward, K transposed). C comes from the cache, or, for the first
-// update-phase use of a copy (CopyUse::kUpdate in registry.h), is made for this
-// call in slices of rows, each freed once its columns of y are written: a column
-// of y reads its own row of C only, so the bits are the same. `compute_seconds`
-// gets the kernels' time.
+// (R rows: N forward, K transposed). C comes from the cache, or, for an
+// update-phase use (CopyUse::kUpdate in registry.h) of a copy not cached, is
+// made for this call in slices of rows, each freed once its columns of y are
+// written: a column of y reads its own row of C only, so the bits are the same.
+// `compute_seconds` gets the kernels' time.
 absl::StatusOr<std::string> LinearOnCopy(const ComputeContext& core, const LayerWeights& weights,
                                          mx::Format format, WeightLayout layout, CopyUse use,
                                          const mx::QuantizedMatrix& x, std::span<const float> bias,
@@ -370,14 +377,15 @@ class ForwardItem final : public ComputeItem {
       shared.resize(static_cast<size_t>(x.rows * n));
       y = shared;
     }
-    // Update-phase copies are made per call until reused (registry.h, CopyUse).
+    // Update-phase copies are made per call (registry.h, CopyUse::kUpdate).
     const bool update = std::all_of(members.begin(), members.end(), [](const ForwardItem* member) {
       return member->phase_ == Phase::kUpdate;
     });
     double compute_seconds = 0;
     absl::StatusOr<std::string> kernel = LinearOnCopy(
         core, weights, first.weight_format_, WeightLayout::kForward,
-        update ? CopyUse::kUpdate : CopyUse::kRequest, x, weights.bias(), y, compute_seconds);
+        CopyUseOf(core, update ? Phase::kUpdate : Phase::kRollout), x, weights.bias(), y,
+        compute_seconds);
     core.metrics->RecordBatch(static_cast<int>(members.size()));
     int64_t row = 0;
     for (ForwardItem* member : members) {
@@ -495,7 +503,7 @@ class BackwardItem final : public ComputeItem {
     MX_ASSIGN_OR_RETURN(
         std::string kernel,
         LinearOnCopy(core_, weights, format_, WeightLayout::kTransposed,
-                     phase_ == Phase::kUpdate ? CopyUse::kUpdate : CopyUse::kRequest, *dy, {},
+                     CopyUseOf(core_, phase_), *dy, {},
                      grad_input, compute_seconds));
     EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
     return kernel;

@@ -30,6 +30,8 @@ struct ComputeContext {
   fpga_model::EnergyModelParams energy_model;
   std::string default_policy;
   int64_t max_message_bytes = 0;
+  // mxserved --update-copies cache: update-phase copies are cached, not sliced.
+  bool cache_update_copies = false;
 
   void UpdateMemoryGauges() const {
     metrics->SetWeightBytes(static_cast<double>(registry->budget().used()));

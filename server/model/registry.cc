@@ -47,15 +47,14 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   auto key = std::make_pair(format, layout);
   if (auto it = cache_.find(key); it != cache_.end()) {
     if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
-      if (use != CopyUse::kWarmUp) used_.insert(key);
+      if (use == CopyUse::kRequest) used_.insert(key);
       copies_.Touch(this, copy);  // back in the cache if it was evicted
       return Quantized{std::shared_ptr<const PreparedWeight>(copy, copy->weight.get()), false};
     }
     cache_.erase(it);  // evicted and released: make it again
   }
-  // The first update-phase use of a copy caches nothing (the caller slices).
-  if (use == CopyUse::kUpdate && made_once_.insert(key).second) return Quantized{};
-  if (use != CopyUse::kWarmUp) used_.insert(key);
+  if (use == CopyUse::kUpdate) return Quantized{};  // the caller slices
+  if (use == CopyUse::kRequest) used_.insert(key);
   absl::StatusOr<mx::QuantizedMatrix> q =
       layout == WeightLayout::kForward
           ? mx::kernels::QuantizeRows(weight_->values, spec_.out_features, spec_.in_features,

@@ -58,13 +58,13 @@ using CopyKey = std::pair<mx::Format, WeightLayout>;
 // Who asks for a copy:
 // - kRequest: a rollout or reward-phase request; the copy is cached and marked
 //   used, so the next version warms it.
-// - kUpdate: an update-phase request. A trainer changes its weights after every
-//   step, so each update copy of a version is typically read once (the forward
-//   layout by the forward, the transposed one by grad_input). So the first use
-//   caches nothing: Get returns no weight, and the caller makes the rows it needs
-//   with Slice, for that call alone. A second use of the same copy of the same
-//   version (a second micro-batch or epoch on unchanged weights) caches it, as
-//   kRequest does. A copy already cached is shared either way.
+// - kUpdate: an update-phase request (mxserved --update-copies slice, the
+//   default). A trainer changes its weights after every step, so each update
+//   copy of a version is read about once (the forward layout by the forward, the
+//   transposed one by grad_input; a few times when the client splits a large
+//   call). So nothing is cached for it: Get returns no weight, and the caller
+//   makes the rows it needs with Slice, for that call alone. A copy a kRequest
+//   use cached (the same format in the rollout) is shared, and not marked used.
 // - kWarmUp: the warm-up after a publish; cached, not marked used.
 enum class CopyUse { kRequest, kUpdate, kWarmUp };
 
@@ -97,7 +97,7 @@ class LayerWeights {
   }
 
   struct Quantized {
-    // Null for the first CopyUse::kUpdate use of a copy: make it with Slice.
+    // Null for a CopyUse::kUpdate use of a copy not cached: make it with Slice.
     std::shared_ptr<const PreparedWeight> weight;
     bool created = false;  // false: served from the cache
   };
@@ -146,8 +146,6 @@ class LayerWeights {
   mutable std::map<CopyKey, std::weak_ptr<const CachedCopy>> cache_
       ABSL_GUARDED_BY(mu_);
   mutable std::set<CopyKey> used_ ABSL_GUARDED_BY(mu_);  // asked for by requests
-  // Update-phase copies made once for a single call (CopyUse::kUpdate).
-  mutable std::set<CopyKey> made_once_ ABSL_GUARDED_BY(mu_);
 };
 
 // A tensor an upload fills; committed to a model's staging area as a whole.

@@ -237,10 +237,10 @@ TEST_F(ComputeTest, SplitBackwardsAreSlicesOfTheWholeBitForBit) {
   }
 }
 
-// An update-phase call's first use of a copy makes it in slices of rows, for
-// that call only (server/model/registry.h, CopyUse::kUpdate); a layer of more
-// than 8 Mi weights takes two or more. Its bits are the cached copy's: the
-// second use of the copy caches it, and a rollout forward reads a cached one.
+// An update-phase call makes its weight copy in slices of rows, for that call
+// only (server/model/registry.h, CopyUse::kUpdate); a layer of more than 8 Mi
+// weights takes two or more. Its bits are those of a whole copy: the one a
+// rollout call caches.
 TEST_F(ComputeTest, AnUpdateCallOnALargeLayerIsSlicedBitForBit) {
   const TestLayer big = MakeLayer("model.layers.0.mlp.down_proj", 4160, 2048, true, 40);
   ASSERT_TRUE(RegisterAndPublish(daemon_->channel().get(), "big", {big}).ok());
@@ -257,11 +257,11 @@ TEST_F(ComputeTest, AnUpdateCallOnALargeLayerIsSlicedBitForBit) {
       EXPECT_TRUE(s.ok()) << s.error_message();
       return Floats(y.output());
     };
-    auto grad_input = [&] {
+    auto grad_input = [&](v1::Phase phase) {
       grpc::ClientContext context;
       v1::LayerBackwardResponse g;
       const grpc::Status s = Stub()->LayerBackward(
-          &context, BackwardRequest("big", big, v1::PHASE_UPDATE, f, dy, std::nullopt, m), &g);
+          &context, BackwardRequest("big", big, phase, f, dy, std::nullopt, m), &g);
       EXPECT_TRUE(s.ok()) << s.error_message();
       return Floats(g.grad_input());
     };
@@ -271,11 +271,11 @@ TEST_F(ComputeTest, AnUpdateCallOnALargeLayerIsSlicedBitForBit) {
       const auto qw = mx::QuantizeRows(big.weight, big.out, big.in, format).value();
       EXPECT_TRUE(SameBits(sliced, *mx::ReferenceLinear(qx, qw, big.bias_values)));
     }
-    EXPECT_TRUE(SameBits(sliced, forward(v1::PHASE_UPDATE)));   // now cached
-    EXPECT_TRUE(SameBits(sliced, forward(v1::PHASE_ROLLOUT)));  // cached too
     ASSERT_EQ(sliced.size(), static_cast<size_t>(m * big.out));
-    const std::vector<float> sliced_t = grad_input();
-    EXPECT_TRUE(SameBits(sliced_t, grad_input()));  // the cached transposed copy
+    EXPECT_TRUE(SameBits(sliced, forward(v1::PHASE_ROLLOUT)));  // a cached copy
+    EXPECT_TRUE(SameBits(sliced, forward(v1::PHASE_UPDATE)));   // still sliced
+    const std::vector<float> sliced_t = grad_input(v1::PHASE_UPDATE);
+    EXPECT_TRUE(SameBits(sliced_t, grad_input(v1::PHASE_ROLLOUT)));  // cached transposed
     ASSERT_EQ(sliced_t.size(), static_cast<size_t>(m * big.in));
   }
   grpc::ClientContext deleting;

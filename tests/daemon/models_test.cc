@@ -331,23 +331,47 @@ TEST_F(ModelsTest, ARepublishWarmsWhatRequestsUsed) {
     EXPECT_EQ(quantized("MXFP4_E2M1"), mxfp4 + (version - 1));
     EXPECT_EQ(quantized("MXFP8_E4M3"), mxfp8);
   }
-  // A second micro-batch on the same version reads the update copies again:
-  // that use caches them (and the next version warms them).
+  // A second micro-batch on the same version slices again: nothing is kept.
   const uint64_t held = bytes();
   ASSERT_TRUE(update().ok());
   ASSERT_TRUE(backward().ok());
   EXPECT_EQ(quantized("FP16"), fp16 + 8);
-  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_FP16}));
-  EXPECT_GE(bytes(), held + 2 * (16 * 32 * 2));  // two FP16 copies of 16×32 (and padding)
-  ASSERT_TRUE(update().ok());
+  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1}));
+  EXPECT_EQ(bytes(), held);
+}
+
+// With --update-copies cache, update copies are cached as rollout copies are:
+// made once per version, and warmed by the next one.
+TEST(UpdateCopiesTest, CacheKeepsThemAndTheNextVersionWarmsThem) {
+  DaemonProcess daemon({"--update-copies", "cache"});
+  ASSERT_TRUE(daemon.ok());
+  const TestLayer layer = MakeLayer("model.layers.1.mlp.up_proj", 16, 32, false, 80);
+  ASSERT_TRUE(RegisterAndPublish(daemon.channel().get(), "m", {layer}, "fp16").ok());
+  auto quantized = [&] {
+    return std::max(0.0, MetricValue(ScrapeMetrics(daemon.metrics_address()),
+                                     "mxserve_weight_quantizations_total{format=\"BF16\"}"));
+  };
+  auto backward = [&] {
+    grpc::ClientContext context;
+    v1::LayerBackwardResponse response;
+    const auto x = TestValues(2 * 32, 81);
+    return v1::Compute::NewStub(daemon.channel())
+        ->LayerBackward(&context,
+                        BackwardRequest("m", layer, v1::PHASE_UPDATE,
+                                        static_cast<int>(mx::Format::kBf16),
+                                        TestValues(2 * 16, 82), x, 2),
+                        &response);
+  };
   ASSERT_TRUE(backward().ok());
-  EXPECT_EQ(quantized("FP16"), fp16 + 8);  // served from the cache
-  republish(4);
-  EXPECT_EQ(cached(), (std::set<int>{v1::FORMAT_MXFP4_E2M1, v1::FORMAT_FP16}));
-  EXPECT_EQ(quantized("FP16"), fp16 + 10);  // both layouts warmed
-  ASSERT_TRUE(update().ok());
   ASSERT_TRUE(backward().ok());
-  EXPECT_EQ(quantized("FP16"), fp16 + 10);  // the warm copies served them
+  EXPECT_EQ(quantized(), 1);  // the transposed copy, made once
+  v1::UploadWeightsResponse uploaded;
+  ASSERT_TRUE(Upload(daemon.channel().get(), "m", {MakeLayer(layer.name, 16, 32, false, 83)},
+                     /*publish=*/true, &uploaded, 1 << 20)
+                  .ok());
+  EXPECT_EQ(quantized(), 2);  // warmed
+  ASSERT_TRUE(backward().ok());
+  EXPECT_EQ(quantized(), 2);
 }
 
 class PoliciesTest : public ModelsTest {};

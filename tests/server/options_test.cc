@@ -19,8 +19,11 @@ TEST(Options, DefaultsBindToLoopback) {
 
 TEST(Options, BothSpellingsAndSizes) {
   auto parsed = ParseCommandLine({"--workers=3", "--backend", "null", "--max-message-bytes", "16M",
-                                  "--weight-memory-bytes=2GiB", "--grace-seconds", "0.5"});
+                                  "--weight-memory-bytes=2GiB", "--grace-seconds", "0.5",
+                                  "--update-copies", "cache"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->options.cache_update_copies);
+  EXPECT_FALSE(ParseCommandLine({})->options.cache_update_copies);
   EXPECT_EQ(parsed->options.workers, 3);
   EXPECT_EQ(parsed->options.backend, "null");
   EXPECT_EQ(parsed->options.max_message_bytes, 16 << 20);
@@ -96,6 +99,7 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"serve"}, "unexpected argument 'serve'"},
       {{"--max-message-bytes=1"}, "--max-message-bytes: expected a size from 4K to 2G-1"},
       {{"--weight-memory-bytes=lots"}, "--weight-memory-bytes: expected a byte size"},
+      {{"--update-copies=keep"}, "--update-copies: expected slice or cache, got 'keep'"},
       {{"--config=/nonexistent.json"}, "--config: cannot open '/nonexistent.json'"},
   };
   for (const auto& c : cases) {
