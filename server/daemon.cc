@@ -15,6 +15,8 @@
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "mx/status_macros.h"
@@ -28,6 +30,7 @@
 #include "server/rpc/profiles_service.h"
 #include "server/rpc/telemetry_service.h"
 #include "server/telemetry/log.h"
+#include "server/tls.h"
 
 namespace mxserve {
 namespace {
@@ -115,6 +118,7 @@ struct Daemon::State {
   std::unique_ptr<PoliciesService> policies_service;
   std::unique_ptr<TelemetryService> telemetry;
   std::unique_ptr<ProfilesService> profiles_service;
+  std::shared_ptr<TlsCredentials> tls;  // null: plaintext; outlives the server's ports
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<prometheus::Exposer> exposer;
   // Last, so destroyed first: it stops before anything it deletes through goes.
@@ -151,6 +155,18 @@ void ProtobufLog(google::protobuf::LogLevel level, const char* filename, int lin
   Log(level >= google::protobuf::LOGLEVEL_ERROR ? LogLevel::kError : LogLevel::kWarning, "protobuf",
       {{"message", CapMessage(message)}, {"at", absl::StrCat(filename, ":", line)}});
 }
+
+// --reflection=false. Linking grpc++_reflection registers its plugin with every
+// ServerBuilder (a static initialiser), so the plugin is taken out of this one.
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+      return plugin->name() == "proto_server_reflection";
+    });
+  }
+};
 
 constexpr const char* kServices[] = {"mxserve.v1.Compute", "mxserve.v1.Models",
                                      "mxserve.v1.Policies", "mxserve.v1.Profiles",
@@ -264,11 +280,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->telemetry = std::make_unique<TelemetryService>(s->core);
   s->profiles_service = std::make_unique<ProfilesService>(s->core);
 
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!options.tls_cert.empty()) {
+    MX_ASSIGN_OR_RETURN(s->tls, TlsCredentials::Create({.cert = options.tls_cert,
+                                                        .key = options.tls_key,
+                                                        .client_ca = options.tls_client_ca}));
+    credentials = s->tls->ServerCredentials();
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen, credentials, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->compute.get());
@@ -288,6 +312,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   health->SetServingStatus(true);
   for (const char* service : kServices) health->SetServingStatus(service, true);
   return std::unique_ptr<Daemon>(new Daemon(std::move(s)));
+}
+
+absl::Status Daemon::ReloadTls() {
+  if (!state_->tls) return absl::FailedPreconditionError("TLS is off (no --tls-cert)");
+  return state_->tls->Reload();
 }
 
 void Daemon::Shutdown() {

@@ -22,6 +22,11 @@ class Daemon {
   const std::string& grpc_address() const;
   const std::string& metrics_address() const;
 
+  // With --tls-cert: re-reads the TLS files; new connections get them, open ones
+  // keep theirs. On error (the message names the flag) the current files stay.
+  // Without TLS: FAILED_PRECONDITION.
+  absl::Status ReloadTls();
+
   // Health turns NOT_SERVING; new compute work is refused (UNAVAILABLE); queued
   // work runs; open calls (streams, uploads) get the grace period; then every
   // connection closes. Safe to call twice; the destructor calls it.

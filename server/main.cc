@@ -1,7 +1,7 @@
 // mxserved: the mxserve daemon. See `mxserved --help` and server/README.md.
 //
-// SIGTERM and SIGINT are taken by a dedicated thread (sigwait), so the shutdown
-// runs as ordinary code, not in a signal handler.
+// SIGTERM and SIGINT are taken by sigwait, so the shutdown runs as ordinary
+// code, not in a signal handler; so is SIGHUP, which reloads the TLS files.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Log(LogLevel::kInfo, "starting",
@@ -56,10 +57,24 @@ int main(int argc, char** argv) {
   }
   Log(LogLevel::kInfo, "listening",
       {{"grpc", (*daemon)->grpc_address()},
-       {"metrics", (*daemon)->metrics_address().empty() ? "off" : (*daemon)->metrics_address()}});
+       {"metrics", (*daemon)->metrics_address().empty() ? "off" : (*daemon)->metrics_address()},
+       {"tls", options.tls_cert.empty()        ? "off"
+               : options.tls_client_ca.empty() ? "on"
+                                               : "mutual"}});
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  while (sigwait(&signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    if (options.tls_cert.empty()) {
+      Log(LogLevel::kInfo, "sighup_ignored", {{"message", "TLS is off: nothing to reload"}});
+    } else if (absl::Status reloaded = (*daemon)->ReloadTls(); reloaded.ok()) {
+      Log(LogLevel::kInfo, "tls_reloaded",
+          {{"cert", options.tls_cert},
+           {"client_ca", options.tls_client_ca.empty() ? "none" : options.tls_client_ca}});
+    } else {
+      Log(LogLevel::kError, "tls_reload_failed",
+          {{"message", std::string(reloaded.message())}, {"kept", "the previous certificates"}});
+    }
+  }
   Log(LogLevel::kInfo, "stopping",
       {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
        {"grace_seconds", absl::StrCat(options.grace_seconds)}});

@@ -53,6 +53,17 @@ std::function<absl::Status(const std::string&, DaemonOptions&)> StringSetter(
   };
 }
 
+// A PEM file flag: the path is kept; ParseCommandLine checks it can be read once
+// every flag is in (so the error names the flag whatever its source).
+std::function<absl::Status(const std::string&, DaemonOptions&)> FileSetter(
+    std::string name, std::string DaemonOptions::*field) {
+  return [name, field](const std::string& text, DaemonOptions& o) {
+    if (text.empty()) return FlagError(name, "expected a file, got ''");
+    o.*field = text;
+    return absl::OkStatus();
+  };
+}
+
 std::string FormatBytes(uint64_t bytes) {
   if (bytes % (uint64_t{1} << 30) == 0) return absl::StrCat(bytes >> 30, "G");
   if (bytes % (uint64_t{1} << 20) == 0) return absl::StrCat(bytes >> 20, "M");
@@ -67,6 +78,33 @@ const std::vector<FlagSpec>& Flags() {
        "Prometheus /metrics address; port 0 picks a free port; 'off' disables it",
        [](const DaemonOptions& o) { return o.metrics_listen; },
        StringSetter(&DaemonOptions::metrics_listen)},
+      {"tls-cert", "FILE",
+       "PEM certificate chain of the gRPC port; with --tls-key the port speaks TLS only. "
+       "Re-read with --tls-key and --tls-client-ca on SIGHUP (new connections get the new "
+       "files; open ones are kept)",
+       [](const DaemonOptions& o) { return o.tls_cert.empty() ? "'' (plaintext)" : o.tls_cert; },
+       FileSetter("tls-cert", &DaemonOptions::tls_cert)},
+      {"tls-key", "FILE", "PEM private key of --tls-cert",
+       [](const DaemonOptions& o) { return o.tls_key.empty() ? "''" : o.tls_key; },
+       FileSetter("tls-key", &DaemonOptions::tls_key)},
+      {"tls-client-ca", "FILE",
+       "PEM CA bundle: clients must present a certificate signed by it (mutual TLS); needs "
+       "--tls-cert and --tls-key",
+       [](const DaemonOptions& o) {
+         return o.tls_client_ca.empty() ? "'' (no client certificates)" : o.tls_client_ca;
+       },
+       FileSetter("tls-client-ca", &DaemonOptions::tls_client_ca)},
+      {"reflection", "BOOL",
+       "serve gRPC server reflection (grpcurl, grpc_cli list the services); open to every "
+       "caller that reaches the port",
+       [](const DaemonOptions& o) { return o.reflection ? "true" : "false"; },
+       [](const std::string& text, DaemonOptions& o) {
+         if (text != "true" && text != "false") {
+           return FlagError("reflection", absl::StrCat("expected true or false, got '", text, "'"));
+         }
+         o.reflection = text == "true";
+         return absl::OkStatus();
+       }},
       {"backend", "NAME", absl::StrCat("where GEMMs run: ", kBackendNames),
        [](const DaemonOptions& o) { return o.backend; },
        [](const std::string& text, DaemonOptions& o) {
@@ -257,6 +295,30 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
   return absl::OkStatus();
 }
 
+// The TLS flags together: a cert without its key (or the reverse), a client CA
+// without both, and files that cannot be read are refused, naming the flag.
+absl::Status CheckTlsFlags(const DaemonOptions& o) {
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return o.tls_cert.empty() ? FlagError("tls-key", "needs --tls-cert (its certificate chain)")
+                              : FlagError("tls-cert", "needs --tls-key (its private key)");
+  }
+  if (!o.tls_client_ca.empty() && o.tls_cert.empty()) {
+    return FlagError("tls-client-ca",
+                     "needs --tls-cert and --tls-key: mutual TLS is TLS with client certificates");
+  }
+  const std::pair<const char*, const std::string*> files[] = {
+      {"tls-cert", &o.tls_cert}, {"tls-key", &o.tls_key}, {"tls-client-ca", &o.tls_client_ca}};
+  for (const auto& [name, path] : files) {
+    if (path->empty()) continue;
+    std::ifstream in(*path);
+    if (!in || in.peek() == std::ifstream::traits_type::eof()) {
+      return FlagError(name,
+                       absl::StrCat("cannot read '", *path, "' (missing, unreadable or empty)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
@@ -330,6 +392,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
   for (const auto& [name, value] : given) {
     MX_RETURN_IF_ERROR(FindFlag(name)->set(value, parsed.options));
   }
+  if (!parsed.help && !parsed.version) MX_RETURN_IF_ERROR(CheckTlsFlags(parsed.options));
   return parsed;
 }
 
@@ -364,7 +427,8 @@ std::string HelpText() {
                   "{\"workers\": 4};\n      command-line flags win\n"
                   "  --help, --version\n\n"
                   "Signals: SIGTERM or SIGINT stop accepting calls, let in-flight ones "
-                  "finish\nwithin --grace-seconds, and exit 0. Logs are logfmt lines on "
+                  "finish\nwithin --grace-seconds, and exit 0. SIGHUP re-reads the TLS files "
+                  "(a bad\nset is logged and the old one kept). Logs are logfmt lines on "
                   "stderr.\n");
   return text;
 }

@@ -14,6 +14,13 @@ namespace mxserve {
 struct DaemonOptions {
   std::string listen = "127.0.0.1:50051";
   std::string metrics_listen = "127.0.0.1:9464";  // "off" disables the exposer
+  // TLS on the gRPC port: PEM certificate chain and key (both or neither), and
+  // the CA that clients' certificates must be signed by (mutual TLS; needs the
+  // pair). All empty: plaintext, as on a single-user machine.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  bool reflection = true;  // grpc.reflection.v1alpha.ServerReflection
   std::string backend = "cpu";
   std::string xclbin;      // fpga backend
   int fpga_device = 0;     // fpga backend
@@ -50,7 +57,8 @@ struct ParsedCommandLine {
 };
 
 // Parses argv[1..]. Errors name the flag: "--workers: expected an integer in
-// [0, 1024], got 'x'".
+// [0, 1024], got 'x'". The TLS files must be readable ("--tls-key: cannot read
+// 'k.pem'") and come in the combinations TlsError allows.
 absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string>& args);
 
 // The --help text: every flag with its meaning and default.

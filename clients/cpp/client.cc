@@ -4,8 +4,13 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +32,47 @@ absl::StatusOr<Response> Unary(Stub* stub,
   return response;
 }
 
+absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot read '", path, "' (missing, unreadable or empty)"));
+  }
+  return text.str();
+}
+
+// Adds `authorization: Bearer <token>` to every call's metadata. An interceptor,
+// not call credentials: gRPC sends those over TLS only, and a token must reach
+// a plaintext loopback daemon too.
+class BearerToken : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerToken(const std::string& value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", value_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string& value_;  // owned by the factory, which the channel keeps
+};
+
+class BearerTokenFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenFactory(const std::string& token) : value_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerToken(value_);
+  }
+
+ private:
+  const std::string value_;
+};
+
 // Everything a callback LayerForward needs until its reaction has run.
 struct AsyncForwardCall {
   grpc::ClientContext context;
@@ -37,14 +83,61 @@ struct AsyncForwardCall {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
+    const ClientOptions& options) {
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "tls_cert_file and tls_key_file: give both (a client certificate and its key) or neither");
+  }
+  if (options.tls_ca_file.empty()) {
+    if (!options.tls_cert_file.empty()) {
+      return absl::InvalidArgumentError(
+          "tls_cert_file: a client certificate needs TLS, so tls_ca_file too");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  auto ca = ReadPem("tls_ca_file", options.tls_ca_file);
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = std::move(*ca);
+  if (!options.tls_cert_file.empty()) {
+    auto cert = ReadPem("tls_cert_file", options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem("tls_key_file", options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = std::move(*cert);
+    ssl.pem_private_key = std::move(*key);
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentialsFor(options);
+  if (!credentials.ok()) return credentials.status();
+  return std::make_unique<Client>(std::move(options));
+}
+
 Client::Client(ClientOptions options) : options_(std::move(options)) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentialsFor(options_);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "mxclient::Client: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    std::abort();
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
   args.SetMaxSendMessageSize(options_.max_message_bytes);
   if (!options_.load_balancing_policy.empty()) {
     args.SetLoadBalancingPolicyName(options_.load_balancing_policy);
   }
-  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options_.token.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenFactory>(options_.token));
+  }
+  channel_ = grpc::experimental::CreateCustomChannelWithInterceptors(options_.address, *credentials,
+                                                                     args, std::move(interceptors));
   health_ = grpc::health::v1::Health::NewStub(channel_);
   compute_ = v1::Compute::NewStub(channel_);
   models_ = v1::Models::NewStub(channel_);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -53,7 +54,22 @@ struct ClientOptions {
   // register, upload and put on each daemon (a Client per address) before
   // spreading calls that use them over a round_robin channel.
   std::string load_balancing_policy = "round_robin";
+  // TLS: with tls_ca_file (PEM CA bundle the daemon's certificate must chain
+  // to) the channel speaks TLS; tls_cert_file and tls_key_file (both or
+  // neither, and only with TLS) present a client certificate, for a daemon run
+  // with --tls-client-ca. All empty: plaintext.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Sent as `authorization: Bearer <token>` metadata on every call (over TLS,
+  // or plaintext for a loopback daemon); empty: none.
+  std::string token;
 };
+
+// Reads the TLS files of `options` (an error names the field and the file) and
+// checks their combination.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
+    const ClientOptions& options);
 
 // The largest weight chunk UploadWeights sends (whole FP32 elements).
 inline constexpr size_t kMaxWeightChunkBytes = size_t{1} << 20;
@@ -68,6 +84,9 @@ struct WeightTensor {
 
 class Client {
  public:
+  // The TLS files are read here: Create says when one cannot be read; the
+  // constructor aborts with that message.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
   explicit Client(ClientOptions options);
   ~Client();
   Client(const Client&) = delete;

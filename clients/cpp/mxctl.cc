@@ -7,6 +7,8 @@
 // or input error. Errors are one line on stderr, `mxctl: error: ...`.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,7 @@ namespace mxctl {
 namespace {
 
 constexpr char kUsage[] = R"(usage: mxctl <command> [flags] [--server ADDR] [--timeout T]
+             [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] [--token-file FILE]
 
 Commands (local, no server):
   quantize   quantize a raw float32 file to a format and back
@@ -95,6 +98,15 @@ Commands (on the daemon at --server, default 127.0.0.1:50051):
 Global flags, before or after the command:
   --server ADDR   the daemon's address (host:port)
   --timeout T     deadline of each RPC (default 60s; e.g. 500ms, 2m)
+  --tls-ca FILE   speak TLS; the daemon's certificate must be signed by this
+                  PEM CA (mxserved --tls-cert); default: plaintext
+  --tls-cert FILE, --tls-key FILE
+                  a PEM client certificate and its key, for a daemon that
+                  requires one (mxserved --tls-client-ca); needs --tls-ca
+  --token-file FILE
+                  send the token this file holds (alone, a trailing newline is
+                  dropped) as `authorization: Bearer` metadata on every call
+                  (mxserved --auth-tokens)
 
 Phases: rollout, reward, update. Run tags (--run): 1-64 of [A-Za-z0-9_.:/-],
 the experiment run a request's energy is booked to (see mxctl energy --run).
@@ -103,7 +115,25 @@ Exit status: 0 ok, 1 the daemon or the RPC failed, 2 usage or input error.
 
 Formats (case-insensitive): )";
 
-// Takes --server and --timeout out of the command line, wherever they are.
+// The token a --token-file holds, without its trailing newline.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  std::string token = text.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (!in || token.empty()) {
+    return UsageError(absl::StrCat("--token-file: cannot read a token from '", path,
+                                   "' (missing, unreadable or empty)"));
+  }
+  if (token.find_first_of("\r\n") != std::string::npos) {
+    return UsageError(absl::StrCat("--token-file: '", path, "' holds more than one line"));
+  }
+  return token;
+}
+
+// Takes the global flags (--server, --timeout, TLS, token) out of the command
+// line, wherever they are.
 absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
   RemoteContext context;
   std::vector<std::string> rest;
@@ -111,7 +141,8 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     bool global = false;
-    for (const char* name : {"--server", "--timeout"}) {
+    for (const char* name :
+         {"--server", "--timeout", "--tls-ca", "--tls-cert", "--tls-key", "--token-file"}) {
       if (arg != name && arg.rfind(absl::StrCat(name, "="), 0) != 0) continue;
       global = true;
       globals.push_back(arg);
@@ -123,7 +154,8 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
     }
     if (!global) rest.push_back(arg);
   }
-  absl::StatusOr<Flags> flags = Flags::Parse(globals, {"server", "timeout"});
+  absl::StatusOr<Flags> flags =
+      Flags::Parse(globals, {"server", "timeout", "tls-ca", "tls-cert", "tls-key", "token-file"});
   if (!flags.ok()) return flags.status();
   if (auto server = flags->Get("server")) {
     if (server->empty()) return UsageError("--server: expected host:port, got ''");
@@ -134,6 +166,15 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
   if (!timeout.ok()) return timeout.status();
   if (*timeout <= absl::ZeroDuration()) return UsageError("--timeout: must be positive");
   context.timeout = *timeout;
+  context.tls_ca = flags->Get("tls-ca").value_or("");
+  context.tls_cert = flags->Get("tls-cert").value_or("");
+  context.tls_key = flags->Get("tls-key").value_or("");
+  if (absl::Status tls = CheckTlsFlags(context); !tls.ok()) return tls;
+  if (auto token_file = flags->Get("token-file")) {
+    absl::StatusOr<std::string> token = ReadTokenFile(*token_file);
+    if (!token.ok()) return token.status();
+    context.token = *std::move(token);
+  }
   args = std::move(rest);
   return context;
 }
@@ -197,6 +238,7 @@ int Main(int argc, char** argv) {
     const std::string command = args.empty() ? "help" : args.front();
     if (!args.empty()) args.erase(args.begin());
     exit_code = Dispatch(command, *remote, args);
+    if (!exit_code.ok()) exit_code = ExplainTransportError(*remote, exit_code.status());
   }
   if (!exit_code.ok()) {
     // One line, whatever the daemon's message holds.

@@ -70,6 +70,30 @@ TEST(Options, MaxEnergyRunsIsBounded) {
   EXPECT_NE(HelpText().find("--max-energy-runs N"), std::string::npos);
 }
 
+TEST(Options, TlsFlagsComeInTheirCombinationsAndNameTheFlag) {
+  const std::string cert = ::testing::TempDir() + "/mxserved_options_cert.pem";
+  std::ofstream(cert) << "-----BEGIN CERTIFICATE-----\n";
+  auto parsed = ParseCommandLine({"--tls-cert", cert, "--tls-key", cert, "--tls-client-ca", cert});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();  // the contents are the daemon's to check
+  EXPECT_EQ(parsed->options.tls_client_ca, cert);
+  EXPECT_TRUE(parsed->options.reflection);
+  EXPECT_EQ(ParseCommandLine({"--tls-cert", cert}).status().message(),
+            "--tls-cert: needs --tls-key (its private key)");
+  EXPECT_EQ(ParseCommandLine({"--tls-key", cert}).status().message(),
+            "--tls-key: needs --tls-cert (its certificate chain)");
+  EXPECT_EQ(ParseCommandLine({"--tls-client-ca", cert}).status().message(),
+            "--tls-client-ca: needs --tls-cert and --tls-key: mutual TLS is TLS with client "
+            "certificates");
+  EXPECT_EQ(ParseCommandLine({"--tls-cert", cert, "--tls-key", "/nonexistent/key.pem"})
+                .status()
+                .message(),
+            "--tls-key: cannot read '/nonexistent/key.pem' (missing, unreadable or empty)");
+  EXPECT_FALSE(ParseCommandLine({"--reflection=false"}).value().options.reflection);
+  EXPECT_EQ(ParseCommandLine({"--reflection", "no"}).status().message(),
+            "--reflection: expected true or false, got 'no'");
+  EXPECT_TRUE(ParseCommandLine({"--tls-cert", cert, "--help"}).value().help);
+}
+
 // Without XRT the fpga backend is not built; asking for it says so and names the
 // alternative, before anything starts.
 TEST(Options, FpgaBackendNeedsXrt) {

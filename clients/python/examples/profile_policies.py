@@ -67,6 +67,7 @@ class TinyLM(nn.Module):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=mxserve.DEFAULT_ADDRESS)
+    mxserve.security.add_connection_arguments(parser)
     parser.add_argument("--model", default="profile-example", help="name to register it under")
     parser.add_argument("--out", default="profile-out", type=pathlib.Path,
                         help="directory for sensitivity_matrix.csv and sensitivity.png")
@@ -82,7 +83,7 @@ def main():
     batches = [torch.randint(0, VOCAB, (4, 32), generator=generator) for _ in range(args.batches)]
     policies = [f"{args.model}-{letter}" for letter in FRACTIONS] + [f"{args.model}-half-energy"]
 
-    with mxserve.Client(args.server) as client:
+    with mxserve.Client(args.server, **mxserve.security.connection_kwargs(args)) as client:
         client.wait_ready(timeout=10)
         session = offload(model, client, name=args.model, replace=True)
         # The core: capture at full precision, profile on the daemon, generate.

@@ -33,6 +33,7 @@ def relu(x):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=mxserve.DEFAULT_ADDRESS)
+    mxserve.security.add_connection_arguments(parser)
     parser.add_argument("--model", default="quickstart-mlp", help="name to register it under")
     parser.add_argument("--policy", default="", help="policy (default: the daemon's)")
     args = parser.parse_args()
@@ -50,7 +51,7 @@ def main():
         reference = reference @ w.T + b
         reference = relu(reference) if i < len(LAYERS) - 1 else reference
 
-    with mxserve.Client(args.server) as client:
+    with mxserve.Client(args.server, **mxserve.security.connection_kwargs(args)) as client:
         client.wait_ready(timeout=10)
         if args.model in {m.name for m in client.list_models()}:
             client.delete_model(args.model)  # left over from an earlier run

@@ -99,6 +99,7 @@ def token_logprobs(policy, tokens, new_tokens):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=mxserve.DEFAULT_ADDRESS)
+    mxserve.security.add_connection_arguments(parser)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=16, help="sequences per step")
     parser.add_argument("--prompt-tokens", type=int, default=4)
@@ -116,7 +117,7 @@ def main():
                                    outputs=1).requires_grad_(False)
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
 
-    client = mxserve.Client(args.server)
+    client = mxserve.Client(args.server, **mxserve.security.connection_kwargs(args))
     client.wait_ready(timeout=10)
     energy_before = client.energy_report()
     seconds = defaultdict(float)

@@ -22,6 +22,7 @@ except ImportError as error:  # pragma: no cover - a checkout that was never bui
 
 from mxserve._wire import FORMATS, PHASES
 from mxserve.client import DEFAULT_ADDRESS, Client, MxserveError, StreamSession
+from mxserve import security  # noqa: F401  (Client(tls=..., token=...), the CLI flags)
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
                            GeneratedPolicy, LayerInfo, LayerSpec, ModelInfo, PhaseSummary,
                            PolicyInfo, PowerResult, PowerSample, Profile, ProfileRow,

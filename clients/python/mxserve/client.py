@@ -28,7 +28,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 import grpc
 import numpy as np
 
-from mxserve import _health_pb2, _wire
+from mxserve import _health_pb2, _wire, security
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
                            GeneratedPolicy, LayerSpec, ModelInfo, PolicyInfo, PowerResult,
                            PowerSample, Profile, ResolvedFormat, ResolvedPolicy, UploadResult)
@@ -313,11 +313,21 @@ class Client:
     (a call's own `timeout=` overrides it; None: no deadline). Streams (`session`,
     `report_power`) have no deadline unless given one. The channel opens lazily; `wait_ready()` blocks until the daemon
     answers its health check.
+
+    For a daemon run with TLS (mxserved --tls-cert): tls="ca.pem" (the CA its
+    certificate is signed by; True: the system's CAs; or grpc.ChannelCredentials);
+    with mutual TLS (--tls-client-ca) also client_cert= and client_key= (PEM files).
+    token: sent as `authorization: Bearer <token>` metadata on every call
+    (--auth-tokens), over TLS or plaintext. Defaults from the environment:
+    MXSERVE_TLS_CA, MXSERVE_TLS_CERT, MXSERVE_TLS_KEY, MXSERVE_TOKEN
+    (mxserve.security); tls=False forces plaintext.
     """
 
     def __init__(self, address: str = DEFAULT_ADDRESS, timeout: Optional[float] = 60.0,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 options: Sequence[tuple] = ()):
+                 options: Sequence[tuple] = (), tls: security.TlsLike = None,
+                 token: Optional[str] = None, client_cert: Optional[str] = None,
+                 client_key: Optional[str] = None):
         self.address = address
         self.timeout = timeout
         self.max_message_bytes = max_message_bytes  # what callers split large work by
@@ -325,7 +335,9 @@ class Client:
                     ("grpc.max_receive_message_length", max_message_bytes)]
         if not {key for key, _ in options} & {"grpc.lb_policy_name", "grpc.service_config"}:
             defaults.append(("grpc.lb_policy_name", "round_robin"))
-        self._channel = grpc.insecure_channel(address, options=[*defaults, *options])
+        credentials = security.channel_credentials(tls, client_cert, client_key)
+        self._secure = credentials is not None
+        self._channel = security.make_channel(address, [*defaults, *options], credentials, token)
         self._compute = compute_pb2_grpc.ComputeStub(self._channel)
         self._models = models_pb2_grpc.ModelsStub(self._channel)
         self._policies = policies_pb2_grpc.PoliciesStub(self._channel)
@@ -358,7 +370,13 @@ class Client:
         try:
             return method(request, timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
         except grpc.RpcError as error:
-            raise MxserveError(error.code(), error.details() or "", rpc) from None
+            raise self._error(error, rpc) from None
+
+    def _error(self, error: grpc.RpcError, rpc: str) -> MxserveError:
+        message = error.details() or ""
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            message = security.explain_unavailable(self.address, self._secure, message)
+        return MxserveError(error.code(), message, rpc)
 
     def _stream_call(self, rpc: str, method: Callable, requests: Iterable, timeout,
                      cancel_on_error: bool = False):
@@ -383,7 +401,7 @@ class Client:
             wrapped.reraise()
             if isinstance(error, grpc.FutureCancelledError):
                 raise MxserveError(grpc.StatusCode.CANCELLED, "cancelled", rpc) from None
-            raise MxserveError(error.code(), error.details() or "", rpc) from None
+            raise self._error(error, rpc) from None
         except BaseException:  # KeyboardInterrupt: do not leave the stream running
             call.cancel()
             raise
@@ -442,6 +460,8 @@ class Client:
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
+            # A TLS/plaintext mismatch never connects: one call says why.
+            self.health(timeout=min(timeout, 5.0))
             raise MxserveError(grpc.StatusCode.UNAVAILABLE,
                                f"no daemon answered at {self.address} within {timeout:g} s",
                                "wait_ready") from None

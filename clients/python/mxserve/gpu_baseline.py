@@ -29,6 +29,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from mxserve import _wire
 from mxserve.client import Client, MxserveError
+from mxserve.security import add_connection_arguments, connection_kwargs
 from mxserve.power import PowerSourceError, open_power_source, trapezoid_joules
 from mxserve.types import PowerSample
 
@@ -305,6 +306,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         description="Run RLHF-shaped GEMMs on a GPU in FP16 and stream its power to mxserved "
                     "(source gpu_baseline), then write a per-phase time and energy summary.")
     parser.add_argument("--server", default="127.0.0.1:50051", help="mxserved address")
+    add_connection_arguments(parser)
     parser.add_argument("--steps", type=int, default=3, help="rollout/reward/update rounds")
     parser.add_argument("--out", help="write the summary here (JSON); '-' for stdout")
     parser.add_argument("--device", default="cuda:0", help="torch device (default cuda:0)")
@@ -343,7 +345,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         print(f"gpu_baseline: {error}", file=sys.stderr)
         return 2
     try:
-        with Client(args.server, timeout=args.timeout) as client, contextlib.closing(power):
+        with Client(args.server, timeout=args.timeout, **connection_kwargs(args)) as client, contextlib.closing(power):
             client.wait_ready(timeout=args.timeout)
             runner = GpuBaseline(client, power, device=args.device, source=args.source,
                                  min_phase_seconds=args.min_phase_seconds, run=args.run)
