@@ -14,6 +14,7 @@ daemon_packages=(
   protobuf-compiler protobuf-compiler-grpc     # protoc and grpc_cpp_plugin
   nlohmann-json3-dev                           # golden manifest, policies
   prometheus-cpp-dev                           # the daemon's /metrics exposer
+  libssl-dev                                   # TLS files checked before they are served
 )
 
 packages=(
@@ -31,6 +32,7 @@ packages=(
   python3-regex                                # ... \p{L} in BPE pre-tokenization (mxserve.tokenizer)
   python3-yaml                                 # tests/deploy: Prometheus, compose, k8s files
   docker-compose                               # tests/deploy: `docker-compose config` (no engine needed)
+  openssl                                      # TLS tests: certificates made at test time
 )
 # tests/deploy renders deploy/k8s with `kubectl kustomize`. Debian's kubectl
 # (1.20) only where none is installed: another package's kubectl (e.g. Google
