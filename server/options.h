@@ -38,6 +38,13 @@ struct DaemonOptions {
   // Distinct run tags the energy ledger holds; a new one beyond folds the least
   // recently accounted run into the untagged energy.
   int max_energy_runs = 1024;
+  // Access (server/rpc/access.h): the TOKEN PRINCIPAL ROLE file (empty: no
+  // authentication, every caller is "anonymous" with role admin), and quotas
+  // per principal, 0 meaning unlimited.
+  std::string auth_tokens;
+  uint64_t quota_weight_bytes = 0;
+  int64_t quota_inflight = 0;
+  int64_t quota_models = 0;
 };
 
 struct ParsedCommandLine {
