@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #if defined(__GLIBC__)
@@ -112,6 +113,7 @@ struct Daemon::State {
   std::unique_ptr<mx::kernels::ThreadPool> profile_pool;
   std::unique_ptr<Scheduler> profiler;
   CallTracker calls;
+  std::unique_ptr<Access> access;
   Core core;
   std::unique_ptr<ComputeService> compute;
   std::unique_ptr<ModelsService> models;
@@ -223,6 +225,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       scheduler_options, [metrics](size_t depth) { metrics->SetQueueDepth(double(depth)); });
 
   s->core.calls = &s->calls;
+  std::optional<AuthTokens> tokens;
+  if (!options.auth_tokens.empty()) {
+    MX_ASSIGN_OR_RETURN(tokens, AuthTokens::Load(options.auth_tokens));
+    Log(LogLevel::kInfo, "auth_tokens_loaded",
+        {{"file", Quote(options.auth_tokens)},
+         {"tokens", absl::StrCat(tokens->token_count())},
+         {"certificates", absl::StrCat(tokens->cert_count())}});
+  }
+  s->access =
+      std::make_unique<Access>(std::move(tokens), Quotas{.weight_bytes = options.quota_weight_bytes,
+                                                         .inflight = options.quota_inflight,
+                                                         .models = options.quota_models});
+  s->core.access = s->access.get();
   s->core.registry = s->registry.get();
   s->core.policies = s->policies.get();
   // Safetensors loads and warm-ups read files and quantize whole models: their

@@ -31,11 +31,12 @@ absl::Status FlagError(const std::string& name, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", what));
 }
 
+template <typename Int>
 std::function<absl::Status(const std::string&, DaemonOptions&)> IntSetter(std::string name,
-                                                                          int DaemonOptions::*field,
-                                                                          int min, int max) {
+                                                                          Int DaemonOptions::*field,
+                                                                          Int min, Int max) {
   return [name, field, min, max](const std::string& text, DaemonOptions& o) {
-    int value;
+    Int value;
     if (!absl::SimpleAtoi(text, &value) || value < min || value > max) {
       return FlagError(
           name, absl::StrCat("expected an integer in [", min, ", ", max, "], got '", text, "'"));
@@ -234,6 +235,35 @@ const std::vector<FlagSpec>& Flags() {
        "report becomes empty)",
        [](const DaemonOptions& o) { return absl::StrCat(o.max_energy_runs); },
        IntSetter("max-energy-runs", &DaemonOptions::max_energy_runs, 1, 65536)},
+      {"auth-tokens", "FILE",
+       "who may call: one 'TOKEN PRINCIPAL ROLE' per line ('#' comments), ROLE compute, train or "
+       "admin; clients send 'authorization: Bearer TOKEN' metadata; a TOKEN 'cert:NAME' stands "
+       "for an mTLS client certificate whose subject common name is NAME. Without it every "
+       "caller is 'anonymous' with role admin (single-user machines only)",
+       [](const DaemonOptions& o) { return o.auth_tokens.empty() ? "''" : o.auth_tokens; },
+       [](const std::string& text, DaemonOptions& o) {
+         if (text.empty()) return FlagError("auth-tokens", "expected a file, got ''");
+         o.auth_tokens = text;
+         return absl::OkStatus();
+       }},
+      {"quota-weight-bytes", "BYTES",
+       "weight memory one principal's models may hold (as ModelInfo.weight_bytes counts it), "
+       "checked when weights are staged; 0 is unlimited",
+       [](const DaemonOptions& o) { return FormatBytes(o.quota_weight_bytes); },
+       [](const std::string& text, DaemonOptions& o) {
+         absl::StatusOr<uint64_t> bytes = ParseBytes(text);
+         if (!bytes.ok()) return FlagError("quota-weight-bytes", bytes.status().message());
+         o.quota_weight_bytes = *bytes;
+         return absl::OkStatus();
+       }},
+      {"quota-inflight", "N",
+       "calls one principal may have admitted and not yet answered (a stream counts once); "
+       "beyond it calls fail RESOURCE_EXHAUSTED; 0 is unlimited",
+       [](const DaemonOptions& o) { return absl::StrCat(o.quota_inflight); },
+       IntSetter<int64_t>("quota-inflight", &DaemonOptions::quota_inflight, 0, int64_t{1} << 30)},
+      {"quota-models", "N", "models one principal may have registered at once; 0 is unlimited",
+       [](const DaemonOptions& o) { return absl::StrCat(o.quota_models); },
+       IntSetter<int64_t>("quota-models", &DaemonOptions::quota_models, 0, int64_t{1} << 30)},
       {"grace-seconds", "S", "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
        [](const DaemonOptions& o) { return absl::StrCat(o.grace_seconds); },
        [](const std::string& text, DaemonOptions& o) {

@@ -48,6 +48,13 @@ struct DaemonOptions {
   // --update-copies: false ("slice") makes update-phase weight copies per call,
   // in slices, and holds none; true ("cache") caches them as rollout copies are.
   bool cache_update_copies = false;
+  // Access (server/rpc/access.h): the TOKEN PRINCIPAL ROLE file (empty: no
+  // authentication, every caller is "anonymous" with role admin), and quotas
+  // per principal, 0 meaning unlimited.
+  std::string auth_tokens;
+  uint64_t quota_weight_bytes = 0;
+  int64_t quota_inflight = 0;
+  int64_t quota_models = 0;
 };
 
 struct ParsedCommandLine {

@@ -143,7 +143,8 @@ uint64_t LayerWeights::Bytes() const {
 }
 
 absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> layers,
-                                const std::string& policy, double lease_seconds) {
+                                const std::string& policy, double lease_seconds,
+                                const std::string& owner, int64_t quota_models) {
   if (!ValidModelName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("name: ", Quote(name),
                                                    " is not a model name; expected 1-",
@@ -158,6 +159,7 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   }
   auto model = std::make_unique<Model>();
   model->name = name;
+  model->owner = owner;
   model->policy = policy;
   model->lease_seconds = lease_seconds;
   model->last_used = std::chrono::steady_clock::now();
@@ -203,8 +205,24 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   if (models_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a model named ", Quote(name), " exists"));
   }
+  if (quota_models > 0) {
+    int64_t owned = 0;
+    for (const auto& [other, m] : models_) owned += m->owner == owner ? 1 : 0;
+    if (owned >= quota_models) {
+      return absl::ResourceExhaustedError(absl::StrCat("--quota-models: principal ", Quote(owner),
+                                                       " has ", owned, " models, the limit is ",
+                                                       quota_models));
+    }
+  }
   models_.emplace(name, std::move(model));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Registry::Owner(absl::string_view model) const {
+  MutexLock lock(&mu_);
+  auto it = models_.find(model);
+  if (it == models_.end()) return ModelNotFound(model);
+  return it->second->owner;
 }
 
 absl::StatusOr<const Registry::Model*> Registry::FindModel(absl::string_view name) const {
@@ -299,18 +317,36 @@ uint64_t Registry::PublishLocked(Model& model) {
 
 absl::StatusOr<uint64_t> Registry::Stage(
     absl::string_view model_name, std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
-    bool publish) {
+    bool publish, uint64_t quota_bytes) {
   MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
   Model& model = *it->second;
   StagedMap staged = model.staged;
+  uint64_t added = 0, replaced = 0;
   for (auto& [key, tensor] : tensors) {
     if (!model.index.contains(key.layer)) {
       return absl::NotFoundError(
           absl::StrCat("layer: model ", Quote(model_name), " has no layer ", Quote(key.layer)));
     }
+    if (auto old = staged.find(key); old != staged.end()) {
+      replaced += old->second->reservation.bytes();
+    }
+    added += tensor.reservation.bytes();
     staged[key] = std::make_shared<const StoredTensor>(std::move(tensor));
+  }
+  if (quota_bytes > 0) {
+    uint64_t held = 0;
+    for (const auto& [name, m] : models_) {
+      if (m->owner == model.owner) held += Summarize(*m).bytes;
+    }
+    const uint64_t after = held - std::min(held, replaced) + added;
+    if (after > quota_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("--quota-weight-bytes: principal ", Quote(model.owner), " holds ", held,
+                       " bytes of weights; staging ", added, " more would make ", after,
+                       ", the limit is ", quota_bytes, "; nothing was staged"));
+    }
   }
   // With publish, the tensors are staged only if the publish can happen too.
   if (publish) {
@@ -332,6 +368,7 @@ absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
 ModelSummary Registry::Summarize(const Model& model) const {
   ModelSummary s;
   s.name = model.name;
+  s.owner = model.owner;
   s.policy = model.policy;
   s.version = model.version;
   s.lease_seconds = model.lease_seconds;

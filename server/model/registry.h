@@ -165,6 +165,7 @@ struct LayerView {
 
 struct ModelSummary {
   std::string name;
+  std::string owner;  // the principal that registered it
   std::string policy;
   uint64_t version = 0;
   uint64_t staged_tensors = 0;
@@ -191,8 +192,13 @@ class Registry {
   // ALREADY_EXISTS, or INVALID_ARGUMENT naming the field (name, layers[i].name,
   // lease_seconds, ...). A model with a lease (lease_seconds > 0) is deleted by
   // DeleteExpired once no call has found it by name for that long.
+  // `owner`: the principal that registers it (access.h). With `quota_models` >
+  // 0, RESOURCE_EXHAUSTED (--quota-models) when `owner` already has that many.
   absl::Status Register(const std::string& name, std::vector<LayerSpec> layers,
-                        const std::string& policy, double lease_seconds = 0);
+                        const std::string& policy, double lease_seconds = 0,
+                        const std::string& owner = "", int64_t quota_models = 0);
+  // The principal that registered `model` (NOT_FOUND for no such model).
+  absl::StatusOr<std::string> Owner(absl::string_view model) const;
   // Deletes the models whose lease ran out by `now`; their names and the bytes
   // each held.
   std::vector<std::pair<std::string, uint64_t>> DeleteExpired(
@@ -206,10 +212,13 @@ class Registry {
                                       absl::string_view field) const;
   // Replaces staged tensors, all or none. With `publish`, also makes them the
   // next version, and stages nothing unless that publish succeeds; returns the
-  // new version (0 without publish).
+  // new version (0 without publish). With `quota_bytes` > 0, stages nothing
+  // and answers RESOURCE_EXHAUSTED (--quota-weight-bytes) when the bytes the
+  // model's owner holds (ModelSummary::bytes of each of its models) would then
+  // exceed it.
   absl::StatusOr<uint64_t> Stage(absl::string_view model,
                                  std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
-                                 bool publish);
+                                 bool publish, uint64_t quota_bytes = 0);
   // Makes the staged tensors version N+1; returns the new version.
   absl::StatusOr<uint64_t> Publish(absl::string_view model);
   absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
@@ -226,6 +235,7 @@ class Registry {
  private:
   struct Model {
     std::string name;
+    std::string owner;
     std::vector<LayerSpec> layers;
     std::vector<bool> sensitive;
     std::map<std::string, int, std::less<>> index;

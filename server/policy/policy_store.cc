@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Create(const std::stri
   // Not shared yet, but locking costs nothing here and keeps the analysis exact.
   MutexLock lock(&store->mu_);
   for (const Policy& policy : BuiltinPolicies()) {
-    store->policies_[policy.name] = {std::make_shared<const Policy>(policy), true};
+    store->policies_[policy.name] = {std::make_shared<const Policy>(policy), true, ""};
   }
   if (dir.empty()) return store;
   std::error_code error;
@@ -55,12 +55,17 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Create(const std::stri
           absl::StrCat(path.string(), ": '", policy->name, "' is a built-in policy name"));
     }
     const std::string name = policy->name;
-    store->policies_[name] = {std::make_shared<const Policy>(*std::move(policy)), false};
+    store->policies_[name] = {std::make_shared<const Policy>(*std::move(policy)), false, ""};
   }
   return store;
 }
 
-absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json) {
+absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json, const std::string& owner) {
+  return Put(json, owner, [](const StoredPolicy&) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json, const std::string& owner,
+                                              MayChange may_change) {
   absl::StatusOr<Policy> parsed = ParsePolicyJson(json);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("json: ", parsed.status().message()));
@@ -75,6 +80,9 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json) {
                                                       "' is the short name of the built-in '", full,
                                                       "' and cannot be replaced"));
   }
+  if (auto it = policies_.find(parsed->name); it != policies_.end()) {
+    if (absl::Status s = may_change(it->second); !s.ok()) return s;
+  }
   if (!dir_.empty()) {
     const auto path = std::filesystem::path(dir_) / absl::StrCat(parsed->name, ".json");
     const auto temp = std::filesystem::path(dir_) / absl::StrCat(".", parsed->name, ".json.tmp");
@@ -88,7 +96,7 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json) {
     if (error) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
   }
   const std::string name = parsed->name;
-  StoredPolicy stored{std::make_shared<const Policy>(*std::move(parsed)), false};
+  StoredPolicy stored{std::make_shared<const Policy>(*std::move(parsed)), false, owner};
   policies_[name] = stored;
   return stored;
 }
@@ -117,6 +125,12 @@ std::vector<StoredPolicy> PolicyStore::List() const {
 
 absl::Status PolicyStore::Delete(absl::string_view name,
                                  absl::FunctionRef<bool(absl::string_view)> in_use) {
+  return Delete(name, in_use, [](const StoredPolicy&) { return absl::OkStatus(); });
+}
+
+absl::Status PolicyStore::Delete(absl::string_view name,
+                                 absl::FunctionRef<bool(absl::string_view)> in_use,
+                                 MayChange may_change) {
   MutexLock lock(&mu_);
   auto it = policies_.find(CanonicalPolicyName(name));
   if (it == policies_.end()) {
@@ -126,6 +140,7 @@ absl::Status PolicyStore::Delete(absl::string_view name,
     return absl::FailedPreconditionError(
         absl::StrCat("name: ", Quote(name), " is a built-in policy and cannot be deleted"));
   }
+  if (absl::Status s = may_change(it->second); !s.ok()) return s;
   if (in_use(name)) {
     return absl::FailedPreconditionError(
         absl::StrCat("name: policy ", Quote(name),

@@ -20,7 +20,14 @@ namespace mxserve {
 struct StoredPolicy {
   std::shared_ptr<const Policy> policy;
   bool builtin = false;
+  // The principal that put it; "" for built-ins and policies loaded from the
+  // policy directory (the files do not record one).
+  std::string owner;
 };
+
+// Whether the caller may replace or delete `existing` (ownership, access.h):
+// OK, or the refusal to answer with.
+using MayChange = absl::FunctionRef<absl::Status(const StoredPolicy& existing)>;
 
 class PolicyStore {
  public:
@@ -30,12 +37,18 @@ class PolicyStore {
 
   // INVALID_ARGUMENT for bad JSON; PERMISSION_DENIED-free: replacing a built-in is
   // FAILED_PRECONDITION. Returns the stored policy.
-  absl::StatusOr<StoredPolicy> Put(absl::string_view json);
+  // `owner` puts it; replacing one another principal put needs `may_change`.
+  absl::StatusOr<StoredPolicy> Put(absl::string_view json, const std::string& owner = "");
+  absl::StatusOr<StoredPolicy> Put(absl::string_view json, const std::string& owner,
+                                   MayChange may_change);
   // NOT_FOUND naming `field`.
   absl::StatusOr<StoredPolicy> Get(absl::string_view name, absl::string_view field = "name") const;
   std::vector<StoredPolicy> List() const;
   // FAILED_PRECONDITION for a built-in or while `in_use(name)` says a model uses it.
+  // `may_change` (if given) decides first, for a user policy.
   absl::Status Delete(absl::string_view name, absl::FunctionRef<bool(absl::string_view)> in_use);
+  absl::Status Delete(absl::string_view name, absl::FunctionRef<bool(absl::string_view)> in_use,
+                      MayChange may_change);
 
  private:
   explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}

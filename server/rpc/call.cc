@@ -19,8 +19,34 @@ CallRecord::CallRecord(const Core& core, Rpc rpc, grpc::CallbackServerContext* c
     : core_(core),
       rpc_(rpc),
       context_(context),
-      info_(CallInfoOf(context, std::make_shared<std::atomic<bool>>(false))) {
+      info_(CallInfoOf(context, std::make_shared<std::atomic<bool>>(false))),
+      principal_(AnonymousPrincipal()) {
   core_.calls->Begin();
+  if (core_.access == nullptr) return;
+  absl::StatusOr<Principal> who = core_.access->Admit(rpc, *context);
+  if (!who.ok()) {
+    admission_ = who.status();
+    return;
+  }
+  principal_ = *std::move(who);
+  admission_ = core_.access->BeginCall(principal_);
+  counted_ = admission_.ok();
+}
+
+absl::Status CallRecord::CheckOwner(absl::string_view owner, absl::string_view what) const {
+  if (core_.access == nullptr) return absl::OkStatus();
+  return core_.access->CheckOwner(rpc_, principal_, owner, what);
+}
+
+absl::Status CallRecord::CheckModelOwner(absl::string_view model) const {
+  if (core_.access == nullptr || principal_.role == Role::kAdmin) return absl::OkStatus();
+  absl::StatusOr<std::string> owner = core_.registry->Owner(model);
+  if (!owner.ok()) return absl::OkStatus();
+  return CheckOwner(*owner, absl::StrCat("model ", Quote(model)));
+}
+
+absl::Status CallRecord::MayChangePolicy(const StoredPolicy& existing) const {
+  return CheckOwner(existing.owner, absl::StrCat("policy ", Quote(existing.policy->name)));
 }
 
 void CallRecord::Done() {
@@ -33,6 +59,7 @@ void CallRecord::Done() {
     seen = GaveUpCode(cancelled_at_.value_or(Clock::now()), info_.deadline);
   }
   core_.metrics->RecordStatus(rpc_, seen);
+  if (counted_) core_.access->EndCall(principal_);
   core_.calls->End();
 }
 

@@ -13,6 +13,11 @@
 // when the connections close. OnDone also records the status the client saw:
 // a call answered OK after its deadline passed reached the client as
 // DEADLINE_EXCEEDED, and is counted so.
+//
+// Every call is also admitted here, before any message of it is parsed: its
+// caller identified and its role checked against the RPC's (access.h), and
+// counted against --quota-inflight. A call refused there is answered with the
+// refusal and does nothing else.
 #pragma once
 
 #include <atomic>
@@ -24,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -120,6 +126,19 @@ class CallRecord {
   void Done();
 
   const CallInfo& info() const { return info_; }
+  // OK, or why the caller may not make this call (UNAUTHENTICATED,
+  // PERMISSION_DENIED, RESOURCE_EXHAUSTED): answer it and do nothing else.
+  const absl::Status& admission() const { return admission_; }
+  // The caller ("anonymous" without --auth-tokens).
+  const Principal& principal() const { return principal_; }
+  // Below admin, for an RPC that changes an owned thing: PERMISSION_DENIED
+  // unless the caller is `owner`; `what` names it ("model 'm'").
+  absl::Status CheckOwner(absl::string_view owner, absl::string_view what) const;
+  // CheckOwner for the registered model `model`; OK when there is none (the
+  // handler reports that).
+  absl::Status CheckModelOwner(absl::string_view model) const;
+  // CheckOwner for a stored policy a Put or Delete would replace or remove.
+  absl::Status MayChangePolicy(const StoredPolicy& existing) const;
   // For OnCancel: the client gave up now.
   void MarkCancelled() {
     cancelled_at_ = Clock::now();
@@ -131,6 +150,9 @@ class CallRecord {
   const Rpc rpc_;
   grpc::CallbackServerContext* const context_;
   CallInfo info_;
+  Principal principal_;
+  absl::Status admission_;
+  bool counted_ = false;  // against --quota-inflight, until Done()
   absl::StatusCode code_ = absl::StatusCode::kUnknown;
   std::optional<Clock::time_point> cancelled_at_;  // set in OnCancel, read in OnDone
 };
@@ -140,15 +162,17 @@ class CallRecord {
 template <typename Request, typename Response>
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  // Parses the request and runs `handler(call)` on it, or answers
-  // INVALID_ARGUMENT. The reactor deletes itself in OnDone.
+  // Admits the call, parses the request and runs `handler(call)` on it, or
+  // answers the refusal or INVALID_ARGUMENT. The reactor deletes itself in OnDone.
   template <typename Handler>
   static grpc::ServerUnaryReactor* Start(const Core& core, Rpc rpc,
                                          grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* raw_request,
                                          grpc::ByteBuffer* raw_response, Handler&& handler) {
     auto* call = new UnaryCall(core, rpc, context, raw_response);
-    if (absl::Status s = ParseMessage(*raw_request, &call->request_, "request"); !s.ok()) {
+    if (!call->record_.admission().ok()) {
+      call->Answer(call->record_.admission());
+    } else if (absl::Status s = ParseMessage(*raw_request, &call->request_, "request"); !s.ok()) {
       call->Answer(s);
     } else {
       handler(*call);
@@ -159,6 +183,7 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   const Request& request() const { return request_; }
   Response* response() { return &response_; }
   const CallInfo& info() const { return record_.info(); }
+  const CallRecord& record() const { return record_; }
 
   // Answers the call: the response when `status` is OK, else the error.
   void Answer(const absl::Status& status) {
@@ -213,14 +238,20 @@ inline void RunOn(Scheduler& queue, CallInfo call, std::function<void()> run,
   if (absl::Status s = queue.Submit(std::move(item)); !s.ok()) fail(s);
 }
 
-// A unary call answered on gRPC's thread by `body(request, response)`.
+// A unary call answered on gRPC's thread by `body(request, response)`, or
+// `body(request, response, record)` for a body that needs the caller.
 template <typename Request, typename Response, typename Body>
 grpc::ServerUnaryReactor* ServeNow(const Core& core, Rpc rpc, grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
                                    Body body) {
   using Call = UnaryCall<Request, Response>;
-  return Call::Start(core, rpc, context, request, response,
-                     [&](Call& call) { call.Answer(body(call.request(), call.response())); });
+  return Call::Start(core, rpc, context, request, response, [&](Call& call) {
+    if constexpr (std::is_invocable_v<Body, const Request&, Response*, const CallRecord&>) {
+      call.Answer(body(call.request(), call.response(), call.record()));
+    } else {
+      call.Answer(body(call.request(), call.response()));
+    }
+  });
 }
 
 }  // namespace mxserve

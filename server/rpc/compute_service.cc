@@ -31,6 +31,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
  public:
   StreamReactor(const Core& core, grpc::CallbackServerContext* context)
       : core_(core), context_(context), record_(core, Rpc::kStream, context) {
+    if (!record_.admission().ok()) {
+      finished_ = true;  // nothing is read, so no callback but OnDone follows
+      record_.SetStatus(record_.admission().code());
+      Finish(ToGrpc(record_.admission()));
+      return;
+    }
     StartRead(&incoming_);
   }
 

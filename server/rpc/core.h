@@ -1,6 +1,6 @@
 // What every service of the daemon shares: the compute context (registry,
 // policies, scheduler, backend, metrics, energy ledger, limits) and what only
-// the services use: the open-call count, the loader pool, the --model-dir
+// the services use: the open-call count, access control, the loader pool, the --model-dir
 // confinement, ReportPower's bounds and the profiler. Owned by Daemon; services
 // hold a reference.
 #pragma once
@@ -13,6 +13,7 @@
 #include "server/compute/context.h"
 #include "server/model/model_dirs.h"
 #include "server/profile/profile_store.h"
+#include "server/rpc/access.h"
 
 namespace mxserve {
 
@@ -27,6 +28,9 @@ class CallTracker;  // call.h
 
 struct Core : ComputeContext {
   CallTracker* calls = nullptr;
+  // Who may call what (--auth-tokens, ownership, --quota-*); null: everyone is
+  // "anonymous" with role admin and there are no quotas.
+  const Access* access = nullptr;
   // Models' file loads and warm-ups (kLoaderThreads workers, kLoaderQueue deep).
   Scheduler* loader = nullptr;
   const ModelDirs* model_dirs = nullptr;

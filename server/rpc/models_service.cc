@@ -20,6 +20,7 @@ namespace {
 
 void FillModelInfo(const ModelSummary& s, v1::ModelInfo* info) {
   info->set_name(s.name);
+  info->set_owner(s.owner);
   info->set_policy(s.policy);
   info->set_weight_version(s.version);
   info->set_staged_tensors(s.staged_tensors);
@@ -56,6 +57,10 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         context_(context),
         record_(core, Rpc::kUploadWeights, context),
         raw_response_(response) {
+    if (!record_.admission().ok()) {
+      Done(record_.admission());
+      return;
+    }
     StartRead(&raw_chunk_);
   }
 
@@ -90,6 +95,9 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     raw_chunk_.Clear();
     if (chunks_ == 1) {
       model_ = chunk_.model();  // FindLayer below reports an unknown model
+      if (absl::Status s = record_.CheckModelOwner(model_); !s.ok()) {
+        return absl::PermissionDeniedError(absl::StrCat(s.message(), "; nothing was staged"));
+      }
     } else if (chunk_.model() != model_) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".model: every chunk of a stream must name the same model; expected ",
@@ -184,14 +192,19 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     const uint64_t staged = tensors.size();
     pending_.clear();
-    absl::StatusOr<uint64_t> version = core_.registry->Stage(model_, std::move(tensors), publish_);
+    absl::StatusOr<uint64_t> version =
+        core_.registry->Stage(model_, std::move(tensors), publish_,
+                              core_.access ? core_.access->quotas().weight_bytes : 0);
     if (!version.ok()) return Done(version.status());
     core_.UpdateMemoryGauges();
     response_.set_model(model_);
     response_.set_tensors_staged(staged);
     response_.set_bytes_received(bytes_);
     Log(LogLevel::kInfo, "weights_staged",
-        {{"model", model_}, {"tensors", absl::StrCat(staged)}, {"bytes", absl::StrCat(bytes_)}});
+        {{"model", model_},
+         {"tensors", absl::StrCat(staged)},
+         {"bytes", absl::StrCat(bytes_)},
+         {"principal", record_.principal().name}});
     if (!publish_) return Done(absl::OkStatus());
     response_.set_weight_version(*version);
     Warm(core_, model_, *version, [this](uint64_t) { Done(absl::OkStatus()); });
@@ -234,8 +247,11 @@ void PublishAndWarm(const Core& core, const std::string& model,
 
 void Warm(const Core& core, const std::string& model, uint64_t published,
           std::function<void(uint64_t)> done) {
+  absl::StatusOr<std::string> owner = core.registry->Owner(model);
   Log(LogLevel::kInfo, "weights_published",
-      {{"model", model}, {"version", absl::StrCat(published)}});
+      {{"model", model},
+       {"version", absl::StrCat(published)},
+       {"owner", owner.ok() ? *owner : std::string()}});
   // Quantize, on the loader pool, what requests will ask for: the copies requests
   // used of the layer's previous version (a policy model never asks for its
   // reward-phase format; a trainer that reuses a version's update copies needs
@@ -292,7 +308,8 @@ grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* response) {
   return ServeNow<v1::RegisterModelRequest, v1::ModelInfo>(
       core_, Rpc::kRegisterModel, context, request, response,
-      [this](const v1::RegisterModelRequest& r, v1::ModelInfo* out) -> absl::Status {
+      [this](const v1::RegisterModelRequest& r, v1::ModelInfo* out,
+             const CallRecord& record) -> absl::Status {
         MX_ASSIGN_OR_RETURN(
             StoredPolicy stored,
             core_.policies->Get(r.policy().empty() ? core_.default_policy : r.policy(), "policy"));
@@ -301,12 +318,15 @@ grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerConte
         for (const auto& layer : r.layers()) {
           layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
         }
+        const std::string& owner = record.principal().name;
         MX_RETURN_IF_ERROR(
-            core_.registry->Register(r.name(), std::move(layers), policy, r.lease_seconds()));
+            core_.registry->Register(r.name(), std::move(layers), policy, r.lease_seconds(), owner,
+                                     core_.access ? core_.access->quotas().models : 0));
         FillModelInfo(*core_.registry->Describe(r.name()), out);
         core_.UpdateMemoryGauges();
         Log(LogLevel::kInfo, "model_registered",
             {{"model", r.name()},
+             {"owner", owner},
              {"layers", absl::StrCat(r.layers_size())},
              {"policy", policy},
              {"lease_seconds", absl::StrCat(r.lease_seconds())}});
@@ -324,6 +344,9 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
                                                          grpc::ByteBuffer* response) {
   using Call = UnaryCall<v1::LoadSafetensorsRequest, v1::UploadWeightsResponse>;
   return Call::Start(core_, Rpc::kLoadSafetensors, context, request, response, [this](Call& call) {
+    if (absl::Status s = call.record().CheckModelOwner(call.request().model()); !s.ok()) {
+      return call.Answer(s);
+    }
     // Reading and widening a file is real work: it runs on the loader pool.
     RunOn(
         *core_.loader, call.info(),
@@ -377,7 +400,8 @@ absl::Status ModelsService::Load(const v1::LoadSafetensorsRequest& request,
   const uint64_t staged = tensors.size();
   MX_ASSIGN_OR_RETURN(
       const uint64_t version,
-      core_.registry->Stage(request.model(), std::move(tensors), request.publish()));
+      core_.registry->Stage(request.model(), std::move(tensors), request.publish(),
+                            core_.access ? core_.access->quotas().weight_bytes : 0));
   core_.UpdateMemoryGauges();
   response->set_model(request.model());
   response->set_tensors_staged(staged);
@@ -395,6 +419,9 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   using Call = UnaryCall<v1::PublishVersionRequest, v1::ModelInfo>;
   return Call::Start(core_, Rpc::kPublishVersion, context, request, response, [this](Call& call) {
+    if (absl::Status s = call.record().CheckModelOwner(call.request().model()); !s.ok()) {
+      return call.Answer(s);
+    }
     PublishAndWarm(core_, call.request().model(), [this, &call](absl::StatusOr<uint64_t> version) {
       absl::Status status = version.status();
       if (status.ok()) {
@@ -435,7 +462,10 @@ grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext
                                                      grpc::ByteBuffer* response) {
   return ServeNow<v1::DeleteModelRequest, v1::DeleteModelResponse>(
       core_, Rpc::kDeleteModel, context, request, response,
-      [this](const v1::DeleteModelRequest& r, v1::DeleteModelResponse* out) -> absl::Status {
+      [this](const v1::DeleteModelRequest& r, v1::DeleteModelResponse* out,
+             const CallRecord& record) -> absl::Status {
+        MX_RETURN_IF_ERROR(record.CheckModelOwner(r.name()));
+        absl::StatusOr<std::string> owner = core_.registry->Owner(r.name());
         MX_ASSIGN_OR_RETURN(const uint64_t freed, core_.registry->Delete(r.name()));
         out->set_freed_bytes(freed);
         // Its profiles describe weights that are gone; a model registered
@@ -443,7 +473,10 @@ grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext
         (void)core_.profiles->Delete(r.name(), 0);
         core_.UpdateMemoryGauges();
         Log(LogLevel::kInfo, "model_deleted",
-            {{"model", r.name()}, {"freed_bytes", absl::StrCat(freed)}});
+            {{"model", r.name()},
+             {"owner", owner.ok() ? *owner : std::string()},
+             {"by", record.principal().name},
+             {"freed_bytes", absl::StrCat(freed)}});
         return absl::OkStatus();
       });
 }

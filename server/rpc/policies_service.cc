@@ -13,6 +13,7 @@ void FillPolicyInfo(const StoredPolicy& stored, v1::PolicyInfo* info) {
   info->set_name(stored.policy->name);
   info->set_json(PolicyToJson(*stored.policy));
   info->set_builtin(stored.builtin);
+  info->set_owner(stored.owner);
 }
 
 }  // namespace
@@ -22,7 +23,7 @@ grpc::ServerUnaryReactor* PoliciesService::PutPolicy(grpc::CallbackServerContext
                                                      grpc::ByteBuffer* response) {
   return ServeNow<v1::PutPolicyRequest, v1::PolicyInfo>(
       core_, Rpc::kPutPolicy, context, request, response,
-      [this](const auto& r, auto* out) { return Put(r, out); });
+      [this](const auto& r, auto* out, const CallRecord& record) { return Put(r, out, record); });
 }
 
 grpc::ServerUnaryReactor* PoliciesService::GetPolicy(grpc::CallbackServerContext* context,
@@ -46,7 +47,7 @@ grpc::ServerUnaryReactor* PoliciesService::DeletePolicy(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   return ServeNow<v1::DeletePolicyRequest, v1::DeletePolicyResponse>(
       core_, Rpc::kDeletePolicy, context, request, response,
-      [this](const auto& r, auto*) { return Delete(r); });
+      [this](const auto& r, auto*, const CallRecord& record) { return Delete(r, record); });
 }
 
 grpc::ServerUnaryReactor* PoliciesService::SetActivePolicy(grpc::CallbackServerContext* context,
@@ -54,7 +55,9 @@ grpc::ServerUnaryReactor* PoliciesService::SetActivePolicy(grpc::CallbackServerC
                                                            grpc::ByteBuffer* response) {
   return ServeNow<v1::SetActivePolicyRequest, v1::SetActivePolicyResponse>(
       core_, Rpc::kSetActivePolicy, context, request, response,
-      [this](const auto& r, auto* out) { return SetActive(r, out); });
+      [this](const auto& r, auto* out, const CallRecord& record) {
+        return SetActive(r, out, record);
+      });
 }
 
 grpc::ServerUnaryReactor* PoliciesService::ResolvePolicy(grpc::CallbackServerContext* context,
@@ -65,10 +68,15 @@ grpc::ServerUnaryReactor* PoliciesService::ResolvePolicy(grpc::CallbackServerCon
       [this](const auto& r, auto* out) { return Resolve(r, out); });
 }
 
-absl::Status PoliciesService::Put(const v1::PutPolicyRequest& request, v1::PolicyInfo* response) {
-  MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Put(request.json()));
+absl::Status PoliciesService::Put(const v1::PutPolicyRequest& request, v1::PolicyInfo* response,
+                                  const CallRecord& record) {
+  MX_ASSIGN_OR_RETURN(StoredPolicy stored,
+                      core_.policies->Put(request.json(), record.principal().name,
+                                          [&](const StoredPolicy& existing) {
+                                            return record.MayChangePolicy(existing);
+                                          }));
   FillPolicyInfo(stored, response);
-  Log(LogLevel::kInfo, "policy_put", {{"policy", stored.policy->name}});
+  Log(LogLevel::kInfo, "policy_put", {{"policy", stored.policy->name}, {"owner", stored.owner}});
   return absl::OkStatus();
 }
 
@@ -85,16 +93,23 @@ absl::Status PoliciesService::List(v1::ListPoliciesResponse* response) {
   return absl::OkStatus();
 }
 
-absl::Status PoliciesService::Delete(const v1::DeletePolicyRequest& request) {
-  MX_RETURN_IF_ERROR(core_.policies->Delete(request.name(), [this](absl::string_view name) {
-    return name == core_.default_policy || core_.registry->PolicyInUse(name);
-  }));
-  Log(LogLevel::kInfo, "policy_deleted", {{"policy", request.name()}});
+absl::Status PoliciesService::Delete(const v1::DeletePolicyRequest& request,
+                                     const CallRecord& record) {
+  MX_RETURN_IF_ERROR(core_.policies->Delete(
+      request.name(),
+      [this](absl::string_view name) {
+        return name == core_.default_policy || core_.registry->PolicyInUse(name);
+      },
+      [&](const StoredPolicy& existing) { return record.MayChangePolicy(existing); }));
+  Log(LogLevel::kInfo, "policy_deleted",
+      {{"policy", request.name()}, {"by", record.principal().name}});
   return absl::OkStatus();
 }
 
 absl::Status PoliciesService::SetActive(const v1::SetActivePolicyRequest& request,
-                                        v1::SetActivePolicyResponse* response) {
+                                        v1::SetActivePolicyResponse* response,
+                                        const CallRecord& record) {
+  MX_RETURN_IF_ERROR(record.CheckModelOwner(request.model()));
   MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Get(request.policy(), "policy"));
   const std::string& policy = stored.policy->name;  // the full name of a short one
   MX_ASSIGN_OR_RETURN(std::string previous, core_.registry->SetPolicy(request.model(), policy));

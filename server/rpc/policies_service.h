@@ -6,6 +6,8 @@
 
 namespace mxserve {
 
+class CallRecord;  // call.h
+
 using RawPoliciesService = v1::Policies::WithRawCallbackMethod_PutPolicy<
     v1::Policies::WithRawCallbackMethod_GetPolicy<v1::Policies::WithRawCallbackMethod_ListPolicies<
         v1::Policies::WithRawCallbackMethod_DeletePolicy<
@@ -37,12 +39,13 @@ class PoliciesService final : public RawPoliciesService {
                                           grpc::ByteBuffer* response) override;
 
  private:
-  absl::Status Put(const v1::PutPolicyRequest& request, v1::PolicyInfo* response);
+  absl::Status Put(const v1::PutPolicyRequest& request, v1::PolicyInfo* response,
+                   const CallRecord& record);
   absl::Status Get(const v1::GetPolicyRequest& request, v1::PolicyInfo* response);
   absl::Status List(v1::ListPoliciesResponse* response);
-  absl::Status Delete(const v1::DeletePolicyRequest& request);
+  absl::Status Delete(const v1::DeletePolicyRequest& request, const CallRecord& record);
   absl::Status SetActive(const v1::SetActivePolicyRequest& request,
-                         v1::SetActivePolicyResponse* response);
+                         v1::SetActivePolicyResponse* response, const CallRecord& record);
   absl::Status Resolve(const v1::ResolvePolicyRequest& request,
                        v1::ResolvePolicyResponse* response);
 

@@ -92,6 +92,10 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ProfileReactor(const Core& core, grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
       : core_(core), record_(core, Rpc::kProfileModel, context), raw_response_(response) {
+    if (!record_.admission().ok()) {
+      Done(record_.admission());
+      return;
+    }
     StartRead(&raw_request_);
   }
 
@@ -133,6 +137,7 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           absl::StrCat(field, ": expected the config first (ProfileRequest.config)"));
     }
     const v1::ProfileConfig& config = request_.config();
+    MX_RETURN_IF_ERROR(record_.CheckModelOwner(config.model()));
     ProfileBuilder::Options options;
     MX_ASSIGN_OR_RETURN(options.formats, ConfigFormats(config));
     switch (config.reference()) {
@@ -428,7 +433,9 @@ grpc::ServerUnaryReactor* ProfilesService::DeleteProfile(grpc::CallbackServerCon
                                                          grpc::ByteBuffer* response) {
   return ServeNow<v1::DeleteProfileRequest, v1::DeleteProfileResponse>(
       core_, Rpc::kDeleteProfile, context, request, response,
-      [this](const v1::DeleteProfileRequest& r, v1::DeleteProfileResponse* out) -> absl::Status {
+      [this](const v1::DeleteProfileRequest& r, v1::DeleteProfileResponse* out,
+             const CallRecord& record) -> absl::Status {
+        MX_RETURN_IF_ERROR(record.CheckModelOwner(r.model()));
         MX_ASSIGN_OR_RETURN(const uint32_t deleted,
                             core_.profiles->Delete(r.model(), r.weight_version()));
         out->set_deleted(deleted);
@@ -441,15 +448,20 @@ grpc::ServerUnaryReactor* ProfilesService::GeneratePolicy(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   using Call = UnaryCall<v1::GeneratePolicyRequest, v1::GeneratePolicyResponse>;
   return Call::Start(core_, Rpc::kGeneratePolicy, context, request, response, [this](Call& call) {
+    if (absl::Status s = call.record().CheckModelOwner(call.request().model()); !s.ok()) {
+      return call.Answer(s);
+    }
     // The exact solvers can take a while on a large model: the profiler's thread.
     RunOn(
         *core_.profiler, call.info(),
-        [this, &call] { call.Answer(Generate(call.request(), call.response())); }, call.Answerer());
+        [this, &call] { call.Answer(Generate(call.request(), call.response(), call.record())); },
+        call.Answerer());
   });
 }
 
 absl::Status ProfilesService::Generate(const v1::GeneratePolicyRequest& request,
-                                       v1::GeneratePolicyResponse* response) {
+                                       v1::GeneratePolicyResponse* response,
+                                       const CallRecord& record) {
   MX_ASSIGN_OR_RETURN(GenerationSpec spec, SpecOf(request));
   MX_ASSIGN_OR_RETURN(auto profile, core_.profiles->Get(request.model(), request.weight_version()));
   MX_ASSIGN_OR_RETURN(ModelSummary model, core_.registry->Describe(request.model()));
@@ -463,10 +475,15 @@ absl::Status ProfilesService::Generate(const v1::GeneratePolicyRequest& request,
     response->mutable_policy()->set_name(generated.policy.name);
     response->mutable_policy()->set_json(json);
   } else {
-    MX_ASSIGN_OR_RETURN(StoredPolicy stored, core_.policies->Put(json));
+    MX_ASSIGN_OR_RETURN(
+        StoredPolicy stored,
+        core_.policies->Put(json, record.principal().name, [&](const StoredPolicy& existing) {
+          return record.MayChangePolicy(existing);
+        }));
     response->mutable_policy()->set_name(stored.policy->name);
     response->mutable_policy()->set_json(PolicyToJson(*stored.policy));
     response->mutable_policy()->set_builtin(stored.builtin);
+    response->mutable_policy()->set_owner(stored.owner);
     Log(LogLevel::kInfo, "policy_generated",
         {{"policy", Quote(stored.policy->name)},
          {"model", request.model()},

@@ -7,6 +7,8 @@
 
 namespace mxserve {
 
+class CallRecord;  // call.h
+
 using RawProfilesService = v1::Profiles::WithRawCallbackMethod_ProfileModel<
     v1::Profiles::WithRawCallbackMethod_GetProfile<v1::Profiles::WithRawCallbackMethod_ListProfiles<
         v1::Profiles::WithRawCallbackMethod_ExportProfile<
@@ -39,7 +41,7 @@ class ProfilesService final : public RawProfilesService {
 
  private:
   absl::Status Generate(const v1::GeneratePolicyRequest& request,
-                        v1::GeneratePolicyResponse* response);
+                        v1::GeneratePolicyResponse* response, const CallRecord& record);
 
   const Core& core_;
 };

@@ -30,6 +30,10 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         service_(service),
         record_(core, Rpc::kReportPower, context),
         raw_response_(response) {
+    if (!record_.admission().ok()) {
+      Done(record_.admission());
+      return;
+    }
     StartRead(&raw_sample_);
   }
 
@@ -104,8 +108,15 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void Done(absl::Status status) {
     status = record_.Settle(std::move(status), response_, raw_response_);
+    // Who reported what: samples are attributed to the caller's principal.
     if (!status.ok()) {
-      Log(LogLevel::kWarning, "power_rejected", {{"message", CapMessage(status.message())}});
+      Log(LogLevel::kWarning, "power_rejected",
+          {{"principal", record_.principal().name}, {"message", CapMessage(status.message())}});
+    } else if (response_.samples_accepted() > 0) {
+      Log(LogLevel::kInfo, "power_reported",
+          {{"principal", record_.principal().name},
+           {"samples", absl::StrCat(response_.samples_accepted())},
+           {"joules", absl::StrCat(response_.joules_added())}});
     }
     Finish(ToGrpc(status));
   }

@@ -105,8 +105,14 @@ inline TestLayer MakeLayer(const std::string& name, int64_t out, int64_t in, boo
   return l;
 }
 
+// Sends `authorization: Bearer <token>` metadata unless `token` is empty.
+inline void Authorize(grpc::ClientContext& context, const std::string& token) {
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+}
+
 inline grpc::Status Register(grpc::Channel* channel, const std::string& model,
-                             const std::vector<TestLayer>& layers, const std::string& policy = "") {
+                             const std::vector<TestLayer>& layers, const std::string& policy = "",
+                             const std::string& token = "") {
   v1::RegisterModelRequest request;
   request.set_name(model);
   request.set_policy(policy);
@@ -118,6 +124,7 @@ inline grpc::Status Register(grpc::Channel* channel, const std::string& model,
     spec->set_bias(l.bias);
   }
   grpc::ClientContext context;
+  Authorize(context, token);
   v1::ModelInfo info;
   return v1::Models::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}))
       ->RegisterModel(&context, request, &info);
@@ -126,9 +133,11 @@ inline grpc::Status Register(grpc::Channel* channel, const std::string& model,
 // Uploads every layer's tensors in chunks of `chunk` elements, optionally publishing.
 inline grpc::Status Upload(grpc::Channel* channel, const std::string& model,
                            const std::vector<TestLayer>& layers, bool publish,
-                           v1::UploadWeightsResponse* response, size_t chunk = 1000) {
+                           v1::UploadWeightsResponse* response, size_t chunk = 1000,
+                           const std::string& token = "") {
   auto stub = v1::Models::NewStub(std::shared_ptr<grpc::Channel>(channel, [](grpc::Channel*) {}));
   grpc::ClientContext context;
+  Authorize(context, token);
   auto writer = stub->UploadWeights(&context, response);
   auto send = [&](const TestLayer& l, const std::vector<float>& values, v1::TensorRole role) {
     for (size_t at = 0; at < values.size(); at += chunk) {

@@ -17,12 +17,15 @@ struct RawResult {
 
 // Sends `messages` (raw bytes each) on `method` ("/mxserve.v1.Compute/Gemm"),
 // half-closes, reads every response and the status. Works for unary and
-// streaming methods alike: on the wire every call is a stream.
+// streaming methods alike: on the wire every call is a stream. `token`, when
+// given, goes as `authorization: Bearer <token>` metadata.
 inline RawResult RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
-                         const std::vector<std::string>& messages, double timeout_seconds = 30) {
+                         const std::vector<std::string>& messages, double timeout_seconds = 30,
+                         const std::string& token = "") {
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
   RawResult result;

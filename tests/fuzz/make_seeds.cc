@@ -296,6 +296,18 @@ void OperandSeeds() {
 
 }  // namespace
 
+// --auth-tokens files: roles, comments, certificate names, odd spacing.
+void AuthTokenSeeds() {
+  Write("auth_tokens", "basic",
+        "# TOKEN PRINCIPAL ROLE\n"
+        "4f9c2e0b7d1a8e3f alice train\n"
+        "b2e7c9d4f0a13e8b bob compute  # a reader\n"
+        "\n"
+        "cert:ci-runner ci admin\n");
+  Write("auth_tokens", "spacing", "\t tok-1\troot\t admin\r\ntok-2 root admin");
+  Write("auth_tokens", "duplicate", "same a train\nsame b train\n");
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: make_fuzz_seeds OUT_DIR\n");
@@ -306,6 +318,7 @@ int main(int argc, char** argv) {
   SafetensorsSeeds();
   PolicySeeds();
   OperandSeeds();
+  AuthTokenSeeds();
   std::printf("make_fuzz_seeds: %d seeds in %s\n", written, out.c_str());
   return 0;
 }

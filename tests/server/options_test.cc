@@ -57,6 +57,30 @@ TEST(Options, ModelDirsRepeatAndPowerBounds) {
   EXPECT_EQ(parsed->options.max_power_series, 2);
 }
 
+TEST(Options, AuthAndQuotas) {
+  const DaemonOptions defaults = ParseCommandLine({}).value().options;
+  EXPECT_EQ(defaults.auth_tokens, "");  // no authentication: everyone is admin
+  EXPECT_EQ(defaults.quota_weight_bytes, 0u);
+  EXPECT_EQ(defaults.quota_inflight, 0);
+  EXPECT_EQ(defaults.quota_models, 0);
+  auto parsed = ParseCommandLine({"--auth-tokens", "/run/secrets/tokens", "--quota-weight-bytes",
+                                  "2G", "--quota-inflight=16", "--quota-models", "3"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.auth_tokens, "/run/secrets/tokens");
+  EXPECT_EQ(parsed->options.quota_weight_bytes, uint64_t{2} << 30);
+  EXPECT_EQ(parsed->options.quota_inflight, 16);
+  EXPECT_EQ(parsed->options.quota_models, 3);
+  EXPECT_EQ(ParseCommandLine({"--auth-tokens="}).status().message(),
+            "--auth-tokens: expected a file, got ''");
+  EXPECT_EQ(ParseCommandLine({"--quota-models", "-1"}).status().message(),
+            "--quota-models: expected an integer in [0, 1073741824], got '-1'");
+  EXPECT_EQ(ParseCommandLine({"--quota-inflight", "many"}).status().message(),
+            "--quota-inflight: expected an integer in [0, 1073741824], got 'many'");
+  EXPECT_EQ(ParseCommandLine({"--quota-weight-bytes", "8Q"}).status().message(),
+            "--quota-weight-bytes: expected a byte size such as 512M or 8G, got '8Q'");
+  EXPECT_NE(HelpText().find("--auth-tokens FILE"), std::string::npos);
+}
+
 TEST(Options, MaxEnergyRunsIsBounded) {
   EXPECT_EQ(ParseCommandLine({}).value().options.max_energy_runs, 1024);
   auto parsed = ParseCommandLine({"--max-energy-runs", "3"});

@@ -1,0 +1,513 @@
+// Authorization over the real daemon (server/rpc/access.h): every RPC for every
+// role as the daemon's table says, the ownership scenario of issue 21 (another
+// trainer overwrites, deletes), the quotas exactly at their limits, and the
+// health service open without credentials.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "mxserve/v1/compute.grpc.pb.h"
+#include "mxserve/v1/models.grpc.pb.h"
+#include "mxserve/v1/policies.grpc.pb.h"
+#include "server/rpc/access.h"
+#include "tests/daemon/api_util.h"
+#include "tests/daemon/raw_call.h"
+#include "tests/fuzz/fuzz_seeds.h"
+
+namespace mx_test {
+namespace {
+
+using mxserve::Role;
+using mxserve::Rpc;
+
+constexpr char kAlice[] = "tok-alice-7f3e";  // train
+constexpr char kBob[] = "tok-bob-91ac";      // train
+constexpr char kCarol[] = "tok-carol-44d0";  // compute
+constexpr char kRoot[] = "tok-root-0b5e";    // admin
+
+// A tokens file in a fresh directory, removed with it.
+class TokensFile {
+ public:
+  TokensFile() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("mxserve_auth_" + std::to_string(getpid()) + "_" + std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+    std::ofstream(path()) << "# test principals\n"
+                          << kAlice << " alice train\n"
+                          << kBob << " bob train\n"
+                          << kCarol << " carol compute\n"
+                          << kRoot << " root admin\n";
+  }
+  ~TokensFile() { std::filesystem::remove_all(dir_); }
+  std::string path() const { return (dir_ / "tokens").string(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+};
+
+std::string MethodName(const char* path) {
+  const std::string full(path);
+  return full.substr(full.rfind('/') + 1);
+}
+
+Rpc RpcNamed(const std::string& name) {
+  for (int i = 0; i < static_cast<int>(Rpc::kCount); ++i) {
+    if (mxserve::RpcName(static_cast<Rpc>(i)) == name) return static_cast<Rpc>(i);
+  }
+  ADD_FAILURE() << "no Rpc named " << name;
+  return Rpc::kCount;
+}
+
+class AuthTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tokens_ = new TokensFile;
+    daemon_ = new DaemonProcess({"--auth-tokens", tokens_->path()});
+  }
+  static void TearDownTestSuite() {
+    StopSuiteDaemon(daemon_);
+    delete tokens_;
+    tokens_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(daemon_->ok()); }
+
+  static inline TokensFile* tokens_ = nullptr;
+  static inline DaemonProcess* daemon_ = nullptr;
+};
+
+// Every RPC with a minimal valid request (the empty message: each field at its
+// default; streams send none), as each kind of caller. "Allowed" is any status
+// but UNAUTHENTICATED and PERMISSION_DENIED: the request itself may still be
+// refused for what it says.
+TEST_F(AuthTest, EveryRpcForEveryRoleAsTheTableSays) {
+  struct Caller {
+    std::string label, token;
+    std::optional<Role> role;  // none: not authenticated
+  };
+  const std::vector<Caller> callers = {{"no token", "", std::nullopt},
+                                       {"wrong token", "tok-nobody", std::nullopt},
+                                       {"compute", kCarol, Role::kCompute},
+                                       {"train", kAlice, Role::kTrain},
+                                       {"admin", kRoot, Role::kAdmin}};
+  int checked = 0;
+  for (const auto& method : mx_fuzz::kRpcMethods) {
+    const std::string name = MethodName(method.name);
+    const mxserve::AccessRule rule = mxserve::RuleOf(RpcNamed(name));
+    const std::vector<std::string> messages =
+        method.streaming ? std::vector<std::string>{} : std::vector<std::string>{""};
+    for (const Caller& caller : callers) {
+      SCOPED_TRACE(name + " as " + caller.label);
+      const grpc::Status status =
+          RawCall(daemon_->channel(), method.name, messages, 30, caller.token).status;
+      if (!caller.role) {
+        EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+        EXPECT_TRUE(absl::StrContains(status.error_message(), caller.token.empty()
+                                                                  ? "no credentials"
+                                                                  : "not one of --auth-tokens"))
+            << status.error_message();
+      } else if (*caller.role < rule.role) {
+        EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+            << status.error_message();
+        EXPECT_TRUE(absl::StrContains(
+            status.error_message(),
+            name + " needs role " +
+                (rule.owned == mxserve::Owned::kNothing ? std::string(mxserve::RoleName(rule.role))
+                                                        : std::string("admin or the")) +
+                ""))
+            << status.error_message();
+        EXPECT_TRUE(absl::StrContains(status.error_message(), "principal 'carol' has role compute"))
+            << status.error_message();
+      } else {
+        EXPECT_NE(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+            << status.error_message();
+        EXPECT_NE(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, static_cast<int>(Rpc::kCount) * 5);
+  // The daemon kept serving.
+  EXPECT_TRUE(
+      RawCall(daemon_->channel(), "/mxserve.v1.Models/ListModels", {""}, 30, kCarol).status.ok());
+}
+
+TEST_F(AuthTest, HealthNeedsNoCredentials) {
+  const RawResult result = RawCall(daemon_->channel(), "/grpc.health.v1.Health/Check", {""});
+  EXPECT_TRUE(result.status.ok()) << result.status.error_message();
+  ASSERT_EQ(result.responses.size(), 1u);
+}
+
+TEST_F(AuthTest, MalformedAuthorizationIsUnauthenticated) {
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", std::string("Basic ") + kRoot);
+  v1::ListModelsResponse response;
+  const grpc::Status status =
+      v1::Models::NewStub(daemon_->channel())->ListModels(&context, {}, &response);
+  EXPECT_STATUS(status, UNAUTHENTICATED, "authorization: expected `Bearer <token>`");
+}
+
+// The issue's scenario: bob, a trainer too, overwrites alice's weights, deletes
+// her policy and her model. Each fails naming alice; alice and an admin succeed.
+TEST_F(AuthTest, OwnershipScenario) {
+  const std::vector<TestLayer> layers = {MakeLayer("fc", 8, 16, true, 21)};
+  ASSERT_TRUE(Register(daemon_->channel().get(), "alice-model", layers, "", kAlice).ok());
+  v1::UploadWeightsResponse uploaded;
+  ASSERT_TRUE(
+      Upload(daemon_->channel().get(), "alice-model", layers, true, &uploaded, 1000, kAlice).ok());
+  auto models = v1::Models::NewStub(daemon_->channel());
+  auto policies = v1::Policies::NewStub(daemon_->channel());
+  auto compute = v1::Compute::NewStub(daemon_->channel());
+
+  // Owners are shown.
+  {
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    v1::DescribeModelRequest request;
+    request.set_name("alice-model");
+    v1::ModelInfo info;
+    ASSERT_TRUE(models->DescribeModel(&context, request, &info).ok());
+    EXPECT_EQ(info.owner(), "alice");
+    grpc::ClientContext list_context;
+    Authorize(list_context, kBob);
+    v1::ListModelsResponse list;
+    ASSERT_TRUE(models->ListModels(&list_context, {}, &list).ok());
+    bool found = false;
+    for (const auto& m : list.models()) {
+      if (m.name() == "alice-model") found = m.owner() == "alice";
+    }
+    EXPECT_TRUE(found);
+  }
+
+  // Bob may compute with alice's model...
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::LayerForwardResponse out;
+    const grpc::Status s = compute->LayerForward(
+        &context,
+        ForwardRequest("alice-model", layers[0], v1::PHASE_ROLLOUT, 0, TestValues(2 * 16, 3), 2),
+        &out);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  // ...but not overwrite her weights: nothing is staged.
+  std::vector<TestLayer> zeros = layers;
+  std::fill(zeros[0].weight.begin(), zeros[0].weight.end(), 0.0f);
+  {
+    v1::UploadWeightsResponse response;
+    EXPECT_STATUS(
+        Upload(daemon_->channel().get(), "alice-model", zeros, true, &response, 1000, kBob),
+        PERMISSION_DENIED, "model 'alice-model' belongs to 'alice'");
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DescribeModelRequest request;
+    request.set_name("alice-model");
+    v1::ModelInfo info;
+    ASSERT_TRUE(models->DescribeModel(&context, request, &info).ok());
+    EXPECT_EQ(info.weight_version(), 1u);
+    EXPECT_EQ(info.staged_tensors(), 0u);
+  }
+  // Publish, policy activation, profiles of her model.
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::PublishVersionRequest request;
+    request.set_model("alice-model");
+    v1::ModelInfo info;
+    EXPECT_STATUS(models->PublishVersion(&context, request, &info), PERMISSION_DENIED,
+                  "PublishVersion: model 'alice-model' belongs to 'alice'");
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::SetActivePolicyRequest request;
+    request.set_model("alice-model");
+    request.set_policy("fp16");
+    v1::SetActivePolicyResponse response;
+    EXPECT_STATUS(policies->SetActivePolicy(&context, request, &response), PERMISSION_DENIED,
+                  "belongs to 'alice'");
+  }
+  // Alice's policy: bob may read it, not replace or delete it.
+  const std::string policy_json =
+      R"({"name": "alice-policy", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})";
+  {
+    grpc::ClientContext context;
+    Authorize(context, kAlice);
+    v1::PutPolicyRequest request;
+    request.set_json(policy_json);
+    v1::PolicyInfo info;
+    const grpc::Status s = policies->PutPolicy(&context, request, &info);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(info.owner(), "alice");
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::GetPolicyRequest request;
+    request.set_name("alice-policy");
+    v1::PolicyInfo info;
+    ASSERT_TRUE(policies->GetPolicy(&context, request, &info).ok());
+    EXPECT_EQ(info.owner(), "alice");
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::PutPolicyRequest request;
+    request.set_json(policy_json);
+    v1::PolicyInfo info;
+    EXPECT_STATUS(policies->PutPolicy(&context, request, &info), PERMISSION_DENIED,
+                  "PutPolicy: policy 'alice-policy' belongs to 'alice'");
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::DeletePolicyRequest request;
+    request.set_name("alice-policy");
+    v1::DeletePolicyResponse response;
+    EXPECT_STATUS(policies->DeletePolicy(&context, request, &response), PERMISSION_DENIED,
+                  "DeletePolicy: policy 'alice-policy' belongs to 'alice'");
+  }
+  // Bob may not delete her model; it still serves.
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::DeleteModelRequest request;
+    request.set_name("alice-model");
+    v1::DeleteModelResponse response;
+    EXPECT_STATUS(models->DeleteModel(&context, request, &response), PERMISSION_DENIED,
+                  "DeleteModel: model 'alice-model' belongs to 'alice'");
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    v1::DeleteModelRequest request;
+    request.set_name("alice-model");
+    v1::DeleteModelResponse response;
+    EXPECT_STATUS(models->DeleteModel(&context, request, &response), PERMISSION_DENIED,
+                  "DeleteModel needs role admin or the model's owner with role train; principal "
+                  "'carol' has role compute");
+  }
+  // Alice overwrites her own weights and deletes her policy.
+  {
+    v1::UploadWeightsResponse response;
+    const grpc::Status s =
+        Upload(daemon_->channel().get(), "alice-model", zeros, true, &response, 1000, kAlice);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.weight_version(), 2u);
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, kAlice);
+    v1::DeletePolicyRequest request;
+    request.set_name("alice-policy");
+    v1::DeletePolicyResponse response;
+    const grpc::Status s = policies->DeletePolicy(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  // An admin may change anything: it replaces bob's policy and deletes alice's model.
+  {
+    grpc::ClientContext put_context;
+    Authorize(put_context, kBob);
+    v1::PutPolicyRequest request;
+    request.set_json(
+        R"({"name": "bob-policy", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})");
+    v1::PolicyInfo info;
+    ASSERT_TRUE(policies->PutPolicy(&put_context, request, &info).ok());
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DeletePolicyRequest del;
+    del.set_name("bob-policy");
+    v1::DeletePolicyResponse response;
+    const grpc::Status s = policies->DeletePolicy(&context, del, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  {
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DeleteModelRequest request;
+    request.set_name("alice-model");
+    v1::DeleteModelResponse response;
+    const grpc::Status s = models->DeleteModel(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  // Alice deletes a model of her own.
+  ASSERT_TRUE(Register(daemon_->channel().get(), "alice-model-2", layers, "", kAlice).ok());
+  {
+    grpc::ClientContext context;
+    Authorize(context, kAlice);
+    v1::DeleteModelRequest request;
+    request.set_name("alice-model-2");
+    v1::DeleteModelResponse response;
+    const grpc::Status s = models->DeleteModel(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  const std::string log = daemon_->Log();
+  EXPECT_TRUE(absl::StrContains(log, "model_registered model=alice-model owner=alice")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "model_deleted model=alice-model owner=alice by=root"));
+}
+
+// Quotas: N allowed, N+1 refused naming the flag, nothing half-done.
+class QuotaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(
+        std::vector<std::string>{"--auth-tokens", tokens_.path(), "--quota-models", "2",
+                                 "--quota-weight-bytes", "128", "--quota-inflight", "2"});
+    ASSERT_TRUE(daemon_->ok());
+  }
+  grpc::Status DeleteModel(const std::string& name, const char* token) {
+    grpc::ClientContext context;
+    Authorize(context, token);
+    v1::DeleteModelRequest request;
+    request.set_name(name);
+    v1::DeleteModelResponse response;
+    return v1::Models::NewStub(daemon_->channel())->DeleteModel(&context, request, &response);
+  }
+  v1::ModelInfo Describe(const std::string& name) {
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DescribeModelRequest request;
+    request.set_name(name);
+    v1::ModelInfo info;
+    EXPECT_TRUE(
+        v1::Models::NewStub(daemon_->channel())->DescribeModel(&context, request, &info).ok());
+    return info;
+  }
+  TokensFile tokens_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(QuotaTest, ModelsAtTheLimit) {
+  const std::vector<TestLayer> layers = {MakeLayer("fc", 1, 1, false, 1)};
+  grpc::Channel* channel = daemon_->channel().get();
+  ASSERT_TRUE(Register(channel, "a1", layers, "", kAlice).ok());
+  ASSERT_TRUE(Register(channel, "a2", layers, "", kAlice).ok());
+  EXPECT_STATUS(Register(channel, "a3", layers, "", kAlice), RESOURCE_EXHAUSTED,
+                "--quota-models: principal 'alice' has 2 models, the limit is 2");
+  // Nothing registered; another principal has its own count.
+  grpc::ClientContext context;
+  Authorize(context, kRoot);
+  v1::ListModelsResponse list;
+  ASSERT_TRUE(v1::Models::NewStub(daemon_->channel())->ListModels(&context, {}, &list).ok());
+  EXPECT_EQ(list.models_size(), 2);
+  EXPECT_TRUE(Register(channel, "b1", layers, "", kBob).ok());
+  // A deleted model frees its place.
+  ASSERT_TRUE(DeleteModel("a1", kAlice).ok());
+  EXPECT_TRUE(Register(channel, "a3", layers, "", kAlice).ok());
+}
+
+TEST_F(QuotaTest, WeightBytesAtTheLimit) {
+  // Two 4x4 FP32 layers: 64 bytes each, 128 together, the limit.
+  const std::vector<TestLayer> layers = {MakeLayer("a", 4, 4, false, 1),
+                                         MakeLayer("b", 4, 4, false, 2)};
+  const std::vector<TestLayer> tiny = {MakeLayer("c", 1, 1, false, 3)};
+  grpc::Channel* channel = daemon_->channel().get();
+  ASSERT_TRUE(Register(channel, "w1", layers, "", kBob).ok());
+  ASSERT_TRUE(Register(channel, "w2", tiny, "", kBob).ok());
+  v1::UploadWeightsResponse response;
+  const grpc::Status exact = Upload(channel, "w1", layers, false, &response, 1000, kBob);
+  ASSERT_TRUE(exact.ok()) << exact.error_message();
+  EXPECT_EQ(Describe("w1").weight_bytes(), 128u);
+  // Four bytes more, on another of bob's models: refused, nothing staged.
+  EXPECT_STATUS(Upload(channel, "w2", tiny, false, &response, 1000, kBob), RESOURCE_EXHAUSTED,
+                "--quota-weight-bytes: principal 'bob' holds 128 bytes of weights; staging 4 "
+                "more would make 132, the limit is 128; nothing was staged");
+  EXPECT_EQ(Describe("w2").staged_tensors(), 0u);
+  EXPECT_EQ(Describe("w2").weight_bytes(), 0u);
+  // Replacing staged tensors counts the new ones only: still at the limit.
+  const grpc::Status again = Upload(channel, "w1", layers, false, &response, 1000, kBob);
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  // Alice's quota is her own.
+  ASSERT_TRUE(Register(channel, "x", tiny, "", kAlice).ok());
+  EXPECT_TRUE(Upload(channel, "x", tiny, false, &response, 1000, kAlice).ok());
+}
+
+TEST_F(QuotaTest, InflightAtTheLimit) {
+  auto stub = v1::Compute::NewStub(daemon_->channel());
+  // Two open streams of carol's, each seen answering (so admitted).
+  struct Open {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream;
+  };
+  std::vector<std::unique_ptr<Open>> open;
+  for (int i = 0; i < 2; ++i) {
+    auto o = std::make_unique<Open>();
+    Authorize(o->context, kCarol);
+    o->stream = stub->Stream(&o->context);
+    v1::StreamRequest request;
+    request.set_request_id(1);
+    ASSERT_TRUE(o->stream->Write(request));
+    v1::StreamResponse response;
+    ASSERT_TRUE(o->stream->Read(&response)) << i;
+    open.push_back(std::move(o));
+  }
+  auto list = [&](const char* token) {
+    grpc::ClientContext context;
+    Authorize(context, token);
+    v1::ListModelsResponse response;
+    return v1::Models::NewStub(daemon_->channel())->ListModels(&context, {}, &response);
+  };
+  EXPECT_STATUS(list(kCarol), RESOURCE_EXHAUSTED,
+                "--quota-inflight: principal 'carol' has 2 requests in flight, the limit is 2");
+  EXPECT_TRUE(list(kAlice).ok());  // others are not held up
+  // One stream ends: carol may call again (the count drops once gRPC is done
+  // with the call, a moment after the client has its status).
+  open[0]->stream->WritesDone();
+  EXPECT_TRUE(open[0]->stream->Finish().ok());
+  grpc::Status status;
+  for (int i = 0; i < 100; ++i) {
+    status = list(kCarol);
+    if (status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  open[1]->stream->WritesDone();
+  EXPECT_TRUE(open[1]->stream->Finish().ok());
+}
+
+// A bad tokens file stops the start, naming the file and line.
+TEST(AuthStart, BadTokensFileIsRefused) {
+  const std::string path = ::testing::TempDir() + "/mxserve_bad_tokens";
+  std::ofstream(path) << "# ok\ntok-a alice train\ntok-b bob superuser\n";
+  const std::string command = std::string(MXSERVED_PATH) +
+                              " --listen 127.0.0.1:0 --metrics-listen off --auth-tokens " + path +
+                              " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  EXPECT_NE(status, 0);
+  EXPECT_TRUE(absl::StrContains(output, "--auth-tokens: " + path +
+                                            ":3: ROLE: expected compute, train or admin, got "
+                                            "\\'superuser\\'") ||
+              absl::StrContains(output, path + ":3: ROLE: expected compute, train or admin"))
+      << output;
+  std::filesystem::remove(path);
+}
+
+// Without --auth-tokens every caller is "anonymous" (role admin), tokens or not.
+TEST(AuthDefault, EveryoneIsAnonymousAdmin) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.ok());
+  const std::vector<TestLayer> layers = {MakeLayer("fc", 1, 1, false, 1)};
+  ASSERT_TRUE(Register(daemon.channel().get(), "m", layers).ok());
+  ASSERT_TRUE(Register(daemon.channel().get(), "n", layers, "", "any-token").ok());
+  grpc::ClientContext context;
+  v1::ListModelsResponse list;
+  ASSERT_TRUE(v1::Models::NewStub(daemon.channel())->ListModels(&context, {}, &list).ok());
+  ASSERT_EQ(list.models_size(), 2);
+  for (const auto& m : list.models()) EXPECT_EQ(m.owner(), "anonymous");
+}
+
+}  // namespace
+}  // namespace mx_test
