@@ -24,6 +24,7 @@ namespace v1 = ::mxserve::v1;
 std::string FormatModelInfo(const v1::ModelInfo& info) {
   std::string text = FormatKeyValues({
       {"model", info.name()},
+      {"owner", info.owner()},
       {"policy", info.policy()},
       {"weight_version", absl::StrCat(info.weight_version())},
       {"staged_tensors", absl::StrCat(info.staged_tensors())},
@@ -123,11 +124,11 @@ absl::Status List(mxclient::Client& client, const Args& args) {
   absl::StatusOr<v1::ListModelsResponse> response = client.ListModels();
   if (!response.ok()) return ServerError("Models.ListModels", response.status());
   std::vector<std::vector<std::string>> rows = {
-      {"model", "policy", "version", "layers", "staged", "weight_memory"}};
+      {"model", "policy", "version", "layers", "staged", "weight_memory", "owner"}};
   for (const v1::ModelInfo& model : response->models()) {
     rows.push_back({model.name(), model.policy(), absl::StrCat(model.weight_version()),
                     absl::StrCat(model.layers_size()), absl::StrCat(model.staged_tensors()),
-                    FormatBytes(model.weight_bytes())});
+                    FormatBytes(model.weight_bytes()), model.owner()});
   }
   std::fputs(FormatTable(rows).c_str(), stdout);
   return absl::OkStatus();

@@ -76,6 +76,7 @@ class ModelInfo:
     staged_tensors: int
     weight_bytes: int
     lease_seconds: float = 0.0  # 0: no lease
+    owner: str = ""  # the principal that registered it ("anonymous" without --auth-tokens)
 
     @classmethod
     def from_proto(cls, info) -> "ModelInfo":
@@ -83,7 +84,7 @@ class ModelInfo:
             LayerInfo(LayerSpec(l.spec.name, l.spec.out_features, l.spec.in_features, l.spec.bias),
                       tuple(_wire.format_name(f) for f in l.cached_formats)) for l in info.layers)
         return cls(info.name, layers, info.policy, info.weight_version, info.staged_tensors,
-                   info.weight_bytes, info.lease_seconds)
+                   info.weight_bytes, info.lease_seconds, info.owner)
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,11 @@ class PolicyInfo:
     name: str
     json: str  # the normalized document
     builtin: bool
+    owner: str = ""  # the principal that put it; "" for built-ins and --policy-dir files
 
     @classmethod
     def from_proto(cls, info) -> "PolicyInfo":
-        return cls(info.name, info.json, info.builtin)
+        return cls(info.name, info.json, info.builtin, info.owner)
 
     @property
     def document(self) -> Dict[str, Any]:
