@@ -24,11 +24,13 @@ def test_compose_tls_overlay_mounts_secrets():
     daemon = stack["services"]["mxserved"]
     command = daemon["command"]
     for flag, secret in [("--tls-cert", "mxserved_tls_cert"), ("--tls-key", "mxserved_tls_key"),
-                         ("--tls-client-ca", "mxserved_tls_ca")]:
+                         ("--tls-client-ca", "mxserved_tls_ca"),
+                         ("--auth-tokens", "mxserved_auth_tokens")]:
         assert command[command.index(flag) + 1] == f"/run/secrets/{secret}"
         assert stack["secrets"][secret]["file"].startswith("/srv/mxserve-tls/")
     assert {s["source"] if isinstance(s, dict) else s for s in daemon["secrets"]} >= {
-        "mxserved_tls_cert", "mxserved_tls_key", "mxserved_tls_ca"}
+        "mxserved_tls_cert", "mxserved_tls_key", "mxserved_tls_ca", "mxserved_auth_tokens"}
+    assert "--reflection=false" in command
     assert "--tls-ca" in daemon["healthcheck"]["test"]
     assert stack["services"]["gpu-baseline"]["environment"]["MXSERVE_TLS_CA"] == \
         "/run/secrets/mxserved_tls_ca"
@@ -47,6 +49,7 @@ def test_k8s_tls_overlay_mounts_the_secret():
     args = container["args"]
     assert args[args.index("--tls-cert") + 1] == "/etc/mxserve/tls/tls.crt"
     assert args[args.index("--tls-client-ca") + 1] == "/etc/mxserve/tls/ca.crt"
+    assert args[args.index("--auth-tokens") + 1] == "/etc/mxserve/tls/tokens"
     assert {"secret": {"secretName": "mxserved-tls", "defaultMode": 0o440}, "name": "tls"} \
         in pod["volumes"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
