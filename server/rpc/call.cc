@@ -59,8 +59,14 @@ void CallRecord::Done() {
     seen = GaveUpCode(cancelled_at_.value_or(Clock::now()), info_.deadline);
   }
   core_.metrics->RecordStatus(rpc_, seen);
-  if (counted_) core_.access->EndCall(principal_);
+  EndInflight();  // a call that ended without an answer (cancelled)
   core_.calls->End();
+}
+
+void CallRecord::EndInflight() {
+  if (!counted_) return;
+  counted_ = false;
+  core_.access->EndCall(principal_);
 }
 
 }  // namespace mxserve

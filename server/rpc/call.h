@@ -102,6 +102,10 @@ CallInfo CallInfoOf(const grpc::CallbackServerContext* context, CancelFlag cance
 
 // The bookkeeping every reactor shares: counted as open from construction until
 // Done() (called from OnDone), and its status recorded there as the client saw it.
+// Against --quota-inflight a call counts from admission until it is answered
+// (Settle or SetStatus, before Finish), not until OnDone: gRPC may run OnDone a
+// moment after the client has its status, and a client calling one RPC after
+// another must not find its previous call still counted.
 class CallRecord {
  public:
   CallRecord(const Core& core, Rpc rpc, grpc::CallbackServerContext* context);
@@ -117,10 +121,14 @@ class CallRecord {
       status = absl::InternalError("the response could not be serialized");
     }
     code_ = status.code();
+    EndInflight();
     return status;
   }
   // The same for a stream whose answers went out as it ran (no final message).
-  void SetStatus(absl::StatusCode code) { code_ = code; }
+  void SetStatus(absl::StatusCode code) {
+    code_ = code;
+    EndInflight();
+  }
   // From OnDone: records the status by what reached the client and ends the
   // call's count.
   void Done();
@@ -146,13 +154,16 @@ class CallRecord {
   }
 
  private:
+  // Stops counting the call against --quota-inflight (once).
+  void EndInflight();
+
   const Core& core_;
   const Rpc rpc_;
   grpc::CallbackServerContext* const context_;
   CallInfo info_;
   Principal principal_;
   absl::Status admission_;
-  bool counted_ = false;  // against --quota-inflight, until Done()
+  bool counted_ = false;  // against --quota-inflight, until answered (or Done())
   absl::StatusCode code_ = absl::StatusCode::kUnknown;
   std::optional<Clock::time_point> cancelled_at_;  // set in OnCancel, read in OnDone
 };

@@ -458,17 +458,19 @@ TEST_F(QuotaTest, InflightAtTheLimit) {
   EXPECT_STATUS(list(kCarol), RESOURCE_EXHAUSTED,
                 "--quota-inflight: principal 'carol' has 2 requests in flight, the limit is 2");
   EXPECT_TRUE(list(kAlice).ok());  // others are not held up
-  // One stream ends: carol may call again (the count drops once gRPC is done
-  // with the call, a moment after the client has its status).
+  // One stream ends: carol may call again at once (a call stops counting when
+  // it is answered, before the client has its status, not when gRPC is done
+  // with it a moment later).
   open[0]->stream->WritesDone();
   EXPECT_TRUE(open[0]->stream->Finish().ok());
-  grpc::Status status;
-  for (int i = 0; i < 100; ++i) {
-    status = list(kCarol);
-    if (status.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const grpc::Status status = list(kCarol);
   EXPECT_TRUE(status.ok()) << status.error_message();
+  // So calls one after another never find the previous one still counted:
+  // with one stream open, carol has exactly one place left, call after call.
+  for (int i = 0; i < 200; ++i) {
+    const grpc::Status again = list(kCarol);
+    ASSERT_TRUE(again.ok()) << i << ": " << again.error_message();
+  }
   open[1]->stream->WritesDone();
   EXPECT_TRUE(open[1]->stream->Finish().ok());
 }
