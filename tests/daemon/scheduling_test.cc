@@ -77,6 +77,13 @@ TEST(SchedulingTest, BatchesNeverMixWeightVersions) {
   auto stub = v1::Compute::NewStub(daemon.channel());
   const auto x = TestValues(2 * 64, 32);
   auto old_call = Start(stub.get(), "l", v1::FORMAT_MXFP8_E4M3, x, 2, 64);
+  // The first request holds version 1 once it is queued (it looked its layer up
+  // first); on a loaded machine that can take longer than the upload below.
+  const auto queued_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (MetricValue(ScrapeMetrics(daemon.metrics_address()), "mxserve_queue_depth") < 1 &&
+         std::chrono::steady_clock::now() < queued_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   // Publish version 2 while the first request waits in its batching window.
   TestLayer v2_layer = MakeLayer("l", 16, 64, false, 33);
   v1::UploadWeightsResponse uploaded;
