@@ -144,11 +144,10 @@ fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model
           .joules = a.joules + b.joules};
 }
 
-// How a request of `phase` asks for its weight copy: an update-phase one slices
+// How a request asks for its weight copy: an update-phase one slices
 // (CopyUse::kUpdate) unless mxserved --update-copies cache.
-CopyUse CopyUseOf(const ComputeContext& core, Phase phase) {
-  return phase == Phase::kUpdate && !core.cache_update_copies ? CopyUse::kUpdate
-                                                              : CopyUse::kRequest;
+CopyUse CopyUseOf(const ComputeContext& core, bool update_phase) {
+  return update_phase && !core.cache_update_copies ? CopyUse::kUpdate : CopyUse::kRequest;
 }
 
 // The most weight elements a slice of an update call's copy holds (LinearOnCopy):
@@ -382,10 +381,9 @@ class ForwardItem final : public ComputeItem {
       return member->phase_ == Phase::kUpdate;
     });
     double compute_seconds = 0;
-    absl::StatusOr<std::string> kernel = LinearOnCopy(
-        core, weights, first.weight_format_, WeightLayout::kForward,
-        CopyUseOf(core, update ? Phase::kUpdate : Phase::kRollout), x, weights.bias(), y,
-        compute_seconds);
+    absl::StatusOr<std::string> kernel =
+        LinearOnCopy(core, weights, first.weight_format_, WeightLayout::kForward,
+                     CopyUseOf(core, update), x, weights.bias(), y, compute_seconds);
     core.metrics->RecordBatch(static_cast<int>(members.size()));
     int64_t row = 0;
     for (ForwardItem* member : members) {
@@ -500,11 +498,10 @@ class BackwardItem final : public ComputeItem {
       return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message()));
     }
     std::vector<float> grad_input(static_cast<size_t>(m * k));
-    MX_ASSIGN_OR_RETURN(
-        std::string kernel,
-        LinearOnCopy(core_, weights, format_, WeightLayout::kTransposed,
-                     CopyUseOf(core_, phase_), *dy, {},
-                     grad_input, compute_seconds));
+    MX_ASSIGN_OR_RETURN(std::string kernel,
+                        LinearOnCopy(core_, weights, format_, WeightLayout::kTransposed,
+                                     CopyUseOf(core_, phase_ == Phase::kUpdate), *dy, {},
+                                     grad_input, compute_seconds));
     EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
     return kernel;
   }

@@ -1,12 +1,12 @@
 #include "server/model/registry.h"
 
 #include <algorithm>
-#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
 #include "mx/kernels/quantize_fast.h"
+#include "mx/status_macros.h"
 #include "server/base/quote.h"
 #include "server/policy/layer_sensitivity.h"
 
@@ -55,25 +55,9 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   }
   if (use == CopyUse::kUpdate) return Quantized{};  // the caller slices
   if (use == CopyUse::kRequest) used_.insert(key);
-  absl::StatusOr<mx::QuantizedMatrix> q =
-      layout == WeightLayout::kForward
-          ? mx::kernels::QuantizeRows(weight_->values, spec_.out_features, spec_.in_features,
-                                      format)
-          : mx::kernels::QuantizeColumns(weight_->values, spec_.out_features, spec_.in_features,
-                                         format);
-  if (!q.ok()) return q.status();
-  absl::StatusOr<std::shared_ptr<const PreparedWeight>> prepared = prepare_(*std::move(q));
-  if (!prepared.ok()) return prepared.status();
-  auto copy = std::make_shared<CachedCopy>();
-  const std::string what = absl::StrCat("the ", mx::FormatName(format),
-                                        layout == WeightLayout::kTransposed ? " transposed" : "",
-                                        " copy of layer ", Quote(spec_.name));
-  if (absl::Status s = ReserveInto(budget, (*prepared)->bytes(), what, copy->reservation);
-      !s.ok()) {
-    return s;
-  }
-  copy->weight = *std::move(prepared);
-  std::shared_ptr<const CachedCopy> held = std::move(copy);
+  const int64_t rows = layout == WeightLayout::kForward ? spec_.out_features : spec_.in_features;
+  MX_ASSIGN_OR_RETURN(std::shared_ptr<const CachedCopy> held,
+                      Make(format, layout, 0, rows, budget));
   cache_[key] = held;
   copies_.Touch(this, held);
   return Quantized{std::shared_ptr<const PreparedWeight>(held, held->weight.get()), true};
@@ -82,12 +66,24 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
 absl::StatusOr<std::shared_ptr<const PreparedWeight>> LayerWeights::Slice(
     mx::Format format, WeightLayout layout, int64_t begin, int64_t end,
     MemoryBudget& budget) const {
+  MX_ASSIGN_OR_RETURN(std::shared_ptr<const CachedCopy> held,
+                      Make(format, layout, begin, end, budget));
+  return std::shared_ptr<const PreparedWeight>(held, held->weight.get());
+}
+
+absl::StatusOr<std::shared_ptr<const CachedCopy>> LayerWeights::Make(mx::Format format,
+                                                                     WeightLayout layout,
+                                                                     int64_t begin, int64_t end,
+                                                                     MemoryBudget& budget) const {
   const int64_t n = spec_.out_features, k = spec_.in_features;
   const std::vector<float>& w = weight_->values;
+  const bool whole = begin == 0 && end == (layout == WeightLayout::kForward ? n : k);
   absl::StatusOr<mx::QuantizedMatrix> q;
   if (layout == WeightLayout::kForward) {
     q = mx::kernels::QuantizeRows(std::span<const float>(w).subspan(begin * k, (end - begin) * k),
                                   end - begin, k, format);
+  } else if (whole) {
+    q = mx::kernels::QuantizeColumns(w, n, k, format);
   } else {
     // Columns [begin, end) of W, gathered, then quantized along out_features.
     const int64_t width = end - begin;
@@ -98,20 +94,15 @@ absl::StatusOr<std::shared_ptr<const PreparedWeight>> LayerWeights::Slice(
     q = mx::kernels::QuantizeColumns(columns, n, width, format);
   }
   if (!q.ok()) return q.status();
-  absl::StatusOr<std::shared_ptr<const PreparedWeight>> prepared = prepare_(*std::move(q));
-  if (!prepared.ok()) return prepared.status();
+  MX_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedWeight> prepared, prepare_(*std::move(q)));
   auto copy = std::make_shared<CachedCopy>();
   const std::string what =
-      absl::StrCat("rows ", begin, "-", end, " of the ", mx::FormatName(format),
-                   layout == WeightLayout::kTransposed ? " transposed" : "", " copy of layer ",
-                   Quote(spec_.name));
-  if (absl::Status s = ReserveInto(budget, (*prepared)->bytes(), what, copy->reservation);
-      !s.ok()) {
-    return s;
-  }
-  copy->weight = *std::move(prepared);
-  std::shared_ptr<const CachedCopy> held = std::move(copy);
-  return std::shared_ptr<const PreparedWeight>(held, held->weight.get());
+      absl::StrCat(whole ? "" : absl::StrCat("rows ", begin, "-", end, " of "), "the ",
+                   mx::FormatName(format), layout == WeightLayout::kTransposed ? " transposed" : "",
+                   " copy of layer ", Quote(spec_.name));
+  MX_RETURN_IF_ERROR(ReserveInto(budget, prepared->bytes(), what, copy->reservation));
+  copy->weight = std::move(prepared);
+  return copy;
 }
 
 std::vector<mx::Format> LayerWeights::CachedFormats() const {
@@ -338,7 +329,7 @@ absl::StatusOr<uint64_t> Registry::Stage(
   if (quota_bytes > 0) {
     uint64_t held = 0;
     for (const auto& [name, m] : models_) {
-      if (m->owner == model.owner) held += Summarize(*m).bytes;
+      if (m->owner == model.owner) held += HeldBytes(*m);
     }
     const uint64_t after = held - std::min(held, replaced) + added;
     if (after > quota_bytes) {
@@ -373,20 +364,22 @@ ModelSummary Registry::Summarize(const Model& model) const {
   s.version = model.version;
   s.lease_seconds = model.lease_seconds;
   s.staged_tensors = model.staged.size();
-  std::set<const StoredTensor*> counted;
-  for (const auto& [key, tensor] : model.staged) {
-    s.bytes += tensor->reservation.bytes();
-    counted.insert(tensor.get());
-  }
+  s.bytes = HeldBytes(model);
   for (size_t i = 0; i < model.layers.size(); ++i) {
     ModelSummary::Layer layer{model.layers[i], {}, model.sensitive[i]};
-    if (const auto& weights = model.published[i]) {
-      layer.cached_formats = weights->CachedFormats();
-      s.bytes += weights->Bytes();
-    }
+    if (const auto& weights = model.published[i]) layer.cached_formats = weights->CachedFormats();
     s.layers.push_back(std::move(layer));
   }
   return s;
+}
+
+uint64_t Registry::HeldBytes(const Model& model) const {
+  uint64_t bytes = 0;
+  for (const auto& [key, tensor] : model.staged) bytes += tensor->reservation.bytes();
+  for (const auto& weights : model.published) {
+    if (weights) bytes += weights->Bytes();
+  }
+  return bytes;
 }
 
 absl::StatusOr<ModelSummary> Registry::Describe(absl::string_view model_name) const {
@@ -410,7 +403,7 @@ absl::StatusOr<uint64_t> Registry::Delete(absl::string_view model_name) {
     MutexLock lock(&mu_);
     auto it = models_.find(model_name);
     if (it == models_.end()) return ModelNotFound(model_name);
-    bytes = Summarize(*it->second).bytes;
+    bytes = HeldBytes(*it->second);
     doomed = std::move(it->second);
     models_.erase(it);
   }
@@ -427,7 +420,7 @@ std::vector<std::pair<std::string, uint64_t>> Registry::DeleteExpired(
       const Model& model = *it->second;
       if (model.lease_seconds > 0 &&
           now - model.last_used >= std::chrono::duration<double>(model.lease_seconds)) {
-        deleted.emplace_back(model.name, Summarize(model).bytes);
+        deleted.emplace_back(model.name, HeldBytes(model));
         doomed.push_back(std::move(it->second));
         it = models_.erase(it);
       } else {

@@ -140,6 +140,12 @@ class LayerWeights {
   const std::vector<CopyKey> used_before_;
   CopyCache& copies_;
   const WeightPreparer& prepare_;
+  // Rows [begin, end) of the copy in `format` and `layout` (all of them for
+  // Get), quantized, prepared by the backend and charged to `budget`.
+  absl::StatusOr<std::shared_ptr<const CachedCopy>> Make(mx::Format format, WeightLayout layout,
+                                                         int64_t begin, int64_t end,
+                                                         MemoryBudget& budget) const;
+
   mutable Mutex mu_;
   // Strong references live in copies_ and in the requests using a copy: an
   // evicted copy expires here once they are done.
@@ -263,6 +269,9 @@ class Registry {
   absl::Status CheckPublishable(const Model& model, const StagedMap& staged) const;
   uint64_t PublishLocked(Model& model);
   ModelSummary Summarize(const Model& model) const;
+  // What `model` holds: staged tensors, then each published layer's masters and
+  // copies (ModelSummary::bytes).
+  uint64_t HeldBytes(const Model& model) const;
 
   MemoryBudget* budget_;
   const WeightPreparer prepare_;
