@@ -46,6 +46,17 @@ std::function<absl::Status(const std::string&, DaemonOptions&)> IntSetter(std::s
   };
 }
 
+// A byte size (ParseBytes: K/M/G suffixes).
+std::function<absl::Status(const std::string&, DaemonOptions&)> BytesSetter(
+    std::string name, uint64_t DaemonOptions::*field) {
+  return [name, field](const std::string& text, DaemonOptions& o) {
+    absl::StatusOr<uint64_t> bytes = ParseBytes(text);
+    if (!bytes.ok()) return FlagError(name, bytes.status().message());
+    o.*field = *bytes;
+    return absl::OkStatus();
+  };
+}
+
 std::function<absl::Status(const std::string&, DaemonOptions&)> StringSetter(
     std::string DaemonOptions::*field) {
   return [field](const std::string& text, DaemonOptions& o) {
@@ -153,12 +164,7 @@ const std::vector<FlagSpec>& Flags() {
       {"weight-memory-bytes", "BYTES",
        "memory for weights: FP32 masters, staged uploads and quantized copies",
        [](const DaemonOptions& o) { return FormatBytes(o.weight_memory_bytes); },
-       [](const std::string& text, DaemonOptions& o) {
-         absl::StatusOr<uint64_t> bytes = ParseBytes(text);
-         if (!bytes.ok()) return FlagError("weight-memory-bytes", bytes.status().message());
-         o.weight_memory_bytes = *bytes;
-         return absl::OkStatus();
-       }},
+       BytesSetter("weight-memory-bytes", &DaemonOptions::weight_memory_bytes)},
       {"update-copies", "slice|cache",
        "update-phase weight copies: 'slice' quantizes them per call, in slices of at most 8 Mi "
        "weights, and holds none (a trainer changes its weights every step); 'cache' keeps them "
@@ -250,12 +256,7 @@ const std::vector<FlagSpec>& Flags() {
        "weight memory one principal's models may hold (as ModelInfo.weight_bytes counts it), "
        "checked when weights are staged; 0 is unlimited",
        [](const DaemonOptions& o) { return FormatBytes(o.quota_weight_bytes); },
-       [](const std::string& text, DaemonOptions& o) {
-         absl::StatusOr<uint64_t> bytes = ParseBytes(text);
-         if (!bytes.ok()) return FlagError("quota-weight-bytes", bytes.status().message());
-         o.quota_weight_bytes = *bytes;
-         return absl::OkStatus();
-       }},
+       BytesSetter("quota-weight-bytes", &DaemonOptions::quota_weight_bytes)},
       {"quota-inflight", "N",
        "calls one principal may have admitted and not yet answered (a stream counts once); "
        "beyond it calls fail RESOURCE_EXHAUSTED; 0 is unlimited",

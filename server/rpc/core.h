@@ -31,6 +31,8 @@ struct Core : ComputeContext {
   // Who may call what (--auth-tokens, ownership, --quota-*); null: everyone is
   // "anonymous" with role admin and there are no quotas.
   const Access* access = nullptr;
+  // The per-principal quotas (all unlimited without an Access).
+  Quotas quotas() const { return access ? access->quotas() : Quotas{}; }
   // Models' file loads and warm-ups (kLoaderThreads workers, kLoaderQueue deep).
   Scheduler* loader = nullptr;
   const ModelDirs* model_dirs = nullptr;

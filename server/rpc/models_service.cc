@@ -193,8 +193,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const uint64_t staged = tensors.size();
     pending_.clear();
     absl::StatusOr<uint64_t> version =
-        core_.registry->Stage(model_, std::move(tensors), publish_,
-                              core_.access ? core_.access->quotas().weight_bytes : 0);
+        core_.registry->Stage(model_, std::move(tensors), publish_, core_.quotas().weight_bytes);
     if (!version.ok()) return Done(version.status());
     core_.UpdateMemoryGauges();
     response_.set_model(model_);
@@ -319,9 +318,8 @@ grpc::ServerUnaryReactor* ModelsService::RegisterModel(grpc::CallbackServerConte
           layers.push_back({layer.name(), layer.out_features(), layer.in_features(), layer.bias()});
         }
         const std::string& owner = record.principal().name;
-        MX_RETURN_IF_ERROR(
-            core_.registry->Register(r.name(), std::move(layers), policy, r.lease_seconds(), owner,
-                                     core_.access ? core_.access->quotas().models : 0));
+        MX_RETURN_IF_ERROR(core_.registry->Register(
+            r.name(), std::move(layers), policy, r.lease_seconds(), owner, core_.quotas().models));
         FillModelInfo(*core_.registry->Describe(r.name()), out);
         core_.UpdateMemoryGauges();
         Log(LogLevel::kInfo, "model_registered",
@@ -398,10 +396,9 @@ absl::Status ModelsService::Load(const v1::LoadSafetensorsRequest& request,
     }
   }
   const uint64_t staged = tensors.size();
-  MX_ASSIGN_OR_RETURN(
-      const uint64_t version,
-      core_.registry->Stage(request.model(), std::move(tensors), request.publish(),
-                            core_.access ? core_.access->quotas().weight_bytes : 0));
+  MX_ASSIGN_OR_RETURN(const uint64_t version,
+                      core_.registry->Stage(request.model(), std::move(tensors), request.publish(),
+                                            core_.quotas().weight_bytes));
   core_.UpdateMemoryGauges();
   response->set_model(request.model());
   response->set_tensors_staged(staged);
