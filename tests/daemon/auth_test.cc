@@ -59,6 +59,37 @@ std::string MethodName(const char* path) {
   return full.substr(full.rfind('/') + 1);
 }
 
+// The calls the ownership and quota tests make as one principal or another
+// (`token`).
+grpc::Status DeleteModelAs(const std::shared_ptr<grpc::Channel>& channel, const char* token,
+                           const std::string& name) {
+  grpc::ClientContext context;
+  Authorize(context, token);
+  v1::DeleteModelRequest request;
+  request.set_name(name);
+  v1::DeleteModelResponse response;
+  return v1::Models::NewStub(channel)->DeleteModel(&context, request, &response);
+}
+
+grpc::Status DeletePolicyAs(const std::shared_ptr<grpc::Channel>& channel, const char* token,
+                            const std::string& name) {
+  grpc::ClientContext context;
+  Authorize(context, token);
+  v1::DeletePolicyRequest request;
+  request.set_name(name);
+  v1::DeletePolicyResponse response;
+  return v1::Policies::NewStub(channel)->DeletePolicy(&context, request, &response);
+}
+
+grpc::Status PutPolicyAs(const std::shared_ptr<grpc::Channel>& channel, const char* token,
+                         const std::string& json, v1::PolicyInfo* info) {
+  grpc::ClientContext context;
+  Authorize(context, token);
+  v1::PutPolicyRequest request;
+  request.set_json(json);
+  return v1::Policies::NewStub(channel)->PutPolicy(&context, request, info);
+}
+
 Rpc RpcNamed(const std::string& name) {
   for (int i = 0; i < static_cast<int>(Rpc::kCount); ++i) {
     if (mxserve::RpcName(static_cast<Rpc>(i)) == name) return static_cast<Rpc>(i);
@@ -239,12 +270,8 @@ TEST_F(AuthTest, OwnershipScenario) {
   const std::string policy_json =
       R"({"name": "alice-policy", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})";
   {
-    grpc::ClientContext context;
-    Authorize(context, kAlice);
-    v1::PutPolicyRequest request;
-    request.set_json(policy_json);
     v1::PolicyInfo info;
-    const grpc::Status s = policies->PutPolicy(&context, request, &info);
+    const grpc::Status s = PutPolicyAs(daemon_->channel(), kAlice, policy_json, &info);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(info.owner(), "alice");
   }
@@ -258,43 +285,18 @@ TEST_F(AuthTest, OwnershipScenario) {
     EXPECT_EQ(info.owner(), "alice");
   }
   {
-    grpc::ClientContext context;
-    Authorize(context, kBob);
-    v1::PutPolicyRequest request;
-    request.set_json(policy_json);
     v1::PolicyInfo info;
-    EXPECT_STATUS(policies->PutPolicy(&context, request, &info), PERMISSION_DENIED,
+    EXPECT_STATUS(PutPolicyAs(daemon_->channel(), kBob, policy_json, &info), PERMISSION_DENIED,
                   "PutPolicy: policy 'alice-policy' belongs to 'alice'");
   }
-  {
-    grpc::ClientContext context;
-    Authorize(context, kBob);
-    v1::DeletePolicyRequest request;
-    request.set_name("alice-policy");
-    v1::DeletePolicyResponse response;
-    EXPECT_STATUS(policies->DeletePolicy(&context, request, &response), PERMISSION_DENIED,
-                  "DeletePolicy: policy 'alice-policy' belongs to 'alice'");
-  }
+  EXPECT_STATUS(DeletePolicyAs(daemon_->channel(), kBob, "alice-policy"), PERMISSION_DENIED,
+                "DeletePolicy: policy 'alice-policy' belongs to 'alice'");
   // Bob may not delete her model; it still serves.
-  {
-    grpc::ClientContext context;
-    Authorize(context, kBob);
-    v1::DeleteModelRequest request;
-    request.set_name("alice-model");
-    v1::DeleteModelResponse response;
-    EXPECT_STATUS(models->DeleteModel(&context, request, &response), PERMISSION_DENIED,
-                  "DeleteModel: model 'alice-model' belongs to 'alice'");
-  }
-  {
-    grpc::ClientContext context;
-    Authorize(context, kCarol);
-    v1::DeleteModelRequest request;
-    request.set_name("alice-model");
-    v1::DeleteModelResponse response;
-    EXPECT_STATUS(models->DeleteModel(&context, request, &response), PERMISSION_DENIED,
-                  "DeleteModel needs role admin or the model's owner with role train; principal "
-                  "'carol' has role compute");
-  }
+  EXPECT_STATUS(DeleteModelAs(daemon_->channel(), kBob, "alice-model"), PERMISSION_DENIED,
+                "DeleteModel: model 'alice-model' belongs to 'alice'");
+  EXPECT_STATUS(DeleteModelAs(daemon_->channel(), kCarol, "alice-model"), PERMISSION_DENIED,
+                "DeleteModel needs role admin or the model's owner with role train; principal "
+                "'carol' has role compute");
   // Alice overwrites her own weights and deletes her policy.
   {
     v1::UploadWeightsResponse response;
@@ -304,49 +306,29 @@ TEST_F(AuthTest, OwnershipScenario) {
     EXPECT_EQ(response.weight_version(), 2u);
   }
   {
-    grpc::ClientContext context;
-    Authorize(context, kAlice);
-    v1::DeletePolicyRequest request;
-    request.set_name("alice-policy");
-    v1::DeletePolicyResponse response;
-    const grpc::Status s = policies->DeletePolicy(&context, request, &response);
+    const grpc::Status s = DeletePolicyAs(daemon_->channel(), kAlice, "alice-policy");
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
   // An admin may change anything: it replaces bob's policy and deletes alice's model.
   {
-    grpc::ClientContext put_context;
-    Authorize(put_context, kBob);
-    v1::PutPolicyRequest request;
-    request.set_json(
-        R"({"name": "bob-policy", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})");
     v1::PolicyInfo info;
-    ASSERT_TRUE(policies->PutPolicy(&put_context, request, &info).ok());
-    grpc::ClientContext context;
-    Authorize(context, kRoot);
-    v1::DeletePolicyRequest del;
-    del.set_name("bob-policy");
-    v1::DeletePolicyResponse response;
-    const grpc::Status s = policies->DeletePolicy(&context, del, &response);
+    ASSERT_TRUE(
+        PutPolicyAs(
+            daemon_->channel(), kBob,
+            R"({"name": "bob-policy", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})",
+            &info)
+            .ok());
+    const grpc::Status s = DeletePolicyAs(daemon_->channel(), kRoot, "bob-policy");
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
   {
-    grpc::ClientContext context;
-    Authorize(context, kRoot);
-    v1::DeleteModelRequest request;
-    request.set_name("alice-model");
-    v1::DeleteModelResponse response;
-    const grpc::Status s = models->DeleteModel(&context, request, &response);
+    const grpc::Status s = DeleteModelAs(daemon_->channel(), kRoot, "alice-model");
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
   // Alice deletes a model of her own.
   ASSERT_TRUE(Register(daemon_->channel().get(), "alice-model-2", layers, "", kAlice).ok());
   {
-    grpc::ClientContext context;
-    Authorize(context, kAlice);
-    v1::DeleteModelRequest request;
-    request.set_name("alice-model-2");
-    v1::DeleteModelResponse response;
-    const grpc::Status s = models->DeleteModel(&context, request, &response);
+    const grpc::Status s = DeleteModelAs(daemon_->channel(), kAlice, "alice-model-2");
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
   const std::string log = daemon_->Log();
@@ -362,14 +344,6 @@ class QuotaTest : public ::testing::Test {
         std::vector<std::string>{"--auth-tokens", tokens_.path(), "--quota-models", "2",
                                  "--quota-weight-bytes", "128", "--quota-inflight", "2"});
     ASSERT_TRUE(daemon_->ok());
-  }
-  grpc::Status DeleteModel(const std::string& name, const char* token) {
-    grpc::ClientContext context;
-    Authorize(context, token);
-    v1::DeleteModelRequest request;
-    request.set_name(name);
-    v1::DeleteModelResponse response;
-    return v1::Models::NewStub(daemon_->channel())->DeleteModel(&context, request, &response);
   }
   v1::ModelInfo Describe(const std::string& name) {
     grpc::ClientContext context;
@@ -400,7 +374,7 @@ TEST_F(QuotaTest, ModelsAtTheLimit) {
   EXPECT_EQ(list.models_size(), 2);
   EXPECT_TRUE(Register(channel, "b1", layers, "", kBob).ok());
   // A deleted model frees its place.
-  ASSERT_TRUE(DeleteModel("a1", kAlice).ok());
+  ASSERT_TRUE(DeleteModelAs(daemon_->channel(), kAlice, "a1").ok());
   EXPECT_TRUE(Register(channel, "a3", layers, "", kAlice).ok());
 }
 
