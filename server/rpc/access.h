@@ -52,7 +52,6 @@ class Access {
   Access(std::optional<AuthTokens> tokens, Quotas quotas)
       : tokens_(std::move(tokens)), quotas_(quotas) {}
 
-  bool enabled() const { return tokens_.has_value(); }
   const Quotas& quotas() const { return quotas_; }
 
   // The caller of `context`, allowed `rpc` by its role: UNAUTHENTICATED without
