@@ -278,3 +278,104 @@ def test_bonferroni_level_for_nine_configurations():
     assert wide.half_width > stats.mean_interval(x, resamples=4000).half_width
     with pytest.raises(ValueError):
         stats.bonferroni_level(0)
+
+
+# --- rollout–learner mismatch metrics (verl's names) ----------------------------------------
+
+
+def test_mismatch_metrics_by_hand():
+    torch = pytest.importorskip("torch")
+    from mxserve import ppo
+
+    # Two sequences of three tokens; the second's last token is padding (its
+    # ratio e^5 must not count). Valid ratios w = π_learner/π_rollout:
+    # [1, 3, 1/4] and [0.6, 1], cap 2 (band [1/2, 2]).
+    rollout = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -5.0]])
+    learner = torch.tensor([[-1.0, -2.0 + math.log(3), -0.5 - math.log(4)],
+                            [-1.0 + math.log(0.6), -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    m = ppo.mismatch_metrics(rollout, learner, mask, cap=2.0)
+    p = "rollout_corr/"
+    rel = dict(rel=1e-5)  # float32 inputs
+    # Untruncated weights: mean (1 + 3 + .25 + .6 + 1)/5, extremes .25 and 3.
+    assert m[p + "rollout_is_mean"] == pytest.approx(5.85 / 5, **rel)
+    assert m[p + "rollout_is_min"] == pytest.approx(0.25, **rel)
+    assert m[p + "rollout_is_max"] == pytest.approx(3.0, **rel)
+    # Above the cap: the 3; below 1/cap: the 1/4.
+    assert m[p + "rollout_is_ratio_fraction_high"] == pytest.approx(0.2)
+    assert m[p + "rollout_is_ratio_fraction_low"] == pytest.approx(0.2)
+    # Banded to [1/2, 2]: [1, 2, .5, .6, 1], mean 1.02, E[w'²] = 6.61/5 = 1.322.
+    assert m[p + "rollout_is_std"] == pytest.approx(math.sqrt(1.322 - 1.02 ** 2), **rel)
+    assert m[p + "rollout_is_eff_sample_size"] == pytest.approx(1.02 ** 2 / 1.322, **rel)
+    # K1 = mean(−log w) = −(ln 3 + ln ¼ + ln 0.6)/5 = ln(20/9)/5.
+    assert m[p + "kl"] == pytest.approx(math.log(20 / 9) / 5, **rel)
+    # K3 = mean(w − 1 − ln w): 0, 2 − ln 3, −¾ + ln 4, −0.4 + ln(5/3), 0.
+    k3 = (2 - math.log(3)) + (-0.75 + math.log(4)) + (-0.4 + math.log(5 / 3))
+    assert m[p + "k3_kl"] == pytest.approx(k3 / 5, **rel)
+    # Per-sequence mean log-probs: learner (−3.5 − ln(4/3))/3 and −1 + ln(0.6)/2;
+    # rollout −3.5/3 and −1.
+    learner_seq = [(-3.5 - math.log(4 / 3)) / 3, -1 + math.log(0.6) / 2]
+    rollout_seq = [-3.5 / 3, -1.0]
+    assert m[p + "training_ppl"] == pytest.approx(sum(math.exp(-v) for v in learner_seq) / 2,
+                                                  **rel)
+    assert m[p + "rollout_ppl"] == pytest.approx(sum(math.exp(-v) for v in rollout_seq) / 2,
+                                                 **rel)
+    assert m[p + "training_log_ppl"] == pytest.approx(-sum(learner_seq) / 2, **rel)
+    assert m[p + "rollout_log_ppl"] == pytest.approx(-sum(rollout_seq) / 2, **rel)
+    # Gap per sequence: ln(4/3)/3 and ln(5/3)/2, both positive (the learner finds
+    # the sampled text less likely than the sampler did).
+    gaps = [math.log(4 / 3) / 3, math.log(5 / 3) / 2]
+    assert m[p + "log_ppl_diff"] == pytest.approx(sum(gaps) / 2, **rel)
+    assert m[p + "log_ppl_abs_diff"] == pytest.approx(sum(gaps) / 2, **rel)
+    assert m[p + "ppl_ratio"] == pytest.approx(((4 / 3) ** (1 / 3) + (5 / 3) ** 0.5) / 2, **rel)
+    # χ²: mean(w²) − 1 = (1 + 9 + 1/16 + 0.36 + 1)/5 − 1; sequences: products
+    # 3/4 and 0.6, squared and averaged, minus 1.
+    assert m[p + "chi2_token"] == pytest.approx(11.4225 / 5 - 1, **rel)
+    assert m[p + "chi2_seq"] == pytest.approx((0.5625 + 0.36) / 2 - 1, **rel)
+    assert len(m) == 18 and all(k.startswith(p) for k in m)
+
+
+def test_mismatch_metrics_identical_policies_and_checks():
+    torch = pytest.importorskip("torch")
+    from mxserve import ppo
+
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.6, 0.3]]))
+    mask = torch.ones(2, 3)
+    m = ppo.mismatch_metrics(logp, logp.clone(), mask, prefix="")
+    assert m["rollout_is_mean"] == m["rollout_is_min"] == m["rollout_is_max"] == 1.0
+    assert m["rollout_is_eff_sample_size"] == pytest.approx(1.0)
+    assert m["rollout_is_std"] == 0.0
+    assert m["kl"] == 0.0 and m["k3_kl"] == 0.0 and m["ppl_ratio"] == 1.0
+    assert m["training_ppl"] == m["rollout_ppl"]
+    with pytest.raises(ValueError, match="no token"):
+        ppo.mismatch_metrics(logp, logp, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="shapes"):
+        ppo.mismatch_metrics(logp, logp[:, :2], mask)
+
+
+def test_a_local_ppo_step_reports_the_mismatch_metrics():
+    torch = pytest.importorskip("torch")
+    from mxserve import rlhf
+    from mxserve.models import ModelConfig, build_model
+
+    tiny = dict(arch="qwen2", vocab_size=24, hidden_size=32, num_layers=2, num_heads=4,
+                num_kv_heads=2, intermediate_size=48, max_positions=64, norm_eps=1e-6,
+                tie_word_embeddings=True, eos_token_id=1)
+
+    def lm(seed):
+        torch.manual_seed(seed)
+        return build_model(ModelConfig(**tiny)).eval()
+
+    config = rlhf.PPOConfig(batch_size=4, response_length=4, learning_rate=1e-3, is_level="none")
+    trainer = rlhf.PPOTrainer(None, lm(0), rlhf.RewardModel(lm(2)), config, eos_id=1, pad_id=0,
+                              seed=0)
+    metrics = trainer.step([[5, 6, 7, 2], [8, 9, 2], [10, 11, 12, 13, 2], [14, 2]])
+    # Locally the sampler and the learner are the same FP32 arithmetic: no mismatch,
+    # and the metrics are there even without a correction ("none").
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-4)
+    assert metrics["rollout_corr/k3_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["rollout_corr/ppl_ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["rollout_corr/training_ppl"] > 1.0
+    assert "is/ess" not in metrics  # the correction's own statistics need a correction
