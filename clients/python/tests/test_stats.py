@@ -181,6 +181,9 @@ def test_bootstrap_is_fast_enough():
     start = time.perf_counter()
     stats.win_rate(scores, rng.normal(size=(5, 800)), resamples=10_000)
     assert time.perf_counter() - start < 1.0
+    start = time.perf_counter()
+    stats.spearman_interval(scores, scores + rng.normal(size=(5, 800)), resamples=2000)
+    assert time.perf_counter() - start < 2.0
 
 
 # --- Spearman -------------------------------------------------------------------------------
