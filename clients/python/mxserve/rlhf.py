@@ -370,7 +370,10 @@ class PPOTrainer:
     def step(self, prompts: Sequence[Sequence[int]]) -> Dict[str, float]:
         """One PPO iteration on a batch of prompts: rollout, scoring, then
         `num_ppo_epochs` passes over `num_mini_batches` minibatches. Returns TRL's
-        metrics plus the importance-sampling health metrics."""
+        metrics, the truncated-IS weights' own statistics ("is/weight_mean",
+        "is/weight_std", "is/ess", "is/truncated", "is/prob_gap"; absent with
+        is_level "none") and verl's rollout-correction metrics
+        ("rollout_corr/rollout_is_mean", ..., see ppo.mismatch_metrics; always)."""
         cfg = self.config
         rollout = self.rollout(prompts)
         ids, mask, width = rollout.ids, rollout.mask, rollout.prompt_width
@@ -462,4 +465,9 @@ class PPOTrainer:
             metrics.update({"is/weight_mean": float(health.mean), "is/weight_std": float(health.std),
                             "is/ess": float(health.ess), "is/truncated": float(health.truncated),
                             "is/prob_gap": float(health.prob_gap)})
+        # The rollout-learner mismatch as verl logs it ("rollout_corr/..."), every
+        # step: it is a diagnostic of the quantized sampler, needed most when no
+        # correction is applied.
+        metrics.update(ppo.mismatch_metrics(rollout.logprobs, old_logprobs, response_mask,
+                                            cfg.is_cap))
         return metrics
