@@ -180,6 +180,9 @@ class Experiment:
     profile_batches: int = 2
     eval_prompts: int = DEFAULT_EVAL_PROMPTS
     eval_seed: int = 1234
+    # Prompts per evaluation batch: evaluation has no optimizer step, so it batches
+    # wider than PPO does (fewer calls per prompt); 0 means PPO's batch size.
+    eval_batch_size: int = 32
 
 
 def _check_keys(where: str, mapping: Any, allowed: Iterable[str]) -> Dict[str, Any]:
@@ -333,10 +336,11 @@ def load_config(source: Any) -> Experiment:
 
     profile = _check_keys("profile", data.get("profile", {}), {"batches"})
     profile_batches = _check_value("profile.batches", profile.get("batches", 2), int, 1)
-    evaluation = _check_keys("eval", data.get("eval", {}), {"prompts", "seed"})
+    evaluation = _check_keys("eval", data.get("eval", {}), {"prompts", "seed", "batch_size"})
     eval_prompts = _check_value("eval.prompts", evaluation.get("prompts", DEFAULT_EVAL_PROMPTS),
                                 int, 1)
     eval_seed = _check_value("eval.seed", evaluation.get("seed", 1234), int, 0)
+    eval_batch_size = _check_value("eval.batch_size", evaluation.get("batch_size", 32), int, 0)
 
     entries = data.get("configurations", DEFAULT_MATRIX)
     if not isinstance(entries, list):
@@ -375,7 +379,7 @@ def load_config(source: Any) -> Experiment:
     return Experiment(name=name, task=task, ppo=ppo_config, steps=steps, seeds=list(seeds),
                       repetitions=repetitions, configurations=configurations,
                       profile_batches=profile_batches, eval_prompts=eval_prompts,
-                      eval_seed=eval_seed)
+                      eval_seed=eval_seed, eval_batch_size=eval_batch_size)
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -531,7 +535,7 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
     config_scores: List[float] = []
     kls: List[float] = []
     try:
-        bs = experiment.ppo.batch_size
+        bs = experiment.eval_batch_size or experiment.ppo.batch_size
         for start in range(0, len(prompts), bs):
             rollout = trainer.rollout(prompts[start:start + bs], keep_logits=True,
                                       generator=generator)

@@ -217,6 +217,9 @@ def _noise_floor(base_runs: Sequence[Any], level: float) -> Optional[Dict[str, A
         "policy": "FP16 seed " + ", ".join(f"{_field(r, 'seed')} vs {_field(r, 'noise_vs_seed')}"
                                           for r in later)}
     _quality(row, later, _cells(previous, "judge_scores"), _cells(later, "noise_kls"), level)
+    # Both sides score in FP16: a reward ρ here would be 1 by construction.
+    for key in ("reward_spearman", "reward_spearman_lo", "reward_spearman_hi"):
+        row.pop(key, None)
     return row
 
 
