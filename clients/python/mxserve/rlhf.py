@@ -48,6 +48,7 @@ from torch import nn
 from mxserve import ppo
 from mxserve._wire import PHASES
 from mxserve.client import Client
+from mxserve.energy_model import WorkKey
 from mxserve.torch import OffloadSession, PhaseTotals, offload
 
 __all__ = ["PPOConfig", "PPOTrainer", "PolicyWithValue", "Rollout", "RewardModel",
@@ -318,6 +319,16 @@ class PPOTrainer:
             for phase, totals in session.totals.items():
                 summed.setdefault(phase, PhaseTotals()).merge(totals)
         return summed
+
+    def work(self, run: Optional[str] = None) -> Dict[WorkKey, int]:
+        """The GEMMs the daemon booked, merged over every session ({WorkKey: count},
+        see OffloadSession.work); only run `run`'s when given. For
+        mxserve.energy_model.phase_joules and saving_range."""
+        merged: Dict[WorkKey, int] = {}
+        for session in self.sessions.values():
+            for key, count in session.work(run).items():
+                merged[key] = merged.get(key, 0) + count
+        return merged
 
     def policy_copy(self) -> nn.Module:
         """A plain local copy of the policy LM as trained (no offloaded modules)."""
