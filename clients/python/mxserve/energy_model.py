@@ -42,7 +42,9 @@ __all__ = ["BLOCK_SIZE", "DEFAULT_PATH", "ELEMENT_BITS", "EnergyModel", "EnergyM
 # The repository's parameter file, found from this package's place in the checkout
 # (clients/python/mxserve/ → ../../../fpga/model/). An installed package has no
 # checkout around it: pass the path then.
-DEFAULT_PATH = pathlib.Path(__file__).resolve().parents[3] / "fpga" / "model" / "energy_model.json"
+_HERE = pathlib.Path(__file__).resolve()
+DEFAULT_PATH = (_HERE.parents[3] if len(_HERE.parents) > 3 else _HERE.parent) / "fpga" / \
+    "model" / "energy_model.json"
 
 # mx/format.cc: bits one element takes in the packed layout, by format, in the
 # order of mx::Format (which is also the wire order, _wire.FORMATS).
