@@ -124,18 +124,24 @@ def test_the_ledger_prices_to_what_the_daemon_booked_in_every_phase(small_client
         # grad_input of the projection, split along M too.
         assert update[entry(mx8, 30, HIDDEN, VOCAB, "grad_input")] == 1
         assert update[entry(mx8, 18, HIDDEN, VOCAB, "grad_input")] == 1
-        # The first layer's input needs no gradient, but a call without weight_rows
-        # makes the daemon compute (and book) grad_input anyway: so does the ledger.
-        assert update[entry(("INT8", "INT8"), TOKENS, 64, HIDDEN, "grad_input")] == 1
+        first_grad_input = entry(("INT8", "INT8"), TOKENS, 64, HIDDEN, "grad_input")
+        # grad_weight of the projection: rows of W [n_slice, 96] over the 48 tokens.
         slices = {key.m: count for key, count in update.items()
-                  if key.kind == "grad_weight" and key.k == HIDDEN}
+                  if key.kind == "grad_weight" and key.n == HIDDEN}
         if grad_weight == "remote":
+            # The first layer's input needs no gradient, but its call (for
+            # grad_weight) carries no weight_rows, so the daemon computes and books
+            # grad_input anyway: so does the ledger.
+            assert update[first_grad_input] == 1
             # weight_rows slices of the 8192 rows, each with all 48 rows of X.
             assert len(slices) > 1 and sum(m * c for m, c in slices.items()) == VOCAB
+            assert all(key.k == TOKENS for key in update if key.kind == "grad_weight")
             assert update[entry(("INT8", "INT8"), HIDDEN, 64, TOKENS, "grad_weight")] == 1
             assert len(update) == 9
         else:
-            assert slices == {} and len(update) == 6
+            # Locally the first layer needs nothing from the daemon: no call at all.
+            assert first_grad_input not in update
+            assert slices == {} and len(update) == 5
         assert {key.phase for key in work} == set(PHASES)
         assert all(key._replace(phase="update") in work for key in work)
 
