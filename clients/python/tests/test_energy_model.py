@@ -3,7 +3,6 @@ worked out by hand, the parameter file's ranges and their checks, and the saving
 range where the answer is known. (test_energy_ledger.py checks the port against
 the daemon itself.)"""
 
-import copy
 import itertools
 import json
 import math
