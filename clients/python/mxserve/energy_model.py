@@ -18,9 +18,11 @@ factor must cancel), and reports the nominal saving, its min and max over the
 box, and a one-at-a-time swing per parameter. See fpga/README.md, "Parameter
 ranges".
 
-Work is what `mxserve.torch.OffloadSession.work()` records: {WorkKey: count}, a
-WorkKey being (phase, run, x_format, w_format, m, n, k, kind) with m, n, k the
-arguments the daemon passed to EstimateGemm (Y is m×n, the contraction is k).
+Work is what `mxserve.torch.OffloadSession.work()` records: rows of (phase, run,
+x_format, w_format, m, n, k, kind, count), m, n, k being the arguments the daemon
+passed to EstimateGemm (Y is m×n, the contraction is k), as JSON-ready dicts so a
+run's work can be stored beside its results and re-priced later. Every function
+here also takes {WorkKey: count} (`work_counts` turns rows into that).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 __all__ = ["BLOCK_SIZE", "DEFAULT_PATH", "ELEMENT_BITS", "EnergyModel", "EnergyModelError",
            "GemmEstimate", "ParamRange", "SavingRange", "SavingReport", "Swing", "WorkKey",
            "estimate_gemm", "load_energy_model", "packed_bytes", "parse_energy_model",
-           "phase_joules", "recast", "saving_range"]
+           "merge_work", "phase_joules", "recast", "saving_range", "work_counts", "work_rows"]
 
 # The repository's parameter file, found from this package's place in the checkout
 # (clients/python/mxserve/ → ../../../fpga/model/). An installed package has no
@@ -76,7 +78,9 @@ class WorkKey(NamedTuple):
     kind: str         # "forward", "grad_input" or "grad_weight"
 
 
-Work = Mapping[Union[WorkKey, Tuple], int]
+# Rows ({"phase", "run", "x_format", "w_format", "m", "n", "k", "kind", "count"}),
+# or {WorkKey or 8-tuple: count}.
+Work = Union[Iterable[Mapping[str, Any]], Mapping[Union[WorkKey, Tuple], int]]
 
 
 @dataclass(frozen=True)
@@ -329,12 +333,38 @@ def estimate_gemm(params: EnergyModel, x_format: str, w_format: str, m: int, n: 
 
 
 def _items(work: Work) -> Iterable[Tuple[WorkKey, int]]:
-    for key, count in work.items():
-        yield (key if isinstance(key, WorkKey) else WorkKey(*key)), count
+    if isinstance(work, Mapping):
+        for key, count in work.items():
+            yield (key if isinstance(key, WorkKey) else WorkKey(*key)), count
+        return
+    for row in work:
+        try:
+            yield WorkKey(*(row[f] for f in WorkKey._fields)), row["count"]
+        except KeyError as error:
+            raise ValueError(f"work: a row without {error.args[0]!r}: {dict(row)!r}") from None
+
+
+def work_counts(work: Work) -> Dict[WorkKey, int]:
+    """{WorkKey: count}, counts of equal keys summed."""
+    out: Dict[WorkKey, int] = {}
+    for key, count in _items(work):
+        out[key] = out.get(key, 0) + count
+    return out
+
+
+def work_rows(work: Work) -> List[Dict[str, Any]]:
+    """JSON-ready rows, one per distinct GEMM, in a stable order."""
+    return [{**key._asdict(), "count": count}
+            for key, count in sorted(work_counts(work).items())]
+
+
+def merge_work(*works: Work) -> List[Dict[str, Any]]:
+    """Several ledgers (sessions of one trainer, say) as one, counts summed."""
+    return work_rows([row for work in works for row in work_rows(work)])
 
 
 def phase_joules(work: Work, params: EnergyModel) -> Dict[str, float]:
-    """Joules per phase of a work ledger ({WorkKey or 8-tuple: count}) under these
+    """Joules per phase of a work ledger (rows, or {WorkKey: count}) under these
     parameters: count × estimate_gemm summed, as the daemon books each call."""
     out: Dict[str, float] = {}
     for key, count in _items(work):
@@ -343,7 +373,7 @@ def phase_joules(work: Work, params: EnergyModel) -> Dict[str, float]:
     return out
 
 
-def recast(work: Work, x_format: str, w_format: Optional[str] = None) -> Dict[WorkKey, int]:
+def recast(work: Work, x_format: str, w_format: Optional[str] = None) -> List[Dict[str, Any]]:
     """The same GEMMs in other formats (w_format defaults to x_format): a uniform
     baseline (say FP16) priced on exactly the shapes a configuration ran, rather
     than on another run whose sampled lengths differ."""
@@ -351,11 +381,8 @@ def recast(work: Work, x_format: str, w_format: Optional[str] = None) -> Dict[Wo
     for f in (x_format, w_format):
         if f not in ELEMENT_BITS:
             raise ValueError(f"recast: unknown format {f!r}; expected one of {', '.join(FORMATS)}")
-    out: Dict[WorkKey, int] = {}
-    for key, count in _items(work):
-        new = key._replace(x_format=x_format, w_format=w_format)
-        out[new] = out.get(new, 0) + count
-    return out
+    return merge_work([{**key._asdict(), "x_format": x_format, "w_format": w_format, "count": count}
+                       for key, count in _items(work)])
 
 
 # --- the saving and its range -------------------------------------------------------------
@@ -509,8 +536,8 @@ def saving_range(config_work: Work, baseline_work: Work, params: EnergyModel, *,
     if not params.ranges:
         raise EnergyModelError(f"{params.path or 'energy model'}: no \"ranges\" object; "
                                "saving_range needs a low and a high for every parameter")
-    config_items = dict(_items(config_work))
-    baseline_items = dict(_items(baseline_work))
+    config_items = work_counts(config_work)
+    baseline_items = work_counts(baseline_work)
     phases = sorted({k.phase for k in config_items} | {k.phase for k in baseline_items})
     config = _Compiled(config_items, params.pe_rows, params.pe_cols, phases)
     baseline = _Compiled(baseline_items, params.pe_rows, params.pe_cols, phases)

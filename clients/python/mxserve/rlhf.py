@@ -40,7 +40,7 @@ import copy
 import dataclasses
 import math
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -48,7 +48,7 @@ from torch import nn
 from mxserve import ppo
 from mxserve._wire import PHASES
 from mxserve.client import Client
-from mxserve.energy_model import WorkKey
+from mxserve.energy_model import merge_work
 from mxserve.torch import OffloadSession, PhaseTotals, offload
 
 __all__ = ["PPOConfig", "PPOTrainer", "PolicyWithValue", "Rollout", "RewardModel",
@@ -320,15 +320,11 @@ class PPOTrainer:
                 summed.setdefault(phase, PhaseTotals()).merge(totals)
         return summed
 
-    def work(self, run: Optional[str] = None) -> Dict[WorkKey, int]:
-        """The GEMMs the daemon booked, merged over every session ({WorkKey: count},
+    def work(self, run: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The GEMMs the daemon booked, merged over every session (JSON-ready rows,
         see OffloadSession.work); only run `run`'s when given. For
         mxserve.energy_model.phase_joules and saving_range."""
-        merged: Dict[WorkKey, int] = {}
-        for session in self.sessions.values():
-            for key, count in session.work(run).items():
-                merged[key] = merged.get(key, 0) + count
-        return merged
+        return merge_work(*(session.work(run) for session in self.sessions.values()))
 
     def policy_copy(self) -> nn.Module:
         """A plain local copy of the policy LM as trained (no offloaded modules)."""

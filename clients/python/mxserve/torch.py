@@ -27,8 +27,8 @@ along the rows of W (`weight_rows`). Every piece is bit-identical to the same pa
 of an unsplit call, and each is booked, so the energy ledger holds the whole.
 
 `session.work(run)` counts the GEMMs the daemon booked for this session's calls,
-split pieces included, as {WorkKey(phase, run, x_format, w_format, m, n, k, kind):
-count} with m, n, k the daemon's EstimateGemm arguments: the input of
+split pieces included, as JSON-ready rows {phase, run, x_format, w_format, m, n,
+k, kind, count} with m, n, k the daemon's EstimateGemm arguments: the input of
 `mxserve.energy_model.phase_joules` and `saving_range`, which re-price the same
 work under other model parameters. `session.reset_work(run)` clears it.
 """
@@ -38,7 +38,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ from torch.autograd.function import once_differentiable
 
 from mxserve import _wire
 from mxserve.client import ENVELOPE_BYTES, Client, MxserveError
-from mxserve.energy_model import WorkKey
+from mxserve.energy_model import WorkKey, work_rows
 from mxserve.types import ExecutionInfo, LayerSpec
 
 __all__ = ["OffloadSession", "OffloadedLinear", "PhaseTotals", "offload"]
@@ -373,11 +373,13 @@ class OffloadSession:
         self._work[WorkKey(phase or "unspecified", run or "", info.format, info.weight_format,
                            int(m), int(n), int(k), kind)] += 1
 
-    def work(self, run: Optional[str] = None) -> Dict[WorkKey, int]:
-        """The GEMMs the daemon booked for this session's calls: {WorkKey: count},
-        a copy; only run `run`'s ("" the untagged calls) when given, else all."""
-        return {key: count for key, count in self._work.items()
-                if run is None or key.run == run}
+    def work(self, run: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The GEMMs the daemon booked for this session's calls, one JSON-ready row
+        per distinct GEMM: {phase, run, x_format, w_format, m, n, k, kind, count}
+        (mxserve.energy_model.WorkKey's fields and the count); only run `run`'s
+        ("" the untagged calls) when given, else all."""
+        return work_rows({key: count for key, count in self._work.items()
+                          if run is None or key.run == run})
 
     def reset_work(self, run: Optional[str] = None) -> None:
         """Forgets the ledger: run `run`'s entries, or all of them."""

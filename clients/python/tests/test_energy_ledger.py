@@ -68,7 +68,8 @@ def test_the_daemon_books_what_estimate_gemm_computes(client, model_name, params
         assert info.model_joules == pytest.approx(joules, rel=1e-12)
         assert info.model_joules == em.estimate_gemm(params, fmt, fmt, m, n, k).joules
         assert info.model_seconds == em.estimate_gemm(params, fmt, fmt, m, n, k).seconds
-        assert session.work() == {WorkKey("rollout", "", fmt, fmt, m, n, k, "forward"): 1}
+        assert session.work() == [{**WorkKey("rollout", "", fmt, fmt, m, n, k, "forward")._asdict(),
+                                   "count": 1}]
     finally:
         session.restore()
 
@@ -97,8 +98,8 @@ def test_the_ledger_prices_to_what_the_daemon_booked_in_every_phase(small_client
         with client.phase("rollout"), torch.no_grad():
             model(x)
 
-        work = session.work(run)
-        assert {key.run for key in session.work()} == {run, ""}
+        work = em.work_counts(session.work(run))
+        assert {row["run"] for row in session.work()} == {run, ""}
         ours = em.phase_joules(work, params)
         responses = {phase: t.model_joules for phase, t in session.totals.items()}
         untagged = em.phase_joules(session.work(""), params)["rollout"]
@@ -146,9 +147,9 @@ def test_the_ledger_prices_to_what_the_daemon_booked_in_every_phase(small_client
         assert all(key._replace(phase="update") in work for key in work)
 
         session.reset_work(run)
-        assert session.work(run) == {} and session.work("") != {}
+        assert session.work(run) == [] and session.work("") != []
         session.reset_work()
-        assert session.work() == {}
+        assert session.work() == []
     finally:
         session.restore()
 
@@ -170,13 +171,17 @@ def test_a_ppo_step_ledger_matches_the_runs_energy_report(client, params):
                               eos_id=1, pad_id=0, seed=0, run=run, name_prefix="test-emodel")
     try:
         trainer.step([[5, 6, 7, 2], [8, 9, 2], [10, 11, 12, 13, 2], [14, 2]])
-        work = trainer.work(run)
-        assert work and trainer.work("another-run") == {}
+        work = em.work_counts(trainer.work(run))
+        assert work and trainer.work("another-run") == []
         # Merged over the three sessions: the reward phase is the reference's and
         # the reward model's calls together.
+        merged = {}
         for session in trainer.sessions.values():
-            for key, count in session.work(run).items():
-                assert work[key] >= count
+            for key, count in em.work_counts(session.work(run)).items():
+                merged[key] = merged.get(key, 0) + count
+        assert merged == work
+        assert {key.phase for key in em.work_counts(trainer.sessions["reward"].work())} == \
+            {"reward"}
         ours = em.phase_joules(work, params)
         booked = client.energy_report(run=run).by_phase("fpga_model")
         totals = trainer.totals()

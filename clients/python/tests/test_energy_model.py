@@ -101,9 +101,26 @@ def test_phase_joules_counts_each_entry_and_recast_keeps_the_shapes(shipped):
     assert joules["rollout"] == pytest.approx(3 * 0.0018193473712, rel=1e-12)
     assert joules["update"] == pytest.approx(2 * 0.0012155672405333333, rel=1e-12)
     fp16 = em.recast({fwd: 3, gi: 2}, FP16)
-    assert fp16 == {fwd._replace(x_format=FP16, w_format=FP16): 3, WorkKey(*gi): 2}
+    assert em.work_counts(fp16) == {fwd._replace(x_format=FP16, w_format=FP16): 3,
+                                    WorkKey(*gi): 2}
     with pytest.raises(ValueError, match="unknown format 'FP8'"):
         em.recast({fwd: 1}, "FP8")
+
+
+def test_work_rows_are_json_and_price_as_the_counts_do(shipped):
+    a = WorkKey("rollout", "r", MXFP4, MXFP4, 8, 4864, 896, "forward")
+    b = WorkKey("update", "r", FP16, FP16, 8, 896, 896, "grad_input")
+    rows = em.work_rows({b: 2, a: 3})
+    # Sorted by key, one row per GEMM, and through JSON unchanged.
+    assert rows == [{"phase": "rollout", "run": "r", "x_format": MXFP4, "w_format": MXFP4,
+                     "m": 8, "n": 4864, "k": 896, "kind": "forward", "count": 3},
+                    {**b._asdict(), "count": 2}]
+    assert json.loads(json.dumps(rows)) == rows
+    assert em.phase_joules(rows, shipped) == em.phase_joules({a: 3, b: 2}, shipped)
+    # Merging sums the counts of equal GEMMs (two sessions, say).
+    assert em.work_counts(em.merge_work(rows, {a: 1}, [])) == {a: 4, b: 2}
+    with pytest.raises(ValueError, match="work: a row without 'count'"):
+        em.phase_joules([a._asdict()], shipped)
 
 
 # --- the parameter file -------------------------------------------------------------------
