@@ -618,9 +618,7 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
                        where=f"local:{local_device}" if local_device else "mxserved",
                        wall_seconds=wall, totals=totals, energy=energy, busy_seconds=busy,
                        curves=curves)
-    work = getattr(trainer, "work", None)
-    if callable(work):
-        result.work = work()
+    result.work = trainer.work(run_tag) if trainer.sessions else []
     if trainer.sessions:
         info = next(iter(trainer.sessions["policy"].layers.values())).last_info
         result.backend = info.backend if info is not None else ""
@@ -749,9 +747,38 @@ def run_experiment(client: Client, experiment: Experiment, out: str, *,
 
 
 def _energy_ranges(runs: List[RunResult], baseline: str) -> Optional[Dict[str, Dict[str, Any]]]:
-    """Per configuration, its FPGA-model saving's range over the energy model's
-    parameter box (filled in when the work ledger is available)."""
-    return None
+    """Per configuration, its FPGA-model saving (total and per phase) with its range
+    over the energy model's parameter box (fpga/model/energy_model.json, "ranges"):
+    the GEMMs the configuration's runs booked against those of the baseline's runs,
+    priced under the same parameters at every point (`energy_model.saving_range`),
+    and the parameters the saving is most sensitive to. None when the model file
+    is not found (an installed package without the repository)."""
+    from mxserve import energy_model
+
+    try:
+        params = energy_model.load_energy_model()
+    except (energy_model.EnergyModelError, OSError):
+        return None
+    by_config: Dict[str, List[RunResult]] = {}
+    for run in runs:
+        if run.work:
+            by_config.setdefault(run.configuration, []).append(run)
+    if baseline not in by_config:
+        return None
+    base_work = energy_model.merge_work(*(r.work for r in by_config[baseline]))
+    ranges: Dict[str, Dict[str, Any]] = {}
+    for name, group in by_config.items():
+        report = energy_model.saving_range(energy_model.merge_work(*(r.work for r in group)),
+                                           base_work, params)
+        fields: Dict[str, Any] = {"energy_range_method": report.method}
+        for phase, saving in report.phases.items():
+            key = "energy_saving_pct" if phase == "total" else f"energy_saving_{phase}_pct"
+            if saving.min is not None:
+                fields[f"{key}_min"], fields[f"{key}_max"] = saving.min, saving.max
+        fields["energy_sensitive_parameters"] = ", ".join(
+            report.phases["total"].most_sensitive(3)) if "total" in report.phases else ""
+        ranges[name] = fields
+    return ranges
 
 
 def _jobs(experiment: Experiment, device: str, local_baseline: bool):

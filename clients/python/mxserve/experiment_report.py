@@ -582,10 +582,14 @@ def _energy_section(rows: List[Dict[str, Any]], baseline: str) -> List[str]:
                   f"energy model's parameter box (fpga/model/energy_model.json, 'ranges'; "
                   f"{method}): the configuration and the baseline are evaluated under the same "
                   "parameters, so the range is that of the ratio.", ""]
-    for r in sensitive:
-        if r["configuration"] == "MX-D":
-            lines += [f"Policy D's saving is most sensitive to: {r['energy_sensitive_parameters']}.",
-                      ""]
+    if sensitive:
+        lines += ["| configuration | saving % (range) | rollout | reward | update | most "
+                  "sensitive to |", "|---|---|---|---|---|---|"]
+        for r in sensitive:
+            lines.append(f"| {r['configuration']} | {_saving(r)} | "
+                         + " | ".join(_saving(r, p) for p in PHASES)
+                         + f" | {r['energy_sensitive_parameters']} |")
+        lines.append("")
     gpu = [r for r in rows if "energy_gpu_baseline_J" in r]
     for r in gpu:
         label = r.get("energy_label", "measured")
