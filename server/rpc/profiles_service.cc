@@ -16,6 +16,16 @@
 namespace mxserve {
 namespace {
 
+// Policies' "@tolerant:F" / "@sensitive:F" rank a model's layers by its newest
+// kept profile (highest weight version: a ranking describes the layers, which
+// every version shares), else by the built-in ranking. Called after every
+// change to the model's profiles; a model deleted meanwhile has nothing to rank.
+void RankByNewestProfile(const Core& core, const std::string& model) {
+  absl::StatusOr<std::shared_ptr<const Profile>> newest = core.profiles->Get(model, 0);
+  (void)core.registry->SetToleranceOrder(
+      model, newest.ok() ? ProfileToleranceOrder(**newest) : std::vector<std::string>{});
+}
+
 v1::ProfileSource SourceToProto(ProfileSource source) {
   switch (source) {
     case ProfileSource::kWeights:
@@ -246,6 +256,7 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           auto kept = std::make_shared<const Profile>(*std::move(profile));
           FillProfile(*kept, true, &response_);
           core_.profiles->Put(kept);
+          RankByNewestProfile(core_, model_);
           Log(LogLevel::kInfo, "profiled",
               {{"model", model_},
                {"version", absl::StrCat(kept->weight_version)},
@@ -438,6 +449,7 @@ grpc::ServerUnaryReactor* ProfilesService::DeleteProfile(grpc::CallbackServerCon
         MX_RETURN_IF_ERROR(record.CheckModelOwner(r.model()));
         MX_ASSIGN_OR_RETURN(const uint32_t deleted,
                             core_.profiles->Delete(r.model(), r.weight_version()));
+        RankByNewestProfile(core_, r.model());
         out->set_deleted(deleted);
         return absl::OkStatus();
       });
@@ -504,7 +516,8 @@ absl::Status ProfilesService::Generate(const v1::GeneratePolicyRequest& request,
     summary->set_budget(p.budget);
     for (size_t i = 0; i < profile->layers.size(); ++i) {
       const std::string& layer = profile->layers[i].layer;
-      const ResolvedFormat resolved = Resolve(generated.policy, p.phase, layer, false);
+      // Generated rules are per-layer globs: no layer class, so no ranking needed.
+      const ResolvedFormat resolved = Resolve(generated.policy, p.phase, layer, LayerTolerance{});
       v1::ResolvedFormat* entry = response->add_entries();
       entry->set_phase(ToProto(p.phase));
       entry->set_layer(layer);
