@@ -389,7 +389,9 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   ASSERT_TRUE(RegisterAndPublish(channel(), "m", {q, mid, last}).ok());
   auto policies = v1::Policies::NewStub(daemon_.channel());
 
-  // D, the default: rollout MXFP4 on tolerant layers, MXFP8 on sensitive ones.
+  // D, the default, on the built-in ranking (mid, then last, then q most
+  // tolerant): rollout MXFP4 on round(0.8 · 3) = 2 layers, MXFP8 on q; update
+  // MXFP8 on round(0.2 · 3) = 1 layer, mid, FP16 on the rest.
   grpc::ClientContext c1;
   v1::ResolvePolicyRequest resolve;
   resolve.set_model("m");
@@ -400,7 +402,12 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   EXPECT_EQ(table.entries_size(), 9);
   EXPECT_EQ((t[{v1::PHASE_ROLLOUT, mid.name}]), v1::FORMAT_MXFP4_E2M1);
   EXPECT_EQ((t[{v1::PHASE_ROLLOUT, q.name}]), v1::FORMAT_MXFP8_E4M3);
-  EXPECT_EQ((t[{v1::PHASE_UPDATE, mid.name}]), v1::FORMAT_FP16);
+  EXPECT_EQ((t[{v1::PHASE_ROLLOUT, last.name}]), v1::FORMAT_MXFP4_E2M1);
+  EXPECT_EQ((t[{v1::PHASE_REWARD, mid.name}]), v1::FORMAT_MXFP8_E4M3);
+  EXPECT_EQ((t[{v1::PHASE_REWARD, q.name}]), v1::FORMAT_FP16);
+  EXPECT_EQ((t[{v1::PHASE_UPDATE, mid.name}]), v1::FORMAT_MXFP8_E4M3);
+  EXPECT_EQ((t[{v1::PHASE_UPDATE, last.name}]), v1::FORMAT_FP16);
+  EXPECT_EQ((t[{v1::PHASE_UPDATE, q.name}]), v1::FORMAT_FP16);
 
   // A forward without a format runs in the resolved one.
   const auto x = TestValues(32, 64);
