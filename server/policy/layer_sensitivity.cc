@@ -82,7 +82,8 @@ std::vector<uint32_t> ToleranceRanks(const std::vector<std::string>& layers,
   }
 
   std::vector<uint32_t> ranks(layers.size());
-  for (size_t rank = 0; rank < order.size(); ++rank) ranks[order[rank]] = static_cast<uint32_t>(rank);
+  for (size_t rank = 0; rank < order.size(); ++rank)
+    ranks[order[rank]] = static_cast<uint32_t>(rank);
   return ranks;
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
@@ -104,16 +103,16 @@ absl::StatusOr<LayerClass> ParseLayerClass(absl::string_view text) {
   absl::string_view rest = text;
   out.tolerant = absl::ConsumePrefix(&rest, kTolerantLayers);
   if (!out.tolerant && !absl::ConsumePrefix(&rest, kSensitiveLayers)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown layer class ", Quote(text),
-                                                   "; expected ", kLayerClassForms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown layer class ", Quote(text), "; expected ", kLayerClassForms));
   }
   if (rest.empty()) {
     out.complement = out.tolerant;  // bare "@tolerant": the complement of bare "@sensitive"
     return out;
   }
   if (rest[0] != ':') {
-    return absl::InvalidArgumentError(absl::StrCat("unknown layer class ", Quote(text),
-                                                   "; expected ", kLayerClassForms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown layer class ", Quote(text), "; expected ", kLayerClassForms));
   }
   rest.remove_prefix(1);
   // Plain decimals only ("0.8", ".25", "1"): no signs, exponents, "nan" or

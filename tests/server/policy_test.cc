@@ -100,9 +100,9 @@ TEST(LayerClass, ParsesTheFourFormsStrictly) {
   EXPECT_DOUBLE_EQ(tolerant.fraction, 0.8);
   EXPECT_DOUBLE_EQ(ParseLayerClass("@sensitive:.25").value().fraction, 0.25);
   EXPECT_DOUBLE_EQ(ParseLayerClass("@sensitive:1").value().fraction, 1.0);
-  for (const char* bad : {"@tolerant:", "@tolerant:abc", "@tolerant:-0.5", "@tolerant:+0.5",
-                          "@tolerant:1e-1", "@tolerant:0.5.1", "@tolerant:.", "@tolerant: 0.5",
-                          "@tolerant:nan", "@tolerant:0x1"}) {
+  for (const char* bad :
+       {"@tolerant:", "@tolerant:abc", "@tolerant:-0.5", "@tolerant:+0.5", "@tolerant:1e-1",
+        "@tolerant:0.5.1", "@tolerant:.", "@tolerant: 0.5", "@tolerant:nan", "@tolerant:0x1"}) {
     const absl::Status s = ParseLayerClass(bad).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("expected a decimal fraction in (0, 1]"), absl::string_view::npos)
@@ -236,8 +236,7 @@ TEST(Policy, FirstMatchingRuleWinsThenPhaseDefault) {
                             .value();
   // Of 4 layers, bare @sensitive is round(0.25 · 4) = 1, the least tolerant.
   const auto resolve = [&](Phase phase, const char* layer, bool sensitive) {
-    const ResolvedFormat r =
-        Resolve(policy, phase, layer, LayerTolerance{sensitive ? 3u : 0u, 4u});
+    const ResolvedFormat r = Resolve(policy, phase, layer, LayerTolerance{sensitive ? 3u : 0u, 4u});
     return std::make_pair(r.format, r.rule);
   };
   EXPECT_EQ(resolve(Phase::kRollout, "l.0.q_proj", false), std::make_pair(F::kMxint8, 0));
@@ -274,10 +273,8 @@ TEST(Policy, BuiltinPresetsFollowTheDesignTable) {
   EXPECT_EQ(table("fp16-baseline"), std::vector<F>(9, fp16));
   EXPECT_EQ(table("A-conservative"),
             (std::vector<F>{fp8, fp8, fp8, fp8, fp8, fp8, fp16, fp16, fp16}));
-  EXPECT_EQ(table("B-balanced"),
-            (std::vector<F>{fp4, fp4, fp8, fp4, fp4, fp8, fp16, fp16, fp16}));
-  EXPECT_EQ(table("C-aggressive"),
-            (std::vector<F>{fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp8}));
+  EXPECT_EQ(table("B-balanced"), (std::vector<F>{fp4, fp4, fp8, fp4, fp4, fp8, fp16, fp16, fp16}));
+  EXPECT_EQ(table("C-aggressive"), (std::vector<F>{fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp8}));
   EXPECT_EQ(table("D-phase-adaptive"),
             (std::vector<F>{fp4, fp4, fp8, fp8, fp8, fp16, fp8, fp16, fp16}));
   // Every preset survives its own JSON.

@@ -142,8 +142,8 @@ TEST(PresetEnergy, NoPresetCostsMoreThanFp16InAnyPhase) {
       const std::vector<std::string> names = Names(layers);
       std::array<double, 3> fp16{};
       for (Phase phase : kAllPhases) {
-        fp16[static_cast<int>(phase)] = PhaseJoules(
-            params, layers, std::vector<F>(layers.size(), F::kFp16), phase, m);
+        fp16[static_cast<int>(phase)] =
+            PhaseJoules(params, layers, std::vector<F>(layers.size(), F::kFp16), phase, m);
         ASSERT_GT(fp16[static_cast<int>(phase)], 0);
       }
       std::printf("FPGA-model energy vs uniform FP16, %s (%zu layers), M = %ld rows:\n", model,
