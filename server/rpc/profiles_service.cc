@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mx/status_macros.h"
+#include "server/base/mutex.h"
 #include "server/base/quote.h"
 #include "server/compute/wire.h"
 #include "server/profile/generate.h"
@@ -21,6 +22,12 @@ namespace {
 // every version shares), else by the built-in ranking. Called after every
 // change to the model's profiles; a model deleted meanwhile has nothing to rank.
 void RankByNewestProfile(const Core& core, const std::string& model) {
+  // Reading the newest and setting its order is one step: otherwise a re-rank
+  // that read before a concurrent Put or Delete could land after that one's
+  // own re-rank and leave a stale order. Static: shared by any daemons in one
+  // process, which serializes re-ranks more than needed and nothing else.
+  static Mutex mu;
+  MutexLock lock(&mu);
   absl::StatusOr<std::shared_ptr<const Profile>> newest = core.profiles->Get(model, 0);
   (void)core.registry->SetToleranceOrder(
       model, newest.ok() ? ProfileToleranceOrder(**newest) : std::vector<std::string>{});
