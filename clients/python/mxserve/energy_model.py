@@ -280,7 +280,7 @@ def load_energy_model(path: Union[None, str, pathlib.Path] = None) -> EnergyMode
     fpga/model/energy_model.json next to this package (DEFAULT_PATH)."""
     target = pathlib.Path(path) if path is not None else DEFAULT_PATH
     try:
-        text = target.read_text()
+        text = target.read_text(encoding="utf-8")
     except OSError as error:
         how = ("" if path is not None else
                " (the default: the repository's fpga/model/energy_model.json, looked for "
@@ -288,6 +288,9 @@ def load_energy_model(path: Union[None, str, pathlib.Path] = None) -> EnergyMode
                "around it, so pass path=)")
         raise EnergyModelError(f"energy model '{target}': cannot read: "
                                f"{error.strerror or error}{how}") from None
+    except UnicodeDecodeError as error:
+        raise EnergyModelError(f"{target}: energy_model: not UTF-8 text (byte "
+                               f"{error.start})") from None
     return parse_energy_model(text, str(target))
 
 

@@ -95,3 +95,24 @@ def test_experiment_config(tmp_path):
             experiment.load_config(str(path))
         except experiment.ConfigError:
             pass
+
+
+def test_energy_model_file(tmp_path):
+    # The shipped parameter file with its ranges: a mutant either loads (and then
+    # prices a GEMM to a finite, positive number) or is refused naming the file.
+    from mxserve import energy_model
+
+    seed = energy_model.DEFAULT_PATH.read_bytes()
+    path = tmp_path / "energy_model.json"
+    parsed = 0
+    for mutant in mutations(seed, 5):
+        path.write_bytes(mutant)
+        try:
+            params = energy_model.load_energy_model(path)
+        except energy_model.EnergyModelError as error:
+            assert path.name in str(error), error
+            continue
+        parsed += 1
+        joules = energy_model.estimate_gemm(params, "MXFP4_E2M1", "FP16", 8, 896, 896).joules
+        assert joules > 0 and joules == joules and joules != float("inf")
+    assert 0 < parsed < CASES  # most edits in a 4 KiB file hit a string; some hit a check
