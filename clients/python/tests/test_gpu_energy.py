@@ -264,3 +264,37 @@ def test_report_energy_refuses_bad_intervals_and_keeps_the_good(client):
     # The good intervals of both streams stay booked, nothing of the refused ones.
     assert client.energy_report(run="energy/client").joules("gpu_client", "reward") == 500.0
 
+
+def test_the_experiments_local_baseline_reads_the_counter_at_the_trainers_phases(client, trace):
+    from mxserve import experiment
+    from test_rlhf import PROMPTS, _trainer
+
+    trace(-5.0, [(-3600.0, 120.0)])  # flat: each phase's joules are 120 W × its time
+    make = experiment._sampler_factory(client, "nvml", "cpu", "energy/ppo")
+    trainer = _trainer(None)
+    meter = make(lambda: trainer.current_phase)
+    assert isinstance(meter, EnergyMeter) and meter.has_counter
+    assert meter.sampled_source == "gpu_baseline_sampled"
+    entered = []
+
+    def hook(phase):  # what _run_one installs, with a record of the calls
+        entered.append(phase)
+        meter.boundary(phase)
+    trainer.phase_hook = hook
+    meter.idle_seconds = 0.1
+    meter.start()
+    trainer.step(PROMPTS)
+    meter.stop()
+    # One interval per phase switch, in the trainer's order, back to back.
+    sequence = ["rollout"] + entered  # the meter starts in the trainer's first phase
+    switches = [p for i, p in enumerate(sequence) if i == 0 or p != sequence[i - 1]]
+    assert [p for p, *_ in meter.intervals] == switches
+    assert {"rollout", "reward", "update"} <= set(switches)
+    report = client.energy_report(run="energy/ppo")
+    booked = report.by_phase("gpu_baseline")
+    for phase, entry in booked.items():
+        assert entry.joules == pytest.approx(120.0 * entry.busy_seconds, abs=0.05), phase
+        # The phase's intervals hold all of its wall time (and the host work after it).
+        assert entry.busy_seconds >= trainer.wall[phase] - 1e-3, phase
+    assert set(report.by_phase("gpu_baseline_sampled")) <= {"rollout", "reward", "update"}
+    assert meter.idle_watts == pytest.approx(120.0, abs=0.05)
