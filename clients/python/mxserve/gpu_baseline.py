@@ -593,8 +593,11 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     parser.add_argument("--out", help="write the summary here (JSON); '-' for stdout")
     parser.add_argument("--device", default="cuda:0", help="torch device (default cuda:0)")
     parser.add_argument("--power-source", default="nvml",
-                        help="nvml (the device's NVML index), nvml:INDEX, or replay:FILE "
-                             "(CSV timestamp,watts[,phase], played back in real time)")
+                        help="nvml (the device's NVML index: its energy counter, and the "
+                             "instant power field else the averaged reading; library "
+                             "$MXSERVE_NVML_LIBRARY or libnvidia-ml.so.1), nvml:INDEX, or "
+                             "replay:FILE (CSV timestamp,watts[,phase], played back in real "
+                             "time; no counter)")
     parser.add_argument("--interval", type=float, default=0.1, help="NVML sampling period, s")
     parser.add_argument("--workload", default="qwen2.5-0.5b",
                         help="qwen2.5-0.5b (its 168 linear layers) or a JSON file of "
@@ -603,8 +606,9 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     parser.add_argument("--reward-m", type=int, default=512, help="qwen workload: scored tokens")
     parser.add_argument("--update-m", type=int, default=512, help="qwen workload: trained tokens")
     parser.add_argument("--min-phase-seconds", type=float, default=0.0,
-                        help="repeat each phase's work until it ran this long (NVML averages "
-                             "power over ~1 s, so short phases need this)")
+                        help="repeat each phase's work until it ran this long (NVML's energy "
+                             "counter moves about every 100 ms, its averaged power reading "
+                             "spans ~1 s: short phases need this)")
     parser.add_argument("--source", default=SOURCE,
                         help="energy source label (default gpu_baseline); with a counter the "
                              "samples go to SOURCE_sampled")
