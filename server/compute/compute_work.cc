@@ -548,7 +548,7 @@ absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const 
         absl::StrCat("format: unspecified, and the model's active policy cannot be used: ",
                      policy.status().message()));
   }
-  return Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive).format;
+  return Resolve(*policy->policy, phase, view.weights->spec().name, view.tolerance).format;
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core,

@@ -19,6 +19,12 @@ absl::Status ModelNotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("model: no model named ", Quote(name)));
 }
 
+// A layer's place in its model's ranking (M: Registry::Model, private).
+template <typename M>
+LayerTolerance ToleranceOf(const M& model, size_t layer) {
+  return {model.tolerance_rank[layer], static_cast<uint32_t>(model.tolerance_rank.size())};
+}
+
 }  // namespace
 
 Registry::Registry(MemoryBudget* budget, WeightPreparer prepare, std::function<void(int)> on_evict)
@@ -189,7 +195,7 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
                      budget_->limit() - std::min(budget_->limit(), budget_->used()),
                      " of the weight memory limit (--weight-memory-bytes) are free"));
   }
-  model->sensitive = DefaultSensitiveLayers(names);
+  model->tolerance_rank = ToleranceRanks(names);
   model->layers = std::move(layers);
   model->published.resize(model->layers.size());
   MutexLock lock(&mu_);
@@ -252,7 +258,7 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
         absl::StrCat("min_weight_version: model ", Quote(model_name), " is at weight version ",
                      m.version, ", the request requires at least ", min_version));
   }
-  return LayerView{m.published[found->index], m.sensitive[found->index], m.policy};
+  return LayerView{m.published[found->index], ToleranceOf(m, found->index), m.policy};
 }
 
 absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name, absl::string_view layer,
@@ -366,7 +372,7 @@ ModelSummary Registry::Summarize(const Model& model) const {
   s.staged_tensors = model.staged.size();
   s.bytes = HeldBytes(model);
   for (size_t i = 0; i < model.layers.size(); ++i) {
-    ModelSummary::Layer layer{model.layers[i], {}, model.sensitive[i]};
+    ModelSummary::Layer layer{model.layers[i], {}, ToleranceOf(model, i)};
     if (const auto& weights = model.published[i]) layer.cached_formats = weights->CachedFormats();
     s.layers.push_back(std::move(layer));
   }
@@ -439,6 +445,19 @@ absl::StatusOr<std::string> Registry::SetPolicy(absl::string_view model_name,
   return std::exchange(it->second->policy, policy);
 }
 
+absl::Status Registry::SetToleranceOrder(absl::string_view model_name,
+                                         const std::vector<std::string>& measured) {
+  MutexLock lock(&mu_);
+  auto it = models_.find(model_name);
+  if (it == models_.end()) return ModelNotFound(model_name);
+  Model& model = *it->second;
+  std::vector<std::string> names;
+  names.reserve(model.layers.size());
+  for (const LayerSpec& spec : model.layers) names.push_back(spec.name);
+  model.tolerance_rank = ToleranceRanks(names, measured);
+  return absl::OkStatus();
+}
+
 bool Registry::PolicyInUse(absl::string_view policy) const {
   MutexLock lock(&mu_);
   for (const auto& [name, model] : models_) {
@@ -455,7 +474,7 @@ absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(
   std::vector<LayerView> out;
   const Model& m = **model;
   for (size_t i = 0; i < m.layers.size(); ++i) {
-    if (m.published[i]) out.push_back({m.published[i], m.sensitive[i], m.policy});
+    if (m.published[i]) out.push_back({m.published[i], ToleranceOf(m, i), m.policy});
   }
   return out;
 }

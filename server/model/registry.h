@@ -34,6 +34,7 @@
 #include "server/model/copy_cache.h"
 #include "server/model/memory_budget.h"
 #include "server/model/prepared_weight.h"
+#include "server/policy/policy.h"
 
 namespace mxserve {
 
@@ -165,7 +166,7 @@ struct StagedTensorKey {
 // format.
 struct LayerView {
   std::shared_ptr<const LayerWeights> weights;
-  bool sensitive = false;
+  LayerTolerance tolerance;  // its place in the model's tolerance ranking
   std::string policy;  // the model's active policy
 };
 
@@ -180,7 +181,7 @@ struct ModelSummary {
   struct Layer {
     LayerSpec spec;
     std::vector<mx::Format> cached_formats;
-    bool sensitive = false;
+    LayerTolerance tolerance;
   };
   std::vector<Layer> layers;
 };
@@ -234,6 +235,11 @@ class Registry {
   // Returns the previous policy.
   absl::StatusOr<std::string> SetPolicy(absl::string_view model, const std::string& policy);
   bool PolicyInUse(absl::string_view policy) const;
+  // Re-ranks the model's layers by tolerance: `measured` (layer names, most
+  // tolerant first, e.g. from its newest sensitivity profile) over the built-in
+  // ranking, as ToleranceRanks does; empty: the built-in ranking alone. NOT_FOUND
+  // for no such model.
+  absl::Status SetToleranceOrder(absl::string_view model, const std::vector<std::string>& measured);
   // The published layers of a model (empty before the first publish).
   absl::StatusOr<std::vector<LayerView>> PublishedLayers(absl::string_view model) const;
   size_t model_count() const;
@@ -243,7 +249,9 @@ class Registry {
     std::string name;
     std::string owner;
     std::vector<LayerSpec> layers;
-    std::vector<bool> sensitive;
+    // Per layer, its tolerance rank (server/policy/layer_sensitivity.h): the
+    // built-in ranking until SetToleranceOrder gives a measured one.
+    std::vector<uint32_t> tolerance_rank;
     std::map<std::string, int, std::less<>> index;
     std::string policy;
     uint64_t version = 0;

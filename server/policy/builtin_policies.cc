@@ -1,5 +1,9 @@
-// The built-in presets of DESIGN.md, from the project's origin. "Sensitive" layers
-// are the ones server/policy/layer_sensitivity.h (or a measured profile) marks.
+// The built-in presets of DESIGN.md, from the project's origin (ORIGIN.md's MX
+// table). Layer classes select by the model's tolerance ranking
+// (layer_sensitivity.h: a measured profile, else the built-in ranking): bare
+// "@sensitive" is its least tolerant quarter. No preset runs any layer of any
+// phase above FP16, so none costs more than fp16-baseline (the FPGA model's
+// cost grows with precision; tests/server/preset_energy_test.cc checks it).
 #include "server/policy/policy.h"
 
 namespace mxserve {
@@ -16,22 +20,29 @@ const std::vector<Policy>& BuiltinPolicies() {
        {F::kMxfp8E4m3, F::kMxfp8E4m3, F::kFp16},
        {}},
       {"B-balanced",
-       "rollout and reward: MXFP4 on tolerant layers, MXFP8 on sensitive ones; update FP16",
+       "rollout and reward: MXFP4 on tolerant layers, MXFP8 on sensitive ones (the least "
+       "tolerant 25 %); update FP16",
        {F::kMxfp4E2m1, F::kMxfp4E2m1, F::kFp16},
        {{Phase::kRollout, "@sensitive", F::kMxfp8E4m3},
         {Phase::kReward, "@sensitive", F::kMxfp8E4m3}}},
       {"C-aggressive",
-       "MXFP4 for rollout and reward; update MXFP8 on sensitive layers, MXFP4 rest",
+       "MXFP4 for rollout and reward; update MXFP8 on sensitive layers (the least tolerant "
+       "25 %), MXFP4 rest",
        {F::kMxfp4E2m1, F::kMxfp4E2m1, F::kMxfp4E2m1},
        {{Phase::kUpdate, "@sensitive", F::kMxfp8E4m3}}},
-      // "Most layers": in each phase the sensitive layers run one step more precise.
+      // "Mostly" is a share of layers ranked by tolerance (ORIGIN.md, "Two policy
+      // families": 80 / 50 / 20 % of layers in low precision). Rollout and reward
+      // run their 80 % most tolerant layers low and the rest one step more
+      // precise; the update is FP16 but for its 20 % most tolerant layers. No
+      // layer goes above FP16 (the old D ran sensitive layers in FP32 for the
+      // update, above the FP16 baseline there).
       {"D-phase-adaptive",
-       "rollout MXFP4, reward MXFP8, update FP16 on most layers; sensitive layers one step "
-       "more precise (MXFP8, FP16, FP32)",
-       {F::kMxfp4E2m1, F::kMxfp8E4m3, F::kFp16},
-       {{Phase::kRollout, "@sensitive", F::kMxfp8E4m3},
-        {Phase::kReward, "@sensitive", F::kFp16},
-        {Phase::kUpdate, "@sensitive", F::kFp32}}},
+       "rollout MXFP4 on the 80 % most tolerant layers, MXFP8 on the rest; reward MXFP8 on "
+       "the 80 % most tolerant, FP16 on the rest; update FP16, MXFP8 on the 20 % most tolerant",
+       {F::kMxfp8E4m3, F::kFp16, F::kFp16},
+       {{Phase::kRollout, "@tolerant:0.8", F::kMxfp4E2m1},
+        {Phase::kReward, "@tolerant:0.8", F::kMxfp8E4m3},
+        {Phase::kUpdate, "@tolerant:0.2", F::kMxfp8E4m3}}},
   };
   return *policies;
 }

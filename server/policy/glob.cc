@@ -37,7 +37,9 @@ std::string GlobEscape(absl::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (char c : text) {
-    if (c == '*' || c == '?' || c == '\\') out.push_back('\\');
+    // A leading '@' too: unescaped it would read as a layer class ("@tolerant").
+    const bool leading_at = c == '@' && out.empty();
+    if (c == '*' || c == '?' || c == '\\' || leading_at) out.push_back('\\');
     out.push_back(c);
   }
   return out;

@@ -11,7 +11,8 @@ namespace mxserve {
 
 bool GlobMatch(absl::string_view pattern, absl::string_view text);
 
-// A glob that matches exactly `text`: '*', '?' and backslash escaped.
+// A glob that matches exactly `text`: '*', '?', backslash and a leading '@'
+// escaped.
 std::string GlobEscape(absl::string_view text);
 
 }  // namespace mxserve

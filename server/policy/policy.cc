@@ -1,8 +1,13 @@
 #include "server/policy/policy.h"
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "mx/status_macros.h"
 #include "server/base/quote.h"
 #include "server/policy/glob.h"
@@ -11,6 +16,9 @@ namespace mxserve {
 namespace {
 
 using Json = nlohmann::json;
+
+constexpr absl::string_view kLayerClassForms =
+    "@sensitive, @tolerant, @sensitive:F or @tolerant:F with F a fraction in (0, 1]";
 
 absl::Status FieldError(absl::string_view field, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat("policy.", field, ": ", problem));
@@ -74,12 +82,14 @@ absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field
   }
   MX_ASSIGN_OR_RETURN(rule.layers, StringField(value, "layers", field + ".layers", true));
   if (rule.layers.empty() || rule.layers.size() > kMaxPolicyGlobChars) {
-    return FieldError(field + ".layers", absl::StrCat("expected a glob of 1-", kMaxPolicyGlobChars,
-                                                      " characters, @sensitive or @tolerant"));
+    return FieldError(field + ".layers",
+                      absl::StrCat("expected a glob of 1-", kMaxPolicyGlobChars,
+                                   " characters or a layer class (", kLayerClassForms, ")"));
   }
-  if (rule.layers[0] == '@' && rule.layers != kSensitiveLayers && rule.layers != kTolerantLayers) {
-    return FieldError(field + ".layers", absl::StrCat("unknown layer class ", Quote(rule.layers),
-                                                      "; expected @sensitive or @tolerant"));
+  if (rule.layers[0] == '@') {
+    if (absl::Status s = ParseLayerClass(rule.layers).status(); !s.ok()) {
+      return FieldError(field + ".layers", s.message());
+    }
   }
   if (!value.contains("format")) return FieldError(field + ".format", "missing");
   MX_ASSIGN_OR_RETURN(rule.format, FormatField(value["format"], field + ".format"));
@@ -87,6 +97,59 @@ absl::StatusOr<PolicyRule> ParseRule(const Json& value, const std::string& field
 }
 
 }  // namespace
+
+absl::StatusOr<LayerClass> ParseLayerClass(absl::string_view text) {
+  LayerClass out;
+  absl::string_view rest = text;
+  out.tolerant = absl::ConsumePrefix(&rest, kTolerantLayers);
+  if (!out.tolerant && !absl::ConsumePrefix(&rest, kSensitiveLayers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown layer class ", Quote(text), "; expected ", kLayerClassForms));
+  }
+  if (rest.empty()) {
+    out.complement = out.tolerant;  // bare "@tolerant": the complement of bare "@sensitive"
+    return out;
+  }
+  if (rest[0] != ':') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown layer class ", Quote(text), "; expected ", kLayerClassForms));
+  }
+  rest.remove_prefix(1);
+  // Plain decimals only ("0.8", ".25", "1"): no signs, exponents, "nan" or
+  // spaces, so a rule reads the same to every client that writes it.
+  const bool digits_and_one_dot =
+      !rest.empty() && rest.size() <= 20 && std::count(rest.begin(), rest.end(), '.') <= 1 &&
+      std::all_of(rest.begin(), rest.end(),
+                  [](char c) { return absl::ascii_isdigit(c) || c == '.'; }) &&
+      std::any_of(rest.begin(), rest.end(), [](char c) { return absl::ascii_isdigit(c); });
+  double fraction = 0;
+  if (!digits_and_one_dot || !absl::SimpleAtod(rest, &fraction)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer class ", Quote(text), ": expected a decimal fraction in (0, 1] after ",
+                     out.tolerant ? kTolerantLayers : kSensitiveLayers, ":, e.g. ",
+                     out.tolerant ? kTolerantLayers : kSensitiveLayers, ":0.8"));
+  }
+  if (!(fraction > 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer class ", Quote(text), ": the fraction must be in (0, 1], got ", fraction));
+  }
+  out.fraction = fraction;
+  return out;
+}
+
+uint32_t SelectedLayers(double fraction, uint32_t layers) {
+  const long selected = std::lround(fraction * static_cast<double>(layers));
+  return static_cast<uint32_t>(std::clamp<long>(selected, 0, static_cast<long>(layers)));
+}
+
+bool InLayerClass(const LayerClass& layer_class, LayerTolerance tolerance) {
+  const uint32_t n = tolerance.layers;
+  const uint32_t selected = SelectedLayers(layer_class.fraction, n);
+  // Sensitive: the last `selected` ranks; tolerant: the first `selected`.
+  const bool in_sensitive_tail = uint64_t{tolerance.rank} + selected >= n;
+  if (layer_class.complement) return !in_sensitive_tail;
+  return layer_class.tolerant ? tolerance.rank < selected : in_sensitive_tail;
+}
 
 absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   if (text.size() > kMaxPolicyBytes) {
@@ -155,13 +218,22 @@ std::string PolicyToJson(const Policy& policy) {
   return json.dump(2);
 }
 
-ResolvedFormat Resolve(const Policy& policy, Phase phase, absl::string_view layer, bool sensitive) {
+ResolvedFormat Resolve(const Policy& policy, Phase phase, absl::string_view layer,
+                       LayerTolerance tolerance) {
   for (size_t i = 0; i < policy.rules.size(); ++i) {
     const PolicyRule& rule = policy.rules[i];
     if (rule.phase && *rule.phase != phase) continue;
-    const bool matches = rule.layers == kSensitiveLayers  ? sensitive
-                         : rule.layers == kTolerantLayers ? !sensitive
-                                                          : GlobMatch(rule.layers, layer);
+    bool matches = false;
+    if (!rule.layers.empty() && rule.layers[0] == '@') {
+      // Parsed again on every resolve (a few characters) so that a Policy built
+      // in code, like the presets, needs nothing but its strings. A class that
+      // does not parse (only possible for a policy that skipped
+      // ParsePolicyJson) matches nothing.
+      const absl::StatusOr<LayerClass> layer_class = ParseLayerClass(rule.layers);
+      matches = layer_class.ok() && InLayerClass(*layer_class, tolerance);
+    } else {
+      matches = GlobMatch(rule.layers, layer);
+    }
     if (matches) return {rule.format, static_cast<int>(i)};
   }
   return {policy.defaults[static_cast<size_t>(phase)], -1};

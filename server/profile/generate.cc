@@ -77,6 +77,11 @@ double PhaseCost(Phase phase, CostMetric metric, const LayerCost& c) {
   return 0;
 }
 
+// What kAuto ranks by: Fisher scores when every layer has them.
+ScoreKind AutoScore(const Profile& profile) {
+  return profile.source == ProfileSource::kGradients ? ScoreKind::kFisher : ScoreKind::kRelError;
+}
+
 // Everything the generator reads from the spec, checked.
 struct Plan {
   std::vector<Phase> phases;
@@ -178,7 +183,7 @@ absl::StatusOr<Plan> Check(const Profile& profile, const GenerationSpec& spec) {
   const bool all_fisher = profile.source == ProfileSource::kGradients;
   plan.score = spec.score;
   if (spec.score == ScoreKind::kAuto) {
-    plan.score = all_fisher ? ScoreKind::kFisher : ScoreKind::kRelError;
+    plan.score = AutoScore(profile);
   } else if (spec.score == ScoreKind::kFisher && !all_fisher) {
     return absl::FailedPreconditionError(absl::StrCat(
         "score: the profile of model ", Quote(profile.model), " version ", profile.weight_version,
@@ -334,6 +339,40 @@ mx::Format DefaultFormat(const std::vector<mx::Format>& formats, bool covers_mod
 
 }  // namespace
 
+std::vector<int> ToleranceOrder(const Profile& profile, int format, ScoreKind score) {
+  if (score == ScoreKind::kAuto) score = AutoScore(profile);
+  std::vector<double> key(profile.layers.size());
+  for (size_t i = 0; i < key.size(); ++i) {
+    const double s = ScoreOf(profile.layers[i].scores[format], score);
+    // NaN would break the sort's ordering; an unmeasurable layer is not tolerant.
+    key[i] = std::isnan(s) ? HUGE_VAL : s;
+  }
+  std::vector<int> order(profile.layers.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] < key[b]; });
+  return order;
+}
+
+std::vector<std::string> ProfileToleranceOrder(const Profile& profile) {
+  if (profile.formats.empty() || profile.layers.empty()) return {};
+  int format = profile.FormatIndex(mx::Format::kMxfp4E2m1);
+  if (format < 0) {
+    format = 0;
+    for (size_t i = 1; i < profile.formats.size(); ++i) {
+      if (mx::Traits(profile.formats[i]).element_bits <
+          mx::Traits(profile.formats[format]).element_bits) {
+        format = static_cast<int>(i);
+      }
+    }
+  }
+  std::vector<std::string> names;
+  names.reserve(profile.layers.size());
+  for (int i : ToleranceOrder(profile, format, ScoreKind::kAuto)) {
+    names.push_back(profile.layers[i].layer);
+  }
+  return names;
+}
+
 absl::StatusOr<GeneratedPolicy> GeneratePolicy(const Profile& profile,
                                                const std::vector<std::string>& model_layers,
                                                const fpga_model::EnergyModelParams& energy,
@@ -356,12 +395,7 @@ absl::StatusOr<GeneratedPolicy> GeneratePolicy(const Profile& profile,
     p.formats.assign(layers, spec.high);
     const double value = plan.value[static_cast<int>(phase)];
     if (p.generated && spec.kind == GenerationKind::kFraction) {
-      std::vector<int> order(layers);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return ScoreOf(profile.layers[a].scores[plan.low], plan.score) <
-               ScoreOf(profile.layers[b].scores[plan.low], plan.score);
-      });
+      const std::vector<int> order = ToleranceOrder(profile, plan.low, plan.score);
       p.low_layers = static_cast<uint32_t>(std::lround(value * static_cast<double>(layers)));
       for (uint32_t i = 0; i < p.low_layers; ++i) p.formats[order[i]] = *spec.low;
       how.push_back(absl::StrCat(

@@ -82,6 +82,21 @@ struct GeneratedPolicy {
   std::array<PhasePlan, 3> phases;  // indexed by Phase
 };
 
+// The profile's layers (indices into profile.layers), most tolerant first:
+// ascending `score` (kAuto: Fisher for a gradients profile, else rel_error) in
+// the profile's format `format` (an index into profile.formats), ties in
+// registration order, a score that is not a number counted least tolerant.
+// `fraction` generation puts the first round(fraction · layers) in `low`.
+std::vector<int> ToleranceOrder(const Profile& profile, int format, ScoreKind score);
+
+// The measured order a profile gives its model's tolerance ranking (policy
+// rules "@tolerant:F" / "@sensitive:F", Registry::SetToleranceOrder): layer
+// names by ToleranceOrder with score kAuto in MXFP4 E2M1, the format the
+// presets run their tolerant layers in and where layers' errors differ most;
+// when the profile lacks it, in its format of fewest element bits. Empty for a
+// profile without formats or layers.
+std::vector<std::string> ProfileToleranceOrder(const Profile& profile);
+
 // INVALID_ARGUMENT naming the request field for a bad spec or an infeasible
 // budget or bound (with the cheapest feasible budget, the least achievable
 // bound); FAILED_PRECONDITION for a score the profile lacks. `model_layers`:

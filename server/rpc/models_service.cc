@@ -274,7 +274,7 @@ void Warm(const Core& core, const std::string& model, uint64_t published,
               if (!policy.ok()) break;
               for (Phase phase : {Phase::kRollout, Phase::kReward}) {
                 copies.insert(
-                    {Resolve(*policy->policy, phase, view.weights->spec().name, view.sensitive)
+                    {Resolve(*policy->policy, phase, view.weights->spec().name, view.tolerance)
                          .format,
                      WeightLayout::kForward});
               }

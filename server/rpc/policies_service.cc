@@ -128,7 +128,7 @@ absl::Status PoliciesService::Resolve(const v1::ResolvePolicyRequest& request,
   for (Phase phase : kAllPhases) {
     for (const auto& layer : model.layers) {
       const ResolvedFormat resolved =
-          ::mxserve::Resolve(*stored.policy, phase, layer.spec.name, layer.sensitive);
+          ::mxserve::Resolve(*stored.policy, phase, layer.spec.name, layer.tolerance);
       v1::ResolvedFormat* entry = response->add_entries();
       entry->set_phase(ToProto(phase));
       entry->set_layer(layer.spec.name);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mx/status_macros.h"
+#include "server/base/mutex.h"
 #include "server/base/quote.h"
 #include "server/compute/wire.h"
 #include "server/profile/generate.h"
@@ -15,6 +16,22 @@
 
 namespace mxserve {
 namespace {
+
+// Policies' "@tolerant:F" / "@sensitive:F" rank a model's layers by its newest
+// kept profile (highest weight version: a ranking describes the layers, which
+// every version shares), else by the built-in ranking. Called after every
+// change to the model's profiles; a model deleted meanwhile has nothing to rank.
+void RankByNewestProfile(const Core& core, const std::string& model) {
+  // Reading the newest and setting its order is one step: otherwise a re-rank
+  // that read before a concurrent Put or Delete could land after that one's
+  // own re-rank and leave a stale order. Static: shared by any daemons in one
+  // process, which serializes re-ranks more than needed and nothing else.
+  static Mutex mu;
+  MutexLock lock(&mu);
+  absl::StatusOr<std::shared_ptr<const Profile>> newest = core.profiles->Get(model, 0);
+  (void)core.registry->SetToleranceOrder(
+      model, newest.ok() ? ProfileToleranceOrder(**newest) : std::vector<std::string>{});
+}
 
 v1::ProfileSource SourceToProto(ProfileSource source) {
   switch (source) {
@@ -246,6 +263,7 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           auto kept = std::make_shared<const Profile>(*std::move(profile));
           FillProfile(*kept, true, &response_);
           core_.profiles->Put(kept);
+          RankByNewestProfile(core_, model_);
           Log(LogLevel::kInfo, "profiled",
               {{"model", model_},
                {"version", absl::StrCat(kept->weight_version)},
@@ -438,6 +456,7 @@ grpc::ServerUnaryReactor* ProfilesService::DeleteProfile(grpc::CallbackServerCon
         MX_RETURN_IF_ERROR(record.CheckModelOwner(r.model()));
         MX_ASSIGN_OR_RETURN(const uint32_t deleted,
                             core_.profiles->Delete(r.model(), r.weight_version()));
+        RankByNewestProfile(core_, r.model());
         out->set_deleted(deleted);
         return absl::OkStatus();
       });
@@ -504,7 +523,8 @@ absl::Status ProfilesService::Generate(const v1::GeneratePolicyRequest& request,
     summary->set_budget(p.budget);
     for (size_t i = 0; i < profile->layers.size(); ++i) {
       const std::string& layer = profile->layers[i].layer;
-      const ResolvedFormat resolved = Resolve(generated.policy, p.phase, layer, false);
+      // Generated rules are per-layer globs: no layer class, so no ranking needed.
+      const ResolvedFormat resolved = Resolve(generated.policy, p.phase, layer, LayerTolerance{});
       v1::ResolvedFormat* entry = response->add_entries();
       entry->set_phase(ToProto(p.phase));
       entry->set_layer(layer);

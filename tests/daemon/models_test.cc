@@ -266,16 +266,19 @@ TEST_F(ModelsTest, QuantizedCopiesAreMadeOncePerFormat) {
 // version nobody used passes its predecessor's list on.
 TEST_F(ModelsTest, ARepublishWarmsWhatRequestsUsed) {
   std::vector<TestLayer> layers;
-  for (int block = 0; block < 3; ++block) {  // block 1 is neither first nor last
+  for (int block = 0; block < 3; ++block) {
     layers.push_back(
         MakeLayer(absl::StrCat("model.layers.", block, ".mlp.up_proj"), 16, 32, false, 70 + block));
   }
-  const TestLayer& mid = layers[1];
+  // D on the built-in ranking: block 1 (middle) is the most tolerant, so the
+  // update's 20 % (round(0.6) = 1 layer) runs it in MXFP8; block 0 is next, in
+  // the rollout's 80 %: MXFP4 rollout, MXFP8 reward, FP16 update.
+  const TestLayer& probe = layers[0];
   ASSERT_TRUE(RegisterAndPublish(channel(), "m", layers, "D").ok());
   auto cached = [&] {
     const v1::ModelInfo info = Describe(channel(), "m");
-    return std::set<int>(info.layers(1).cached_formats().begin(),
-                         info.layers(1).cached_formats().end());
+    return std::set<int>(info.layers(0).cached_formats().begin(),
+                         info.layers(0).cached_formats().end());
   };
   auto bytes = [&] { return Describe(channel(), "m").weight_bytes(); };
   auto quantized = [&](const char* format) {
@@ -289,25 +292,25 @@ TEST_F(ModelsTest, ARepublishWarmsWhatRequestsUsed) {
   const auto x = TestValues(2 * 32, 74);
   auto rollout = [&] {
     v1::LayerForwardResponse y;
-    return Forward(channel(), "m", mid.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 2, 32,
+    return Forward(channel(), "m", probe.name, v1::PHASE_ROLLOUT, v1::FORMAT_UNSPECIFIED, x, 2, 32,
                    &y);
   };
   auto update = [&] {
     v1::LayerForwardResponse y;
-    return Forward(channel(), "m", mid.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 2, 32,
+    return Forward(channel(), "m", probe.name, v1::PHASE_UPDATE, v1::FORMAT_UNSPECIFIED, x, 2, 32,
                    &y);
   };
   auto backward = [&] {
     grpc::ClientContext context;
     v1::LayerBackwardResponse response;
     v1::LayerBackwardRequest request =
-        BackwardRequest("m", mid, v1::PHASE_UPDATE, 0, TestValues(2 * 16, 75), x, 2);
+        BackwardRequest("m", probe, v1::PHASE_UPDATE, 0, TestValues(2 * 16, 75), x, 2);
     request.clear_format();  // the policy's: FP16
     return v1::Compute::NewStub(daemon_.channel())->LayerBackward(&context, request, &response);
   };
   auto republish = [&](uint64_t version) {
     v1::UploadWeightsResponse uploaded;
-    const TestLayer next = MakeLayer(mid.name, 16, 32, false, 75 + static_cast<int>(version));
+    const TestLayer next = MakeLayer(probe.name, 16, 32, false, 75 + static_cast<int>(version));
     ASSERT_TRUE(Upload(channel(), "m", {next}, /*publish=*/true, &uploaded, 1 << 20).ok());
     ASSERT_EQ(uploaded.weight_version(), version);
   };
@@ -389,7 +392,9 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   ASSERT_TRUE(RegisterAndPublish(channel(), "m", {q, mid, last}).ok());
   auto policies = v1::Policies::NewStub(daemon_.channel());
 
-  // D, the default: rollout MXFP4 on tolerant layers, MXFP8 on sensitive ones.
+  // D, the default, on the built-in ranking (mid, then last, then q most
+  // tolerant): rollout MXFP4 on round(0.8 · 3) = 2 layers, MXFP8 on q; update
+  // MXFP8 on round(0.2 · 3) = 1 layer, mid, FP16 on the rest.
   grpc::ClientContext c1;
   v1::ResolvePolicyRequest resolve;
   resolve.set_model("m");
@@ -400,7 +405,12 @@ TEST_F(PoliciesTest, PresetsGlobsOverridesAndActivation) {
   EXPECT_EQ(table.entries_size(), 9);
   EXPECT_EQ((t[{v1::PHASE_ROLLOUT, mid.name}]), v1::FORMAT_MXFP4_E2M1);
   EXPECT_EQ((t[{v1::PHASE_ROLLOUT, q.name}]), v1::FORMAT_MXFP8_E4M3);
-  EXPECT_EQ((t[{v1::PHASE_UPDATE, mid.name}]), v1::FORMAT_FP16);
+  EXPECT_EQ((t[{v1::PHASE_ROLLOUT, last.name}]), v1::FORMAT_MXFP4_E2M1);
+  EXPECT_EQ((t[{v1::PHASE_REWARD, mid.name}]), v1::FORMAT_MXFP8_E4M3);
+  EXPECT_EQ((t[{v1::PHASE_REWARD, q.name}]), v1::FORMAT_FP16);
+  EXPECT_EQ((t[{v1::PHASE_UPDATE, mid.name}]), v1::FORMAT_MXFP8_E4M3);
+  EXPECT_EQ((t[{v1::PHASE_UPDATE, last.name}]), v1::FORMAT_FP16);
+  EXPECT_EQ((t[{v1::PHASE_UPDATE, q.name}]), v1::FORMAT_FP16);
 
   // A forward without a format runs in the resolved one.
   const auto x = TestValues(32, 64);

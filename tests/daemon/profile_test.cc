@@ -1,12 +1,15 @@
 // Profiles and generated policies through the real daemon: the numbers a
 // profile holds (against sums computed here from the reference GEMM), keeping,
-// listing, exporting and deleting profiles, policy generation (fraction counts,
-// budget and tolerance against brute force, groups, serving), and bad input.
+// listing, exporting and deleting profiles, policies' layer classes following
+// the newest profile, policy generation (fraction counts, budget and tolerance
+// against brute force, groups, serving), and bad input.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -626,6 +629,75 @@ TEST_F(GenerateTest, GroupedLayersShareAFormatAndRelativeBudgetsHold) {
 
 // A profile's working memory counts against --weight-memory-bytes: a batch
 // whose outputs do not fit is refused, and the daemon keeps serving.
+// The layers `policy` runs in `format` for `phase` on `model`, by ResolvePolicy.
+std::set<std::string> LayersIn(const DaemonProcess& daemon, const std::string& model,
+                               const std::string& policy, v1::Phase phase, v1::Format format) {
+  grpc::ClientContext context;
+  v1::ResolvePolicyRequest request;
+  request.set_model(model);
+  request.set_policy(policy);
+  v1::ResolvePolicyResponse response;
+  const grpc::Status s =
+      v1::Policies::NewStub(daemon.channel())->ResolvePolicy(&context, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::set<std::string> layers;
+  for (const auto& e : response.entries()) {
+    if (e.phase() == phase && e.format() == format) layers.insert(e.layer());
+  }
+  return layers;
+}
+
+TEST_F(ProfileTest, LayerClassesRankByTheNewestProfileThenTheBuiltInRankingAgain) {
+  const std::vector<TestLayer> layers = Blocks(4);  // 24 layers
+  ASSERT_TRUE(RegisterAndPublish(channel(), "ranked", layers).ok());
+  const auto d_rollout_low = [&] {
+    return LayersIn(*daemon_, "ranked", "D", v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1);
+  };
+  // Built in, round(0.8 · 24) = 19 most tolerant: the middle blocks' 12 layers
+  // (MLPs, then attention), then 7 of the first and last blocks'.
+  const std::set<std::string> builtin = d_rollout_low();
+  EXPECT_EQ(builtin.size(), 19u);
+  for (int b : {1, 2}) {
+    for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj", "up", "down"}) {
+      EXPECT_TRUE(builtin.count(absl::StrCat("model.layers.", b, ".", name))) << b << name;
+    }
+  }
+
+  // Profiled (weights only): the 19 with the least MXFP4 error, the same set a
+  // generated 80 % fraction policy puts low.
+  const v1::ProfileConfig config =
+      Config("ranked", {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3});
+  v1::Profile profile;
+  ASSERT_TRUE(RunProfile(*daemon_, &config, {}, &profile).ok());
+  std::vector<std::pair<double, std::string>> by_error;
+  for (const TestLayer& layer : layers) {
+    by_error.emplace_back(ScoreOf(profile, layer.name, v1::FORMAT_MXFP4_E2M1).rel_error(),
+                          layer.name);
+  }
+  std::stable_sort(by_error.begin(), by_error.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::set<std::string> measured;
+  for (size_t i = 0; i < 19; ++i) measured.insert(by_error[i].second);
+  EXPECT_EQ(d_rollout_low(), measured);
+  EXPECT_NE(measured, builtin);  // the planted large weights move some layers
+  v1::GeneratePolicyRequest request = FractionRequest("ranked", "ranked-80");
+  *request.add_fractions() = Value(v1::PHASE_ROLLOUT, 0.8);
+  v1::GeneratePolicyResponse generated;
+  ASSERT_TRUE(Generate(*daemon_, request, &generated).ok());
+  EXPECT_EQ(LayersIn(*daemon_, "ranked", "ranked-80", v1::PHASE_ROLLOUT, v1::FORMAT_MXFP4_E2M1),
+            measured);
+
+  // Without the profile, the built-in ranking again.
+  grpc::ClientContext context;
+  v1::DeleteProfileRequest remove;
+  remove.set_model("ranked");
+  v1::DeleteProfileResponse removed;
+  ASSERT_TRUE(
+      v1::Profiles::NewStub(daemon_->channel())->DeleteProfile(&context, remove, &removed).ok());
+  EXPECT_EQ(removed.deleted(), 1u);
+  EXPECT_EQ(d_rollout_low(), builtin);
+}
+
 TEST(ProfileMemory, ABatchBeyondTheWeightMemoryLimitIsRefused) {
   DaemonProcess daemon({"--weight-memory-bytes", "256K"});
   ASSERT_TRUE(daemon.ok());

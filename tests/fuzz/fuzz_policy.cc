@@ -20,8 +20,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!again.ok() || mxserve::PolicyToJson(*again) != json) std::abort();
   for (mxserve::Phase phase : mxserve::kAllPhases) {
     for (const char* layer : {"model.layers.0.self_attn.q_proj", "lm_head", "", "a.b.c"}) {
-      for (bool sensitive : {false, true}) {
-        const mxserve::ResolvedFormat resolved = mxserve::Resolve(*policy, phase, layer, sensitive);
+      // Both ends and the middle of a ranking, and a one-layer model.
+      for (mxserve::LayerTolerance tolerance :
+           {mxserve::LayerTolerance{0, 1}, mxserve::LayerTolerance{0, 29},
+            mxserve::LayerTolerance{14, 29}, mxserve::LayerTolerance{28, 29}}) {
+        const mxserve::ResolvedFormat resolved = mxserve::Resolve(*policy, phase, layer, tolerance);
         if (resolved.rule < -1 || resolved.rule >= static_cast<int>(policy->rules.size())) {
           std::abort();
         }

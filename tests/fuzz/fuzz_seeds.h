@@ -182,6 +182,8 @@ inline constexpr char kSeedPolicy[] = R"({
   "rules": [
     {"phase": "*", "layers": "lm_head", "format": "FP16"},
     {"phase": "rollout", "layers": "@sensitive", "format": "MXFP8_E4M3"},
+    {"phase": "reward", "layers": "@tolerant:0.8", "format": "MXFP8"},
+    {"phase": "update", "layers": "@sensitive:.2", "format": "MXFP8"},
     {"phase": "update", "layers": "blocks.*.attn.?_proj", "format": "BF16"}
   ]
 })";

@@ -1,9 +1,12 @@
-// The policy engine: parsing and its error messages, globs, the sensitivity
-// heuristic, first-match resolution, and the built-in presets and their short names.
+// The policy engine: parsing and its error messages, globs, the tolerance
+// ranking, layer classes ("@tolerant:0.8"), first-match resolution, and the
+// built-in presets and their short names. Presets' energy against FP16:
+// preset_energy_test.cc.
 #include "server/policy/policy.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -38,25 +41,120 @@ TEST(Glob, BackslashMakesTheNextCharacterLiteral) {
   EXPECT_FALSE(GlobMatch("*\\*", "xyz"));
   EXPECT_TRUE(GlobMatch("a\\", "a\\"));  // a lone trailing backslash is itself
   // GlobEscape gives a glob that matches exactly its text, whatever it holds.
-  for (const char* name : {"plain.layer", "odd*name?", "back\\slash*", "*", "??", "\\"}) {
+  for (const char* name :
+       {"plain.layer", "odd*name?", "back\\slash*", "*", "??", "\\", "@tolerant", "a@b"}) {
     const std::string glob = GlobEscape(name);
     EXPECT_TRUE(GlobMatch(glob, name)) << name << " as " << glob;
     EXPECT_FALSE(GlobMatch(glob, std::string(name) + "x")) << name;
     EXPECT_FALSE(GlobMatch(glob, std::string("x") + name)) << name;
   }
   EXPECT_FALSE(GlobMatch(GlobEscape("odd*name?"), "oddXXnameY"));
+  // A layer named like a layer class still makes a glob rule, not a class.
+  EXPECT_EQ(GlobEscape("@tolerant"), "\\@tolerant");
+  EXPECT_EQ(GlobEscape("a@b"), "a@b");
 }
 
-TEST(LayerSensitivity, FirstLastBlocksAttentionAndOutsideLayers) {
+TEST(ToleranceRanks, OutsideThenFirstLastBlocksThenAttentionThenMiddleMlps) {
   const std::vector<std::string> layers = {
       "model.layers.0.mlp.up_proj",   "model.layers.1.self_attn.q_proj",
       "model.layers.1.mlp.up_proj",   "model.layers.2.mlp.down_proj",
       "model.layers.3.mlp.gate_proj", "lm_head",
-      "transformer.h.2.attn.c_attn"};
+      "transformer.h.2.attn.c_attn",  "model.layers.3.self_attn.o_proj"};
   EXPECT_EQ(BlockIndex("model.layers.12.mlp.up_proj"), 12);
   EXPECT_EQ(BlockIndex("lm_head"), -1);
-  EXPECT_EQ(DefaultSensitiveLayers(layers),
-            (std::vector<bool>{true, true, false, false, true, true, true}));
+  EXPECT_TRUE(IsAttentionProjection("transformer.h.2.attn.c_attn"));
+  EXPECT_FALSE(IsAttentionProjection("model.layers.2.mlp.down_proj"));
+  // Most tolerant first: middle MLPs (1.up, 2.down), middle attention (1.q,
+  // h.2.c_attn), first/last-block MLPs (0.up, 3.gate), last-block attention
+  // (3.o_proj), lm_head; ties in layer order.
+  EXPECT_EQ(ToleranceRanks(layers), (std::vector<uint32_t>{4, 2, 0, 1, 5, 7, 3, 6}));
+}
+
+TEST(ToleranceRanks, MeasuredOrderReordersOnlyTheRanksItsLayersHold) {
+  const std::vector<std::string> layers = {"blocks.0.fc", "blocks.1.fc", "blocks.2.fc",
+                                           "blocks.3.fc", "head"};
+  // Built in: blocks 1, 2 (middle), 0, 3 (first, last), head.
+  EXPECT_EQ(ToleranceRanks(layers), (std::vector<uint32_t>{2, 0, 1, 3, 4}));
+  // A profile of every layer decides alone (unknown names and repeats ignored).
+  EXPECT_EQ(ToleranceRanks(layers, {"head", "blocks.3.fc", "nope", "blocks.0.fc", "blocks.2.fc",
+                                    "blocks.1.fc", "head"}),
+            (std::vector<uint32_t>{2, 4, 3, 1, 0}));
+  // A partial one reorders its layers among the ranks they held (1 and 2 swap
+  // their ranks 0 and 1); it cannot lift the head past unmeasured layers.
+  EXPECT_EQ(ToleranceRanks(layers, {"blocks.2.fc", "blocks.1.fc"}),
+            (std::vector<uint32_t>{2, 1, 0, 3, 4}));
+  EXPECT_EQ(ToleranceRanks(layers, {"head"}), ToleranceRanks(layers));
+}
+
+TEST(LayerClass, ParsesTheFourFormsStrictly) {
+  const LayerClass bare_sensitive = ParseLayerClass("@sensitive").value();
+  EXPECT_FALSE(bare_sensitive.tolerant);
+  EXPECT_FALSE(bare_sensitive.complement);
+  EXPECT_EQ(bare_sensitive.fraction, kDefaultSensitiveFraction);
+  const LayerClass bare_tolerant = ParseLayerClass("@tolerant").value();
+  EXPECT_TRUE(bare_tolerant.tolerant);
+  EXPECT_TRUE(bare_tolerant.complement);
+  const LayerClass tolerant = ParseLayerClass("@tolerant:0.8").value();
+  EXPECT_TRUE(tolerant.tolerant);
+  EXPECT_FALSE(tolerant.complement);
+  EXPECT_DOUBLE_EQ(tolerant.fraction, 0.8);
+  EXPECT_DOUBLE_EQ(ParseLayerClass("@sensitive:.25").value().fraction, 0.25);
+  EXPECT_DOUBLE_EQ(ParseLayerClass("@sensitive:1").value().fraction, 1.0);
+  for (const char* bad :
+       {"@tolerant:", "@tolerant:abc", "@tolerant:-0.5", "@tolerant:+0.5", "@tolerant:1e-1",
+        "@tolerant:0.5.1", "@tolerant:.", "@tolerant: 0.5", "@tolerant:nan", "@tolerant:0x1"}) {
+    const absl::Status s = ParseLayerClass(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("expected a decimal fraction in (0, 1]"), absl::string_view::npos)
+        << bad << ": " << s.message();
+  }
+  for (const char* bad : {"@tolerant:0", "@sensitive:1.5", "@sensitive:0.000", "@tolerant:2"}) {
+    const absl::Status s = ParseLayerClass(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("the fraction must be in (0, 1], got "), absl::string_view::npos)
+        << bad << ": " << s.message();
+  }
+  for (const char* bad : {"@hot", "@tolerantx", "@sensitive0.5", "@", "@Tolerant:0.5"}) {
+    EXPECT_NE(ParseLayerClass(bad).status().message().find("unknown layer class"),
+              absl::string_view::npos)
+        << bad;
+  }
+}
+
+// The layers (ranks) of an n-layer model that `text` selects.
+std::vector<uint32_t> Selected(absl::string_view text, uint32_t n) {
+  const LayerClass layer_class = ParseLayerClass(text).value();
+  std::vector<uint32_t> ranks;
+  for (uint32_t rank = 0; rank < n; ++rank) {
+    if (InLayerClass(layer_class, {rank, n})) ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+TEST(LayerClass, SelectsRoundedSharesFromEitherEndOfTheRanking) {
+  // 29 layers: 0.8 · 29 = 23.2 → 23; 0.2 · 29 = 5.8 → 6; 0.25 · 29 = 7.25 → 7.
+  EXPECT_EQ(Selected("@tolerant:0.8", 29).size(), 23u);
+  EXPECT_EQ(Selected("@tolerant:0.8", 29).back(), 22u);
+  EXPECT_EQ(Selected("@sensitive:0.2", 29), (std::vector<uint32_t>{23, 24, 25, 26, 27, 28}));
+  EXPECT_EQ(Selected("@sensitive", 29).size(), 7u);
+  EXPECT_EQ(Selected("@sensitive", 29).front(), 22u);
+  // Halves go up: 0.5 · 5 = 2.5 → 3 from each end, so they overlap by one.
+  EXPECT_EQ(Selected("@tolerant:0.5", 5), (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(Selected("@sensitive:0.5", 5), (std::vector<uint32_t>{2, 3, 4}));
+  // Small fractions of small models can select nothing; 1 selects everything.
+  EXPECT_TRUE(Selected("@tolerant:0.2", 2).empty());
+  EXPECT_EQ(Selected("@sensitive:1", 3), (std::vector<uint32_t>{0, 1, 2}));
+  for (uint32_t n = 1; n <= 64; ++n) {
+    for (double f : {0.1, 0.2, 0.25, 0.5, 0.8, 1.0}) {
+      EXPECT_EQ(SelectedLayers(f, n), static_cast<uint32_t>(std::lround(f * n))) << f << " " << n;
+    }
+    // Bare @tolerant and @sensitive split every model exactly.
+    const std::vector<uint32_t> sensitive = Selected("@sensitive", n);
+    const std::vector<uint32_t> tolerant = Selected("@tolerant", n);
+    EXPECT_EQ(sensitive.size() + tolerant.size(), n) << n;
+    EXPECT_EQ(sensitive.size(), SelectedLayers(kDefaultSensitiveFraction, n)) << n;
+    if (!tolerant.empty() && !sensitive.empty()) EXPECT_LT(tolerant.back(), sensitive.front());
+  }
 }
 
 TEST(Policy, ParsesNormalizesAndRoundTrips) {
@@ -95,7 +193,20 @@ TEST(Policy, ErrorsNameTheField) {
       {R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"},
            "rules": [{"phase": "*", "layers": "x", "format": "FP16"},
                      {"phase": "*", "layers": "@hot", "format": "FP16"}]})",
-       "policy.rules[1].layers: unknown layer class '@hot'; expected @sensitive or @tolerant"},
+       "policy.rules[1].layers: unknown layer class '@hot'; expected @sensitive, @tolerant, "
+       "@sensitive:F or @tolerant:F with F a fraction in (0, 1]"},
+      {R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"},
+           "rules": [{"phase": "*", "layers": "@tolerant:1.5", "format": "FP16"}]})",
+       "policy.rules[0].layers: layer class '@tolerant:1.5': the fraction must be in (0, 1], "
+       "got 1.5"},
+      {R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"},
+           "rules": [{"phase": "*", "layers": "@sensitive:0", "format": "FP16"}]})",
+       "policy.rules[0].layers: layer class '@sensitive:0': the fraction must be in (0, 1], "
+       "got 0"},
+      {R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"},
+           "rules": [{"phase": "*", "layers": "@tolerant:80%", "format": "FP16"}]})",
+       "policy.rules[0].layers: layer class '@tolerant:80%': expected a decimal fraction in "
+       "(0, 1] after @tolerant:, e.g. @tolerant:0.8"},
       {R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"},
            "rules": [{"phase": "train", "layers": "x", "format": "FP16"}]})",
        "policy.rules[0].phase: unknown phase 'train'; expected rollout, reward or update or *"},
@@ -123,8 +234,9 @@ TEST(Policy, FirstMatchingRuleWinsThenPhaseDefault) {
                 {"phase": "*", "layers": "*proj", "format": "MXFP6_E3M2"},
                 {"phase": "update", "layers": "@tolerant", "format": "BF16"}]})")
                             .value();
+  // Of 4 layers, bare @sensitive is round(0.25 · 4) = 1, the least tolerant.
   const auto resolve = [&](Phase phase, const char* layer, bool sensitive) {
-    const ResolvedFormat r = Resolve(policy, phase, layer, sensitive);
+    const ResolvedFormat r = Resolve(policy, phase, layer, LayerTolerance{sensitive ? 3u : 0u, 4u});
     return std::make_pair(r.format, r.rule);
   };
   EXPECT_EQ(resolve(Phase::kRollout, "l.0.q_proj", false), std::make_pair(F::kMxint8, 0));
@@ -144,26 +256,27 @@ TEST(Policy, BuiltinPresetsFollowTheDesignTable) {
     ADD_FAILURE() << name;
     return builtins[0];
   };
-  // (phase, sensitive) → format, per DESIGN.md's table.
+  // Per phase, the format at ranks 0 (most tolerant), 5 and 9 of a 10-layer
+  // model, per DESIGN.md's table: bare @sensitive is ranks 7-9 (round(2.5) = 3),
+  // @tolerant:0.8 ranks 0-7, @tolerant:0.2 ranks 0-1.
   const auto table = [&](absl::string_view name) {
     std::vector<F> formats;
     for (Phase phase : kAllPhases) {
-      for (bool sensitive : {false, true}) {
+      for (uint32_t rank : {0u, 5u, 9u}) {
         formats.push_back(
-            Resolve(find(name), phase, "model.layers.5.mlp.up_proj", sensitive).format);
+            Resolve(find(name), phase, "model.layers.5.mlp.up_proj", {rank, 10}).format);
       }
     }
     return formats;
   };
-  EXPECT_EQ(table("fp16-baseline"), std::vector<F>(6, F::kFp16));
-  EXPECT_EQ(table("A-conservative"), (std::vector<F>{F::kMxfp8E4m3, F::kMxfp8E4m3, F::kMxfp8E4m3,
-                                                     F::kMxfp8E4m3, F::kFp16, F::kFp16}));
-  EXPECT_EQ(table("B-balanced"), (std::vector<F>{F::kMxfp4E2m1, F::kMxfp8E4m3, F::kMxfp4E2m1,
-                                                 F::kMxfp8E4m3, F::kFp16, F::kFp16}));
-  EXPECT_EQ(table("C-aggressive"), (std::vector<F>{F::kMxfp4E2m1, F::kMxfp4E2m1, F::kMxfp4E2m1,
-                                                   F::kMxfp4E2m1, F::kMxfp4E2m1, F::kMxfp8E4m3}));
-  EXPECT_EQ(table("D-phase-adaptive"), (std::vector<F>{F::kMxfp4E2m1, F::kMxfp8E4m3, F::kMxfp8E4m3,
-                                                       F::kFp16, F::kFp16, F::kFp32}));
+  const F fp4 = F::kMxfp4E2m1, fp8 = F::kMxfp8E4m3, fp16 = F::kFp16;
+  EXPECT_EQ(table("fp16-baseline"), std::vector<F>(9, fp16));
+  EXPECT_EQ(table("A-conservative"),
+            (std::vector<F>{fp8, fp8, fp8, fp8, fp8, fp8, fp16, fp16, fp16}));
+  EXPECT_EQ(table("B-balanced"), (std::vector<F>{fp4, fp4, fp8, fp4, fp4, fp8, fp16, fp16, fp16}));
+  EXPECT_EQ(table("C-aggressive"), (std::vector<F>{fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp8}));
+  EXPECT_EQ(table("D-phase-adaptive"),
+            (std::vector<F>{fp4, fp4, fp8, fp8, fp8, fp16, fp8, fp16, fp16}));
   // Every preset survives its own JSON.
   for (const Policy& p : builtins) {
     EXPECT_EQ(PolicyToJson(ParsePolicyJson(PolicyToJson(p)).value()), PolicyToJson(p));

@@ -1,5 +1,5 @@
-"""The experiment: seeded PPO-RLHF once per configuration of a policy matrix, with
-quality and energy per phase, in one command.
+"""The experiment: seeded PPO-RLHF once per configuration of a policy matrix and per
+training seed, with quality and energy per phase and their uncertainty, in one command.
 
     python3 -m mxserve.experiment --server 127.0.0.1:50051 --quick --out results/
     python3 -m mxserve.experiment --server 127.0.0.1:50051 --config matrix.toml --out results/
@@ -8,22 +8,32 @@ Each configuration names a daemon policy (a built-in preset, a policy given inli
 or one generated from a sensitivity profile of the policy model) and runs the same
 seeded PPO (`mxserve.rlhf`) with every linear layer on mxserved in its phase. Its
 requests carry a run tag of their own, so the energy read back belongs to that run
-alone. Then, on held-out prompts:
+alone. The default matrix holds the origin's two policy families, a generated
+budget policy, and each phase alone (one phase in MXFP4, MXFP8 or INT8 on every
+layer, the others FP16). The runner goes seed by seed (`--seeds`: 3 by default, 2
+for `--quick`), each seed's FP16 baseline first; it adds the untrained policy (did
+PPO learn anything?) and the noise floor (FP16 of one seed against FP16 of the
+previous one). Then, on the held-out prompts, per seed and prompt:
 
-- held-out reward: the mean score of its responses by the reward model in FP16
-  (the judge, the same for every configuration);
-- win rate against the FP16 baseline: per prompt, the judge prefers this
+- held-out reward: the score of its response by the reward model in FP16 (the
+  judge, the same for every configuration; it scores each response alone);
+- win rate against the FP16 baseline of the same seed: the judge prefers this
   configuration's response to the baseline's (ties count half);
-- KL(π_q ‖ π_FP16): per response, Σ over its tokens of the exact KL between the
-  trained policy's next-token distribution in its rollout formats and the trained
-  FP16 baseline's, on the same tokens; averaged over responses;
+- KL(π_q ‖ π_FP16): exact over the vocabulary at the sampling temperature, summed
+  over the response's tokens, against the same seed's trained FP16 baseline;
 - reward Spearman ρ: the reward model's scores of the same responses in the
   configuration's reward formats against the judge's.
 
+Every figure gets a 95 % hierarchical bootstrap interval (`mxserve.stats`); the
+success criteria are met, not met or unresolved by their whole interval
+(`mxserve.experiment_report`).
+
 Outputs in --out: results.csv (one row per configuration), runs.csv (one per run),
 summary.json (everything, training curves included), pareto.png, curves.png and
-report.md. Energy is the FPGA model's estimate in emulation, the board's
-measurement on F2, and the GPU's measured power for the `--device cuda` baseline.
+report.md. Energy is the FPGA model's estimate in emulation (with its range over the
+model's parameters), the board's measurement on F2, and for the `--device cuda`
+baseline the GPU's energy counter (NVML), labelled "replayed" when it came from a
+power trace file instead.
 """
 
 from __future__ import annotations
@@ -31,7 +41,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
 import dataclasses
 import json
 import math
@@ -45,7 +54,9 @@ import torch
 
 from mxserve import _wire, tasks
 from mxserve.client import Client, MxserveError
-from mxserve.machine import cpu_model
+from mxserve.experiment_report import energy_total as _energy_total
+from mxserve.experiment_report import pareto_front, summarize, write_outputs  # noqa: F401
+from mxserve.machine import describe_machine, source_commit
 from mxserve.rlhf import (PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad,
                           limit_vocab)
 from mxserve.tasks import Task
@@ -92,13 +103,33 @@ DEFAULT_MATRIX: List[Dict[str, Any]] = [
                                        "relative_budget": 0.5}},
 ]
 
+# Each phase alone: one phase in a low format on every layer, the other two in FP16,
+# so the report can say per phase what it tolerates ("which phase benefits most").
+PHASE_ALONE_FORMATS = ("MXFP4", "MXFP8", "INT8")
+PHASE_ALONE: List[Dict[str, Any]] = [
+    {"name": f"{phase}-{fmt}",
+     "policy": {"defaults": {p: (fmt if p == phase else "FP16") for p in PHASES}}}
+    for phase in PHASES for fmt in PHASE_ALONE_FORMATS]
+DEFAULT_MATRIX += PHASE_ALONE
+
+# Rows the driver adds by itself: the initial policy evaluated untrained (did PPO
+# learn anything at all?), and the locally run FP16 baseline (FP16-cuda, FP16-cpu).
+UNTRAINED = "untrained"
+_RESERVED = re.compile(r"^(untrained|FP16-(cpu|cuda)|noise-floor)$")
+
 QUICK: Dict[str, Any] = {
     "name": "quick",
-    "task": {"kind": "synthetic", "seed": 0, "n_train": 256, "n_test": 32},
+    "task": {"kind": "synthetic", "seed": 0, "n_train": 256, "n_test": 64},
+    "eval": {"prompts": 64},
     "ppo": {"steps": 8, "batch_size": 8, "response_length": 8, "learning_rate": 5e-4,
             "temperature": 1.0},
-    "seeds": [0],
+    # Two seeds: the fewest that give a noise floor (FP16 of one seed against FP16 of
+    # the other). Configured experiments default to three.
+    "seeds": [0, 1],
 }
+DEFAULT_SEEDS = [0, 1, 2]
+# The origin's held-out set: 200 prompts (a 50 % win rate then carries ±6.9 points).
+DEFAULT_EVAL_PROMPTS = 200
 
 # Each task kind's keys and what they take: (type, least value) for numbers.
 _COUNT, _SEED, _TEXT = (int, 1), (int, 0), (str, None)
@@ -147,8 +178,11 @@ class Experiment:
     repetitions: int
     configurations: List[Configuration]
     profile_batches: int = 2
-    eval_prompts: int = 32
+    eval_prompts: int = DEFAULT_EVAL_PROMPTS
     eval_seed: int = 1234
+    # Prompts per evaluation batch: evaluation has no optimizer step, so it batches
+    # wider than PPO does (fewer calls per prompt); 0 means PPO's batch size.
+    eval_batch_size: int = 32
 
 
 def _check_keys(where: str, mapping: Any, allowed: Iterable[str]) -> Dict[str, Any]:
@@ -295,16 +329,18 @@ def load_config(source: Any) -> Experiment:
     except ValueError as error:
         raise ConfigError(f"ppo: {error}") from None
 
-    seeds = _check_seeds("seeds", data.get("seeds", [0]))
+    seeds = _check_seeds("seeds", data.get("seeds", DEFAULT_SEEDS))
     repetitions = data.get("repetitions", 1)
     if not isinstance(repetitions, int) or not 1 <= repetitions <= 999:
         raise ConfigError(f"repetitions: expected an integer in [1, 999], got {repetitions!r}")
 
     profile = _check_keys("profile", data.get("profile", {}), {"batches"})
     profile_batches = _check_value("profile.batches", profile.get("batches", 2), int, 1)
-    evaluation = _check_keys("eval", data.get("eval", {}), {"prompts", "seed"})
-    eval_prompts = _check_value("eval.prompts", evaluation.get("prompts", 32), int, 1)
+    evaluation = _check_keys("eval", data.get("eval", {}), {"prompts", "seed", "batch_size"})
+    eval_prompts = _check_value("eval.prompts", evaluation.get("prompts", DEFAULT_EVAL_PROMPTS),
+                                int, 1)
     eval_seed = _check_value("eval.seed", evaluation.get("seed", 1234), int, 0)
+    eval_batch_size = _check_value("eval.batch_size", evaluation.get("batch_size", 32), int, 0)
 
     entries = data.get("configurations", DEFAULT_MATRIX)
     if not isinstance(entries, list):
@@ -316,6 +352,9 @@ def load_config(source: Any) -> Experiment:
         cname = entry.get("name")
         if not isinstance(cname, str) or not _CONFIG_NAME.match(cname):
             raise ConfigError(f"{where}.name: expected 1-24 of [A-Za-z0-9_.-], got {cname!r}")
+        if _RESERVED.match(cname):
+            raise ConfigError(f"{where}.name: {cname!r} is reserved for a row the runner adds "
+                              "itself (untrained, FP16-cpu, FP16-cuda, noise-floor)")
         if ("policy" in entry) == ("generate" in entry):
             raise ConfigError(f"{where} ({cname}): give exactly one of 'policy' (a name or an "
                               "inline policy) and 'generate' (a generated policy's recipe)")
@@ -340,7 +379,7 @@ def load_config(source: Any) -> Experiment:
     return Experiment(name=name, task=task, ppo=ppo_config, steps=steps, seeds=list(seeds),
                       repetitions=repetitions, configurations=configurations,
                       profile_batches=profile_batches, eval_prompts=eval_prompts,
-                      eval_seed=eval_seed)
+                      eval_seed=eval_seed, eval_batch_size=eval_batch_size)
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -397,12 +436,22 @@ class RunResult:
     energy: Dict[str, Dict[str, float]]            # phase → source → joules
     busy_seconds: Dict[str, Dict[str, float]]      # phase → source → seconds
     curves: List[Dict[str, float]]
+    kind: str = "trained"                          # "trained", "untrained" or "local"
     held_out_reward: float = float("nan")
-    win_rate: float = float("nan")
+    win_rate: float = float("nan")                 # against FP16 of the same seed
     kl_vs_fp16: float = float("nan")
     reward_spearman: float = float("nan")
     backend: str = ""                              # the daemon's, from ExecutionInfo
-    judge_scores: List[float] = dataclasses.field(default_factory=list)
+    # Per held-out prompt, in order (the statistics resample these):
+    judge_scores: List[float] = dataclasses.field(default_factory=list)  # judge (FP16 RM)
+    reward_scores: List[float] = dataclasses.field(default_factory=list)  # its own RM formats
+    kls: List[float] = dataclasses.field(default_factory=list)  # KL(π_q ‖ π_FP16), same seed
+    # An FP16 baseline of a later seed, judged against the previous seed's baseline
+    # (the noise floor): that seed and the per-prompt KL against it.
+    noise_vs_seed: Optional[int] = None
+    noise_kls: List[float] = dataclasses.field(default_factory=list)
+    energy_label: str = ""                         # "measured" / "replayed" for a local run
+    work: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # the GEMMs it ran
     examples: List[Dict[str, str]] = dataclasses.field(default_factory=list)
 
 
@@ -424,7 +473,9 @@ def _prompt_batches(prompts: List[List[int]], batch_size: int, seed: int):
 
 class _Judges:
     """The daemon-side models every configuration is measured against: the reward
-    model in FP16 (the judge) and, once the baseline has trained, its policy in FP16."""
+    model in FP16 (the judge, order-insensitive: it scores each response alone) and
+    the trained FP16 baseline policy of the seed being run (for KL). One baseline is
+    held at a time: the runner goes seed by seed, the baseline first."""
 
     def __init__(self, client: Client, task: Task, prefix: str, run: str):
         self.client, self.run = client, run
@@ -433,13 +484,17 @@ class _Judges:
                                       policy=BASELINE_POLICY, replace=True)
         self.baseline_policy = None
         self.baseline_session = None
+        self.baseline_key: Optional[Tuple[int, int]] = None  # (seed, repetition)
         self.prefix = prefix
 
-    def set_baseline(self, policy_lm) -> None:
+    def set_baseline(self, policy_lm, key: Tuple[int, int]) -> None:
+        if self.baseline_session is not None:
+            self.baseline_session.restore()
         self.baseline_policy = policy_lm.cpu().float()
         self.baseline_session = offload(self.baseline_policy, self.client,
                                         f"{self.prefix}.baseline", policy=BASELINE_POLICY,
                                         replace=True)
+        self.baseline_key = key
 
     @torch.no_grad()
     def score(self, ids, mask) -> torch.Tensor:
@@ -457,9 +512,20 @@ class _Judges:
                 session.restore()
 
 
+def exact_kl(log_q: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
+    """KL(q ‖ b) per position, exactly over the vocabulary (no sampling estimator):
+    Σ_v q(v)·(log q(v) − log b(v)), from log-probabilities [..., V]; tokens q gives
+    probability 0 contribute 0 (ids outside a tokenizer's vocabulary)."""
+    q = log_q.exp()
+    return torch.where(q > 0, q * (log_q - log_b), torch.zeros_like(q)).sum(-1)
+
+
 def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Experiment,
-              eval_run: str, baseline_scores: Optional[List[float]], result: RunResult) -> None:
-    """Held-out reward, win rate, KL(π_q ‖ π_FP16) and reward Spearman ρ."""
+              eval_run: str, result: RunResult, kl_against_baseline: bool = True) -> None:
+    """Per held-out prompt: the judge's score, the configuration's own reward score
+    and, when `kl_against_baseline`, KL(π_q ‖ π_FP16) against the baseline the
+    judges hold, summed over the response's tokens. The aggregates (win rate, ρ,
+    intervals) are computed across seeds by `experiment_report`."""
     from mxserve.profile import spearman
 
     prompts = task.test_prompts[:experiment.eval_prompts]
@@ -469,24 +535,24 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
     config_scores: List[float] = []
     kls: List[float] = []
     try:
-        bs = experiment.ppo.batch_size
+        bs = experiment.eval_batch_size or experiment.ppo.batch_size
         for start in range(0, len(prompts), bs):
             rollout = trainer.rollout(prompts[start:start + bs], keep_logits=True,
                                       generator=generator)
             ids, mask = rollout.ids.cpu(), rollout.mask.cpu()
             judge_scores += judges.score(ids, mask).tolist()
             config_scores += trainer.score(rollout.ids, rollout.mask).cpu().tolist()
-            # π_FP16 on the same tokens: the logits predicting each response token,
-            # over the vocabulary the rollout could sample from (as π_q's are).
             width = rollout.prompt_width
-            base = limit_vocab(judges.baseline_logits(ids, mask)[:, width - 1:-1],
-                               task.vocab_limit)
-            quantized = rollout.logits.cpu()
-            log_q = torch.log_softmax(quantized, -1)
-            log_b = torch.log_softmax(base, -1)
-            q = log_q.exp()  # ids outside the tokenizer's vocabulary have q = 0
-            per_token = torch.where(q > 0, q * (log_q - log_b), torch.zeros_like(q)).sum(-1)
-            kls += (per_token * rollout.response_mask.cpu()).sum(1).tolist()
+            if kl_against_baseline:
+                # π_FP16 on the same tokens: the logits predicting each response token,
+                # over the vocabulary the rollout could sample from (as π_q's are),
+                # both at the sampling temperature's softmax.
+                base = limit_vocab(judges.baseline_logits(ids, mask)[:, width - 1:-1],
+                                   task.vocab_limit)
+                t = experiment.ppo.temperature
+                per_token = exact_kl(torch.log_softmax(rollout.logits.cpu().float() / t, -1),
+                                     torch.log_softmax(base / t, -1))
+                kls += (per_token * rollout.response_mask.cpu()).sum(1).tolist()
             responses = rollout.responses()
             for row in range(min(3 - len(result.examples), ids.shape[0])):
                 prompt = ids[row, :width][mask[row, :width].bool()].tolist()
@@ -496,21 +562,29 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
     finally:
         trainer.run = training_run
     result.judge_scores = judge_scores
+    result.reward_scores = config_scores
     result.held_out_reward = sum(judge_scores) / len(judge_scores)
-    result.kl_vs_fp16 = sum(kls) / len(kls)
+    if kl_against_baseline:
+        result.kls = kls
+        result.kl_vs_fp16 = sum(kls) / len(kls)
     result.reward_spearman = spearman(config_scores, judge_scores) if len(judge_scores) > 1 \
         else float("nan")
-    reference = baseline_scores if baseline_scores is not None else judge_scores
-    wins = [1.0 if a > b else 0.5 if a == b else 0.0 for a, b in zip(judge_scores, reference)]
-    result.win_rate = sum(wins) / len(wins)
+
+
+def win_fractions(scores: Sequence[float], reference: Sequence[float]) -> List[float]:
+    """Per prompt: 1 when the judge scores this response above the reference's,
+    0.5 on a tie, else 0."""
+    return [1.0 if a > b else 0.5 if a == b else 0.0 for a, b in zip(scores, reference)]
 
 
 def _run_one(client: Client, task: Task, experiment: Experiment, configuration: Configuration,
              seed: int, repetition: int, run_tag: str, progress: Progress, label: str,
-             local_device: Optional[str] = None,
-             sampler_factory=None) -> Tuple[RunResult, PPOTrainer]:
+             local_device: Optional[str] = None, sampler_factory=None,
+             steps: Optional[int] = None) -> Tuple[RunResult, PPOTrainer]:
     """Trains one configuration on the daemon, or with `local_device` here (the
-    measured baseline); the energy is read from the daemon for `run_tag` either way."""
+    measured baseline); the energy is read from the daemon for `run_tag` either way.
+    `steps=0` trains nothing (the untrained row)."""
+    steps = experiment.steps if steps is None else steps
     torch.manual_seed(seed)
     policy_lm, reward = task.new_policy(), task.new_reward()
     device = local_device or "cpu"
@@ -528,11 +602,11 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
             sampler.start()
         curves = []
         batches = _prompt_batches(task.train_prompts, experiment.ppo.batch_size, seed)
-        for step in range(1, experiment.steps + 1):
+        for step in range(1, steps + 1):
             metrics = trainer.step(next(batches))
             metrics["step"] = step
             curves.append(metrics)
-            progress.bar(step, experiment.steps, f"{label}: reward "
+            progress.bar(step, steps, f"{label}: reward "
                          f"{metrics['objective/scores']:+.3f} kl {metrics['objective/kl']:.4f}")
         wall = dict(trainer.wall)
     finally:
@@ -546,6 +620,7 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
                        where=f"local:{local_device}" if local_device else "mxserved",
                        wall_seconds=wall, totals=totals, energy=energy, busy_seconds=busy,
                        curves=curves)
+    result.work = trainer.work(run_tag) if trainer.sessions else []
     if trainer.sessions:
         info = next(iter(trainer.sessions["policy"].layers.values())).last_info
         result.backend = info.backend if info is not None else ""
@@ -636,256 +711,6 @@ def build_task(spec: Mapping[str, Any], progress: Progress) -> Task:
     return tasks.hh_rlhf_task(progress=progress, **spec)
 
 
-# --- aggregation and outputs -------------------------------------------------------------
-
-
-def _mean(values: Sequence[float]) -> float:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    return sum(values) / len(values) if values else float("nan")
-
-
-def _std(values: Sequence[float]) -> float:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    if len(values) < 2:
-        return 0.0 if values else float("nan")
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-
-
-def _energy_total(run: RunResult, source: str) -> float:
-    return sum(run.energy[p].get(source, 0.0) for p in PHASES)
-
-
-def _model_seconds(run: RunResult) -> float:
-    return sum(run.busy_seconds[p].get("fpga_model", 0.0) for p in PHASES)
-
-
-def summarize(runs: List[RunResult], baseline: str) -> List[Dict[str, Any]]:
-    """One row per configuration: means over its seeds and repetitions."""
-    by_config: Dict[str, List[RunResult]] = {}
-    for run in runs:
-        by_config.setdefault(run.configuration, []).append(run)
-    base_runs = by_config[baseline]
-    base_energy = _mean([_energy_total(r, "fpga_model") for r in base_runs])
-    base_phase_energy = {p: _mean([r.energy[p].get("fpga_model", 0.0) for r in base_runs])
-                         for p in PHASES}
-    base_seconds = _mean([_model_seconds(r) for r in base_runs])
-    gpu_runs = [r for r in runs if any(r.energy[p].get("gpu_baseline") for p in PHASES)]
-    gpu_energy = _mean([_energy_total(r, "gpu_baseline") for r in gpu_runs]) if gpu_runs else None
-    rows = []
-    for name, group in by_config.items():
-        row: Dict[str, Any] = {"configuration": name, "policy": group[0].policy,
-                               "where": group[0].where, "runs": len(group)}
-        for source in ("fpga_model", "fpga", "gpu_baseline"):
-            totals = [_energy_total(r, source) for r in group]
-            if any(totals):
-                row[f"energy_{source}_J"] = _mean(totals)
-                for phase in PHASES:
-                    row[f"energy_{source}_{phase}_J"] = _mean([r.energy[phase].get(source, 0.0)
-                                                               for r in group])
-        energy = row.get("energy_fpga_model_J")
-        if energy is not None and base_energy:
-            row["energy_saving_pct"] = 100.0 * (1.0 - energy / base_energy)
-            for phase in PHASES:
-                if base_phase_energy[phase]:
-                    row[f"energy_saving_{phase}_pct"] = 100.0 * (
-                        1.0 - row[f"energy_fpga_model_{phase}_J"] / base_phase_energy[phase])
-            seconds = _mean([_model_seconds(r) for r in group])
-            row["model_seconds"] = seconds
-            row["speedup_model"] = base_seconds / seconds if seconds else float("nan")
-        if energy is not None and gpu_energy:
-            row["energy_saving_vs_gpu_pct"] = 100.0 * (1.0 - energy / gpu_energy)
-        for phase in PHASES:
-            row[f"wall_{phase}_s"] = _mean([r.wall_seconds.get(phase, 0.0) for r in group])
-            row[f"compute_{phase}_s"] = _mean([r.totals.get(phase, {}).get("compute_seconds", 0.0)
-                                               for r in group])
-        row["held_out_reward"] = _mean([r.held_out_reward for r in group])
-        row["win_rate"] = _mean([r.win_rate for r in group])
-        row["win_rate_std"] = _std([r.win_rate for r in group])
-        row["win_rate_drop_pp"] = 100.0 * (0.5 - row["win_rate"])
-        row["kl_vs_fp16"] = _mean([r.kl_vs_fp16 for r in group])
-        row["reward_spearman"] = _mean([r.reward_spearman for r in group])
-        last = [r.curves[-1] for r in group if r.curves]
-        for key in ("objective/rlhf_reward", "objective/kl", "policy/clipfrac_avg", "is/ess",
-                    "is/weight_mean", "is/prob_gap"):
-            row["final_" + key.replace("/", "_")] = _mean([c.get(key, float("nan")) for c in last])
-        rows.append(row)
-    return rows
-
-
-def pareto_front(points: Sequence[Tuple[float, float]]) -> List[int]:
-    """Indices of the points no other point beats on both axes (x: energy saving,
-    higher is better; y: win-rate drop, lower is better), in order of x."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        dominated = any((x2 >= x and y2 <= y) and (x2 > x or y2 < y)
-                        for j, (x2, y2) in enumerate(points) if j != i)
-        if not dominated and not (math.isnan(x) or math.isnan(y)):
-            front.append(i)
-    return sorted(front, key=lambda i: points[i][0])
-
-
-def _plots(rows, runs, out: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = [(r.get("energy_saving_pct", float("nan")), r["win_rate_drop_pp"]) for r in rows]
-    front = pareto_front(points)
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for i, (row, (x, y)) in enumerate(zip(rows, points)):
-        ax.scatter([x], [y], s=40, color="tab:red" if i in front else "tab:blue", zorder=3)
-        ax.annotate(row["configuration"], (x, y), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
-    if front:
-        ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="tab:red",
-                linewidth=1, label="Pareto front", zorder=2)
-    ax.axhline(10, color="grey", linestyle=":", linewidth=1, label="target: < 10 pp drop")
-    ax.axvline(30, color="grey", linestyle="--", linewidth=1, label="target: > 30 % saving")
-    ax.set_xlabel("energy saving vs FP16 baseline, % (FPGA-model estimate)")
-    ax.set_ylabel("win-rate drop vs FP16 baseline, percentage points")
-    ax.set_title("Energy saving vs alignment quality")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "pareto.png"), dpi=120)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for key, ax in zip(("objective/rlhf_reward", "objective/kl"), axes):
-        for run in runs:
-            if run.repetition == 0 and run.seed == runs[0].seed:
-                ax.plot([c["step"] for c in run.curves], [c[key] for c in run.curves],
-                        label=run.configuration, linewidth=1)
-        ax.set_xlabel("PPO step")
-        ax.set_ylabel(key)
-        ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"Training curves (seed {runs[0].seed})")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "curves.png"), dpi=120)
-    plt.close(fig)
-
-
-def _fmt(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "–"
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def criteria(rows: List[Dict[str, Any]]) -> List[Tuple[str, str, bool]]:
-    """ORIGIN.md's success criteria (MX formulation, and the first formulation's
-    speedup on the FPGA model), each (level, statement, met)."""
-    by_name = {r["configuration"]: r for r in rows}
-    checks = []
-    d = by_name.get("MX-D")
-    if d is not None:
-        saving, drop = d.get("energy_saving_pct", float("nan")), d["win_rate_drop_pp"]
-        for level, need_saving, max_drop in (("target", 30.0, 10.0), ("stretch", 50.0, 5.0)):
-            met = saving > need_saving and drop < max_drop
-            checks.append((level, f"policy D: {-saving:+.1f} % energy, {-drop:+.1f} pp win rate "
-                                  f"(needs > {need_saving:.0f} % saving with < {max_drop:.0f} pp "
-                                  "drop)", met))
-    quantized = [r for r in rows if r["configuration"] != "FP16" and "energy_saving_pct" in r]
-    if quantized:
-        best = max(quantized, key=lambda r: r["energy_saving_pct"])
-        checks.append(("minimum", f"one policy saves measurable energy: {best['configuration']} "
-                                  f"saves {best['energy_saving_pct']:.1f} %",
-                       best["energy_saving_pct"] > 1.0))
-        fast = [r for r in quantized if r.get("speedup_model", 0) > 1.5 and r["win_rate_drop_pp"] < 10]
-        checks.append(("target (first formulation)", "> 1.5× speedup (FPGA model) with < 10 pp "
-                       "win-rate drop: " + (", ".join(r["configuration"] for r in fast) or "none"),
-                       bool(fast)))
-    adaptive = [r for r in quantized if r["configuration"] in ("INT8-A", "INT8-B", "INT8-C",
-                                                                "INT8-D", "MX-B", "MX-D",
-                                                                "MX-budget")]
-    uniform = by_name.get("INT8-uniform")
-    if adaptive and uniform:
-        beats = [r for r in adaptive if r["win_rate"] > uniform["win_rate"]
-                 and r.get("energy_saving_pct", -1e9) >= 0]
-        checks.append(("target (first formulation)", "layer-adaptive beats uniform INT8 on win "
-                       "rate: " + (", ".join(r["configuration"] for r in beats) or "none"),
-                       bool(beats)))
-    return checks
-
-
-def write_outputs(out: str, experiment: Experiment, task: Task, runs: List[RunResult],
-                  info: Dict[str, Any]) -> Dict[str, Any]:
-    os.makedirs(out, exist_ok=True)
-    baseline = next(c.name for c in experiment.configurations if c.is_baseline)
-    rows = summarize(runs, baseline)
-    columns: List[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    with open(os.path.join(out, "results.csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-    with open(os.path.join(out, "runs.csv"), "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["configuration", "policy", "seed", "repetition", "run_tag", "where",
-                         "fpga_model_J", "gpu_baseline_J", "held_out_reward", "win_rate",
-                         "kl_vs_fp16", "reward_spearman"])
-        for r in runs:
-            writer.writerow([r.configuration, r.policy, r.seed, r.repetition, r.run_tag, r.where,
-                             f"{_energy_total(r, 'fpga_model'):.6g}",
-                             f"{_energy_total(r, 'gpu_baseline'):.6g}",
-                             f"{r.held_out_reward:.6g}", f"{r.win_rate:.6g}",
-                             f"{r.kl_vs_fp16:.6g}", f"{r.reward_spearman:.6g}"])
-    checks = criteria(rows)
-    summary = {"experiment": experiment.name, "task": task.description, "task_setup": task.setup,
-               "ppo": dataclasses.asdict(experiment.ppo), "steps": experiment.steps,
-               "seeds": experiment.seeds, "repetitions": experiment.repetitions, **info,
-               "configurations": rows,
-               "criteria": [{"level": l, "statement": s, "met": m} for l, s, m in checks],
-               "runs": [dataclasses.asdict(r) for r in runs]}
-    with open(os.path.join(out, "summary.json"), "w") as handle:
-        json.dump(summary, handle, indent=1, default=float, allow_nan=True)
-    _plots(rows, runs, out)
-    _report(out, experiment, task, rows, checks, info)
-    return summary
-
-
-def _report(out, experiment, task, rows, checks, info) -> None:
-    lines = [f"# Experiment `{experiment.name}`", "",
-             f"{task.description}; PPO {experiment.steps} steps × batch "
-             f"{experiment.ppo.batch_size}, responses up to {experiment.ppo.response_length} "
-             f"tokens, seeds {experiment.seeds} × {experiment.repetitions} repetition(s); "
-             f"daemon backend `{info.get('backend', '?')}` on {info.get('cpu', '?')}; "
-             f"{info.get('duration_s', 0):.0f} s in all.", "",
-             "Energy and FPGA time are **FPGA-model estimates** (the daemon's energy model of "
-             "the MX datapath; on an F2 board the `fpga` source is measured). Quality is exact "
-             "for the FPGA: the emulation is bit-identical to its datapath.", "",
-             "| configuration | policy | energy (J) | saving | rollout / reward / update saving | "
-             "FPGA-model speedup | held-out reward | win rate vs FP16 | KL(π‖π_FP16) | reward ρ |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        phase_savings = " / ".join(_fmt(r.get(f"energy_saving_{p}_pct"), 0) for p in PHASES)
-        lines.append(
-            f"| {r['configuration']} | `{r['policy']}` | {_fmt(r.get('energy_fpga_model_J'), 4)} | "
-            f"{_fmt(r.get('energy_saving_pct'), 1)} % | {phase_savings} % | "
-            f"{_fmt(r.get('speedup_model'))}× | {_fmt(r['held_out_reward'], 3)} | "
-            f"{_fmt(r['win_rate'], 3)} | {_fmt(r['kl_vs_fp16'], 4)} | "
-            f"{_fmt(r['reward_spearman'], 3)} |")
-    gpu = [r for r in rows if "energy_gpu_baseline_J" in r]
-    if gpu:
-        lines += ["", "GPU baseline (measured): " + "; ".join(
-            f"{r['configuration']} {r['energy_gpu_baseline_J']:.1f} J" for r in gpu)]
-    lines += ["", "## Success criteria (../shared/ORIGIN.md)", ""]
-    for level, statement, met in checks:
-        lines.append(f"- **{level}** — {statement}: **{'met' if met else 'not met'}**")
-    lines += ["", "Win-rate drop is in percentage points below 0.5 (the baseline against "
-              "itself); the judge is the reward model in FP16, ties count half.", "",
-              "![Pareto](pareto.png)", "", "![Curves](curves.png)", ""]
-    with open(os.path.join(out, "report.md"), "w") as handle:
-        handle.write("\n".join(lines))
-
-
 # --- the driver --------------------------------------------------------------------------
 
 
@@ -913,10 +738,76 @@ def run_experiment(client: Client, experiment: Experiment, out: str, *,
             if c.policy_name.startswith(tag + "."):
                 with contextlib.suppress(MxserveError):
                     client.delete_policy(c.policy_name)
-    info = {"backend": next((r.backend for r in runs if r.backend), "?"), "cpu": cpu_model(),
+    info = {"backend": next((r.backend for r in runs if r.backend), "?"),
+            "machine": describe_machine(device), "commit": source_commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "run_tag": tag, "duration_s": time.time() - started, "device": device,
             "policies": policies, **profile_info}
-    return write_outputs(out, experiment, task, runs, info)
+    baseline = next(c.name for c in experiment.configurations if c.is_baseline)
+    return write_outputs(out, experiment, task, runs, info, baseline,
+                         energy_ranges=_energy_ranges(runs, baseline))
+
+
+def _energy_ranges(runs: List[RunResult], baseline: str) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Per configuration, its FPGA-model saving (total and per phase) with its range
+    over the energy model's parameter box (fpga/model/energy_model.json, "ranges"):
+    the GEMMs the configuration's runs booked against those of the baseline's runs,
+    priced under the same parameters at every point (`energy_model.saving_range`),
+    and the parameters the saving is most sensitive to. None when the model file
+    is not found (an installed package without the repository)."""
+    from mxserve import energy_model
+
+    try:
+        params = energy_model.load_energy_model()
+    except (energy_model.EnergyModelError, OSError):
+        return None
+    by_config: Dict[str, List[RunResult]] = {}
+    for run in runs:
+        if run.work:
+            by_config.setdefault(run.configuration, []).append(run)
+    if baseline not in by_config:
+        return None
+    base_work = energy_model.merge_work(*(r.work for r in by_config[baseline]))
+    ranges: Dict[str, Dict[str, Any]] = {}
+    for name, group in by_config.items():
+        report = energy_model.saving_range(energy_model.merge_work(*(r.work for r in group)),
+                                           base_work, params)
+        fields: Dict[str, Any] = {"energy_range_method": report.method}
+        for phase, saving in report.phases.items():
+            key = "energy_saving_pct" if phase == "total" else f"energy_saving_{phase}_pct"
+            if saving.min is not None:
+                fields[f"{key}_min"], fields[f"{key}_max"] = saving.min, saving.max
+        fields["energy_sensitive_parameters"] = ", ".join(
+            report.phases["total"].most_sensitive(3)) if "total" in report.phases else ""
+        ranges[name] = fields
+    return ranges
+
+
+def _jobs(experiment: Experiment, device: str, local_baseline: bool):
+    """(configuration, seed, repetition, kind) in run order: seed by seed, each
+    seed's FP16 baseline first (every other run of the seed is judged against it),
+    then the untrained policy, then the rest; the locally run baseline (GPU, or a
+    replayed trace) once, after the first seed's baseline."""
+    baseline = next(c for c in experiment.configurations if c.is_baseline)
+    others = [c for c in experiment.configurations if not c.is_baseline]
+    untrained = dataclasses.replace(baseline, name=UNTRAINED)
+    jobs = []
+    for seed in experiment.seeds:
+        for repetition in range(experiment.repetitions):
+            jobs.append((baseline, seed, repetition, "trained"))
+            if local_baseline and len(jobs) == 1:
+                jobs.append((dataclasses.replace(baseline, name=f"FP16-{device.split(':')[0]}"),
+                             seed, repetition, "local"))
+            jobs.append((untrained, seed, repetition, "untrained"))
+            jobs += [(c, seed, repetition, "trained") for c in others]
+    return jobs
+
+
+def _eta(started: float, done: int, total: int) -> str:
+    if done == 0:
+        return ""
+    remaining = (time.time() - started) / done * (total - done)
+    return f", ETA {int(remaining // 60)} min {int(remaining % 60):02d} s"
 
 
 def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
@@ -924,40 +815,50 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
     eval_run = f"{tag}/eval"
     judges = _Judges(client, task, tag, eval_run)
     runs: List[RunResult] = []
-    baseline_scores: Dict[Tuple[int, int], List[float]] = {}
-    jobs = [(c, s, r) for c in experiment.configurations for s in experiment.seeds
-            for r in range(experiment.repetitions)]
-    if device != "cpu" or power_source:
-        baseline = next(c for c in experiment.configurations if c.is_baseline)
-        jobs.insert(len(experiment.seeds) * experiment.repetitions,
-                    (dataclasses.replace(baseline, name=f"FP16-{device.split(':')[0]}"), None, None))
+    jobs = _jobs(experiment, device, device != "cpu" or bool(power_source))
+    started = time.time()
     try:
-        index = 0
-        for configuration, seed, repetition in jobs:
-            index += 1
-            local = seed is None
-            if local:  # the measured GPU (or replayed) FP16 baseline, one run of the first seed
-                seed, repetition = experiment.seeds[0], 0
+        for index, (configuration, seed, repetition, kind) in enumerate(jobs, 1):
             label = f"[{index}/{len(jobs)}] {configuration.name} seed {seed}"
             run_tag = f"{tag}/{configuration.name}/s{seed}r{repetition}"
-            sampler_factory = _sampler_factory(client, power_source, device, run_tag) if local else None
+            local = kind == "local"
+            sampler_factory = _sampler_factory(client, power_source, device, run_tag) \
+                if local else None
             result, trainer = _run_one(client, task, experiment, configuration, seed, repetition,
                                        run_tag, progress, label,
                                        local_device=device if local else None,
-                                       sampler_factory=sampler_factory)
+                                       sampler_factory=sampler_factory,
+                                       steps=0 if kind == "untrained" else None)
+            result.kind = kind
+            if local:
+                result.energy_label = "replayed" if (power_source or "").startswith("replay:") \
+                    else "measured"
             try:
-                if configuration.is_baseline and not local and judges.baseline_session is None:
-                    judges.set_baseline(trainer.policy_copy())
-                _evaluate(trainer, judges, task, experiment, eval_run,
-                          baseline_scores.get((seed, repetition)), result)
-                if configuration.is_baseline and not local:
-                    baseline_scores[(seed, repetition)] = result.judge_scores
+                is_baseline = configuration.is_baseline and kind == "trained"
+                previous = judges.baseline_key
+                # A later seed's baseline is first judged against the previous seed's:
+                # that is the noise floor. Then it becomes the baseline of its seed.
+                _evaluate(trainer, judges, task, experiment, eval_run, result,
+                          kl_against_baseline=not is_baseline or previous is not None)
+                if is_baseline:
+                    if previous is not None:
+                        result.noise_vs_seed, result.noise_kls = previous[0], result.kls
+                    judges.set_baseline(trainer.policy_copy(), (seed, repetition))
+                    result.kls = [0.0] * len(result.judge_scores)  # itself, by definition
+                    result.kl_vs_fp16 = 0.0
+                baseline = next(r for r in runs + [result] if r.kind == "trained" and
+                                r.seed == seed and r.repetition == repetition and
+                                r.configuration == next(c.name for c in experiment.configurations
+                                                        if c.is_baseline))
+                wins = win_fractions(result.judge_scores, baseline.judge_scores)
+                result.win_rate = sum(wins) / len(wins)
             finally:
                 trainer.close()
             runs.append(result)
             progress.done(f"{label}: held-out reward {result.held_out_reward:+.3f}, win rate "
                           f"{result.win_rate:.3f}, KL {result.kl_vs_fp16:.4f}, "
-                          f"{_energy_total(result, 'fpga_model'):.4g} J (FPGA model)")
+                          f"{_energy_total(result, 'fpga_model'):.4g} J (FPGA model)"
+                          f"{_eta(started, index, len(jobs))}")
     finally:
         judges.close()
     return runs
@@ -997,11 +898,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          "clients/python/README.md, 'The experiment')")
     source.add_argument("--quick", action="store_true",
                         help="the built-in model and synthetic task, the whole default matrix, "
-                             "a few minutes on two cores")
+                             "2 seeds, under 10 minutes on two cores")
     parser.add_argument("--out", required=True, help="directory for results.csv, runs.csv, "
                                                      "summary.json, pareto.png, curves.png, report.md")
     parser.add_argument("--steps", type=int, help="override the PPO steps of the config")
-    parser.add_argument("--seeds", help="override the seeds, e.g. 0,1,2")
+    parser.add_argument("--seeds", help="training seeds, e.g. 0,1,2 (default: the config's, else "
+                                        "0,1,2; --quick: 0,1). Two at least give a noise floor")
     parser.add_argument("--only", help="run only these configurations (comma-separated; the "
                                        "FP16 baseline always runs)")
     parser.add_argument("--device", default="cpu",
@@ -1050,7 +952,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     progress.done()
     for check in summary["criteria"]:
-        print(f"{check['level']}: {check['statement']}: {'met' if check['met'] else 'not met'}")
+        detail = f" ({check['detail']})" if check["detail"] else ""
+        print(f"{check['level']}: {check['statement']}: {check['status']}{detail}")
     print(f"wrote {os.path.join(args.out, 'report.md')}")
     return 0
 

@@ -16,3 +16,53 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def describe_machine(device: str = "cpu") -> str:
+    """The CPU as a report names it: model, family/model numbers (AMD's name alone
+    says little: "AMD EPYC" is Zen 3, 4 or 5), cores, the widest vector ISA; and the
+    GPU when `device` is a CUDA device."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("cpu family", "model", "flags") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        pass
+    import os
+    flags = set(fields.get("flags", "").split())
+    isa = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else \
+        "AVX2" if "avx2" in flags else "no AVX2"
+    parts = [cpu_model()]
+    if "cpu family" in fields:
+        parts.append(f"family {fields['cpu family']} model {fields.get('model', '?')}")
+    parts.append(f"{os.cpu_count()} cores, {isa}")
+    text = f"{parts[0]} ({', '.join(parts[1:])})"
+    if device.startswith("cuda"):
+        try:
+            import torch
+            text += f"; GPU {torch.cuda.get_device_name(torch.device(device))}"
+        except Exception:  # noqa: BLE001 - the name is decoration, never a failure
+            pass
+    return text
+
+
+def source_commit() -> str:
+    """The git commit of the checkout this package runs from, with "-dirty" when it
+    has uncommitted changes; "unknown" outside a checkout."""
+    import os
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")

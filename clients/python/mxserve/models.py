@@ -204,17 +204,28 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     q is [B, H, T, D]; k and v are [B, H_kv, S, D], each key/value head shared by
     H / H_kv consecutive query heads (grouped-query attention); allowed is a bool
-    [B, 1, T, S]. Scores and softmax run in float32 at least. A query allowed no key
-    at all (a padding token) gets zeros rather than the NaN of an empty softmax.
+    [B, 1, T, S]. The softmax runs in float32 at least. A query allowed no key at
+    all (a padding token) gets zeros rather than the NaN of an empty softmax.
+
+    Under autocast (FP16 on CUDA, BF16 on CPU) the score product comes out in the
+    autocast dtype whatever its inputs were, so the mask value must fit that dtype:
+    see `_mask_scores`.
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     compute = torch.promote_types(q.dtype, torch.float32)
     scores = q.to(compute) @ k.to(compute).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~allowed, torch.finfo(compute).min)
+    scores = _mask_scores(scores, allowed).to(compute)
     probs = torch.softmax(scores, dim=-1).masked_fill(~allowed, 0.0)
     return probs.to(v.dtype) @ v
+
+
+def _mask_scores(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """`scores` with the positions a query may not see set to the most negative
+    finite value of the scores' own dtype: float32's minimum does not convert to
+    float16 (or bfloat16) and raised under CUDA FP16 autocast."""
+    return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
 
 
 def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

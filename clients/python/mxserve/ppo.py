@@ -1,7 +1,8 @@
 """The arithmetic of PPO-RLHF, apart from any model: masked statistics, advantage
 whitening, GAE, the per-token KL penalty with the score at the last token, the
-clipped policy and value losses, and truncated importance sampling for rollouts
-that ran in another (quantized) precision than the learner.
+clipped policy and value losses, truncated importance sampling for rollouts
+that ran in another (quantized) precision than the learner, and the health
+metrics of that mismatch as verl names them (`mismatch_metrics`).
 
 Conventions follow TRL's PPO trainer, whose defaults (kl_coef 0.05, cliprange 0.2,
 vf_coef 0.1, gamma 1, lam 0.95) are the defaults here. Tensors are [batch, tokens]
@@ -11,7 +12,8 @@ over the response tokens; `mask` is 1 for real tokens and 0 for padding.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+import math
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -187,3 +189,104 @@ def truncated_is_weights(rollout_logprobs: torch.Tensor, learner_logprobs: torch
                       mask)
     return ImportanceWeights(weights=weights * mask, mean=mean, std=var.sqrt(), ess=ess,
                              truncated=truncated, prob_gap=gap)
+
+
+# Where exp() of a log-ratio is clamped for the metrics, as verl does (exp(±20)).
+_LOG_RATIO_BOUND = 20.0
+
+
+def mismatch_metrics(rollout_logprobs: torch.Tensor, learner_logprobs: torch.Tensor,
+                     mask: torch.Tensor, cap: float = IS_CAP,
+                     prefix: str = "rollout_corr/") -> Dict[str, float]:
+    """Rollout–learner mismatch health metrics, named and defined as verl's
+    rollout correction logs them (verl/trainer/ppo/rollout_corr_helper.py:
+    compute_is_metrics, token level, and compute_offpolicy_metrics), each key
+    prefixed with `prefix` as verl prefixes them ("rollout_corr/").
+
+    Inputs are [batch, tokens] log-probs of the sampled response tokens under the
+    rollout policy (quantized, the sampler) and the learner (π_old, update
+    precision), and the response mask. w = exp(learner − rollout) = π_learner /
+    π_rollout per valid token, its exponent clamped to ±20 (verl clamps so for
+    the weight statistics and χ²; here K3 uses the same clamped w, which differs
+    from verl's unclamped K3 only for ratios beyond e^20). All means are over the
+    valid tokens of the whole batch unless said otherwise. These are diagnostics
+    of the token-level weight whatever `is_level` the loss uses.
+
+    - rollout_is_mean, _min, _max: of the untruncated w (verl computes them
+      before truncating). verl warns when the mean leaves [0.5, 2].
+    - rollout_is_std: population std of w clamped to [1/cap, cap] (verl clamps
+      before squaring, so one extreme token cannot dominate).
+    - rollout_is_eff_sample_size: 1 / mean((w'/mean w')²) with w' = w clamped to
+      [1/cap, cap], i.e. (Σw')² / (n·Σw'²): the effective sample size as a share
+      of the n tokens, in (0, 1]; 1 when every weight is equal. verl warns below 0.3.
+    - rollout_is_ratio_fraction_high / _low: share of tokens with w > cap (the
+      ones truncated importance sampling cuts) / w < 1/cap.
+    - kl: K1, mean(log π_rollout − log π_learner), an unbiased estimate of
+      KL(π_rollout ‖ π_learner) from tokens sampled by the rollout policy (can be
+      negative on a finite sample); k3_kl: K3, mean(w − 1 − log w), the same KL,
+      unbiased and never negative. Direction confirmed against verl: both are
+      KL(rollout ‖ training), measured on rollout samples. verl warns at |KL| > 0.1.
+    - training_ppl / rollout_ppl: per sequence exp(−mean token log-prob), then
+      averaged over sequences (verl's batch mean of per-sequence perplexities);
+      training_log_ppl / rollout_log_ppl: the same before exp.
+    - log_ppl_diff: mean over sequences of (mean rollout log-prob − mean learner
+      log-prob) = log(training_ppl_i / rollout_ppl_i), positive when the learner
+      finds the sampled text less likely than the sampler did; log_ppl_abs_diff
+      its absolute mean; ppl_ratio: mean over sequences of training_ppl_i /
+      rollout_ppl_i.
+    - chi2_token: mean(w²) − 1; chi2_seq: mean over sequences of (Π_t w_t)² − 1
+      (χ² divergence estimates, the variance of the token / sequence IS weight).
+
+    Detached and pure: returns Python floats."""
+    if cap <= 0:
+        raise ValueError(f"mismatch_metrics: cap must be positive, got {cap}")
+    low, high = sorted((1.0 / cap, float(cap)))  # the band [1/cap, cap]
+    if not (rollout_logprobs.shape == learner_logprobs.shape == mask.shape):
+        raise ValueError(f"mismatch_metrics: shapes differ: {tuple(rollout_logprobs.shape)}, "
+                         f"{tuple(learner_logprobs.shape)}, {tuple(mask.shape)}")
+    rollout = rollout_logprobs.detach().double()
+    learner = learner_logprobs.detach().double()
+    m = mask.detach().double()
+    n = m.sum()
+    if n < 1:
+        raise ValueError("mismatch_metrics: the mask keeps no token")
+    valid = m > 0
+    log_w = torch.where(valid, learner - rollout, torch.zeros_like(rollout))
+    w = torch.exp(log_w.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
+
+    def mean(values: torch.Tensor) -> float:
+        return float((values * m).sum() / n)
+
+    banded = w.clamp(low, high)
+    banded_mean = mean(banded)
+    normalised = banded / banded_mean
+    ess = 1.0 / mean(normalised ** 2)
+
+    rows = m.sum(dim=1) > 0          # sequences with at least one valid token
+    lengths = m.sum(dim=1)[rows]
+    seq_learner = (learner * m).sum(dim=1)[rows] / lengths
+    seq_rollout = (rollout * m).sum(dim=1)[rows] / lengths
+    diff = seq_rollout - seq_learner
+    seq_log_w = log_w.sum(dim=1)[rows].clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+
+    values = {
+        "rollout_is_mean": mean(w),
+        "rollout_is_std": math.sqrt(max(mean(banded ** 2) - banded_mean ** 2, 0.0)),
+        "rollout_is_min": float(w[valid].min()),
+        "rollout_is_max": float(w[valid].max()),
+        "rollout_is_eff_sample_size": ess,
+        "rollout_is_ratio_fraction_high": mean((w > high).double()),
+        "rollout_is_ratio_fraction_low": mean((w < low).double()),
+        "kl": mean(rollout - learner),
+        "k3_kl": mean(w - 1.0 - log_w),
+        "training_ppl": float(torch.exp(-seq_learner).mean()),
+        "training_log_ppl": float((-seq_learner).mean()),
+        "rollout_ppl": float(torch.exp(-seq_rollout).mean()),
+        "rollout_log_ppl": float((-seq_rollout).mean()),
+        "log_ppl_diff": float(diff.mean()),
+        "log_ppl_abs_diff": float(diff.abs().mean()),
+        "ppl_ratio": float(torch.exp(diff).mean()),
+        "chi2_token": mean(w ** 2) - 1.0,
+        "chi2_seq": float(torch.exp(2.0 * seq_log_w).mean()) - 1.0,
+    }
+    return {prefix + key: value for key, value in values.items()}

@@ -26,12 +26,11 @@ from itertools import product
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence,
                     Tuple, Union)
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mxserve import _wire
+from mxserve import _wire, stats
 from mxserve.client import Client
 from mxserve.torch import OffloadedLinear, OffloadSession, _offloadable
 from mxserve.types import Profile
@@ -442,27 +441,13 @@ def end_to_end(session: Union[OffloadSession, nn.Module], batches: Iterable[Any]
 
 # --- rank correlation ----------------------------------------------------------------------
 
-def _ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, tied values sharing the average of their ranks."""
-    order = np.argsort(values, kind="mergesort")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(1, len(values) + 1)
-    _, group, counts = np.unique(values, return_inverse=True, return_counts=True)
-    return (np.bincount(group, weights=ranks) / counts)[group]
-
-
 def spearman(a: Union[Sequence[float], Mapping[str, float]],
              b: Union[Sequence[float], Mapping[str, float]]) -> float:
     """Spearman's rank correlation ρ of two score lists, or of two {layer: score}
     mappings over the layers both have (e.g. a profile's scores and an end-to-end
-    measurement). Ties take average ranks; nan when either side is constant."""
+    measurement). Ties take average ranks; nan when either side is constant
+    (mxserve.stats.spearman, the one implementation the experiment uses too)."""
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         keys = [k for k in a if k in b]
         a, b = [a[k] for k in keys], [b[k] for k in keys]
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1 or len(x) < 2:
-        raise ValueError(f"spearman: expected two equally long lists of at least 2 scores, "
-                         f"got shapes {x.shape} and {y.shape}")
-    rx, ry = _ranks(x) - (len(x) + 1) / 2, _ranks(y) - (len(y) + 1) / 2
-    norm = np.sqrt((rx ** 2).sum() * (ry ** 2).sum())
-    return float((rx * ry).sum() / norm) if norm > 0 else float("nan")
+    return stats.spearman(a, b)

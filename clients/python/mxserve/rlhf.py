@@ -40,7 +40,7 @@ import copy
 import dataclasses
 import math
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ from torch import nn
 from mxserve import ppo
 from mxserve._wire import PHASES
 from mxserve.client import Client
+from mxserve.energy_model import merge_work
 from mxserve.torch import OffloadSession, PhaseTotals, offload
 
 __all__ = ["PPOConfig", "PPOTrainer", "PolicyWithValue", "Rollout", "RewardModel",
@@ -322,6 +323,12 @@ class PPOTrainer:
                 summed.setdefault(phase, PhaseTotals()).merge(totals)
         return summed
 
+    def work(self, run: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The GEMMs the daemon booked, merged over every session (JSON-ready rows,
+        see OffloadSession.work); only run `run`'s when given. For
+        mxserve.energy_model.phase_joules and saving_range."""
+        return merge_work(*(session.work(run) for session in self.sessions.values()))
+
     def policy_copy(self) -> nn.Module:
         """A plain local copy of the policy LM as trained (no offloaded modules)."""
         with contextlib.ExitStack() as scope:
@@ -375,7 +382,10 @@ class PPOTrainer:
     def step(self, prompts: Sequence[Sequence[int]]) -> Dict[str, float]:
         """One PPO iteration on a batch of prompts: rollout, scoring, then
         `num_ppo_epochs` passes over `num_mini_batches` minibatches. Returns TRL's
-        metrics plus the importance-sampling health metrics."""
+        metrics, the truncated-IS weights' own statistics ("is/weight_mean",
+        "is/weight_std", "is/ess", "is/truncated", "is/prob_gap"; absent with
+        is_level "none") and verl's rollout-correction metrics
+        ("rollout_corr/rollout_is_mean", ..., see ppo.mismatch_metrics; always)."""
         cfg = self.config
         rollout = self.rollout(prompts)
         ids, mask, width = rollout.ids, rollout.mask, rollout.prompt_width
@@ -467,4 +477,9 @@ class PPOTrainer:
             metrics.update({"is/weight_mean": float(health.mean), "is/weight_std": float(health.std),
                             "is/ess": float(health.ess), "is/truncated": float(health.truncated),
                             "is/prob_gap": float(health.prob_gap)})
+        # The rollout-learner mismatch as verl logs it ("rollout_corr/..."), every
+        # step: it is a diagnostic of the quantized sampler, needed most when no
+        # correction is applied.
+        metrics.update(ppo.mismatch_metrics(rollout.logprobs, old_logprobs, response_mask,
+                                            cfg.is_cap))
         return metrics

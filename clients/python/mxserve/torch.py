@@ -25,13 +25,20 @@ A call too large for one gRPC message (a vocabulary projection's logits, its
 `max_message_bytes`: forwards and grad_input along the rows of X (M), grad_weight
 along the rows of W (`weight_rows`). Every piece is bit-identical to the same part
 of an unsplit call, and each is booked, so the energy ledger holds the whole.
+
+`session.work(run)` counts the GEMMs the daemon booked for this session's calls,
+split pieces included, as JSON-ready rows {phase, run, x_format, w_format, m, n,
+k, kind, count} with m, n, k the daemon's EstimateGemm arguments: the input of
+`mxserve.energy_model.phase_joules` and `saving_range`, which re-price the same
+work under other model parameters. `session.reset_work(run)` clears it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -39,6 +46,7 @@ from torch.autograd.function import once_differentiable
 
 from mxserve import _wire
 from mxserve.client import ENVELOPE_BYTES, Client, MxserveError
+from mxserve.energy_model import WorkKey, work_rows
 from mxserve.types import ExecutionInfo, LayerSpec
 
 __all__ = ["OffloadSession", "OffloadedLinear", "PhaseTotals", "offload"]
@@ -187,6 +195,9 @@ class OffloadSession:
         self.weight_version = 0
         self.layers: Dict[str, OffloadedLinear] = {}
         self.totals: Dict[str, PhaseTotals] = {}
+        # The work ledger: a counter per distinct GEMM, not a record per call, so a
+        # long run costs memory by its shapes, not its steps.
+        self._work: Dict[WorkKey, int] = collections.Counter()
         self._originals: Dict[str, nn.Module] = {}
         self._uploaded: Dict[str, Tuple[int, int]] = {}
 
@@ -285,6 +296,10 @@ class OffloadSession:
                                          format=fmt, phase=phase, run=run,
                                          min_weight_version=self.weight_version)
             self.account(phase, result.info)
+            # What ForwardItem::Answer books: this request's rows, even when the
+            # daemon batched it with others.
+            self._count(phase, run, result.info, "forward", x2d[start:start + step].shape[0],
+                        layer.out_features, layer.in_features)
             layer.last_info = result.info
             first = first or result.info
             outputs.append(result.output)
@@ -338,11 +353,41 @@ class OffloadSession:
                                       min_weight_version=ctx.version, weight_rows=weight_rows)
         layer.last_backward_info = result.info
         self.account(ctx.phase, result.info)
+        # What BackwardItem books, one response for up to two GEMMs: grad_input
+        # (dY·W: m × k, over n) unless a weight_rows slice, grad_weight (dYᵀ·X:
+        # n × k, over m) when X was sent; n is this call's columns of dY.
+        m, n, k = dy.shape[0], dy.shape[1], layer.in_features
+        if weight_rows is None:
+            self._count(ctx.phase, ctx.run, result.info, "grad_input", m, k, n)
+        if x2d is not None:
+            self._count(ctx.phase, ctx.run, result.info, "grad_weight", n, k, m)
         return result
 
     def account(self, phase: Optional[str], info: ExecutionInfo) -> None:
         """Adds one response's ExecutionInfo to `totals[phase]`."""
         self.totals.setdefault(phase or "unspecified", PhaseTotals()).add(info)
+
+    def _count(self, phase: Optional[str], run: str, info: ExecutionInfo, kind: str, m: int,
+               n: int, k: int) -> None:
+        # Formats from the response: a policy's choice is known only there.
+        self._work[WorkKey(phase or "unspecified", run or "", info.format, info.weight_format,
+                           int(m), int(n), int(k), kind)] += 1
+
+    def work(self, run: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The GEMMs the daemon booked for this session's calls, one JSON-ready row
+        per distinct GEMM: {phase, run, x_format, w_format, m, n, k, kind, count}
+        (mxserve.energy_model.WorkKey's fields and the count); only run `run`'s
+        ("" the untagged calls) when given, else all."""
+        return work_rows({key: count for key, count in self._work.items()
+                          if run is None or key.run == run})
+
+    def reset_work(self, run: Optional[str] = None) -> None:
+        """Forgets the ledger: run `run`'s entries, or all of them."""
+        if run is None:
+            self._work.clear()
+        else:
+            for key in [key for key in self._work if key.run == run]:
+                del self._work[key]
 
     def last_infos(self) -> Dict[str, Optional[ExecutionInfo]]:
         """{layer: ExecutionInfo of its latest forward}."""

@@ -26,11 +26,13 @@ def test_quickstart(daemon):
         r"^(rollout|reward|update)\s+(\S+)\s+(\S+)\s+(\S+)\s+([0-9.e+-]+)\s+([0-9.]+) µJ$",
         out, re.M)}
     assert set(rows) == {"rollout", "reward", "update"}, out
-    # Policy D: first/last blocks one step more precise than the middle one.
-    assert rows["rollout"][1:4] == ("MXFP8_E4M3", "MXFP4_E2M1", "MXFP8_E4M3")
-    assert rows["update"][1:4] == ("FP32", "FP16", "FP32")
+    # Policy D on the built-in ranking (blocks.1, blocks.0, blocks.2 most tolerant
+    # first): 80 % = 2 layers low in rollout and reward, 20 % = 1 in the update.
+    assert rows["rollout"][1:4] == ("MXFP4_E2M1", "MXFP4_E2M1", "MXFP8_E4M3")
+    assert rows["reward"][1:4] == ("MXFP8_E4M3", "MXFP8_E4M3", "FP16")
+    assert rows["update"][1:4] == ("FP16", "MXFP8_E4M3", "FP16")
     errors = {phase: float(row[4]) for phase, row in rows.items()}
-    assert errors["update"] < 1e-3 < errors["reward"] < errors["rollout"] < 0.5
+    assert 0 < errors["update"] < errors["reward"] < errors["rollout"] < 0.5
     assert all(float(row[5]) > 0 for row in rows.values())
     # It cleaned up after itself, and runs again.
     assert "quickstart-mlp" in run_example("quickstart.py", daemon)

@@ -33,58 +33,85 @@ def read_rows(path):
         return list(csv.DictReader(handle))
 
 
+SUBSET = ["INT8-uniform", "INT8-B", "MX-D", "rollout-MXFP4", "update-INT8"]
+
+
 def test_the_quick_matrix_runs_end_to_end(daemon, tmp_path):
+    # The quick experiment's machinery on a subset of its matrix (make experiment runs
+    # all of it): two seeds, the untrained row, the noise floor, the phase-alone rows.
     out = tmp_path / "quick"
-    done = run_experiment(daemon, "--quick", "--out", str(out))
+    done = run_experiment(daemon, "--quick", "--steps", "3", "--only", ",".join(SUBSET),
+                          "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     for name in OUTPUTS:
         assert (out / name).stat().st_size > 0, name
 
-    rows = read_rows(out / "results.csv")
-    assert [r["configuration"] for r in rows] == [c["name"] for c in experiment.DEFAULT_MATRIX]
-    metrics = ["energy_fpga_model_J", "energy_saving_pct", "speedup_model", "held_out_reward",
-               "win_rate", "kl_vs_fp16", "reward_spearman", "wall_rollout_s", "wall_reward_s",
-               "wall_update_s", "compute_update_s", "final_objective_rlhf_reward",
-               "final_objective_kl", "final_is_ess"]
-    for row in rows:
-        for metric in metrics:
-            assert math.isfinite(float(row[metric])), (row["configuration"], metric)
-        assert float(row["energy_fpga_model_J"]) > 0
-    baseline = rows[0]
-    # The FP16 baseline is judged against its own responses: 0.5 by definition
-    # (the pairing of the others is checked below).
-    assert float(baseline["win_rate"]) == 0.5
-    assert abs(float(baseline["kl_vs_fp16"])) < 1e-4
-    assert float(baseline["energy_saving_pct"]) == 0.0
-    # INT8 everywhere costs the FPGA model less than FP16 everywhere, in every phase.
-    int8 = next(r for r in rows if r["configuration"] == "INT8-uniform")
+    rows = {r["configuration"]: r for r in read_rows(out / "results.csv")}
+    assert list(rows) == ["FP16", "noise-floor", "untrained", *SUBSET]
+    for name, row in rows.items():
+        for metric in ("held_out_reward", "win_rate", "kl_vs_fp16"):
+            estimate, low, high = (float(row[metric + s]) for s in ("", "_lo", "_hi"))
+            assert low <= estimate <= high, (name, metric, low, estimate, high)
+        assert int(row["wins"]) + int(row["ties"]) + int(row["losses"]) == \
+            int(row["seeds"]) * int(row["prompts"]), name
+    for name in ["FP16", *SUBSET]:
+        assert float(rows[name]["energy_fpga_model_J"]) > 0
+        assert -1 <= float(rows[name]["reward_spearman_lo"]) <= float(rows[name]["reward_spearman"])
+    baseline = rows["FP16"]
+    assert int(baseline["seeds"]) == 2 and int(baseline["prompts"]) == 64
+    # Each seed's baseline against itself: exactly a tie, KL 0, no interval around it.
+    assert float(baseline["win_rate_lo"]) == float(baseline["win_rate_hi"]) == 0.5
+    assert float(baseline["kl_vs_fp16"]) == 0.0 and float(baseline["energy_saving_pct"]) == 0.0
+    # The noise floor: seed 1's baseline against seed 0's, one pair; two trainings
+    # differ, so their KL is not zero.
+    floor = rows["noise-floor"]
+    assert floor["policy"] == "FP16 seed 1 vs 0" and int(floor["seeds"]) == 1
+    assert float(floor["kl_vs_fp16"]) > 0
+    # INT8 everywhere costs the FPGA model less than FP16 everywhere, in every phase;
+    # MXFP4 in the rollout alone saves in the rollout.
     for phase in ("rollout", "reward", "update"):
-        assert float(int8[f"energy_saving_{phase}_pct"]) > 10
+        assert float(rows["INT8-uniform"][f"energy_saving_{phase}_pct"]) > 10
+    assert float(rows["rollout-MXFP4"]["energy_saving_rollout_pct"]) > 10
+    # Policy D, as the origin defines it, costs no more than FP16 in any phase.
+    for phase in ("rollout", "reward", "update"):
+        assert float(rows["MX-D"][f"energy_saving_{phase}_pct"]) >= 0, phase
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task_setup"]["reward_pair_accuracy"] > 0.6
-    # Every win rate pairs that configuration's judged responses with the FP16
-    # baseline's, prompt by prompt, ties half.
-    runs = {r["configuration"]: r for r in summary["runs"]}
-    base_scores = runs["FP16"]["judge_scores"]
-    for name, run in runs.items():
-        assert len(run["judge_scores"]) == len(base_scores), name
+    assert summary["seeds"] == [0, 1] and summary["eval_prompts"] == 64
+    assert summary["commit"] and "cores" in summary["machine"]
+    # Every run is paired with the FP16 baseline of its own seed, prompt by prompt.
+    runs = summary["runs"]
+    base = {r["seed"]: r for r in runs if r["configuration"] == "FP16"}
+    assert base[1]["noise_vs_seed"] == 0 and len(base[1]["noise_kls"]) == 64
+    for run in runs:
+        reference = base[run["seed"]]["judge_scores"]
         wins = [1.0 if a > b else 0.5 if a == b else 0.0
-                for a, b in zip(run["judge_scores"], base_scores)]
-        assert run["win_rate"] == pytest.approx(sum(wins) / len(wins)), name
+                for a, b in zip(run["judge_scores"], reference)]
+        assert run["win_rate"] == pytest.approx(sum(wins) / len(wins)), run["run_tag"]
+        assert len(run["kls"]) == 64 and len(run["reward_scores"]) == 64
     # Each run's energy, read back by its run tag, is exactly what its responses
     # reported: nothing of the other runs, the profile or the evaluation mixed in.
     tags = set()
-    for run in summary["runs"]:
+    for run in runs:
         tags.add(run["run_tag"])
-        assert len(run["curves"]) == summary["steps"]
+        assert len(run["curves"]) == (0 if run["kind"] == "untrained" else summary["steps"])
         for phase in ("rollout", "reward", "update"):
-            assert run["energy"][phase]["fpga_model"] == pytest.approx(
-                run["totals"][phase]["model_joules"], rel=1e-9)
-    assert len(tags) == len(rows)
+            assert run["energy"][phase].get("fpga_model", 0.0) == pytest.approx(
+                run["totals"].get(phase, {}).get("model_joules", 0.0), rel=1e-9)
+    assert len(tags) == len(runs) == 2 * (len(rows) - 1)
+    # The mismatch metrics of every step, in runs.csv too.
+    trained = [r for r in runs if r["kind"] == "trained"]
+    for run in trained:
+        for step in run["curves"]:
+            assert 0 < step["rollout_corr/rollout_is_eff_sample_size"] <= 1
+    assert "rollout_corr/k3_kl" in read_rows(out / "runs.csv")[0]
     report = (out / "report.md").read_text()
     assert "FPGA-model estimates" in report and "| MX-D |" in report
+    assert "seeds 0, 1" in report and "64 held-out prompts" in report
+    assert "**Noise floor**" in report and "## Each phase alone" in report
     assert "policy D:" in report and "![Pareto](pareto.png)" in report
+    assert any(status in report for status in ("**met**", "**not met**", "**unresolved**"))
 
 
 def test_a_replayed_power_trace_stands_in_for_the_gpu_baseline(daemon, tmp_path):
@@ -92,18 +119,20 @@ def test_a_replayed_power_trace_stands_in_for_the_gpu_baseline(daemon, tmp_path)
     trace.write_text("timestamp,watts\n" + "".join(f"{i * 0.05:.2f},{100 + i}\n"
                                                   for i in range(2000)))
     out = tmp_path / "replay"
-    done = run_experiment(daemon, "--quick", "--steps", "2", "--only", "MX-A", "--out", str(out),
-                          "--power-source", f"replay:{trace}")
+    done = run_experiment(daemon, "--quick", "--steps", "2", "--seeds", "0", "--only", "MX-A",
+                          "--out", str(out), "--power-source", f"replay:{trace}")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["configuration"]: r for r in read_rows(out / "results.csv")}
-    assert set(rows) == {"FP16", "FP16-cpu", "MX-A"}
+    assert set(rows) == {"FP16", "FP16-cpu", "untrained", "MX-A"}
+    assert rows["FP16-cpu"]["energy_label"] == "replayed"
     local = rows["FP16-cpu"]
     assert local["where"] == "local:cpu"
     assert float(local["energy_gpu_baseline_J"]) > 0
     assert local.get("energy_fpga_model_J", "") == ""  # nothing of it ran on the daemon
     assert rows["FP16"].get("energy_gpu_baseline_J", "") == ""
-    assert math.isfinite(float(rows["MX-A"]["energy_saving_vs_gpu_pct"]))
-    assert "GPU baseline (measured)" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    # A replayed trace is never called a measurement.
+    assert "REPLAYED power trace" in report and "measured on the GPU" not in report
 
 
 # --- HH-RLHF on tiny stand-ins ------------------------------------------------------------
@@ -154,6 +183,7 @@ def hh_config(tmp_path, checkpoint, data, **overrides):
         "task": {"kind": "hh-rlhf", "checkpoint": str(checkpoint), "data": str(data),
                  "n_train": 8, "n_test": 4, "reward_steps": 3, "max_prompt_tokens": 48},
         "ppo": {"steps": 2, "batch_size": 2, "response_length": 4, "learning_rate": 1e-4},
+        "seeds": [0, 1],
         "configurations": [{"name": "FP16", "policy": "fp16-baseline"},
                            {"name": "MX-A", "policy": "A-conservative"}],
     }
@@ -172,7 +202,7 @@ def test_hh_rlhf_with_a_checkpoint_directory_runs_the_matrix(daemon, tmp_path):
                           "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_rows(out / "results.csv")
-    assert [r["configuration"] for r in rows] == ["FP16", "MX-A"]
+    assert [r["configuration"] for r in rows] == ["FP16", "noise-floor", "untrained", "MX-A"]
     assert float(rows[0]["win_rate"]) == 0.5
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task"].startswith("ckpt on Anthropic HH-RLHF (8 train / 4 test pairs, seed 42)")
@@ -249,6 +279,23 @@ def test_config_errors_name_the_field():
         with pytest.raises(experiment.ConfigError, match=message):
             experiment.load_config({"configurations": [{"name": "F", "policy": "fp16-baseline"},
                                                        {"name": "G", "generate": generate}]})
+    # Seeds: three unless the config says otherwise (two for --quick); the held-out
+    # set is the origin's 200 prompts (fewer when the task has fewer).
+    loaded = experiment.load_config({})
+    assert loaded.seeds == [0, 1, 2] and loaded.eval_prompts == 200
+    assert experiment.load_config(dict(experiment.QUICK)).seeds == [0, 1]
+    # The rows the runner adds itself are not names a configuration may take.
+    with pytest.raises(experiment.ConfigError, match=r"configurations\[1\].name: 'untrained' is "
+                                                     r"reserved"):
+        experiment.load_config({"configurations": [{"name": "F", "policy": "fp16-baseline"},
+                                                   {"name": "untrained", "policy": "A"}]})
+    # Each phase alone, in three formats, is part of the default matrix.
+    names = [c["name"] for c in experiment.DEFAULT_MATRIX]
+    for phase in ("rollout", "reward", "update"):
+        for fmt in ("MXFP4", "MXFP8", "INT8"):
+            entry = experiment.DEFAULT_MATRIX[names.index(f"{phase}-{fmt}")]
+            assert entry["policy"]["defaults"] == {p: fmt if p == phase else "FP16"
+                                                   for p in ("rollout", "reward", "update")}
     # The baseline runs first whatever the order in the file.
     loaded = experiment.load_config({"configurations": [
         {"name": "A", "policy": "A-conservative"}, {"name": "F", "policy": "fp16-baseline"}]})

@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 import mxserve  # noqa: E402
 from conftest import Daemon  # noqa: E402
 
-# Two Qwen2.5-0.5B blocks: 30 M parameters, about 0.17 GB held with policy D.
+# Two Qwen2.5-0.5B blocks: 30 M parameters, 114 MiB of FP32 masters; about 141 MiB
+# held with policy D (its rollout copies: MXFP4 on the 80 % most tolerant layers).
 SHAPES = [("self_attn.q_proj", 896, 896), ("self_attn.k_proj", 128, 896),
           ("self_attn.v_proj", 128, 896), ("self_attn.o_proj", 896, 896),
           ("mlp.gate_proj", 4864, 896), ("mlp.up_proj", 4864, 896), ("mlp.down_proj", 896, 4864)]
@@ -56,7 +57,8 @@ def test_a_deleted_model_leaves_no_resident_memory():
                         client.backward("m", name, torch.randn(16, out), x)
             held = client.describe_model("m").weight_bytes
             loaded = resident_bytes(pid)
-            assert held > 150 << 20 and loaded - before > held // 2, (held, loaded, before)
+            # More than the masters: the rollout copies are held too.
+            assert held > 120 << 20 and loaded - before > held // 2, (held, loaded, before)
             client.delete_model("m")
             # The daemon trims within a quarter of a second; allow for a slow machine.
             deadline = time.monotonic() + 5

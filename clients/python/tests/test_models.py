@@ -370,6 +370,30 @@ def test_a_left_padded_batch_matches_each_sequence_alone(model64):
                                rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_a_padded_batch_runs_under_low_precision_autocast(arch, gpt2_dir, qwen2_dir):
+    """The CUDA FP16 baseline runs under autocast, where the attention scores come
+    out in the autocast dtype; the mask value must fit it (float32's minimum raised
+    "cannot be converted to type c10::Half without overflow"). CPU autocast is
+    BF16-only in this torch, and float32's minimum overflows BF16 just the same."""
+    model = load_pretrained({"gpt2": gpt2_dir, "qwen2": qwen2_dir}[arch])
+    ids = torch.tensor([[7, 8, 9, 10, 11], [0, 0, 20, 21, 22]])
+    mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
+    reference = model(ids, attention_mask=mask).logits
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(ids, attention_mask=mask).logits.float()
+    assert torch.isfinite(low).all()
+    # BF16 products: close to the FP32 forward, not equal.
+    assert (low - reference).abs().max() < 0.05 * reference.abs().max()
+    # The masking itself, on FP16 scores (CPU has no FP16 matmul to produce them).
+    scores = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]], dtype=torch.float16)
+    allowed = torch.tensor([[[[True, False], [True, True]]]])
+    masked = models._mask_scores(scores, allowed)
+    assert masked.dtype == torch.float16
+    assert masked[0, 0, 0, 1].item() == torch.finfo(torch.float16).min
+    assert masked[0, 0, 1].tolist() == [3.0, 4.0]
+
+
 def test_explicit_positions_and_a_wrong_mask(model64):
     ids = torch.tensor([IDS[:4]])
     default = model64(ids).logits
