@@ -206,13 +206,14 @@ const std::vector<FlagSpec>& Flags() {
        },
        /*repeatable=*/true},
       {"max-power-series", "N",
-       "most distinct (source, device) pairs Telemetry.ReportPower may create (each is a metric "
-       "series); a new pair beyond it is refused RESOURCE_EXHAUSTED",
+       "most distinct (source, device) pairs Telemetry.ReportPower and ReportEnergy may create "
+       "together (each is a metric series); a new pair beyond it is refused RESOURCE_EXHAUSTED",
        [](const DaemonOptions& o) { return absl::StrCat(o.max_power_series); },
        IntSetter("max-power-series", &DaemonOptions::max_power_series, 1, 4096)},
       {"power-sources", "LIST",
-       "comma-separated source names ReportPower accepts, e.g. gpu_baseline; empty accepts any "
-       "name except the daemon's own (fpga, fpga_model)",
+       "comma-separated source names ReportPower and ReportEnergy accept, e.g. "
+       "gpu_baseline,gpu_baseline_sampled (the GPU baseline's counter and samples); empty accepts "
+       "any name except the daemon's own (fpga, fpga_model)",
        [](const DaemonOptions& o) {
          return o.power_sources.empty() ? std::string("any") : absl::StrJoin(o.power_sources, ",");
        },
@@ -224,7 +225,8 @@ const std::vector<FlagSpec>& Flags() {
          return absl::OkStatus();
        }},
       {"max-power-watts", "W",
-       "largest power a ReportPower sample may claim; larger samples are refused as implausible",
+       "largest power a ReportPower sample may claim (and a ReportEnergy interval, times its "
+       "length + 0.25 s); more is refused as implausible",
        [](const DaemonOptions& o) { return absl::StrCat(o.max_power_watts); },
        [](const std::string& text, DaemonOptions& o) {
          double value;

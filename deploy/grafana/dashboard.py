@@ -21,7 +21,9 @@ OUT = pathlib.Path(__file__).resolve().parent / "dashboards" / "mxserve-energy.j
 I = 'instance=~"$instance"'
 P = 'phase=~"$phase"'
 F = 'format=~"$format"'
-NOT_GPU = 'source!="gpu_baseline"'
+# The baseline's samples (gpu_baseline_sampled, beside its counter's joules) are
+# the same GPU measured another way, not a source to compare with it.
+NOT_GPU = 'source!~"gpu_baseline|gpu_baseline_sampled"'
 GPU = 'source="gpu_baseline"'
 NOT_OK = 'code!="OK"'
 
@@ -136,8 +138,9 @@ def build() -> dict:
     d.panel("bargauge", "Energy per phase and source",
             "Joules per RLHF phase over the dashboard's time range, one bar per (phase, source): "
             "fpga = the F2 board's measured power over device-busy time, fpga_model = the FPGA "
-            "model's estimate (emulation), gpu_baseline = a GPU's measured power streamed "
-            "through ReportPower. Needs the range to cover the work (increase over $__range).",
+            "model's estimate (emulation), gpu_baseline = a GPU's measured energy (NVML's "
+            "counter per phase through ReportEnergy, else its power samples), "
+            "gpu_baseline_sampled = that GPU's power samples where the counter gave the energy. Needs the range to cover the work (increase over $__range).",
             "joule", [(f"sum by (phase, source) (increase(mxserve_energy_joules_total{sel(I, P)}[$__range]))",
                        "{{phase}} · {{source}}")], instant=True)
     d.panel("bargauge", "Energy saving vs the GPU baseline",

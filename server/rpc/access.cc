@@ -26,6 +26,7 @@ AccessRule RuleOf(Rpc rpc) {
       return {Role::kCompute, Owned::kNothing};
     case Rpc::kRegisterModel:  // creates a model its caller owns
     case Rpc::kReportPower:    // attributed to its caller
+    case Rpc::kReportEnergy:   // as ReportPower: measured energy, attributed to its caller
       return {Role::kTrain, Owned::kNothing};
     case Rpc::kUploadWeights:
     case Rpc::kLoadSafetensors:

@@ -42,7 +42,8 @@ struct Core : ComputeContext {
   ProfileStore* profiles = nullptr;
   Scheduler* profiler = nullptr;
   mx::kernels::ThreadPool* profile_pool = nullptr;
-  // ReportPower's bounds (--max-power-series, --power-sources, --max-power-watts).
+  // ReportPower's and ReportEnergy's bounds (--max-power-series, --power-sources,
+  // --max-power-watts).
   int max_power_series = 64;
   std::vector<std::string> power_sources;  // empty: any name that is not reserved
   double max_power_watts = 10000;

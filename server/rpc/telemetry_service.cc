@@ -18,104 +18,73 @@
 namespace mxserve {
 namespace {
 
-// Integrates one stream's samples: consecutive samples of a (source, device)
-// form a trapezoid whose energy goes to the later sample's phase. A sample that
-// fails validation ends the stream with INVALID_ARGUMENT (RESOURCE_EXHAUSTED past
-// the series cap); what came before it stays accounted.
-class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
- public:
-  PowerReactor(const Core& core, TelemetryService& service, grpc::CallbackServerContext* context,
-               grpc::ByteBuffer* response)
-      : core_(core),
-        service_(service),
-        record_(core, Rpc::kReportPower, context),
-        raw_response_(response) {
-    if (!record_.admission().ok()) {
-      Done(record_.admission());
-      return;
-    }
-    StartRead(&raw_sample_);
+// What a power sample and an energy interval are checked against alike: the
+// daemon's clock, within the last day and at most a minute ahead.
+absl::Status CheckTimestamp(double t, double now, absl::string_view field) {
+  if (std::isfinite(t) && t >= now - kMaxPowerSampleAgeSeconds &&
+      t <= now + kMaxPowerClockAheadSeconds) {
+    return absl::OkStatus();
   }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": expected a Unix time within the last ", kMaxPowerSampleAgeSeconds,
+      " s and at most ", kMaxPowerClockAheadSeconds, " s ahead of the daemon's clock (",
+      absl::StrFormat("%.3f", now), "), got ", t));
+}
+
+// Source, device and run: they become metric labels and ledger keys, so they
+// are short and plain.
+template <typename Message>
+absl::Status CheckLabels(const Message& m, absl::string_view field) {
+  MX_RETURN_IF_ERROR(CheckPlainLabel(m.source(), absl::StrCat(field, ".source")));
+  MX_RETURN_IF_ERROR(CheckPlainLabel(m.device(), absl::StrCat(field, ".device")));
+  return CheckRunTag(m.run(), absl::StrCat(field, ".run"));
+}
+
+// One client stream of telemetry (ReportPower, ReportEnergy): reads messages
+// one at a time and hands each to Derived::Accept; the first that fails ends
+// the stream with its status, and what was accepted before it stays accounted.
+template <typename Derived, typename Message, typename Response>
+class ReportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ReportReactor(const Core& core, TelemetryService& service, Rpc rpc,
+                grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
+      : core_(core), service_(service), record_(core, rpc, context), raw_response_(response) {}
 
   void OnReadDone(bool ok) override {
     if (!ok) return Done(absl::OkStatus());
-    if (absl::Status s = Accept(); !s.ok()) return Done(s);
-    StartRead(&raw_sample_);
+    const std::string field = absl::StrCat(Derived::kField, "[", index_++, "]");
+    message_.Clear();
+    absl::Status s = ParseMessage(raw_message_, &message_, field);
+    raw_message_.Clear();
+    if (s.ok()) s = static_cast<Derived*>(this)->Accept(message_, field);
+    if (!s.ok()) return Done(s);
+    StartRead(&raw_message_);
   }
 
   void OnCancel() override { record_.MarkCancelled(); }
 
   void OnDone() override {
     record_.Done();
-    delete this;
+    delete static_cast<Derived*>(this);
   }
 
- private:
-  absl::Status Accept() {
-    const std::string field = absl::StrCat("samples[", index_++, "]");
-    sample_.Clear();
-    MX_RETURN_IF_ERROR(ParseMessage(raw_sample_, &sample_, field));
-    raw_sample_.Clear();
-    // Sources and devices become metric labels, runs ledger keys: short and plain.
-    MX_RETURN_IF_ERROR(CheckPlainLabel(sample_.source(), absl::StrCat(field, ".source")));
-    MX_RETURN_IF_ERROR(CheckPlainLabel(sample_.device(), absl::StrCat(field, ".device")));
-    MX_RETURN_IF_ERROR(CheckRunTag(sample_.run(), absl::StrCat(field, ".run")));
-    absl::StatusOr<Phase> phase = FromProto(sample_.phase(), absl::StrCat(field, ".phase"));
-    if (!phase.ok()) return phase.status();
-    if (!std::isfinite(sample_.watts()) || sample_.watts() < 0 ||
-        sample_.watts() > core_.max_power_watts) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".watts: expected 0 to ", core_.max_power_watts,
-                       " (--max-power-watts), got ", sample_.watts()));
-    }
-    const double now = UnixSeconds();
-    const double t = sample_.timestamp_seconds();
-    if (!std::isfinite(t) || t < now - kMaxPowerSampleAgeSeconds ||
-        t > now + kMaxPowerClockAheadSeconds) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".timestamp_seconds: expected a Unix time within the last ",
-          kMaxPowerSampleAgeSeconds, " s and at most ", kMaxPowerClockAheadSeconds,
-          " s ahead of the daemon's clock (", absl::StrFormat("%.3f", now), "), got ", t));
-    }
-    MX_RETURN_IF_ERROR(service_.AdmitSeries(sample_.source(), sample_.device(), field));
-    auto key = std::make_tuple(sample_.source(), sample_.device());
-    auto last = last_.find(key);
-    if (last == last_.end()) {
-      // The first sample of a series adds no energy; its counters start at zero.
-      core_.metrics->DeclareEnergySource(sample_.source());
-    } else {
-      const double dt = t - last->second.timestamp_seconds();
-      if (dt < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".timestamp_seconds: ", t, " is earlier than the previous sample of ",
-            sample_.source(), "/", sample_.device(), " (", last->second.timestamp_seconds(),
-            "); timestamps must not decrease"));
-      }
-      // A gap too long to say what the device did in between counts nothing.
-      if (dt <= kMaxPowerGapSeconds) {
-        const double joules = dt * (sample_.watts() + last->second.watts()) / 2;
-        core_.ledger->Add(sample_.source(), *phase, sample_.run(), t,
-                          {.joules = joules, .busy_seconds = dt, .requests = 0});
-        core_.metrics->AddEnergy(sample_.source(), *phase, joules, dt);
-        response_.set_joules_added(response_.joules_added() + joules);
-      }
-    }
-    core_.metrics->SetPower(sample_.source(), sample_.device(), sample_.watts());
-    last_[key] = sample_;
-    response_.set_samples_accepted(response_.samples_accepted() + 1);
-    return absl::OkStatus();
+ protected:
+  // The constructor's last step (a derived reactor is complete by then).
+  void Begin() {
+    if (!record_.admission().ok()) return Done(record_.admission());
+    StartRead(&raw_message_);
   }
 
   void Done(absl::Status status) {
     status = record_.Settle(std::move(status), response_, raw_response_);
-    // Who reported what: samples are attributed to the caller's principal.
+    // Who reported what: measurements are attributed to the caller's principal.
     if (!status.ok()) {
-      Log(LogLevel::kWarning, "power_rejected",
+      Log(LogLevel::kWarning, Derived::kRejectedEvent,
           {{"principal", record_.principal().name}, {"message", CapMessage(status.message())}});
-    } else if (response_.samples_accepted() > 0) {
-      Log(LogLevel::kInfo, "power_reported",
+    } else if (static_cast<Derived*>(this)->accepted() > 0) {
+      Log(LogLevel::kInfo, Derived::kReportedEvent,
           {{"principal", record_.principal().name},
-           {"samples", absl::StrCat(response_.samples_accepted())},
+           {Derived::kField, absl::StrCat(static_cast<Derived*>(this)->accepted())},
            {"joules", absl::StrCat(response_.joules_added())}});
     }
     Finish(ToGrpc(status));
@@ -123,13 +92,148 @@ class PowerReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   const Core& core_;
   TelemetryService& service_;
+  Response response_;
+
+ private:
   CallRecord record_;
   grpc::ByteBuffer* raw_response_;
-  v1::ReportPowerResponse response_;
-  grpc::ByteBuffer raw_sample_;
-  v1::PowerSample sample_;
+  grpc::ByteBuffer raw_message_;
+  Message message_;
   uint64_t index_ = 0;
+};
+
+// Integrates one stream's samples: consecutive samples of a (source, device)
+// form a trapezoid whose energy goes to the later sample's phase. A sample that
+// fails validation ends the stream with INVALID_ARGUMENT (RESOURCE_EXHAUSTED past
+// the series cap); what came before it stays accounted.
+class PowerReactor final
+    : public ReportReactor<PowerReactor, v1::PowerSample, v1::ReportPowerResponse> {
+ public:
+  static constexpr const char* kField = "samples";
+  static constexpr const char* kReportedEvent = "power_reported";
+  static constexpr const char* kRejectedEvent = "power_rejected";
+
+  PowerReactor(const Core& core, TelemetryService& service, grpc::CallbackServerContext* context,
+               grpc::ByteBuffer* response)
+      : ReportReactor(core, service, Rpc::kReportPower, context, response) {
+    Begin();
+  }
+
+  uint64_t accepted() const { return response_.samples_accepted(); }
+
+  absl::Status Accept(const v1::PowerSample& sample, const std::string& field) {
+    MX_RETURN_IF_ERROR(CheckLabels(sample, field));
+    absl::StatusOr<Phase> phase = FromProto(sample.phase(), absl::StrCat(field, ".phase"));
+    if (!phase.ok()) return phase.status();
+    if (!std::isfinite(sample.watts()) || sample.watts() < 0 ||
+        sample.watts() > core_.max_power_watts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".watts: expected 0 to ", core_.max_power_watts,
+                       " (--max-power-watts), got ", sample.watts()));
+    }
+    const double t = sample.timestamp_seconds();
+    MX_RETURN_IF_ERROR(CheckTimestamp(t, UnixSeconds(), absl::StrCat(field, ".timestamp_seconds")));
+    MX_RETURN_IF_ERROR(service_.AdmitSeries(sample.source(), sample.device(), field));
+    auto key = std::make_tuple(sample.source(), sample.device());
+    auto last = last_.find(key);
+    if (last == last_.end()) {
+      // The first sample of a series adds no energy; its counters start at zero.
+      core_.metrics->DeclareEnergySource(sample.source());
+    } else {
+      const double dt = t - last->second.timestamp_seconds();
+      if (dt < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".timestamp_seconds: ", t, " is earlier than the previous sample of ",
+            sample.source(), "/", sample.device(), " (", last->second.timestamp_seconds(),
+            "); timestamps must not decrease"));
+      }
+      // A gap too long to say what the device did in between counts nothing.
+      if (dt <= kMaxPowerGapSeconds) {
+        const double joules = dt * (sample.watts() + last->second.watts()) / 2;
+        core_.ledger->Add(sample.source(), *phase, sample.run(), t,
+                          {.joules = joules, .busy_seconds = dt, .requests = 0});
+        core_.metrics->AddEnergy(sample.source(), *phase, joules, dt);
+        response_.set_joules_added(response_.joules_added() + joules);
+      }
+    }
+    core_.metrics->SetPower(sample.source(), sample.device(), sample.watts());
+    last_[key] = sample;
+    response_.set_samples_accepted(response_.samples_accepted() + 1);
+    return absl::OkStatus();
+  }
+
+ private:
   std::map<std::tuple<std::string, std::string>, v1::PowerSample> last_;
+};
+
+// Books one stream's measured intervals as they are: joules and end - start
+// busy seconds to (source, phase, run), at the interval's end. Each interval is
+// checked whole before anything of it is booked.
+class EnergyReactor final
+    : public ReportReactor<EnergyReactor, v1::EnergyInterval, v1::ReportEnergyResponse> {
+ public:
+  static constexpr const char* kField = "intervals";
+  static constexpr const char* kReportedEvent = "energy_reported";
+  static constexpr const char* kRejectedEvent = "energy_rejected";
+
+  EnergyReactor(const Core& core, TelemetryService& service, grpc::CallbackServerContext* context,
+                grpc::ByteBuffer* response)
+      : ReportReactor(core, service, Rpc::kReportEnergy, context, response) {
+    Begin();
+  }
+
+  uint64_t accepted() const { return response_.intervals_accepted(); }
+
+  absl::Status Accept(const v1::EnergyInterval& interval, const std::string& field) {
+    MX_RETURN_IF_ERROR(CheckLabels(interval, field));
+    absl::StatusOr<Phase> phase = FromProto(interval.phase(), absl::StrCat(field, ".phase"));
+    if (!phase.ok()) return phase.status();
+    const double now = UnixSeconds();
+    const double start = interval.start_seconds(), end = interval.end_seconds();
+    MX_RETURN_IF_ERROR(CheckTimestamp(start, now, absl::StrCat(field, ".start_seconds")));
+    MX_RETURN_IF_ERROR(CheckTimestamp(end, now, absl::StrCat(field, ".end_seconds")));
+    // Both ends are finite and within a day of now here, so the difference is too.
+    const double seconds = end - start;
+    if (seconds < 0 || seconds > kMaxEnergyIntervalSeconds) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".end_seconds: expected start_seconds (", absl::StrFormat("%.3f", start),
+          ") to start_seconds + ", kMaxEnergyIntervalSeconds,
+          " s (report a longer phase as several intervals), got ", absl::StrFormat("%.3f", end)));
+    }
+    // No device draws more than --max-power-watts; the slack is for a counter
+    // that moved on just before one end was read.
+    const double most = core_.max_power_watts * (seconds + kEnergyCounterSlackSeconds);
+    const double joules = interval.joules();
+    if (!std::isfinite(joules) || joules < 0 || joules > most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".joules: expected 0 to ", most, " (--max-power-watts ", core_.max_power_watts,
+          " W × (", seconds, " s + ", kEnergyCounterSlackSeconds, " s)), got ", joules));
+    }
+    MX_RETURN_IF_ERROR(service_.AdmitSeries(interval.source(), interval.device(), field));
+    auto key = std::make_tuple(interval.source(), interval.device());
+    if (auto last_end = last_end_.find(key); last_end != last_end_.end()) {
+      if (start < last_end->second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".start_seconds: expected at least ", absl::StrFormat("%.3f", last_end->second),
+            " (the end of the previous interval of ", interval.source(), "/", interval.device(),
+            "; intervals must not overlap or go back in time), got ",
+            absl::StrFormat("%.3f", start)));
+      }
+    } else {
+      // Counters of a new source start at zero, as ReportPower's do.
+      core_.metrics->DeclareEnergySource(interval.source());
+    }
+    core_.ledger->Add(interval.source(), *phase, interval.run(), end,
+                      {.joules = joules, .busy_seconds = seconds, .requests = 0});
+    core_.metrics->AddEnergy(interval.source(), *phase, joules, seconds);
+    last_end_[key] = end;
+    response_.set_joules_added(response_.joules_added() + joules);
+    response_.set_intervals_accepted(response_.intervals_accepted() + 1);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::map<std::tuple<std::string, std::string>, double> last_end_;
 };
 
 }  // namespace
@@ -166,6 +270,11 @@ absl::Status TelemetryService::AdmitSeries(const std::string& source, const std:
 grpc::ServerReadReactor<grpc::ByteBuffer>* TelemetryService::ReportPower(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new PowerReactor(core_, *this, context, response);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* TelemetryService::ReportEnergy(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new EnergyReactor(core_, *this, context, response);
 }
 
 grpc::ServerUnaryReactor* TelemetryService::GetEnergyReport(grpc::CallbackServerContext* context,

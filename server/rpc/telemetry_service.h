@@ -1,4 +1,5 @@
-// mxserve.v1.Telemetry: power samples in, energy reports out.
+// mxserve.v1.Telemetry: power samples and measured energy intervals in, energy
+// reports out.
 //
 // Power samples come from outside the daemon and become metric labels and
 // ledger entries, so they are bounded: source and device names are short and
@@ -31,9 +32,17 @@ inline constexpr double kMaxPowerSampleAgeSeconds = 24 * 3600;
 // Consecutive samples of a device further apart than this are not integrated:
 // the later one starts a new integration, as a new stream would.
 inline constexpr double kMaxPowerGapSeconds = 60;
+// An energy interval (ReportEnergy) spans at most this: longer phases come as
+// several intervals, so that no single report books hours at one instant.
+inline constexpr double kMaxEnergyIntervalSeconds = 3600;
+// An interval may hold up to --max-power-watts × (its length + this): NVML's
+// energy counter moves about every 100 ms, so a short interval can see a step
+// that belongs partly to the time just before it.
+inline constexpr double kEnergyCounterSlackSeconds = 0.25;
 
 using RawTelemetryService = v1::Telemetry::WithRawCallbackMethod_ReportPower<
-    v1::Telemetry::WithRawCallbackMethod_GetEnergyReport<v1::Telemetry::Service>>;
+    v1::Telemetry::WithRawCallbackMethod_ReportEnergy<
+        v1::Telemetry::WithRawCallbackMethod_GetEnergyReport<v1::Telemetry::Service>>>;
 
 class TelemetryService final : public RawTelemetryService {
  public:
@@ -41,11 +50,13 @@ class TelemetryService final : public RawTelemetryService {
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* ReportPower(grpc::CallbackServerContext* context,
                                                          grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ReportEnergy(grpc::CallbackServerContext* context,
+                                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetEnergyReport(grpc::CallbackServerContext* context,
                                             const grpc::ByteBuffer* request,
                                             grpc::ByteBuffer* response) override;
 
-  // OK when samples of (source, device) may be accounted: the source is not
+  // OK when samples or intervals of (source, device) may be accounted: the source is not
   // reserved and is allowed, and the pair is known or there is room for it.
   // Errors name `field`.
   absl::Status AdmitSeries(const std::string& source, const std::string& device,

@@ -1,7 +1,8 @@
 // Energy bookkeeping per (source, phase, run): joules, busy seconds and requests,
 // with one-second resolution so a report can start at any time ("since"). Sources
 // are the FPGA model's estimates ("fpga_model"), measured board power ("fpga"),
-// and whatever reports power through Telemetry.ReportPower ("gpu_baseline", ...).
+// and whatever reports power or measured energy through Telemetry.ReportPower and
+// ReportEnergy ("gpu_baseline", "gpu_baseline_sampled", ...).
 // Runs are tags clients choose (an experiment's configuration), "" when untagged;
 // a report reads one run, or every run summed per (source, phase).
 //

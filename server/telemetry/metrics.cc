@@ -19,7 +19,7 @@ constexpr std::array<absl::string_view, static_cast<int>(Rpc::kCount)> kRpcNames
     "GetPolicy",      "ListPolicies",  "DeletePolicy",    "SetActivePolicy",
     "ResolvePolicy",  "ReportPower",   "GetEnergyReport", "ProfileModel",
     "GetProfile",     "ListProfiles",  "ExportProfile",   "DeleteProfile",
-    "GeneratePolicy",
+    "GeneratePolicy", "ReportEnergy",
 };
 
 constexpr absl::string_view kModelSource = "fpga_model";

@@ -55,6 +55,7 @@ enum class Rpc : int {
   kExportProfile,
   kDeleteProfile,
   kGeneratePolicy,
+  kReportEnergy,
   kCount,
 };
 absl::string_view RpcName(Rpc rpc);

@@ -52,9 +52,27 @@ inline constexpr RpcMethod kRpcMethods[] = {
     {"/mxserve.v1.Profiles/ExportProfile", false},
     {"/mxserve.v1.Profiles/DeleteProfile", false},
     {"/mxserve.v1.Profiles/GeneratePolicy", false},
+    // Appended, so that the indices of existing corpus inputs keep their method.
+    {"/mxserve.v1.Telemetry/ReportEnergy", true},
 };
 
 inline constexpr const char* kSeedModel = "m";
+
+// Measured intervals of one device, as a GPU baseline with an energy counter
+// sends them: phases in turn, each starting where the previous one ended.
+inline std::vector<v1::EnergyInterval> SeedIntervals(double now) {
+  std::vector<v1::EnergyInterval> intervals(3);
+  for (int i = 0; i < 3; ++i) {
+    intervals[i].set_source("gpu_baseline");
+    intervals[i].set_device("cuda:0");
+    intervals[i].set_phase(static_cast<v1::Phase>(1 + i));
+    intervals[i].set_start_seconds(now + i * 0.5);
+    intervals[i].set_end_seconds(now + (i + 1) * 0.5);
+    intervals[i].set_joules(150.0 + 75 * i);
+    intervals[i].set_run(i == 2 ? "exp/fp16-baseline" : "");
+  }
+  return intervals;
+}
 
 struct SeedLayer {
   const char* name;

@@ -49,6 +49,27 @@ void Rpc(const std::string& seed, const std::string& method,
   Write("rpc", seed, bytes);
 }
 
+// fuzz_energy's encoding: fuzz_rpc's stream without the method byte; times are
+// relative to now (fuzz_energy shifts them), so these seeds never grow old.
+void EnergySeeds() {
+  std::vector<v1::EnergyInterval> intervals = SeedIntervals(-30);
+  std::string bytes;
+  for (const auto& interval : intervals) {
+    const std::string m = interval.SerializeAsString();
+    bytes.push_back(static_cast<char>(m.size() & 0xff));
+    bytes.push_back(static_cast<char>(m.size() >> 8));
+    bytes += m;
+  }
+  Write("energy", "phases", bytes);
+  // One interval at the bound: --max-power-watts (10 kW) × (1 s + 0.25 s).
+  v1::EnergyInterval edge = intervals[0];
+  edge.set_start_seconds(-20);
+  edge.set_end_seconds(-19);
+  edge.set_joules(12500);
+  const std::string m = edge.SerializeAsString();
+  Write("energy", "edge", std::string{static_cast<char>(m.size()), 0} + m);
+}
+
 void RpcSeeds() {
   v1::GemmRequest gemm = SeedGemm(v1::FORMAT_MXFP4_E2M1);
   Rpc("gemm_mxfp4", "/mxserve.v1.Compute/Gemm", {&gemm});
@@ -189,6 +210,9 @@ void RpcSeeds() {
   samples[1].set_run("exp/policy-B:1");
   samples[2].set_run("exp/fp16-baseline");
   Rpc("power_runs", "/mxserve.v1.Telemetry/ReportPower", {&samples[0], &samples[1], &samples[2]});
+  std::vector<v1::EnergyInterval> intervals = SeedIntervals(now);
+  Rpc("energy_intervals", "/mxserve.v1.Telemetry/ReportEnergy",
+      {&intervals[0], &intervals[1], &intervals[2]});
   v1::GetEnergyReportRequest report;
   report.set_since_seconds(now - 60);
   Rpc("energy", "/mxserve.v1.Telemetry/GetEnergyReport", {&report});
@@ -315,6 +339,7 @@ int main(int argc, char** argv) {
   }
   out = argv[1];
   RpcSeeds();
+  EnergySeeds();
   SafetensorsSeeds();
   PolicySeeds();
   OperandSeeds();

@@ -26,16 +26,18 @@ except ImportError as error:  # pragma: no cover - a checkout that was never bui
 from mxserve._wire import FORMATS, PHASES
 from mxserve.client import DEFAULT_ADDRESS, Client, MxserveError, StreamSession
 from mxserve import security  # noqa: F401  (Client(tls=..., token=...), the CLI flags)
-from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
-                           GeneratedPolicy, LayerInfo, LayerSpec, ModelInfo, PhaseSummary,
-                           PolicyInfo, PowerResult, PowerSample, Profile, ProfileRow,
-                           ResolvedFormat, ResolvedPolicy, UploadResult)
+from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyInterval,
+                           EnergyReport, EnergyResult, ExecutionInfo, GeneratedPolicy, LayerInfo,
+                           LayerSpec, ModelInfo, PhaseSummary, PolicyInfo, PowerResult,
+                           PowerSample, Profile, ProfileRow, ResolvedFormat, ResolvedPolicy,
+                           UploadResult)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackwardResult", "Client", "ComputeResult", "DEFAULT_ADDRESS", "EnergyEntry", "EnergyReport",
-    "ExecutionInfo", "FORMATS", "GeneratedPolicy", "LayerInfo", "LayerSpec", "ModelInfo",
-    "MxserveError", "PHASES", "PhaseSummary", "PolicyInfo", "PowerResult", "PowerSample",
-    "Profile", "ProfileRow", "ResolvedFormat", "ResolvedPolicy", "StreamSession", "UploadResult",
+    "BackwardResult", "Client", "ComputeResult", "DEFAULT_ADDRESS", "EnergyEntry", "EnergyInterval",
+    "EnergyReport", "EnergyResult", "ExecutionInfo", "FORMATS", "GeneratedPolicy", "LayerInfo",
+    "LayerSpec", "ModelInfo", "MxserveError", "PHASES", "PhaseSummary", "PolicyInfo",
+    "PowerResult", "PowerSample", "Profile", "ProfileRow", "ResolvedFormat", "ResolvedPolicy",
+    "StreamSession", "UploadResult",
 ]

@@ -30,8 +30,8 @@ import numpy as np
 
 from mxserve import _health_pb2, _wire, security
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
-                           GeneratedPolicy, LayerSpec, ModelInfo, PolicyInfo, PowerResult,
-                           PowerSample, Profile, ResolvedFormat, ResolvedPolicy, UploadResult)
+                           EnergyInterval, EnergyResult, GeneratedPolicy, LayerSpec, ModelInfo,
+                           PolicyInfo, PowerResult, PowerSample, Profile, ResolvedFormat, ResolvedPolicy, UploadResult)
 from mxserve.v1 import (common_pb2, compute_pb2, compute_pb2_grpc, models_pb2, models_pb2_grpc,
                         policies_pb2, policies_pb2_grpc, profiles_pb2, profiles_pb2_grpc,
                         telemetry_pb2, telemetry_pb2_grpc)
@@ -834,6 +834,39 @@ class Client:
                                      timeout)
         return PowerResult(samples_accepted=response.samples_accepted,
                            joules_added=response.joules_added)
+
+    def report_energy(self, intervals: Iterable[Union[EnergyInterval, tuple]],
+                      timeout: Optional[float] = None) -> EnergyResult:
+        """Streams measured energy (Telemetry.ReportEnergy): each EnergyInterval (or
+        (source, device, phase, start, end, joules[, run])) books its joules as they
+        are, with end - start busy seconds, to its source, phase and run; nothing is
+        integrated. Use it for an energy counter read at phase boundaries; report
+        the same device's power samples (`report_power`) under another source (the
+        GPU baseline uses "gpu_baseline" and "gpu_baseline_sampled"), or the two
+        add up. The daemon refuses, ending the stream with INVALID_ARGUMENT naming
+        `intervals[i]` and the field: labels outside 1-64 of [A-Za-z0-9_.:/-],
+        times outside the last 24 h or over 60 s ahead, end < start or end - start
+        > 3600 s, joules not finite, negative or over --max-power-watts × (end -
+        start + 0.25 s), an interval starting before the previous one of its
+        (source, device) in this stream ended; RESOURCE_EXHAUSTED past
+        --max-power-series. Intervals before a refused one stay booked. A run of
+        None is the `client.run(...)` scope's; the iterable may be a generator
+        that keeps producing while the stream is open."""
+        scope_run = self._run.get()  # gRPC reads the generator on its own thread
+
+        def stream():
+            for index, interval in enumerate(intervals):
+                i = interval if isinstance(interval, EnergyInterval) else EnergyInterval(*interval)
+                run = _wire.run_to_wire(i.run if i.run is not None else scope_run,
+                                        f"intervals[{index}].run")
+                yield telemetry_pb2.EnergyInterval(source=i.source, device=i.device,
+                                                   phase=_wire.phase_to_wire(i.phase),
+                                                   start_seconds=i.start, end_seconds=i.end,
+                                                   joules=i.joules, run=run)
+        response = self._stream_call("ReportEnergy", self._telemetry.ReportEnergy, stream(),
+                                     timeout)
+        return EnergyResult(intervals_accepted=response.intervals_accepted,
+                            joules_added=response.joules_added)
 
     def energy_report(self, since: float = 0.0, run: Optional[str] = None, *,
                       timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:

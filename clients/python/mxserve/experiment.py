@@ -597,6 +597,8 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
     try:
         if sampler_factory is not None:
             sampler = sampler_factory(lambda: trainer.current_phase)
+            # The trainer's phase switches are the meter's boundaries (counter reads).
+            trainer.phase_hook = getattr(sampler, "boundary", None)
             sampler.start()
         curves = []
         batches = _prompt_batches(task.train_prompts, experiment.ppo.batch_size, seed)
@@ -863,16 +865,23 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
 
 
 def _sampler_factory(client: Client, power_source: Optional[str], device: str, run_tag: str):
-    """Power sampling for the locally run baseline, streamed under its run tag."""
+    """Energy of the locally run baseline, under its run tag: gpu_baseline.EnergyMeter,
+    so that with an NVML energy counter each trainer phase's joules are the counter's
+    (source gpu_baseline) and the samples go to gpu_baseline_sampled; without one the
+    samples are gpu_baseline, as before."""
     if power_source is None:
         return None
-    from mxserve.gpu_baseline import SOURCE, _Sampler
+    from mxserve.gpu_baseline import SOURCE, EnergyMeter
     from mxserve.power import open_power_source
+
+    def synchronize():
+        torch.cuda.synchronize(torch.device(device))
 
     def make(current_phase):
         power = open_power_source(power_source)
-        return _Sampler(client, power, device if device != "cpu" else "replay", SOURCE,
-                        current_phase, run=run_tag)
+        return EnergyMeter(client, power, device if device != "cpu" else "replay", run_tag,
+                           synchronize=synchronize if device.startswith("cuda") else None,
+                           source=SOURCE, phase=current_phase())
     return make
 
 

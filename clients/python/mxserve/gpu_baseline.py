@@ -1,17 +1,38 @@
-"""GPU baseline: the same RLHF work on a GPU in FP16, with its measured power streamed
+"""GPU baseline: the same RLHF work on a GPU in FP16, with its measured energy reported
 to mxserved (source `gpu_baseline`), so the daemon's energy report compares the two.
 
     python3 -m mxserve.gpu_baseline --server 127.0.0.1:50051 --steps 5 --out gpu.json
 
 The workload is a list of layer GEMMs per phase (default: the 168 linear layers of
 Qwen2.5-0.5B; rollout a decode step of M=8 rows, reward a forward of M=512, update
-forward and backward at M=512) or a callable. Power comes from NVML about ten times
-a second, or from `--power-source replay:FILE` (CSV timestamp,watts[,phase]) where
-there is no GPU. Each sample carries the phase running when it was taken; the
-daemon integrates consecutive samples (trapezoids) into the later sample's phase.
-With `--run TAG` every sample also carries the run tag, the daemon books the energy
-under that run, and the summary reads the run's own energy report: other clients'
-samples under the same source do not count.
+forward and backward at M=512) or a callable.
+
+What is measured how (`EnergyMeter`):
+- Phase energy, where the GPU has an energy counter (NVML's
+  `nvmlDeviceGetTotalEnergyConsumption`, Volta and newer): at every phase boundary
+  the device is synchronised (the phase's queued kernels finish inside it), the
+  counter read, and the phase's joules, the counter's difference since the previous
+  boundary, sent through Telemetry.ReportEnergy under `gpu_baseline`. NVML's
+  `nvmlDeviceGetPowerUsage` is a one-second moving average on Ampere and newer, so
+  integrating it misses short phases (an H200's 0.8 s update phase came out 40 %
+  low); the counter does not. It updates about every 100 ms: phases well under a
+  second are noisy, use --min-phase-seconds to repeat their work.
+- Power samples, about ten a second (NVML's instant power field where the driver
+  has it, else nvmlDeviceGetPowerUsage; or `--power-source replay:FILE`, CSV
+  timestamp,watts[,phase], where there is no GPU), each tagged with the phase
+  running when it was taken, streamed through Telemetry.ReportPower. With a counter
+  they go under `gpu_baseline_sampled` (the timeline, and the sampled energy the
+  summary compares with the counter's); without one (pre-Volta, NVML says not
+  supported, a replayed trace) under `gpu_baseline`, integrated by the daemon
+  (trapezoids, into the later sample's phase). Never both under one source.
+- Idle power: before the run the device is left alone for --idle-seconds and its
+  power measured (counter difference over time, else the mean reading).
+
+The summary (JSON with --out, a table on stderr) has per phase and in total the
+counter's joules, the samples' joules and their difference (J and %), and the idle
+watts. With `--run TAG` every sample and interval carries the run tag, the daemon
+books the energy under that run, and the summary reads the run's own energy report:
+other clients' energy under the same sources does not count.
 """
 
 from __future__ import annotations
@@ -19,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import queue
 import sys
@@ -31,9 +53,13 @@ from mxserve import _wire
 from mxserve.client import Client, MxserveError
 from mxserve.security import add_connection_arguments, connection_kwargs
 from mxserve.power import PowerSourceError, open_power_source, trapezoid_joules
-from mxserve.types import PowerSample
+from mxserve.types import EnergyInterval, PowerSample
 
 SOURCE = "gpu_baseline"
+# Where the power samples go when the counter gives SOURCE its joules.
+SAMPLED_SOURCE = SOURCE + "_sampled"
+# The longest interval the daemon books (ReportEnergy).
+MAX_INTERVAL_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +162,203 @@ class _Sampler:
             raise self.error
 
 
+def _difference(sampled: float, counter: Optional[float]) -> dict:
+    """Sampled minus counter joules, and that as a % of the counter's (None where
+    there is no counter, or it read 0)."""
+    if counter is None:
+        return {"difference_joules": None, "difference_pct": None}
+    return {"difference_joules": sampled - counter,
+            "difference_pct": 100.0 * (sampled - counter) / counter if counter else None}
+
+
+class EnergyMeter:
+    """A device's energy per phase, by its energy counter where it has one.
+
+        meter = EnergyMeter(client, power, "cuda:0", run="exp1/gpu",
+                            synchronize=torch.cuda.synchronize)
+        meter.start("rollout")     # idle power, then the first counter read
+        ...                        # rollout work
+        meter.boundary("reward")   # synchronise, read, book rollout's joules
+        ...
+        meter.stop()               # the last phase's joules; streams closed
+
+    With a counter (`power.energy_joules()` not None: NVML on Volta and newer), each
+    phase's joules are the counter's difference between its boundaries, each read
+    right after `synchronize()` so that the phase's queued GPU work is inside it,
+    and go to the daemon through Telemetry.ReportEnergy under `source`
+    ("gpu_baseline", the authoritative energy); the power samples stream meanwhile
+    (ReportPower) under `sampled_source` ("gpu_baseline_sampled": the timeline, and
+    what integrating samples would have said). Without a counter the samples go
+    under `source`, as the only measurement, and no intervals are sent: the daemon
+    never holds two measurements of one device under one source.
+
+    `idle_seconds` before the run the device is left alone and its idle power
+    measured (counter difference / time, else the mean of power readings; None for
+    a source with neither, or 0 s). A phase longer than `flush_seconds` is booked
+    in pieces (the daemon takes intervals of at most an hour); pieces need no
+    synchronise, the phase being the same on both sides. `intervals` lists every
+    (phase, start, end, joules) sent; `counter_joules` sums them per phase.
+    """
+
+    def __init__(self, client: Client, power, device: str, run: str = "", *,
+                 synchronize: Optional[Callable[[], None]] = None, idle_seconds: float = 0.5,
+                 source: str = SOURCE, sampled_source: Optional[str] = None,
+                 flush_seconds: float = 60.0, phase: str = "rollout"):
+        if not (idle_seconds >= 0 and math.isfinite(idle_seconds)):
+            raise ValueError(f"idle_seconds: expected a finite number >= 0, got {idle_seconds}")
+        if not (0 < flush_seconds <= MAX_INTERVAL_SECONDS):
+            raise ValueError(f"flush_seconds: expected 0 < s <= {MAX_INTERVAL_SECONDS}, "
+                             f"got {flush_seconds}")
+        self.client, self.power, self.device, self.run = client, power, device, run
+        self.source = source
+        self._synchronize = synchronize or (lambda: None)
+        self.idle_seconds, self.flush_seconds = idle_seconds, flush_seconds
+        self._phase = _wire.phase_name(_wire.phase_to_wire(phase))
+        read = getattr(power, "energy_joules", None)
+        self._read_counter = read if callable(read) else (lambda: None)
+        self.has_counter = self._read_counter() is not None
+        self.sampled_source = (sampled_source or f"{source}_sampled") if self.has_counter \
+            else source
+        self.idle_watts: Optional[float] = None
+        self.intervals: List[tuple] = []  # (phase, start, end, joules), as sent
+        self.counter_joules: Dict[str, float] = {}
+        self.result = None  # the ReportEnergy answer, after stop()
+        self.sampler: Optional[_Sampler] = None
+        self.error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        self._mark: Optional[tuple] = None  # (unix time, counter joules) of the last read
+        self._outbox: "queue.Queue" = queue.Queue()
+        self._done = threading.Event()
+        self._threads: List[threading.Thread] = []
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    def _read(self) -> tuple:
+        # The counter's time is the middle of the clock reads around it: a read takes
+        # microseconds, and at 700 W each 10 µs of skew is 7 mJ.
+        before = time.time()
+        joules = self._read_counter()
+        return (before + time.time()) / 2, joules
+
+    def measure_idle(self) -> Optional[float]:
+        """The device's power while nothing runs, over `idle_seconds`."""
+        if self.idle_seconds <= 0:
+            return None
+        self._synchronize()
+        if self.has_counter:
+            t0, e0 = self._read()
+            time.sleep(self.idle_seconds)
+            t1, e1 = self._read()
+            if e0 is None or e1 is None or t1 <= t0 or e1 < e0:
+                return None
+            return (e1 - e0) / (t1 - t0)
+        watts = getattr(self.power, "watts", None)
+        if not callable(watts):
+            return None  # a replayed trace: no idle reading to take
+        readings, end = [], time.monotonic() + self.idle_seconds
+        while True:
+            readings.append(watts())
+            if time.monotonic() >= end:
+                break
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        return sum(readings) / len(readings)
+
+    def start(self, phase: Optional[str] = None) -> None:
+        """Measures idle power, then starts the samples and (with a counter) the
+        first interval, in `phase` (default: the one given at construction)."""
+        if phase is not None:
+            self._phase = _wire.phase_name(_wire.phase_to_wire(phase))
+        self.idle_watts = self.measure_idle()
+        self.sampler = _Sampler(self.client, self.power, self.device, self.sampled_source,
+                                lambda: self._phase, self.run)
+        self.sampler.start()
+        if self.has_counter:
+            streamer = threading.Thread(target=self._stream, name="energy-stream", daemon=True)
+            flusher = threading.Thread(target=self._flush, name="energy-flush", daemon=True)
+            self._threads = [streamer, flusher]
+            for thread in self._threads:
+                thread.start()
+            # Last, so that starting the streams (tens of ms) is not the phase's.
+            self._synchronize()
+            with self._lock:
+                self._mark = self._read()
+
+    def _book(self, mark: tuple) -> None:
+        """Books the running phase from the last read to `mark` (with the lock held)."""
+        (t0, e0), (t1, e1) = self._mark, mark
+        self._mark = mark
+        if e0 is None or e1 is None:
+            return
+        if e1 < e0 or t1 < t0:
+            # The counter went back (a driver reload) or the clock did: that stretch
+            # is unknown, and the daemon would refuse it and end the stream.
+            print(f"gpu_baseline: energy counter or clock went back ({e0:.3f} -> {e1:.3f} J, "
+                  f"{t0:.3f} -> {t1:.3f} s); {self._phase} loses that interval",
+                  file=sys.stderr)
+            return
+        interval = (self._phase, t0, t1, e1 - e0)
+        self.intervals.append(interval)
+        self.counter_joules[self._phase] = self.counter_joules.get(self._phase, 0.0) + e1 - e0
+        self._outbox.put(EnergyInterval(self.source, self.device, self._phase, t0, t1, e1 - e0,
+                                        run=self.run))
+
+    def boundary(self, phase: str) -> None:
+        """The device moves on to `phase`: the previous phase's work is finished
+        (synchronize), the counter read, and the previous phase's interval reported.
+        The same phase again changes nothing."""
+        phase = _wire.phase_name(_wire.phase_to_wire(phase))
+        if phase == self._phase:
+            return
+        if not self.has_counter or self._mark is None:
+            self._phase = phase  # the samples carry it from now on
+            return
+        self._synchronize()
+        with self._lock:
+            self._book(self._read())
+            self._phase = phase
+
+    def _flush(self) -> None:
+        while not self._done.wait(self.flush_seconds / 4):
+            with self._lock:
+                if self._mark is not None and time.time() - self._mark[0] >= self.flush_seconds:
+                    self._book(self._read())
+
+    def _stream(self) -> None:
+        def intervals():
+            while (interval := self._outbox.get()) is not None:
+                yield interval
+        try:
+            self.result = self.client.report_energy(intervals(), timeout=None)
+        except BaseException as error:  # surfaced by stop()
+            self.error = error
+
+    def stop(self) -> None:
+        """Books the last phase (after a synchronize), ends both streams once all
+        was sent, and raises what either stream met."""
+        try:
+            if self.has_counter and self._mark is not None:
+                self._synchronize()
+                with self._lock:
+                    self._book(self._read())
+                    self._mark = None
+        finally:
+            self._done.set()
+            self._outbox.put(None)
+            for thread in self._threads:
+                thread.join()
+            if self.sampler is not None:
+                self.sampler.stop()
+        if self.error is not None:
+            raise self.error
+
+    def close_quietly(self) -> None:
+        """stop() for an error path: the caller's exception is the one to see."""
+        with contextlib.suppress(Exception):
+            self.stop()
+
+
 class GpuBaseline:
     """Runs a workload on a torch device and streams the device's power to mxserved.
 
@@ -149,7 +372,7 @@ class GpuBaseline:
 
     def __init__(self, client: Client, power, device: str = "cuda:0", dtype=None,
                  source: str = SOURCE, min_phase_seconds: float = 0.0, seed: int = 0,
-                 run: Optional[str] = None):
+                 run: Optional[str] = None, idle_seconds: float = 0.5):
         import torch  # optional for the rest of the package
         self.torch = torch
         self.client, self.power, self.source = client, power, source
@@ -163,7 +386,9 @@ class GpuBaseline:
         # FP16 on the GPU (the baseline); FP32 on a CPU, where torch has no FP16 GEMM.
         self.dtype = dtype or (torch.float16 if self.device.type == "cuda" else torch.float32)
         self.min_phase_seconds = min_phase_seconds
+        self.idle_seconds = idle_seconds
         self._phase = "rollout"
+        self._meter: Optional[EnergyMeter] = None
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
         self._tensors: Dict[tuple, tuple] = {}
 
@@ -202,6 +427,8 @@ class GpuBaseline:
     def _run_steps(self, workload, steps, phases, stats) -> None:
         for _ in range(steps):
             for phase in phases:
+                # The meter closes the previous phase first (synchronise, counter).
+                self._meter.boundary(phase)
                 self._phase = phase
                 begin = time.monotonic()
                 while True:
@@ -229,49 +456,77 @@ class GpuBaseline:
                     self._operands(shape, index)
         before = self.client.energy_report(run=self.run_tag)
         self._phase = phases[0]
-        self._synchronize()
-        sampler = _Sampler(self.client, self.power, str(self.device), self.source,
-                           lambda: self._phase, self.run_tag)
-        sampler.start()
+        self._meter = meter = EnergyMeter(self.client, self.power, str(self.device), self.run_tag,
+                                          synchronize=self._synchronize,
+                                          idle_seconds=self.idle_seconds, source=self.source,
+                                          phase=phases[0])
+        meter.start()
         started = time.monotonic()
         try:
             self._run_steps(workload, steps, phases, stats)
         except BaseException:
-            with contextlib.suppress(Exception):  # the workload's error is the one to see
-                sampler.stop()
+            meter.close_quietly()  # the workload's error is the one to see
             raise
         wall = time.monotonic() - started
-        sampler.stop()
+        meter.stop()
         after = self.client.energy_report(run=self.run_tag)
 
+        sampler = meter.sampler
         local = trapezoid_joules(sampler.sent)
         summary = {
             "source": self.source,
+            "sampled_source": meter.sampled_source,
+            "energy_counter": meter.has_counter,
             "run": self.run_tag,
             "device": str(self.device),
             "device_name": getattr(self.power, "device_name", ""),
             "dtype": str(self.dtype).replace("torch.", ""),
             "power_source": getattr(self.power, "description", type(self.power).__name__),
+            "power_reading": getattr(self.power, "power_reading", "replay"),
+            "idle_watts": meter.idle_watts,
+            "idle_seconds": meter.idle_seconds,
             "steps": steps,
             "wall_seconds": wall,
             "samples": len(sampler.sent),
             "samples_accepted": sampler.result.samples_accepted if sampler.result else 0,
+            "intervals": len(meter.intervals),
+            "intervals_accepted": meter.result.intervals_accepted if meter.result else 0,
             "phases": {},
         }
+
+        def booked(source, phase):  # what the daemon accounted during this run
+            return after.joules(source, phase) - before.joules(source, phase)
+
         for phase in phases:
-            joules = (after.joules(self.source, phase) - before.joules(self.source, phase))
             seconds = stats[phase]["seconds"]
-            summary["phases"][phase] = {
+            counter = booked(self.source, phase) if meter.has_counter else None
+            sampled = booked(meter.sampled_source, phase)
+            entry = summary["phases"][phase] = {
                 "seconds": seconds,
                 "runs": stats[phase]["runs"],
                 "flops": stats[phase]["flops"],
                 "tflops_per_second": stats[phase]["flops"] / seconds / 1e12 if seconds else 0.0,
-                "joules": joules,                       # as the daemon accounted it
+                # The phase's energy as the daemon accounted it under `source`: the
+                # counter's where there is one, else the samples'.
+                "joules": booked(self.source, phase),
+                "counter_joules": counter,
+                "sampled_joules": sampled,
                 "joules_local": local.get(phase, 0.0),  # the same samples, integrated here
                 "samples": sum(1 for s in sampler.sent if s[2] == phase),
             }
+            entry.update(_difference(sampled, counter))
         summary["total_joules"] = sum(p["joules"] for p in summary["phases"].values())
+        summary["total_counter_joules"] = (
+            sum(p["counter_joules"] for p in summary["phases"].values()) if meter.has_counter
+            else None)
+        summary["total_sampled_joules"] = sum(p["sampled_joules"]
+                                              for p in summary["phases"].values())
+        summary.update({f"total_{k}": v for k, v in
+                        _difference(summary["total_sampled_joules"],
+                                    summary["total_counter_joules"]).items()})
+
         summary["samples_log"] = sampler.sent
+        summary["intervals_log"] = list(meter.intervals)
         return summary
 
 
@@ -288,31 +543,61 @@ def nvml_index(device: str) -> int:
 
 
 def summary_table(summary: dict) -> str:
+    """The summary as the CLI prints it: per phase and in total, the counter's
+    joules, the samples' joules and their difference, with the idle power."""
+    def number(value, width, digits):
+        return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
+
+    idle = summary.get("idle_watts")
+    how = (f"energy by NVML's counter, samples as {summary['sampled_source']}"
+           if summary.get("energy_counter") else "energy by integrated samples (no counter)")
     lines = [f"{summary['device']} ({summary['device_name']}), {summary['dtype']}, power from "
-             f"{summary['power_source']}: {summary['samples']} samples over "
-             f"{summary['wall_seconds']:.2f} s"
+             f"{summary['power_source']} ({summary.get('power_reading', '?')}): "
+             f"{summary['samples']} samples over {summary['wall_seconds']:.2f} s"
              + (f", run {summary['run']}" if summary.get("run") else ""),
-             f"{'phase':<8} {'seconds':>9} {'TFLOP/s':>9} {'joules':>10} {'mean W':>8}"]
-    for phase, p in summary["phases"].items():
+             f"{how}; idle " + (f"{idle:.1f} W" if idle is not None else "not measured"),
+             f"{'phase':<8} {'seconds':>9} {'TFLOP/s':>9} {'counter J':>10} {'sampled J':>10} "
+             f"{'diff J':>9} {'diff %':>7} {'mean W':>8}"]
+    rows = list(summary["phases"].items())
+    rows.append(("total", {"seconds": sum(p["seconds"] for _, p in rows), "flops": None,
+                           "joules": summary["total_joules"],
+                           "counter_joules": summary.get("total_counter_joules"),
+                           "sampled_joules": summary.get("total_sampled_joules", 0.0),
+                           "difference_joules": summary.get("total_difference_joules"),
+                           "difference_pct": summary.get("total_difference_pct")}))
+    for phase, p in rows:
         watts = p["joules"] / p["seconds"] if p["seconds"] else 0.0
-        lines.append(f"{phase:<8} {p['seconds']:>9.3f} {p['tflops_per_second']:>9.2f} "
-                     f"{p['joules']:>10.2f} {watts:>8.1f}")
+        tflops = p.get("tflops_per_second") if p.get("flops") is not None else None
+        lines.append(f"{phase:<8} {p['seconds']:>9.3f} {number(tflops, 9, 2)} "
+                     f"{number(p.get('counter_joules'), 10, 2)} "
+                     f"{number(p.get('sampled_joules'), 10, 2)} "
+                     f"{number(p.get('difference_joules'), 9, 2)} "
+                     f"{number(p.get('difference_pct'), 7, 1)} {watts:>8.1f}")
     return "\n".join(lines)
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m mxserve.gpu_baseline",
-        description="Run RLHF-shaped GEMMs on a GPU in FP16 and stream its power to mxserved "
-                    "(source gpu_baseline), then write a per-phase time and energy summary.")
+        description="Run RLHF-shaped GEMMs on a GPU in FP16 and report its energy to mxserved, "
+                    "then write a per-phase time and energy summary. With an NVML energy "
+                    "counter (Volta and newer) each phase's joules are the counter's "
+                    "difference across the phase, read after a device synchronise, booked as "
+                    "source gpu_baseline; the 10 Hz power samples go to gpu_baseline_sampled, "
+                    "and the summary shows both and their difference. Without a counter the "
+                    "samples are integrated under gpu_baseline. Idle power is measured "
+                    "before the run.")
     parser.add_argument("--server", default="127.0.0.1:50051", help="mxserved address")
     add_connection_arguments(parser)
     parser.add_argument("--steps", type=int, default=3, help="rollout/reward/update rounds")
     parser.add_argument("--out", help="write the summary here (JSON); '-' for stdout")
     parser.add_argument("--device", default="cuda:0", help="torch device (default cuda:0)")
     parser.add_argument("--power-source", default="nvml",
-                        help="nvml (the device's NVML index), nvml:INDEX, or replay:FILE "
-                             "(CSV timestamp,watts[,phase], played back in real time)")
+                        help="nvml (the device's NVML index: its energy counter, and the "
+                             "instant power field else the averaged reading; library "
+                             "$MXSERVE_NVML_LIBRARY or libnvidia-ml.so.1), nvml:INDEX, or "
+                             "replay:FILE (CSV timestamp,watts[,phase], played back in real "
+                             "time; no counter)")
     parser.add_argument("--interval", type=float, default=0.1, help="NVML sampling period, s")
     parser.add_argument("--workload", default="qwen2.5-0.5b",
                         help="qwen2.5-0.5b (its 168 linear layers) or a JSON file of "
@@ -321,10 +606,15 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     parser.add_argument("--reward-m", type=int, default=512, help="qwen workload: scored tokens")
     parser.add_argument("--update-m", type=int, default=512, help="qwen workload: trained tokens")
     parser.add_argument("--min-phase-seconds", type=float, default=0.0,
-                        help="repeat each phase's work until it ran this long (NVML averages "
-                             "power over ~1 s, so short phases need this)")
-    parser.add_argument("--source", default=SOURCE, help="energy source label (default "
-                                                          "gpu_baseline)")
+                        help="repeat each phase's work until it ran this long (NVML's energy "
+                             "counter moves about every 100 ms, its averaged power reading "
+                             "spans ~1 s: short phases need this)")
+    parser.add_argument("--source", default=SOURCE,
+                        help="energy source label (default gpu_baseline); with a counter the "
+                             "samples go to SOURCE_sampled")
+    parser.add_argument("--idle-seconds", type=float, default=0.5,
+                        help="measure idle power this long before the run (0: skip; "
+                             "default 0.5)")
     parser.add_argument("--samples-out", help="write every sample sent (CSV "
                                               "timestamp,watts,phase); replayable")
     parser.add_argument("--run", default="",
@@ -334,6 +624,8 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps: expected >= 1, got {args.steps}")
+    if not (0 <= args.idle_seconds <= 60):
+        parser.error(f"--idle-seconds: expected 0 to 60, got {args.idle_seconds}")
 
     try:
         _wire.run_to_wire(args.run, "--run")
@@ -348,17 +640,16 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         with Client(args.server, timeout=args.timeout, **connection_kwargs(args)) as client, contextlib.closing(power):
             client.wait_ready(timeout=args.timeout)
             runner = GpuBaseline(client, power, device=args.device, source=args.source,
-                                 min_phase_seconds=args.min_phase_seconds, run=args.run)
-            energy_before = power.energy_joules()
+                                 min_phase_seconds=args.min_phase_seconds, run=args.run,
+                                 idle_seconds=args.idle_seconds)
             summary = runner.run(workload, steps=args.steps)
-            energy_after = power.energy_joules()
-            if energy_before is not None and energy_after is not None:
-                summary["nvml_energy_joules"] = energy_after - energy_before
     except (MxserveError, RuntimeError, PowerSourceError) as error:
         print(f"gpu_baseline: {error}", file=sys.stderr)
         return 1
 
     samples = summary.pop("samples_log")
+    summary["intervals_log"] = [{"phase": p, "start": t0, "end": t1, "joules": j}
+                                for p, t0, t1, j in summary["intervals_log"]]
     if args.samples_out:
         with open(args.samples_out, "w") as f:
             f.write("timestamp,watts,phase\n")

@@ -2,9 +2,12 @@
 
 A source's `start()` begins a run, `read()` returns the next (unix_seconds, watts,
 phase_or_None) sample, blocking until it is due, or None once it has no more, and
-`stop()` (from another thread) ends the run; a source can run again after that. `NvmlPower` samples
-`nvmlDeviceGetPowerUsage` every `interval` seconds through libnvidia-ml.so.1
-(ctypes; no Python NVML package needed). `ReplayPower` plays a CSV trace back in
+`stop()` (from another thread) ends the run; a source can run again after that.
+`energy_joules()` reads a cumulative energy counter, None where the source has none.
+`NvmlPower` samples NVML's instant power field (else `nvmlDeviceGetPowerUsage`, a
+one-second average on recent GPUs) every `interval` seconds and exposes the board's
+energy counter, through libnvidia-ml.so.1 or $MXSERVE_NVML_LIBRARY (ctypes; no
+Python NVML package needed). `ReplayPower` plays a CSV trace back in
 real time, so streaming and energy bookkeeping can be tested without a GPU.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import csv
 import ctypes
 import math
+import os
 import pathlib
 import threading
 import time
@@ -27,12 +31,44 @@ class PowerSourceError(RuntimeError):
     pass
 
 
+class _NvmlValue(ctypes.Union):
+    # nvmlValue_t: which member holds the value is the field's valueType.
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong),
+                ("siVal", ctypes.c_int), ("usVal", ctypes.c_ushort)]
+
+
+class _NvmlFieldValue(ctypes.Structure):
+    # nvmlFieldValue_t (nvml.h): 40 bytes, the union 8-byte aligned.
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint),
+                ("timestamp", ctypes.c_longlong), ("latencyUsec", ctypes.c_longlong),
+                ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int), ("value", _NvmlValue)]
+
+
+# nvmlValueType_t → the union member that holds it.
+_NVML_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                       6: "usVal"}
+
+NVML_LIBRARY_ENV = "MXSERVE_NVML_LIBRARY"
+
+
 class NvmlPower:
-    """Board power of one NVIDIA GPU, read through NVML about every `interval` s."""
+    """Board power of one NVIDIA GPU, read through NVML about every `interval` s.
+
+    Power: the instant field (`nvmlDeviceGetFieldValues`, NVML_FI_DEV_POWER_INSTANT,
+    follows load within ~0.1 s) where the driver has it, else
+    `nvmlDeviceGetPowerUsage`, which on Ampere (but GA100) and newer is a one-second
+    moving average; `power_reading` says which ("instant" or "average"). Energy:
+    `energy_joules()` reads the cumulative counter (`nvmlDeviceGetTotalEnergyConsumption`,
+    Volta and newer), None where NVML has none; `has_energy_counter` says which.
+    `library`: the NVML shared object; default $MXSERVE_NVML_LIBRARY, else
+    libnvidia-ml.so.1 (tests point it at a stand-in)."""
 
     NVML_SUCCESS = 0
+    NVML_FI_DEV_POWER_INSTANT = 186
 
-    def __init__(self, index: int = 0, interval: float = 0.1, library: str = "libnvidia-ml.so.1"):
+    def __init__(self, index: int = 0, interval: float = 0.1, library: Optional[str] = None):
+        library = library or os.environ.get(NVML_LIBRARY_ENV) or "libnvidia-ml.so.1"
         try:
             self._nvml = ctypes.CDLL(library)
         except OSError as error:
@@ -53,6 +89,10 @@ class NvmlPower:
         self.interval = interval
         self._next = time.monotonic()
         self._stop = threading.Event()
+        # Decided once: a driver that answers the field (or the counter) answers it
+        # every time; one without the symbol or the support never does.
+        self.power_reading = "instant" if self._instant_watts() is not None else "average"
+        self.has_energy_counter = self.energy_joules() is not None
 
     def start(self) -> None:
         self._stop.clear()
@@ -63,17 +103,41 @@ class NvmlPower:
             message = self._nvml.nvmlErrorString(code).decode(errors="replace")
             raise PowerSourceError(f"{what} failed: {message} (NVML error {code})")
 
+    def _instant_watts(self) -> Optional[float]:
+        """The instant-power field in watts, or None where the driver lacks it."""
+        try:
+            get = self._nvml.nvmlDeviceGetFieldValues
+        except AttributeError:  # a driver older than field values
+            return None
+        field = _NvmlFieldValue(fieldId=self.NVML_FI_DEV_POWER_INSTANT)
+        if get(self._handle, ctypes.c_int(1), ctypes.byref(field)) != self.NVML_SUCCESS:
+            return None
+        member = _NVML_VALUE_MEMBERS.get(field.valueType)
+        if field.nvmlReturn != self.NVML_SUCCESS or member is None:
+            return None
+        milliwatts = float(getattr(field.value, member))
+        return milliwatts / 1000.0 if math.isfinite(milliwatts) and milliwatts >= 0 else None
+
     def watts(self) -> float:
+        if self.power_reading == "instant":
+            watts = self._instant_watts()
+            if watts is not None:
+                return watts
         milliwatts = ctypes.c_uint()
         self._check(self._nvml.nvmlDeviceGetPowerUsage(self._handle, ctypes.byref(milliwatts)),
                     "nvmlDeviceGetPowerUsage")
         return milliwatts.value / 1000.0
 
     def energy_joules(self) -> Optional[float]:
-        """The board's energy counter (Volta and newer), or None where unsupported."""
+        """The board's cumulative energy counter in joules (Volta and newer; it
+        counts since the driver loaded, so only differences mean anything), or None
+        where NVML has none."""
+        try:
+            get = self._nvml.nvmlDeviceGetTotalEnergyConsumption
+        except AttributeError:
+            return None
         millijoules = ctypes.c_ulonglong()
-        code = self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle,
-                                                               ctypes.byref(millijoules))
+        code = get(self._handle, ctypes.byref(millijoules))
         return millijoules.value / 1000.0 if code == self.NVML_SUCCESS else None
 
     def read(self) -> Optional[Sample]:

@@ -40,7 +40,7 @@ import copy
 import dataclasses
 import math
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -278,7 +278,9 @@ class PPOTrainer:
     other's. Without one (the GPU baseline) everything runs here on `device`, under
     FP16 autocast on CUDA. `totals()` sums the daemon's ExecutionInfo per phase;
     `wall` holds the seconds spent here in each phase; `current_phase` is the phase
-    running now (a power sampler tags its samples with it)."""
+    running now (a power sampler tags its samples with it). `phase_hook`, when set,
+    is called with a phase as it is entered, before `current_phase` changes (an
+    energy meter synchronises and reads its counter there)."""
 
     def __init__(self, client: Optional[Client], policy_lm: nn.Module, reward_model: RewardModel,
                  config: PPOConfig, *, policy: str = "", run: str = "", name_prefix: str = "ppo",
@@ -300,6 +302,7 @@ class PPOTrainer:
                                           eps=1e-5)
         self.wall = {phase: 0.0 for phase in PHASES}
         self.current_phase = "rollout"
+        self.phase_hook: Optional[Callable[[str], None]] = None
         self.step_count = 0
         self.sessions: Dict[str, OffloadSession] = {}
         if client is not None:
@@ -343,6 +346,8 @@ class PPOTrainer:
     def _in_phase(self, phase: str) -> Iterator[None]:
         """Runs the body in `phase` (and the run tag) on the daemon, or locally
         under autocast; adds its wall time to `wall[phase]`."""
+        if self.phase_hook is not None:
+            self.phase_hook(phase)
         self.current_phase = phase
         start = time.perf_counter()
         with contextlib.ExitStack() as scopes:

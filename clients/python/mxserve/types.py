@@ -153,6 +153,26 @@ class PowerResult:
 
 
 @dataclass(frozen=True)
+class EnergyInterval:
+    """Joules measured on one device over [start, end] (Unix seconds) of one phase,
+    e.g. the difference of NVML's cumulative energy counter read at both ends.
+    `run`: as PowerSample.run (None: the `client.run(...)` scope's when sent)."""
+    source: str
+    device: str
+    phase: str
+    start: float
+    end: float
+    joules: float
+    run: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class EnergyResult:
+    intervals_accepted: int
+    joules_added: float
+
+
+@dataclass(frozen=True)
 class EnergyEntry:
     source: str
     phase: str

@@ -1,0 +1,300 @@
+"""GPU energy by counter: mxserve.power's NVML binding and gpu_baseline's EnergyMeter
+against tests/fake_nvml.c, a stand-in libnvidia-ml that plays a known power trace on
+the wall clock (its energy counter the exact integral, nvmlDeviceGetPowerUsage a
+one-second moving average, the instant field the trace itself), and a real daemon.
+
+What is checked: the counter joules the daemon books per phase (Telemetry.ReportEnergy,
+source gpu_baseline) are the trace's integral over each phase; the samples
+(gpu_baseline_sampled) miss a short burst as NVML's averaged reading does; the
+summary shows both and their difference; idle power is measured; a GPU without a
+counter falls back to samples under gpu_baseline; the daemon refuses bad intervals.
+"""
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+import mxserve  # noqa: E402
+from conftest import HERE, python_env  # noqa: E402
+from mxserve.gpu_baseline import EnergyMeter, GpuBaseline, summary_table  # noqa: E402
+from mxserve.gpu_baseline import main as gpu_baseline_main  # noqa: E402
+from mxserve.power import NvmlPower  # noqa: E402
+
+# Idle, then a 0.3 s burst at 400 W (rollout, the short phase), 1 s at 100 W
+# (reward), 0.6 s at 300 W (update), idle again. Offsets from the trace's origin.
+IDLE_W = 60.0
+STEPS = [(-3600.0, IDLE_W), (0.0, 400.0), (0.3, 100.0), (1.3, 300.0), (1.9, IDLE_W)]
+PHASE_ENDS = {"rollout": 0.3, "reward": 1.3, "update": 1.9}
+
+
+@pytest.fixture(scope="module")
+def fake_nvml(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fake_nvml")
+    library = out / "libnvidia-ml.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(library),
+                    str(HERE / "fake_nvml.c")], check=True)
+    return str(library)
+
+
+@pytest.fixture
+def trace(tmp_path, monkeypatch, fake_nvml):
+    """Writes the trace with its origin `lead` seconds from now and points the fake
+    (and NvmlPower's default library) at it; returns (origin, integral(t0, t1))."""
+    def make(lead, steps=STEPS, **flags):
+        origin = time.time() + lead
+        path = tmp_path / "trace.txt"
+        path.write_text("# unix_seconds watts\n" +
+                        "".join(f"{origin + t!r} {w!r}\n" for t, w in steps))
+        monkeypatch.setenv("MXSERVE_FAKE_NVML_TRACE", str(path))
+        monkeypatch.setenv("MXSERVE_NVML_LIBRARY", fake_nvml)
+        for name in ("NO_COUNTER", "NO_INSTANT"):
+            monkeypatch.setenv(f"MXSERVE_FAKE_NVML_{name}", "1" if flags.get(name.lower()) else "0")
+        points = [(origin + t, w) for t, w in steps]
+
+        def integral(t0, t1):
+            joules = 0.0
+            for (a, w), (b, _) in zip(points, points[1:] + [(float("inf"), 0.0)]):
+                lo, hi = max(a, t0), min(b, t1)
+                if hi > lo:
+                    joules += (hi - lo) * w
+            return joules
+        return origin, integral
+    return make
+
+
+def sleeper(origin):
+    """A workload whose phases end at the trace's steps (on the wall clock)."""
+    def work(phase):
+        time.sleep(max(0.0, origin + PHASE_ENDS[phase] - time.time()))
+        return 0.0
+    return work
+
+
+def test_nvml_reads_the_instant_field_and_falls_back_to_the_average(trace):
+    origin, integral = trace(-0.5, [(-10.0, 100.0), (0.0, 300.0)])  # stepped up 0.5 s ago
+    power = NvmlPower(index=0)  # the library from MXSERVE_NVML_LIBRARY
+    assert power.device_name == "Fake Traced GPU"
+    assert power.power_reading == "instant" and power.has_energy_counter
+    assert power.watts() == 300.0
+    t0, e0 = time.time(), power.energy_joules()
+    time.sleep(0.2)
+    e1, t1 = power.energy_joules(), time.time()
+    # The counter is the trace's integral (to the millijoule and the clock reads).
+    assert e1 - e0 == pytest.approx(integral(t0, t1), abs=0.02)
+    power.close()
+
+    trace(-0.5, [(-10.0, 100.0), (0.0, 300.0)], no_instant=True)
+    averaged = NvmlPower(index=0)
+    assert averaged.power_reading == "average"
+    # Half of the last second at 100 W, half at 300 W, read a moment later.
+    assert 195.0 <= averaged.watts() <= 240.0
+    averaged.close()
+
+    trace(-0.5, no_counter=True)
+    assert NvmlPower(index=0).energy_joules() is None
+
+
+def test_counter_joules_per_phase_are_the_traces_integral(client, trace):
+    # The averaged reading (no instant field), as NVML gives it on many drivers: the
+    # samples lag the 0.3 s burst, the counter does not.
+    origin, integral = trace(1.0, no_instant=True)
+    power = NvmlPower(index=0, interval=0.05)
+    runner = GpuBaseline(client, power, device="cpu", source="gpu_baseline", run="energy/t1",
+                         idle_seconds=0.3)
+    summary = runner.run(sleeper(origin), steps=1)
+    power.close()
+    assert summary["energy_counter"] is True
+    assert summary["sampled_source"] == "gpu_baseline_sampled"
+    assert summary["power_reading"] == "average"
+    # Idle: measured before the origin, where the trace is flat.
+    assert summary["idle_watts"] == pytest.approx(IDLE_W, abs=0.05)
+
+    intervals = summary["intervals_log"]
+    assert [p for p, *_ in intervals] == ["rollout", "reward", "update"]
+    for (_, _, end, _), (_, start, _, _) in zip(intervals, intervals[1:]):
+        assert start == end  # contiguous: every joule of the run lands in one phase
+    report = client.energy_report(run="energy/t1")
+    counter = report.by_phase("gpu_baseline")
+    sampled = report.by_phase("gpu_baseline_sampled")
+    for phase, start, end, joules in intervals:
+        expected = integral(start, end)
+        assert joules == pytest.approx(expected, abs=0.05), phase
+        assert counter[phase].joules == pytest.approx(expected, abs=0.05), phase
+        assert counter[phase].busy_seconds == pytest.approx(end - start, abs=1e-6)
+        assert summary["phases"][phase]["counter_joules"] == pytest.approx(counter[phase].joules)
+        assert summary["phases"][phase]["joules"] == pytest.approx(counter[phase].joules)
+        assert summary["phases"][phase]["sampled_joules"] == pytest.approx(sampled[phase].joules)
+        assert summary["phases"][phase]["difference_joules"] == pytest.approx(
+            sampled[phase].joules - counter[phase].joules)
+    # The phases as the trace has them (boundaries land within a few ms of its steps).
+    assert counter["reward"].joules == pytest.approx(100.0, abs=8)
+    assert counter["update"].joules == pytest.approx(180.0, abs=8)
+    # The rollout: idle until the origin, then the burst's 120 J.
+    rollout_start = intervals[0][1]
+    assert counter["rollout"].joules == pytest.approx(
+        IDLE_W * (origin - rollout_start) + 120.0, abs=8)
+    # The samples integrate the one-second average: the burst is mostly missed
+    # (about 33 J of its 120 J), and its tail leaks into the reward phase.
+    rollout = summary["phases"]["rollout"]
+    assert rollout["difference_pct"] < -30
+    assert rollout["difference_pct"] == pytest.approx(
+        100 * (sampled["rollout"].joules - counter["rollout"].joules) / counter["rollout"].joules)
+    assert sampled["reward"].joules > counter["reward"].joules + 20
+    assert summary["total_counter_joules"] == pytest.approx(
+        sum(e.joules for e in counter.values()))
+    assert summary["total_sampled_joules"] == pytest.approx(
+        sum(e.joules for e in sampled.values()))
+    # The table shows both, the difference and the idle power.
+    table = summary_table(summary)
+    assert "counter J" in table and "sampled J" in table and "diff %" in table
+    assert "idle 60.0 W" in table and "total" in table
+
+
+def test_without_a_counter_the_samples_are_gpu_baseline(client, trace):
+    origin, integral = trace(0.8, no_counter=True)
+    power = NvmlPower(index=0, interval=0.05)
+    assert not power.has_energy_counter
+    runner = GpuBaseline(client, power, device="cpu", run="energy/nocounter", idle_seconds=0.2)
+    summary = runner.run(sleeper(origin), steps=1)
+    power.close()
+    assert summary["energy_counter"] is False
+    assert summary["sampled_source"] == "gpu_baseline" and summary["intervals"] == 0
+    assert summary["idle_watts"] == pytest.approx(IDLE_W)  # the instant field, flat
+    report = client.energy_report(run="energy/nocounter")
+    assert report.by_phase("gpu_baseline_sampled") == {}
+    booked = report.by_phase("gpu_baseline")
+    assert set(booked) == {"rollout", "reward", "update"}
+    for phase, entry in booked.items():
+        p = summary["phases"][phase]
+        assert p["counter_joules"] is None and p["difference_pct"] is None
+        assert p["joules"] == p["sampled_joules"] == pytest.approx(entry.joules)
+        assert p["joules_local"] == pytest.approx(entry.joules, rel=1e-9)
+    # With the instant field the samples follow the trace: 10 Hz trapezoids of
+    # step changes are off by at most a sample period's worth of each step.
+    assert booked["reward"].joules == pytest.approx(100.0, abs=25)
+
+
+def test_the_cli_reports_counter_sampled_and_idle(daemon, client, trace, tmp_path, capsys):
+    origin, integral = trace(-5.0, [(-3600.0, 250.0)])  # a flat 250 W
+    workload = tmp_path / "workload.json"
+    workload.write_text(json.dumps([{"phase": p, "m": 8, "n": 32, "k": 32}
+                                    for p in ("rollout", "reward", "update")]))
+    out = tmp_path / "summary.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "mxserve.gpu_baseline", "--server", daemon.address,
+         "--device", "cpu", "--workload", str(workload), "--power-source", "nvml",
+         "--interval", "0.05", "--steps", "1", "--min-phase-seconds", "0.3",
+         "--idle-seconds", "0.2", "--run", "energy/cli", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, env=python_env())
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())
+    assert summary["energy_counter"] is True
+    assert summary["idle_watts"] == pytest.approx(250.0, abs=0.05)
+    assert summary["power_reading"] == "instant"
+    report = client.energy_report(run="energy/cli")
+    for phase in ("rollout", "reward", "update"):
+        p = summary["phases"][phase]
+        entry = report.by_phase("gpu_baseline")[phase]
+        # Flat power: the counter gives 250 W × the phase's booked time exactly.
+        assert p["counter_joules"] == pytest.approx(entry.joules)
+        assert entry.joules == pytest.approx(250.0 * entry.busy_seconds, abs=0.02)
+        assert p["sampled_joules"] == pytest.approx(
+            report.by_phase("gpu_baseline_sampled")[phase].joules)
+    for interval in summary["intervals_log"]:
+        assert interval["joules"] == pytest.approx(
+            integral(interval["start"], interval["end"]), abs=0.02)
+    assert "energy by NVML's counter, samples as gpu_baseline_sampled; idle 250.0 W" in done.stderr
+    assert "counter J" in done.stderr and "diff %" in done.stderr
+
+    # Refused before anything runs (in this process: a second interpreter start
+    # would cost seconds).
+    with pytest.raises(SystemExit) as exit_:
+        gpu_baseline_main(["--server", daemon.address, "--idle-seconds", "nan"])
+    assert exit_.value.code == 2
+    assert "--idle-seconds: expected 0 to 60, got nan" in capsys.readouterr().err
+
+
+def test_meter_books_long_phases_in_pieces_and_checks_its_arguments(client, trace):
+    trace(-5.0, [(-3600.0, 80.0)])
+    power = NvmlPower(index=0, interval=0.05)
+    meter = EnergyMeter(client, power, "cuda:7", run="energy/pieces", idle_seconds=0,
+                        flush_seconds=0.2, phase="update")
+    meter.start()
+    time.sleep(0.7)
+    meter.boundary("update")  # the same phase: nothing to close
+    meter.stop()
+    power.close()
+    assert meter.idle_watts is None
+    assert len(meter.intervals) >= 3 and {p for p, *_ in meter.intervals} == {"update"}
+    assert meter.result.intervals_accepted == len(meter.intervals)
+    total = sum(j for *_, j in meter.intervals)
+    span = meter.intervals[-1][2] - meter.intervals[0][1]
+    assert total == pytest.approx(80.0 * span, abs=0.02)
+    assert client.energy_report(run="energy/pieces").joules("gpu_baseline", "update") == \
+        pytest.approx(total, rel=1e-9)
+    with pytest.raises(ValueError, match="flush_seconds: expected 0 < s <= 3600"):
+        EnergyMeter(client, power, "cuda:7", flush_seconds=7200)
+    with pytest.raises(ValueError, match="idle_seconds: expected a finite number >= 0"):
+        EnergyMeter(client, power, "cuda:7", idle_seconds=-1)
+
+
+def test_report_energy_refuses_bad_intervals_and_keeps_the_good(client):
+    now = time.time()
+    good = mxserve.EnergyInterval("gpu_client", "cuda:0", "reward", now - 2, now - 1, 250.0,
+                                  run="energy/client")
+    result = client.report_energy([good])
+    assert result.intervals_accepted == 1 and result.joules_added == 250.0
+    too_much = mxserve.EnergyInterval("gpu_client", "cuda:0", "reward", now - 1, now, 1e9)
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.report_energy([dataclasses.replace(good, start=now - 4, end=now - 3), too_much])
+    assert error.value.code.name == "INVALID_ARGUMENT"
+    assert "intervals[1].joules: expected 0 to 12500 (--max-power-watts 10000 W" in str(error.value)
+    backwards = ("gpu_client", "cuda:0", "update", now - 1, now - 2, 1.0)  # a plain tuple
+    with pytest.raises(mxserve.MxserveError, match=r"intervals\[0\]\.end_seconds: expected "
+                                                   r"start_seconds"):
+        client.report_energy([backwards])
+    with pytest.raises(ValueError, match=r"intervals\[0\]\.run"):
+        client.report_energy([("gpu_client", "cuda:0", "update", now - 1, now, 1.0, "a b")])
+    # The good intervals of both streams stay booked, nothing of the refused ones.
+    assert client.energy_report(run="energy/client").joules("gpu_client", "reward") == 500.0
+
+
+def test_the_experiments_local_baseline_reads_the_counter_at_the_trainers_phases(client, trace):
+    from mxserve import experiment
+    from test_rlhf import PROMPTS, _trainer
+
+    trace(-5.0, [(-3600.0, 120.0)])  # flat: each phase's joules are 120 W × its time
+    make = experiment._sampler_factory(client, "nvml", "cpu", "energy/ppo")
+    trainer = _trainer(None)
+    meter = make(lambda: trainer.current_phase)
+    assert isinstance(meter, EnergyMeter) and meter.has_counter
+    assert meter.sampled_source == "gpu_baseline_sampled"
+    entered = []
+
+    def hook(phase):  # what _run_one installs, with a record of the calls
+        entered.append(phase)
+        meter.boundary(phase)
+    trainer.phase_hook = hook
+    meter.idle_seconds = 0.1
+    meter.start()
+    trainer.step(PROMPTS)
+    meter.stop()
+    # One interval per phase switch, in the trainer's order, back to back.
+    sequence = ["rollout"] + entered  # the meter starts in the trainer's first phase
+    switches = [p for i, p in enumerate(sequence) if i == 0 or p != sequence[i - 1]]
+    assert [p for p, *_ in meter.intervals] == switches
+    assert {"rollout", "reward", "update"} <= set(switches)
+    report = client.energy_report(run="energy/ppo")
+    booked = report.by_phase("gpu_baseline")
+    for phase, entry in booked.items():
+        assert entry.joules == pytest.approx(120.0 * entry.busy_seconds, abs=0.05), phase
+        # The phase's intervals hold all of its wall time (and the host work after it).
+        assert entry.busy_seconds >= trainer.wall[phase] - 1e-3, phase
+    assert set(report.by_phase("gpu_baseline_sampled")) <= {"rollout", "reward", "update"}
+    assert meter.idle_watts == pytest.approx(120.0, abs=0.05)
