@@ -451,6 +451,10 @@ class RunResult:
     noise_vs_seed: Optional[int] = None
     noise_kls: List[float] = dataclasses.field(default_factory=list)
     energy_label: str = ""                         # "measured" / "replayed" for a local run
+    # A local run's meter: idle power before the run, and whether the phase joules
+    # came from an energy counter (else from integrated power samples).
+    idle_watts: Optional[float] = None
+    energy_counter: Optional[bool] = None
     work: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # the GEMMs it ran
     examples: List[Dict[str, str]] = dataclasses.field(default_factory=list)
 
@@ -621,6 +625,9 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
                        wall_seconds=wall, totals=totals, energy=energy, busy_seconds=busy,
                        curves=curves)
     result.work = trainer.work(run_tag) if trainer.sessions else []
+    if sampler is not None:
+        result.idle_watts = getattr(sampler, "idle_watts", None)
+        result.energy_counter = getattr(sampler, "has_counter", None)
     if trainer.sessions:
         info = next(iter(trainer.sessions["policy"].layers.values())).last_info
         result.backend = info.backend if info is not None else ""

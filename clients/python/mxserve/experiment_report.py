@@ -48,7 +48,7 @@ MISMATCH_KEYS = tuple(MISMATCH_PREFIX + k for k in (
 
 
 def _field(run: Any, name: str) -> Any:
-    return run[name] if isinstance(run, dict) else getattr(run, name)
+    return run.get(name) if isinstance(run, dict) else getattr(run, name)
 
 
 def energy_total(run: Any, source: str) -> float:
@@ -185,6 +185,10 @@ def summarize(runs: List[Any], baseline: str, level: float = LEVEL,
                                "runs": len(group)}
         if _field(first, "energy_label"):
             row["energy_label"] = _field(first, "energy_label")
+            idle = [_field(r, "idle_watts") for r in group if _field(r, "idle_watts") is not None]
+            if idle:
+                row["idle_watts"] = _mean(idle)
+            row["energy_counter"] = bool(_field(first, "energy_counter"))
         _energy(row, group, base_runs)
         mine, theirs = _pairs(group, baselines)
         reference = _cells(theirs, "judge_scores")
@@ -601,9 +605,13 @@ def _energy_section(rows: List[Dict[str, Any]], baseline: str) -> List[str]:
             counter = r["energy_gpu_baseline_J"]
             line += (f" from NVML's energy counter read at each phase boundary; the integrated "
                      f"power samples give {sampled:.4g} J ({100 * (sampled / counter - 1):+.1f} %)")
+        elif label != "replayed":
+            line += " from integrated power samples (this GPU has no energy counter)"
         per_phase = ", ".join(f"{p} {r.get(f'energy_gpu_baseline_{p}_J', 0.0):.4g} J"
                               for p in PHASES)
-        lines += [line + f"; per phase {per_phase}.", ""]
+        idle = f" Idle power before the run: {r['idle_watts']:.1f} W (included in the " \
+               "joules above, not subtracted)." if r.get("idle_watts") is not None else ""
+        lines += [line + f"; per phase {per_phase}.{idle}", ""]
     return lines
 
 

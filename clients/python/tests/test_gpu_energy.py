@@ -31,6 +31,9 @@ from mxserve.power import NvmlPower  # noqa: E402
 IDLE_W = 60.0
 STEPS = [(-3600.0, IDLE_W), (0.0, 400.0), (0.3, 100.0), (1.3, 300.0), (1.9, IDLE_W)]
 PHASE_ENDS = {"rollout": 0.3, "reward": 1.3, "update": 1.9}
+# How far a counter read may be misdated: ~1 ms at 400 W (a read takes microseconds;
+# a preempted one, on a loaded machine, longer).
+SKEW_J = 0.4
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +116,7 @@ def test_counter_joules_per_phase_are_the_traces_integral(client, trace):
     assert summary["sampled_source"] == "gpu_baseline_sampled"
     assert summary["power_reading"] == "average"
     # Idle: measured before the origin, where the trace is flat.
-    assert summary["idle_watts"] == pytest.approx(IDLE_W, abs=0.05)
+    assert summary["idle_watts"] == pytest.approx(IDLE_W, rel=0.01)
 
     intervals = summary["intervals_log"]
     assert [p for p, *_ in intervals] == ["rollout", "reward", "update"]
@@ -124,8 +127,10 @@ def test_counter_joules_per_phase_are_the_traces_integral(client, trace):
     sampled = report.by_phase("gpu_baseline_sampled")
     for phase, start, end, joules in intervals:
         expected = integral(start, end)
-        assert joules == pytest.approx(expected, abs=0.05), phase
-        assert counter[phase].joules == pytest.approx(expected, abs=0.05), phase
+        # The meter dates a read at the middle of the clock reads around it; a
+        # preemption between them (a loaded CI machine) skews it by milliseconds.
+        assert joules == pytest.approx(expected, abs=SKEW_J), phase
+        assert counter[phase].joules == pytest.approx(expected, abs=SKEW_J), phase
         assert counter[phase].busy_seconds == pytest.approx(end - start, abs=1e-6)
         assert summary["phases"][phase]["counter_joules"] == pytest.approx(counter[phase].joules)
         assert summary["phases"][phase]["joules"] == pytest.approx(counter[phase].joules)
@@ -195,7 +200,7 @@ def test_the_cli_reports_counter_sampled_and_idle(daemon, client, trace, tmp_pat
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())
     assert summary["energy_counter"] is True
-    assert summary["idle_watts"] == pytest.approx(250.0, abs=0.05)
+    assert summary["idle_watts"] == pytest.approx(250.0, rel=0.01)
     assert summary["power_reading"] == "instant"
     report = client.energy_report(run="energy/cli")
     for phase in ("rollout", "reward", "update"):
@@ -293,8 +298,43 @@ def test_the_experiments_local_baseline_reads_the_counter_at_the_trainers_phases
     report = client.energy_report(run="energy/ppo")
     booked = report.by_phase("gpu_baseline")
     for phase, entry in booked.items():
-        assert entry.joules == pytest.approx(120.0 * entry.busy_seconds, abs=0.05), phase
+        assert entry.joules == pytest.approx(120.0 * entry.busy_seconds, abs=SKEW_J), phase
         # The phase's intervals hold all of its wall time (and the host work after it).
         assert entry.busy_seconds >= trainer.wall[phase] - 1e-3, phase
     assert set(report.by_phase("gpu_baseline_sampled")) <= {"rollout", "reward", "update"}
-    assert meter.idle_watts == pytest.approx(120.0, abs=0.05)
+    assert meter.idle_watts == pytest.approx(120.0, rel=0.02)  # a 0.1 s window
+
+
+def test_the_experiment_report_shows_counter_sampled_and_idle(daemon, trace, tmp_path):
+    # `--power-source nvml` with the fake library: the locally run FP16 baseline
+    # (FP16-cpu here; FP16-cuda on a GPU) books each trainer phase's counter joules
+    # under gpu_baseline and its samples under gpu_baseline_sampled, and the report
+    # shows both beside the idle power measured before the run.
+    import csv
+    import os
+
+    trace(-5.0, [(-3600.0, 150.0)])  # flat: every phase's joules are 150 W × its time
+    out = tmp_path / "out"
+    env = python_env(**{k: os.environ[k] for k in os.environ if k.startswith("MXSERVE_")})
+    done = subprocess.run([sys.executable, "-m", "mxserve.experiment", "--server", daemon.address,
+                           "--quiet", "--quick", "--steps", "2", "--seeds", "0", "--only", "MX-A",
+                           "--power-source", "nvml", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["configuration"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    local = rows["FP16-cpu"]
+    assert local["energy_label"] == "measured" and local["energy_counter"] == "True"
+    assert float(local["idle_watts"]) == pytest.approx(150.0, rel=0.01)
+    summary = json.loads((out / "summary.json").read_text())
+    run = next(r for r in summary["runs"] if r["configuration"] == "FP16-cpu")
+    for phase in ("rollout", "reward", "update"):
+        counter = run["energy"][phase]["gpu_baseline"]
+        assert counter == pytest.approx(150.0 * run["busy_seconds"][phase]["gpu_baseline"],
+                                        abs=SKEW_J), phase
+    # Samples 0.1 s apart may miss a short phase altogether (the reward phase of this
+    # tiny model takes milliseconds): that is why the counter books the energy.
+    assert sum(run["energy"][p].get("gpu_baseline_sampled", 0.0) for p in run["energy"]) > 0
+    report = (out / "report.md").read_text()
+    assert "measured on the GPU" in report and "NVML's energy counter" in report
+    assert "integrated power samples give" in report and "Idle power before the run: 150.0 W" \
+        in report
