@@ -777,9 +777,10 @@ TEST_F(BigLayerTest, AnAnswerAfterTheDeadlineIsCountedAsDeadlineExceeded) {
                            &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   }
-  // Wait for the worker to finish them all; then the daemon's books match.
+  // Wait for the worker to finish them all; then the daemon's books match. Under
+  // ASan with another test beside it, three of these GEMMs took more than 30 s.
   AwaitMetric(daemon_->metrics_address(),
-              absl::StrReplaceAll(series, {{"%s", "DEADLINE_EXCEEDED"}}), calls, 30);
+              absl::StrReplaceAll(series, {{"%s", "DEADLINE_EXCEEDED"}}), calls, 120);
   EXPECT_EQ(count("DEADLINE_EXCEEDED"), calls);
   EXPECT_EQ(count("OK"), 0) << "answers the client never saw were counted as OK";
   EXPECT_EQ(count("CANCELLED"), 0);
