@@ -915,9 +915,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                        "FP16 baseline always runs)")
     parser.add_argument("--device", default="cpu",
                         help="'cuda' (or cuda:N): also run the FP16 baseline locally on the GPU "
-                             "and measure its power (default: cpu, no local baseline)")
-    parser.add_argument("--power-source", help="power for the local baseline: 'nvml' (default "
-                                               "with --device cuda) or 'replay:FILE'")
+                             "and measure its energy: NVML's energy counter read at every phase "
+                             "boundary after a device synchronise (samples beside it for the "
+                             "timeline), idle power first (default: cpu, no local baseline)")
+    parser.add_argument("--power-source", help="energy of the local baseline: 'nvml' (default "
+                                               "with --device cuda) or 'replay:FILE' (a recorded "
+                                               "trace, reported as replayed, never measured)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
 
