@@ -483,6 +483,9 @@ class GpuBaseline:
             "dtype": str(self.dtype).replace("torch.", ""),
             "power_source": getattr(self.power, "description", type(self.power).__name__),
             "power_reading": getattr(self.power, "power_reading", "replay"),
+            # A replayed trace exercises the bookkeeping; it measures nothing.
+            "energy_label": "replayed" if str(getattr(self.power, "description", "")
+                                              ).startswith("replay:") else "measured",
             "idle_watts": meter.idle_watts,
             "idle_seconds": meter.idle_seconds,
             "steps": steps,
@@ -551,6 +554,8 @@ def summary_table(summary: dict) -> str:
     idle = summary.get("idle_watts")
     how = (f"energy by NVML's counter, samples as {summary['sampled_source']}"
            if summary.get("energy_counter") else "energy by integrated samples (no counter)")
+    if summary.get("energy_label") == "replayed":
+        how = "REPLAYED power trace, not a measurement: " + how
     lines = [f"{summary['device']} ({summary['device_name']}), {summary['dtype']}, power from "
              f"{summary['power_source']} ({summary.get('power_reading', '?')}): "
              f"{summary['samples']} samples over {summary['wall_seconds']:.2f} s"

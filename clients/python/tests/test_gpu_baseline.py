@@ -58,6 +58,9 @@ def test_replayed_power_is_accounted_per_phase(daemon, client, tmp_path):
     summary = json.loads(out.read_text())
     assert summary["samples"] == summary["samples_accepted"] == 16
     assert summary["power_source"].startswith("replay:")
+    # A replay is labelled as one wherever it appears: never a measurement.
+    assert summary["energy_label"] == "replayed"
+    assert "REPLAYED power trace, not a measurement" in done.stderr  # the table
 
     # What was sent: the trace's watts at the trace's spacing, each tagged with the
     # phase running then.
