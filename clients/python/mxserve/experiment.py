@@ -48,13 +48,14 @@ import os
 import re
 import sys
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
-from mxserve import _wire, tasks
+from mxserve import _wire, stats, tasks
 from mxserve.client import Client, MxserveError
-from mxserve.experiment_report import energy_total as _energy_total
+from mxserve.experiment_report import NOISE_FLOOR, UNTRAINED
+from mxserve.experiment_report import phase_sum
 from mxserve.experiment_report import pareto_front, summarize, write_outputs  # noqa: F401
 from mxserve.machine import describe_machine, source_commit
 from mxserve.rlhf import (PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad,
@@ -114,8 +115,7 @@ DEFAULT_MATRIX += PHASE_ALONE
 
 # Rows the driver adds by itself: the initial policy evaluated untrained (did PPO
 # learn anything at all?), and the locally run FP16 baseline (FP16-cuda, FP16-cpu).
-UNTRAINED = "untrained"
-_RESERVED = re.compile(r"^(untrained|FP16-(cpu|cuda)|noise-floor)$")
+_RESERVED = re.compile(rf"^({UNTRAINED}|FP16-(cpu|cuda)|{NOISE_FLOOR})$")
 
 QUICK: Dict[str, Any] = {
     "name": "quick",
@@ -530,8 +530,6 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
     and, when `kl_against_baseline`, KL(π_q ‖ π_FP16) against the baseline the
     judges hold, summed over the response's tokens. The aggregates (win rate, ρ,
     intervals) are computed across seeds by `experiment_report`."""
-    from mxserve.profile import spearman
-
     prompts = task.test_prompts[:experiment.eval_prompts]
     generator = torch.Generator().manual_seed(experiment.eval_seed)
     trainer.run, training_run = eval_run, trainer.run  # evaluation is not the run's energy
@@ -571,14 +569,8 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
     if kl_against_baseline:
         result.kls = kls
         result.kl_vs_fp16 = sum(kls) / len(kls)
-    result.reward_spearman = spearman(config_scores, judge_scores) if len(judge_scores) > 1 \
+    result.reward_spearman = stats.spearman(config_scores, judge_scores) if len(judge_scores) > 1 \
         else float("nan")
-
-
-def win_fractions(scores: Sequence[float], reference: Sequence[float]) -> List[float]:
-    """Per prompt: 1 when the judge scores this response above the reference's,
-    0.5 on a tie, else 0."""
-    return [1.0 if a > b else 0.5 if a == b else 0.0 for a, b in zip(scores, reference)]
 
 
 def _run_one(client: Client, task: Task, experiment: Experiment, configuration: Configuration,
@@ -822,6 +814,7 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
     eval_run = f"{tag}/eval"
     judges = _Judges(client, task, tag, eval_run)
     runs: List[RunResult] = []
+    baseline_judge: Dict[Tuple[int, int], List[float]] = {}  # (seed, repetition) → scores
     jobs = _jobs(experiment, device, device != "cpu" or bool(power_source))
     started = time.time()
     try:
@@ -851,20 +844,17 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
                     if previous is not None:
                         result.noise_vs_seed, result.noise_kls = previous[0], result.kls
                     judges.set_baseline(trainer.policy_copy(), (seed, repetition))
+                    baseline_judge[(seed, repetition)] = result.judge_scores
                     result.kls = [0.0] * len(result.judge_scores)  # itself, by definition
                     result.kl_vs_fp16 = 0.0
-                baseline = next(r for r in runs + [result] if r.kind == "trained" and
-                                r.seed == seed and r.repetition == repetition and
-                                r.configuration == next(c.name for c in experiment.configurations
-                                                        if c.is_baseline))
-                wins = win_fractions(result.judge_scores, baseline.judge_scores)
-                result.win_rate = sum(wins) / len(wins)
+                result.win_rate = float(stats.outcomes(
+                    result.judge_scores, baseline_judge[(seed, repetition)]).mean())
             finally:
                 trainer.close()
             runs.append(result)
             progress.done(f"{label}: held-out reward {result.held_out_reward:+.3f}, win rate "
                           f"{result.win_rate:.3f}, KL {result.kl_vs_fp16:.4f}, "
-                          f"{_energy_total(result, 'fpga_model'):.4g} J (FPGA model)"
+                          f"{phase_sum(result.energy, 'fpga_model'):.4g} J (FPGA model)"
                           f"{_eta(started, index, len(jobs))}")
     finally:
         judges.close()

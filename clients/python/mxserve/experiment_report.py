@@ -47,17 +47,24 @@ MISMATCH_KEYS = tuple(MISMATCH_PREFIX + k for k in (
 # --- small helpers -----------------------------------------------------------------------
 
 
-def _field(run: Any, name: str) -> Any:
-    return run.get(name) if isinstance(run, dict) else getattr(run, name)
+def _as_dict(run: Any) -> Dict[str, Any]:
+    """A run as summary.json holds it: RunResults become dicts once, here, so the
+    aggregation reads fresh runs and reloaded ones alike."""
+    return run if isinstance(run, dict) else dataclasses.asdict(run)
 
 
-def energy_total(run: Any, source: str) -> float:
-    energy = _field(run, "energy")
+def energy_total(run: Dict[str, Any], source: str) -> float:
+    """A run's joules from `source` over the three phases."""
+    return phase_sum(run["energy"], source)
+
+
+def phase_sum(energy: Dict[str, Dict[str, float]], source: str) -> float:
+    """{phase: {source: joules}} summed over the phases for one source."""
     return sum(energy.get(p, {}).get(source, 0.0) for p in PHASES)
 
 
 def _model_seconds(run: Any) -> float:
-    busy = _field(run, "busy_seconds")
+    busy = run["busy_seconds"]
     return sum(busy.get(p, {}).get("fpga_model", 0.0) for p in PHASES)
 
 
@@ -77,7 +84,7 @@ def _std(values: Sequence[float]) -> float:
 def _cells(runs: Sequence[Any], name: str) -> Optional[np.ndarray]:
     """The per-prompt list `name` of each run stacked as [runs, prompts], or None
     when a run lacks it."""
-    rows = [_field(r, name) for r in runs]
+    rows = [r.get(name) for r in runs]
     if not rows or any(not row for row in rows) or len({len(row) for row in rows}) != 1:
         return None
     return np.asarray(rows, dtype=np.float64)
@@ -94,9 +101,9 @@ def _interval_fields(prefix: str, interval: Optional[stats.Interval]) -> Dict[st
 
 def _pairs(group: Sequence[Any], baselines: Dict[Tuple[int, int], Any]):
     """The group's runs and their same-seed baselines, in seed order."""
-    paired = [(r, baselines.get((_field(r, "seed"), _field(r, "repetition")))) for r in group]
+    paired = [(r, baselines.get((r["seed"], r["repetition"]))) for r in group]
     paired = [(r, b) for r, b in paired if b is not None]
-    paired.sort(key=lambda rb: (_field(rb[0], "seed"), _field(rb[0], "repetition")))
+    paired.sort(key=lambda rb: (rb[0]["seed"], rb[0]["repetition"]))
     return [r for r, _ in paired], [b for _, b in paired]
 
 
@@ -138,7 +145,7 @@ def _energy(row: Dict[str, Any], group: Sequence[Any], base_runs: Sequence[Any])
         row[f"energy_{source}_J"] = _mean(totals)
         row[f"energy_{source}_J_std"] = _std(totals)
         for phase in PHASES:
-            values = [_field(r, "energy")[phase].get(source, 0.0) for r in group]
+            values = [r["energy"][phase].get(source, 0.0) for r in group]
             row[f"energy_{source}_{phase}_J"] = _mean(values)
             row[f"energy_{source}_{phase}_J_std"] = _std(values)
     energy = row.get("energy_fpga_model_J")
@@ -147,7 +154,7 @@ def _energy(row: Dict[str, Any], group: Sequence[Any], base_runs: Sequence[Any])
         return
     row["energy_saving_pct"] = 100.0 * (1.0 - energy / base_energy)
     for phase in PHASES:
-        base_phase = _mean([_field(r, "energy")[phase].get("fpga_model", 0.0) for r in base_runs])
+        base_phase = _mean([r["energy"][phase].get("fpga_model", 0.0) for r in base_runs])
         if base_phase:
             row[f"energy_saving_{phase}_pct"] = 100.0 * (
                 1.0 - row[f"energy_fpga_model_{phase}_J"] / base_phase)
@@ -159,7 +166,7 @@ def _energy(row: Dict[str, Any], group: Sequence[Any], base_runs: Sequence[Any])
 
 def _mismatch(row: Dict[str, Any], group: Sequence[Any]) -> None:
     """verl's rollout–learner mismatch metrics, the mean over every step of every run."""
-    curves = [c for r in group for c in _field(r, "curves")]
+    curves = [c for r in group for c in r["curves"]]
     for key in MISMATCH_KEYS:
         values = [c[key] for c in curves if key in c]
         if values:
@@ -171,24 +178,25 @@ def summarize(runs: List[Any], baseline: str, level: float = LEVEL,
     """One row per configuration (the baseline first, then the noise floor and the
     untrained policy, then the rest in run order): energy means over seeds, and every
     quality figure with its interval against the same seed's FP16 baseline."""
-    by_config: Dict[str, List[Any]] = {}
+    runs = [_as_dict(r) for r in runs]
+    by_config: Dict[str, List[Dict[str, Any]]] = {}
     for run in runs:
-        by_config.setdefault(_field(run, "configuration"), []).append(run)
-    base_runs = sorted(by_config[baseline], key=lambda r: (_field(r, "seed"),
-                                                           _field(r, "repetition")))
-    baselines = {(_field(r, "seed"), _field(r, "repetition")): r for r in base_runs}
+        by_config.setdefault(run["configuration"], []).append(run)
+    base_runs = sorted(by_config[baseline], key=lambda r: (r["seed"],
+                                                           r["repetition"]))
+    baselines = {(r["seed"], r["repetition"]): r for r in base_runs}
     rows: List[Dict[str, Any]] = []
     for name, group in by_config.items():
         first = group[0]
-        row: Dict[str, Any] = {"configuration": name, "policy": _field(first, "policy"),
-                               "kind": _field(first, "kind"), "where": _field(first, "where"),
+        row: Dict[str, Any] = {"configuration": name, "policy": first["policy"],
+                               "kind": first["kind"], "where": first["where"],
                                "runs": len(group)}
-        if _field(first, "energy_label"):
-            row["energy_label"] = _field(first, "energy_label")
-            idle = [_field(r, "idle_watts") for r in group if _field(r, "idle_watts") is not None]
+        if first.get("energy_label"):
+            row["energy_label"] = first.get("energy_label")
+            idle = [r.get("idle_watts") for r in group if r.get("idle_watts") is not None]
             if idle:
                 row["idle_watts"] = _mean(idle)
-            row["energy_counter"] = bool(_field(first, "energy_counter"))
+            row["energy_counter"] = bool(first.get("energy_counter"))
         _energy(row, group, base_runs)
         mine, theirs = _pairs(group, baselines)
         reference = _cells(theirs, "judge_scores")
@@ -210,15 +218,15 @@ def summarize(runs: List[Any], baseline: str, level: float = LEVEL,
 def _noise_floor(base_runs: Sequence[Any], level: float) -> Optional[Dict[str, Any]]:
     """The FP16 baseline of each later seed judged against the previous seed's: how
     far two runs of the same configuration land apart by training noise alone."""
-    later = [r for r in base_runs if _field(r, "noise_vs_seed") is not None]
+    later = [r for r in base_runs if r.get("noise_vs_seed") is not None]
     if not later:
         return None
-    by_seed = {_field(r, "seed"): r for r in base_runs}
-    previous = [by_seed[_field(r, "noise_vs_seed")] for r in later]
+    by_seed = {r["seed"]: r for r in base_runs}
+    previous = [by_seed[r.get("noise_vs_seed")] for r in later]
     row: Dict[str, Any] = {
-        "configuration": NOISE_FLOOR, "kind": "noise-floor", "where": _field(later[0], "where"),
+        "configuration": NOISE_FLOOR, "kind": "noise-floor", "where": later[0]["where"],
         "runs": len(later),
-        "policy": "FP16 seed " + ", ".join(f"{_field(r, 'seed')} vs {_field(r, 'noise_vs_seed')}"
+        "policy": "FP16 seed " + ", ".join(f"{r['seed']} vs {r['noise_vs_seed']}"
                                           for r in later)}
     _quality(row, later, _cells(previous, "judge_scores"), _cells(later, "noise_kls"), level)
     # Both sides score in FP16: a reward ρ here would be 1 by construction.
@@ -246,6 +254,13 @@ def _combine(*statuses: str) -> str:
     if any(s == "not met" for s in statuses):
         return "not met"
     return "met" if all(s == "met" for s in statuses) else "unresolved"
+
+
+def _any(statuses: Sequence[str]) -> str:
+    """"Any of k" meets it: met if one is met, unresolved if one still may be, else
+    (none, or all not met) not met."""
+    return "met" if "met" in statuses else \
+        "unresolved" if "unresolved" in statuses else "not met"
 
 
 def _range_status(low: Optional[float], high: Optional[float], threshold: float) -> str:
@@ -320,9 +335,7 @@ def criteria(rows: List[Dict[str, Any]], baseline: str = "FP16",
         for r in fast:
             drop = _corrected_drop(r, corrected)
             results.append((r["configuration"], stats.verdict(drop, 10.0, "below")))
-        status = "not met" if not results else \
-            "met" if any(v.status == "met" for _, v in results) else \
-            "unresolved" if any(v.status == "unresolved" for _, v in results) else "not met"
+        status = _any([v.status for _, v in results])
         listed = ", ".join(f"{n} ({v.status})" for n, v in results) or "none reaches 1.5×"
         checks.append(Criterion(
             "target (first formulation)",
@@ -340,8 +353,7 @@ def criteria(rows: List[Dict[str, Any]], baseline: str = "FP16",
             cheaper = r.get("energy_saving_pct", -1.0) >= 0.0
             status = stats.verdict(diff, 0.0, "above").status if cheaper else "not met"
             results.append((r["configuration"], diff, status))
-        status = "met" if any(s == "met" for *_, s in results) else \
-            "unresolved" if any(s == "unresolved" for *_, s in results) else "not met"
+        status = _any([s for *_, s in results])
         listed = ", ".join(f"{n} {d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
                            for n, d, _ in results)
         checks.append(Criterion(
@@ -430,6 +442,7 @@ def write_outputs(out: str, experiment: Any, task: Any, runs: List[Any],
                   info: Dict[str, Any], baseline: str,
                   energy_ranges: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Any]:
     os.makedirs(out, exist_ok=True)
+    runs = [_as_dict(r) for r in runs]
     rows = summarize(runs, baseline, energy_ranges=energy_ranges)
     checks = criteria(rows, baseline)
     columns: List[str] = []
@@ -448,16 +461,16 @@ def write_outputs(out: str, experiment: Any, task: Any, runs: List[Any],
                          "energy_label", "held_out_reward", "win_rate", "kl_vs_fp16",
                          "reward_spearman", *MISMATCH_KEYS])
         for r in runs:
-            steps = _field(r, "curves")
+            steps = r["curves"]
             mismatch = [_mean([c[k] for c in steps if k in c]) for k in MISMATCH_KEYS]
-            writer.writerow([_field(r, "configuration"), _field(r, "policy"), _field(r, "kind"),
-                             _field(r, "seed"), _field(r, "repetition"), _field(r, "run_tag"),
-                             _field(r, "where"), f"{energy_total(r, 'fpga_model'):.6g}",
+            writer.writerow([r["configuration"], r["policy"], r["kind"],
+                             r["seed"], r["repetition"], r["run_tag"],
+                             r["where"], f"{energy_total(r, 'fpga_model'):.6g}",
                              f"{energy_total(r, 'gpu_baseline'):.6g}",
                              f"{energy_total(r, 'gpu_baseline_sampled'):.6g}",
-                             _field(r, "energy_label"), f"{_field(r, 'held_out_reward'):.6g}",
-                             f"{_field(r, 'win_rate'):.6g}", f"{_field(r, 'kl_vs_fp16'):.6g}",
-                             f"{_field(r, 'reward_spearman'):.6g}",
+                             r.get("energy_label"), f"{r['held_out_reward']:.6g}",
+                             f"{r['win_rate']:.6g}", f"{r['kl_vs_fp16']:.6g}",
+                             f"{r['reward_spearman']:.6g}",
                              *(f"{v:.6g}" for v in mismatch)])
     summary = {"experiment": experiment.name, "task": task.description, "task_setup": task.setup,
                "ppo": dataclasses.asdict(experiment.ppo), "steps": experiment.steps,
@@ -471,7 +484,7 @@ def write_outputs(out: str, experiment: Any, task: Any, runs: List[Any],
                                     "over response tokens; π_FP16 is the same seed's baseline"},
                **info, "configurations": [_plain(r) for r in rows],
                "criteria": [c.as_dict() for c in checks],
-               "runs": [r if isinstance(r, dict) else dataclasses.asdict(r) for r in runs]}
+               "runs": runs}
     with open(os.path.join(out, "summary.json"), "w") as handle:
         json.dump(summary, handle, indent=1, default=float, allow_nan=True)
     _plots(rows, runs, out, baseline)
@@ -518,14 +531,14 @@ def _plots(rows, runs, out: str, baseline: str) -> None:
             (MISMATCH_PREFIX + "rollout_is_mean", "rollout IS weight mean (verl)"),
             (MISMATCH_PREFIX + "k3_kl", "K3 KL(rollout ‖ learner) (verl)")]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    first_seed = min(_field(r, "seed") for r in runs)
+    first_seed = min(r["seed"] for r in runs)
     for (key, title), ax in zip(keys, axes.ravel()):
         for run in runs:
-            curves = _field(run, "curves")
-            if _field(run, "repetition") == 0 and _field(run, "seed") == first_seed and curves \
+            curves = run["curves"]
+            if run["repetition"] == 0 and run["seed"] == first_seed and curves \
                     and key in curves[0]:
                 ax.plot([c["step"] for c in curves], [c[key] for c in curves],
-                        label=_field(run, "configuration"), linewidth=1)
+                        label=run["configuration"], linewidth=1)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("PPO step")
         ax.grid(True, alpha=0.3)
