@@ -2,47 +2,49 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+from typing import Dict
+
+
+def _first_cpu() -> Dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    fields: Dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if not line.strip():
+                    if fields:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
 
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC"), else what
     platform knows, else "unknown CPU"."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return _first_cpu().get("model name") or platform.processor() or "unknown CPU"
 
 
 def describe_machine(device: str = "cpu") -> str:
     """The CPU as a report names it: model, family/model numbers (AMD's name alone
     says little: "AMD EPYC" is Zen 3, 4 or 5), cores, the widest vector ISA; and the
     GPU when `device` is a CUDA device."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("cpu family", "model", "flags") and key not in fields:
-                    fields[key] = value.strip()
-                if not line.strip() and fields:
-                    break
-    except OSError:
-        pass
-    import os
+    fields = _first_cpu()
     flags = set(fields.get("flags", "").split())
     isa = "AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else \
         "AVX2" if "avx2" in flags else "no AVX2"
-    parts = [cpu_model()]
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    parts = []
     if "cpu family" in fields:
         parts.append(f"family {fields['cpu family']} model {fields.get('model', '?')}")
     parts.append(f"{os.cpu_count()} cores, {isa}")
-    text = f"{parts[0]} ({', '.join(parts[1:])})"
+    text = f"{name} ({', '.join(parts)})"
     if device.startswith("cuda"):
         try:
             import torch
@@ -55,8 +57,6 @@ def describe_machine(device: str = "cpu") -> str:
 def source_commit() -> str:
     """The git commit of the checkout this package runs from, with "-dirty" when it
     has uncommitted changes; "unknown" outside a checkout."""
-    import os
-    import subprocess
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         commit = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"],
