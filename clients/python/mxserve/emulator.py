@@ -1,0 +1,499 @@
+"""The daemon's numerics in torch: quantizers and the GEMM contract of mx/README.md,
+bit for bit, on any device.
+
+    w = emulator.quantize(weight, "MXFP4")             # rows × K, blocks of 32 along K
+    y = emulator.linear(emulator.quantize(x, "MXFP4"), w, bias)   # Y = X·Wᵀ + b, FP32
+    dx = emulator.grad_input(dy, weight, "MXFP4")      # dY·W, dY blocked along N
+    dw = emulator.grad_weight(dy, x, "MXFP4")          # dYᵀ·X, both blocked along M
+    db = emulator.column_sums(dy)                      # Σ rows, FP32, rows ascending
+
+What `offload(..., compute="local")` runs instead of calling the daemon. The
+contract, and how each part is computed here exactly:
+
+- **MX × MX.** Every element is an integer in units of its format's smallest step
+  (fewer than 8 significant bits, below 2^32), so a block's dot product is a sum of
+  32 integer products. It is computed in the cheapest arithmetic that is exact for
+  the call's actual operands: FP32 matrix products while 32·max|x|·max|w| < 2^24
+  (every partial sum an integer below 2^24, in any order: MXFP4, MXFP6 and MXINT8
+  pairs), FP64 below 2^53 (MXFP8 E4M3), and otherwise (E5M2 with E4M3 or E5M2) 16-bit
+  limbs whose four FP64 products recombine in int64. The exact dot times
+  2^(scale_x + scale_w) is rounded once to FP32: in FP64 the scaling is exact, and
+  a value carried with a sticky bit (round to odd) rounds correctly on conversion.
+  Block results are added in FP32 in ascending block order from +0.0 or the bias.
+- **INT8 × INT8.** The integer dot (exact in FP32 below 2^24, else FP64), then
+  `float(dot)·sx·sw + bias` in FP32, left to right.
+- **Everything else** (FP16, BF16, FP32, mixed kinds): both operands rounded to
+  their formats, then one FP32 fused multiply-add per k, k ascending, from the
+  bias: where the products are exact in FP32 (FP16 × FP16 always, BF16 × BF16 away
+  from the extremes of its range) a multiply and an add; otherwise an FP64 sum
+  rounded to odd, then to FP32 — a correctly rounded fma either way.
+
+Only IEEE-exact operations are used (matrix products on integers whose every
+partial sum is exact, element-wise +, ×, ÷, ldexp, conversions), so CPU and CUDA
+give the same bits; TF32 is never needed (an FP32 product on the GPU with TF32 on
+would still be exact: every MX element has at most 8 significant bits).
+Memory stays bounded: block products are computed for as many blocks at once as
+`MXSERVE_EMULATOR_TILE_BYTES` (default 256 MiB) allows.
+
+Quantizers: MX blocks of 32 with round-to-nearest-even or ties-away and the floor
+or no-saturation scale rule (mx/README.md "Quantizing a block"), INT8 per row
+(scale = amax/127), BF16/FP16 by IEEE conversion, FP32 as is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+__all__ = ["FloatOperand", "FormatSpec", "Int8Operand", "MxOperand", "Operand", "column_sums",
+           "dequantize", "element_codes", "format_spec", "grad_input", "grad_weight", "linear",
+           "path_for", "quantize", "scale_bytes"]
+
+BLOCK = 32
+SCALE_BIAS = 127
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatSpec:
+    """One format's traits, as mx/format.cc's table has them."""
+    name: str
+    kind: str           # "mx_float", "mx_int", "int8", "float"
+    bits: int
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    emax: int           # exponent of the largest normal element (MX)
+    max_normal: float
+    specials: str       # "none", "e4m3" (NaN only), "ieee"
+
+    @property
+    def is_mx(self) -> bool:
+        return self.kind in ("mx_float", "mx_int")
+
+    @property
+    def fraction_bits(self) -> int:
+        """F: elements are integers in units of 2^-F (mx::FixedPointFractionBits)."""
+        return 6 if self.kind == "mx_int" else self.mantissa_bits + self.bias - 1
+
+    @property
+    def max_fixed(self) -> float:
+        """The largest element magnitude in units of 2^-F."""
+        return self.max_normal * 2.0 ** self.fraction_bits
+
+
+_SPECS = {s.name: s for s in (
+    FormatSpec("MXFP8_E4M3", "mx_float", 8, 4, 3, 7, 8, 448.0, "e4m3"),
+    FormatSpec("MXFP8_E5M2", "mx_float", 8, 5, 2, 15, 15, 57344.0, "ieee"),
+    FormatSpec("MXFP6_E3M2", "mx_float", 6, 3, 2, 3, 4, 28.0, "none"),
+    FormatSpec("MXFP6_E2M3", "mx_float", 6, 2, 3, 1, 2, 7.5, "none"),
+    FormatSpec("MXFP4_E2M1", "mx_float", 4, 2, 1, 1, 2, 6.0, "none"),
+    FormatSpec("MXINT8", "mx_int", 8, 0, 0, 0, 0, 127.0 / 64.0, "none"),
+    FormatSpec("INT8", "int8", 8, 0, 0, 0, 0, 127.0, "none"),
+    FormatSpec("BF16", "float", 16, 8, 7, 127, 127, 3.3895313892515355e38, "ieee"),
+    FormatSpec("FP16", "float", 16, 5, 10, 15, 15, 65504.0, "ieee"),
+    FormatSpec("FP32", "float", 32, 8, 23, 127, 127, 3.4028234663852886e38, "ieee"),
+)}
+_ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
+ROUNDINGS = ("even", "away")
+SCALE_RULES = ("floor", "no_saturation")
+
+
+def format_spec(fmt: Union[str, FormatSpec]) -> FormatSpec:
+    """The traits of a format by name (case-insensitive; MXFP8/MXFP6/MXFP4 aliases)."""
+    if isinstance(fmt, FormatSpec):
+        return fmt
+    name = str(fmt).upper()
+    name = _ALIASES.get(name, name)
+    if name not in _SPECS:
+        raise ValueError(f"format: unknown format {fmt!r}; expected one of "
+                         f"{', '.join(_SPECS)} (or mxfp8, mxfp6, mxfp4)")
+    return _SPECS[name]
+
+
+# --- operands --------------------------------------------------------------------------
+
+
+class MxOperand(NamedTuple):
+    """rows × cols quantized in blocks of 32 along cols. `fixed[r, b, i]` is element
+    i of block b as an integer in units of 2^-F (FP32, exact; padding 0), `exponent`
+    the shared scale's exponent (byte - 127), `nan` the blocks whose scale is NaN."""
+    spec: FormatSpec
+    fixed: torch.Tensor      # [rows, blocks, 32] float32
+    exponent: torch.Tensor   # [rows, blocks] int32
+    nan: torch.Tensor        # [rows, blocks] bool
+    cols: int
+
+
+class Int8Operand(NamedTuple):
+    """rows × cols of INT8 codes (as float32 integers) and one FP32 scale per row."""
+    spec: FormatSpec
+    codes: torch.Tensor      # [rows, cols] float32 in -127..127
+    scale: torch.Tensor      # [rows] float32 (NaN: the row held NaN or Inf)
+    cols: int
+
+
+class FloatOperand(NamedTuple):
+    """rows × cols rounded to BF16, FP16 or FP32, widened to FP32."""
+    spec: FormatSpec
+    values: torch.Tensor     # [rows, cols] float32
+    cols: int
+
+
+Operand = Union[MxOperand, Int8Operand, FloatOperand]
+
+
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2^e in FP64, exactly, for integer e in [-1022, 1023], built from its bits
+    (torch.ldexp computes 2^e in the default dtype, FP32, first)."""
+    return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def _ldexp(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """x · 2^e for FP64 x, exact while the result stays normal."""
+    return x * _pow2(exponent)
+
+
+def _floor_log2(magnitude: torch.Tensor) -> torch.Tensor:
+    """floor(log2 |v|) of positive FP64 values, exactly (from the exponent bits)."""
+    return torch.frexp(magnitude)[1].to(torch.int32) - 1
+
+
+def _round(u: torch.Tensor, rounding: str) -> torch.Tensor:
+    """Non-negative FP64 values to integers: ties to even or away from zero."""
+    return torch.round(u) if rounding == "even" else torch.floor(u + 0.5)
+
+
+def _round_elements(spec: FormatSpec, t: torch.Tensor, rounding: str) -> torch.Tensor:
+    """|t| (FP64, already divided by the block's scale) rounded to the element grid
+    and clamped to max normal: the magnitude the element code stands for."""
+    a = t.abs()
+    if spec.kind == "mx_int":
+        return torch.clamp(_round(a * 64.0, rounding), max=127.0) / 64.0
+    emin = 1 - spec.bias
+    safe = torch.where(a > 0, a, torch.ones_like(a))
+    step = torch.clamp(_floor_log2(safe), min=emin) - spec.mantissa_bits
+    magnitude = _ldexp(_round(_ldexp(a, -step), rounding), step)
+    return torch.clamp(torch.where(a > 0, magnitude, a), max=spec.max_normal)
+
+
+def _as_float32(x: torch.Tensor, what: str) -> torch.Tensor:
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"{what}: expected a float32, float16 or bfloat16 tensor, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{what}: expected a 2-D tensor [rows, K], got shape {tuple(x.shape)}")
+    return x.float()  # BF16 and FP16 widen exactly
+
+
+def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even",
+             scale_rule: str = "floor") -> Operand:
+    """x [rows, K] (FP32, BF16 or FP16) quantized along K as the daemon does
+    (mx::QuantizeRows). `rounding` "even" or "away", `scale_rule` "floor" or
+    "no_saturation" (MX formats; INT8 rounds with `rounding` too)."""
+    spec = format_spec(fmt)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"scale_rule: expected one of {SCALE_RULES}, got {scale_rule!r}")
+    x = _as_float32(x, "x")
+    rows, cols = x.shape
+    if spec.kind == "float":
+        if spec.name == "BF16":
+            x = x.to(torch.bfloat16).float()
+        elif spec.name == "FP16":
+            x = x.half().float()
+        return FloatOperand(spec, x.contiguous(), cols)
+    if spec.kind == "int8":
+        return _quantize_int8(spec, x, rounding)
+    return _quantize_mx(spec, x, rounding, scale_rule)
+
+
+def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str) -> Int8Operand:
+    finite = torch.isfinite(x).all(dim=1)
+    amax = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x)).amax(dim=1) \
+        if x.shape[1] else torch.zeros(x.shape[0], device=x.device)
+    scale = amax / 127.0
+    q = x / scale[:, None]
+    magnitude = torch.clamp(_round(q.abs().double(), rounding), max=127.0)
+    codes = torch.where(torch.isnan(q), torch.zeros_like(q),
+                        torch.copysign(magnitude.float(), q))
+    live = (finite & (amax > 0))[:, None]
+    codes = torch.where(live, codes, torch.zeros_like(codes))
+    scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
+    return Int8Operand(spec, codes.contiguous(), scale, x.shape[1])
+
+
+def _quantize_mx(spec: FormatSpec, x: torch.Tensor, rounding: str, scale_rule: str) -> MxOperand:
+    rows, cols = x.shape
+    blocks = -(-cols // BLOCK)
+    padded = torch.zeros(rows, blocks * BLOCK, dtype=torch.float32, device=x.device)
+    padded[:, :cols] = x
+    v = padded.view(rows, blocks, BLOCK)
+    max_bits = (v.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
+    nan = max_bits >= 0x7F800000
+    amax = torch.where(nan, torch.zeros_like(max_bits), max_bits).view(torch.float32).double()
+    positive = amax > 0
+    exponent = torch.clamp(_floor_log2(torch.where(positive, amax, torch.ones_like(amax)))
+                           - spec.emax, -SCALE_BIAS, SCALE_BIAS)
+    exponent = torch.where(positive, exponent, torch.full_like(exponent, -SCALE_BIAS))
+    if scale_rule == "no_saturation":
+        # One more where amax/2^e would round past max normal (no element clamped).
+        scaled_amax = _ldexp(amax, -exponent)
+        unclamped = _round_elements(dataclasses.replace(spec, max_normal=float("inf")),
+                                    scaled_amax, rounding)
+        bump = positive & (unclamped > spec.max_normal) & (exponent < SCALE_BIAS)
+        exponent = exponent + bump.to(exponent.dtype)
+    t = torch.where(nan[:, :, None], torch.zeros_like(v), v).double()
+    t = _ldexp(t, -exponent[:, :, None])
+    magnitude = _round_elements(spec, t, rounding)
+    # + 0.0: no -0 element, so that no block dot is -0 (the daemon's integer dot
+    # of zeros is +0).
+    fixed = torch.copysign(magnitude * 2.0 ** spec.fraction_bits, t) + 0.0
+    return MxOperand(spec, fixed.float().contiguous(), exponent.to(torch.int32).contiguous(), nan,
+                     cols)
+
+
+def dequantize(op: Operand) -> torch.Tensor:
+    """The FP32 values an operand stands for, [rows, cols]."""
+    if isinstance(op, FloatOperand):
+        return op.values
+    if isinstance(op, Int8Operand):
+        return op.codes * op.scale[:, None]
+    scale = _pow2(op.exponent - op.spec.fraction_bits)
+    scale = torch.where(op.nan, torch.full_like(scale, float("nan")), scale)
+    values = (op.fixed.double() * scale[:, :, None]).float()
+    return values.reshape(values.shape[0], -1)[:, :op.cols]
+
+
+def scale_bytes(op: MxOperand) -> torch.Tensor:
+    """The E8M0 scale bytes, [rows, blocks] uint8 (255: NaN)."""
+    return torch.where(op.nan, torch.full_like(op.exponent, 255),
+                       op.exponent + SCALE_BIAS).to(torch.uint8)
+
+
+def element_codes(op: MxOperand, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The element codes, one per byte, [rows, cols] uint8. `signs` (the input, or
+    anything with its signs) sets the sign bit of codes that rounded to zero;
+    without it they are +0."""
+    spec = op.spec
+    fixed = op.fixed.double().reshape(op.fixed.shape[0], -1)[:, :op.cols]
+    magnitude = fixed.abs()
+    negative = fixed < 0
+    if signs is not None:
+        negative = negative | ((fixed == 0) & torch.signbit(signs.float()))
+    if spec.kind == "mx_int":
+        k = torch.where(negative, -magnitude, magnitude).to(torch.int64)
+        return (k & 0xFF).to(torch.uint8)
+    p = spec.mantissa_bits
+    # Subnormal codes are the fixed value itself; normal ones (1.m · 2^(E-1)) in
+    # units: fixed = (2^p + m) · 2^(E - 1).
+    safe = torch.where(magnitude > 0, magnitude, torch.ones_like(magnitude))
+    top = _floor_log2(safe).to(torch.int64)  # leading bit of the integer
+    field = torch.clamp(top - p + 1, min=0)
+    mantissa = torch.where(field > 0, _ldexp(safe, -(field - 1)) - 2.0 ** p, magnitude)
+    code = (field << p) | mantissa.to(torch.int64)
+    code = torch.where(magnitude > 0, code, torch.zeros_like(code))
+    code = code | (negative.to(torch.int64) << (spec.exponent_bits + p))
+    return code.to(torch.uint8)
+
+
+# --- the GEMM ------------------------------------------------------------------------------
+
+
+def path_for(x: Operand, w: Operand) -> str:
+    """mx::GemmPathFor: "mx_blocks", "int8" or "float"."""
+    if isinstance(x, MxOperand) and isinstance(w, MxOperand):
+        return "mx_blocks"
+    if isinstance(x, Int8Operand) and isinstance(w, Int8Operand):
+        return "int8"
+    return "float"
+
+
+def _tile_bytes() -> int:
+    return int(os.environ.get("MXSERVE_EMULATOR_TILE_BYTES", 256 << 20))
+
+
+def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Y = X·Wᵀ (+ bias) under the GEMM contract: x [M, K] and w [N, K] quantized
+    along K; returns FP32 [M, N] on their device."""
+    if x.cols != w.cols:
+        raise ValueError(f"w: expected K = {x.cols} columns to match x, got {w.cols}")
+    m, n = _rows(x), _rows(w)
+    device = _device(x)
+    if bias is not None:
+        if bias.numel() != n:
+            raise ValueError(f"bias: expected {n} values (one per row of w), got {bias.numel()}")
+        y = bias.reshape(1, n).float().to(device).expand(m, n).clone()
+    else:
+        y = torch.zeros(m, n, dtype=torch.float32, device=device)
+    if m == 0 or n == 0:
+        return y
+    path = path_for(x, w)
+    if path == "mx_blocks":
+        return _linear_mx(x, w, y)
+    if path == "int8":
+        return _linear_int8(x, w, y, bias is not None)
+    return _linear_float(dequantize(x), dequantize(w), y, x.spec, w.spec)
+
+
+def _rows(op: Operand) -> int:
+    return (op.fixed if isinstance(op, MxOperand) else
+            op.codes if isinstance(op, Int8Operand) else op.values).shape[0]
+
+
+def _device(op: Operand) -> torch.device:
+    return (op.fixed if isinstance(op, MxOperand) else
+            op.codes if isinstance(op, Int8Operand) else op.values).device
+
+
+def _linear_int8(x: Int8Operand, w: Int8Operand, y: torch.Tensor, has_bias: bool) -> torch.Tensor:
+    exact32 = 127.0 * 127.0 * x.cols < 2.0 ** 24
+    if exact32:
+        dot = x.codes @ w.codes.t()
+    else:
+        dot = (x.codes.double() @ w.codes.double().t()).float()
+    v = dot * x.scale[:, None] * w.scale[None, :]
+    return y + v if has_bias else v
+
+
+def _linear_mx(x: MxOperand, w: MxOperand, y: torch.Tensor) -> torch.Tensor:
+    m, blocks, _ = x.fixed.shape
+    n = w.fixed.shape[0]
+    bound = BLOCK * float(x.fixed.abs().max()) * float(w.fixed.abs().max()) \
+        if x.fixed.numel() and w.fixed.numel() else 0.0
+    exact = "fp32" if bound < 2.0 ** 24 else "fp64" if bound < 2.0 ** 53 else "limbs"
+    # 2^(e - F) per row and block, NaN where the scale is NaN: a NaN scale on either
+    # side makes the block NaN.
+    fx = _pow2(x.exponent - x.spec.fraction_bits)
+    fx = torch.where(x.nan, torch.full_like(fx, float("nan")), fx)
+    fw = _pow2(w.exponent - w.spec.fraction_bits)
+    fw = torch.where(w.nan, torch.full_like(fw, float("nan")), fw)
+    xb = x.fixed.permute(1, 0, 2)            # [blocks, M, 32]
+    wb = w.fixed.permute(1, 2, 0)            # [blocks, 32, N]
+    per_block = m * n * (8 if exact == "fp32" else 24)
+    group = max(1, min(blocks, _tile_bytes() // max(1, per_block)))
+    for start in range(0, blocks, group):
+        stop = min(blocks, start + group)
+        xs, ws = xb[start:stop], wb[start:stop]
+        if exact == "fp32":
+            dots = torch.bmm(xs, ws).double()
+        elif exact == "fp64":
+            dots = torch.bmm(xs.double(), ws.double())
+        else:
+            dots = _limb_dots(xs.double(), ws.double())
+        values = dots * fx[:, start:stop].t()[:, :, None] * fw[:, start:stop].t()[:, None, :]
+        values = values.float()
+        for b in range(stop - start):
+            y = y + values[b]  # FP32, ascending blocks: the contract's order
+    return y
+
+
+def _limb_dots(xs: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """Exact block dots whose sums may pass 2^53 (E5M2 with E4M3 or E5M2), as FP64
+    values rounded to odd — so one more rounding (to FP32, after an exact scaling)
+    is a correct single rounding. Each operand splits into 16-bit limbs (x = h·2^16
+    + l, exact); the four limb products stay below 2^37 (exact in FP64) and
+    recombine in int64."""
+    unit = 65536.0
+    xh, wh = torch.trunc(xs / unit), torch.trunc(ws / unit)
+    xl, wl = xs - xh * unit, ws - wh * unit
+    hh = torch.bmm(xh, wh).to(torch.int64)
+    mid = (torch.bmm(xh, wl) + torch.bmm(xl, wh)).to(torch.int64)
+    ll = torch.bmm(xl, wl).to(torch.int64)
+    low = mid * 65536 + ll                   # |low| < 2^55
+    high = hh + torch.div(low, 1 << 32, rounding_mode="floor")
+    low = low - torch.div(low, 1 << 32, rounding_mode="floor") * (1 << 32)  # [0, 2^32)
+    a = high.double() * 2.0 ** 32            # exact: |high| < 2^39
+    b = low.double()                         # exact: < 2^32
+    return _sum_round_to_odd(a, b)
+
+
+def _sum_round_to_odd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b (finite FP64) rounded to odd: the nearest FP64 below or above the exact
+    sum whose last significand bit is 1 when the sum is inexact. Rounding that to
+    a format of 51 or fewer bits rounds the exact sum correctly."""
+    s = a + b
+    bv = s - a
+    error = (a - (s - bv)) + (b - bv)        # TwoSum: s + error == a + b exactly
+    bits = s.view(torch.int64)
+    even = (bits & 1) == 0
+    inexact = (error != 0) & torch.isfinite(s)
+    # One step away from zero when the error has s's sign, else toward it.
+    step = torch.where((error > 0) == (s > 0), torch.ones_like(bits), -torch.ones_like(bits))
+    return torch.where(inexact & even, bits + step, bits).view(torch.float64)
+
+
+def _linear_float(xv: torch.Tensor, wv: torch.Tensor, y: torch.Tensor, x_spec: FormatSpec,
+                  w_spec: FormatSpec) -> torch.Tensor:
+    """y = fma(x_k, w_k, y) in FP32 for k ascending (mx::ReferenceLinear's float path)."""
+    if _products_exact_in_fp32(xv, wv, x_spec, w_spec):
+        wt = wv.t().contiguous()
+        for k in range(xv.shape[1]):
+            y = y + xv[:, k:k + 1] * wt[k:k + 1, :]
+        return y
+    xd, wd = xv.double(), wv.t().double().contiguous()
+    for k in range(xv.shape[1]):
+        product = xd[:, k:k + 1] * wd[k:k + 1, :]      # exact: 24 + 24 bits
+        y = _sum_round_to_odd_special(product, y.double()).float()
+    return y
+
+
+def _sum_round_to_odd_special(p: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """p + c rounded to odd where finite; IEEE (Inf, NaN) elsewhere."""
+    s = p + c
+    finite = torch.isfinite(s)
+    if bool(finite.all()):
+        return _sum_round_to_odd(p, c)
+    safe_p = torch.where(finite, p, torch.zeros_like(p))
+    safe_c = torch.where(finite, c, torch.zeros_like(c))
+    return torch.where(finite, _sum_round_to_odd(safe_p, safe_c), s)
+
+
+def _products_exact_in_fp32(xv: torch.Tensor, wv: torch.Tensor, x_spec: FormatSpec,
+                            w_spec: FormatSpec) -> bool:
+    """Whether every product x·w is exact in FP32, so that a multiply then an add
+    is the fma: FP16 × FP16 always (22 significant bits, 2^-48 to 2^32); BF16 ×
+    BF16 (16 bits) while no product falls below 2^-133 or reaches 2^128."""
+    names = {x_spec.name, w_spec.name}
+    if names == {"FP16"}:
+        return True
+    if names != {"BF16"} or xv.numel() == 0 or wv.numel() == 0:
+        return names == {"BF16"}
+    ax, aw = xv.abs(), wv.abs()
+    if not (torch.isfinite(ax).all() and torch.isfinite(aw).all()):
+        return False
+    big = float(ax.max()) * float(aw.max())
+    small_x = ax[ax > 0].min() if bool((ax > 0).any()) else None
+    small_w = aw[aw > 0].min() if bool((aw > 0).any()) else None
+    small = float(small_x) * float(small_w) if small_x is not None and small_w is not None \
+        else 1.0
+    return big < 2.0 ** 127 and small >= 2.0 ** -133
+
+
+# --- layers ----------------------------------------------------------------------------
+
+
+def column_sums(dy: torch.Tensor) -> torch.Tensor:
+    """Σ over rows of dY in FP32, rows ascending from +0.0 (mx::ColumnSums): the
+    daemon's grad_bias."""
+    dy = _as_float32(dy, "grad_output")
+    sums = torch.zeros(dy.shape[1], dtype=torch.float32, device=dy.device)
+    for r in range(dy.shape[0]):
+        sums = sums + dy[r]
+    return sums
+
+
+def grad_input(dy: torch.Tensor, weight: Union[torch.Tensor, Operand],
+               fmt: Union[str, FormatSpec]) -> torch.Tensor:
+    """dY [M, N] · W [N, K] → [M, K]: dY quantized along N (its rows), W along N
+    (its columns) — the daemon's LayerBackward. `weight` may be W already
+    quantized as Wᵀ (quantize(W.t(), fmt))."""
+    wt = weight if not isinstance(weight, torch.Tensor) else quantize(weight.t(), fmt)
+    return linear(quantize(dy, fmt), wt)
+
+
+def grad_weight(dy: torch.Tensor, x: torch.Tensor, fmt: Union[str, FormatSpec]) -> torch.Tensor:
+    """dYᵀ [N, M] · X [M, K] → [N, K]: both quantized along M (their columns)."""
+    return linear(quantize(dy.t(), fmt), quantize(x.t(), fmt))
