@@ -249,9 +249,14 @@ TEST_F(ReportWorkTest, ManyCallsOfOneSeriesSumInTheSameOrder) {
     const std::string run = absl::StrCat("long/", attempt);
     std::vector<v1::WorkCall> calls;
     const double start = std::floor(UnixNow());
-    for (int i = 0; i < 9; ++i) {
-      const int64_t m = 1 + (i * 7) % 13;
-      const mx::Format format = i % 3 == 0 ? kMxfp4 : (i % 3 == 1 ? kMxfp8 : kBf16);
+    // Nine calls of assorted sizes and formats, then four identical ones (reported as
+    // one WorkCall with count 4: added one at a time onto what came before, which
+    // is not the sum plus 4 × their joules), then another.
+    for (int i = 0; i < 14; ++i) {
+      const bool repeated = i >= 9 && i < 13;
+      const int64_t m = repeated ? 5 : 1 + (i * 7) % 13;
+      const mx::Format format =
+          repeated ? kMxfp8 : (i % 3 == 0 ? kMxfp4 : (i % 3 == 1 ? kMxfp8 : kBf16));
       v1::LayerForwardRequest request =
           ForwardRequest("m", layer, v1::PHASE_ROLLOUT, static_cast<int>(format),
                          TestValues(static_cast<size_t>(m * layer.in), 3 + i), m);
@@ -259,8 +264,13 @@ TEST_F(ReportWorkTest, ManyCallsOfOneSeriesSumInTheSameOrder) {
       grpc::ClientContext context;
       v1::LayerForwardResponse response;
       ASSERT_TRUE(compute->LayerForward(&context, request, &response).ok());
-      calls.push_back(Forward(v1::PHASE_ROLLOUT, run, "m", layer, format, m));
+      if (repeated && i > 9) {
+        calls.back().set_count(calls.back().count() + 1);
+      } else {
+        calls.push_back(Forward(v1::PHASE_ROLLOUT, run, "m", layer, format, m));
+      }
     }
+    ASSERT_EQ(calls.size(), 11u);
     const bool one_second = std::floor(UnixNow()) == start;
     v1::ReportWorkResponse response;
     ASSERT_TRUE(ReportWork(reporter.channel(), calls, &response).ok());
@@ -400,8 +410,8 @@ TEST_F(ReportWorkRefusals, EveryFieldIsCheckedAndNothingIsBooked) {
   ASSERT_TRUE(ReportWork(daemon_.channel(), {good_}, &response).ok());
   EXPECT_EQ(response.calls(), 1u);
   EXPECT_EQ(BookedRequests(), (uint64_t{1} << 22) + 1);
-  const v1::EnergyEntry* e =
-      FindEnergyEntry(Report(daemon_.channel(), "exp/ok"), "fpga_model", v1::PHASE_ROLLOUT);
+  const v1::EnergyReport ok = Report(daemon_.channel(), "exp/ok");
+  const v1::EnergyEntry* e = FindEnergyEntry(ok, "fpga_model", v1::PHASE_ROLLOUT);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->emulated_requests(), (uint64_t{1} << 22) + 1);
   EXPECT_EQ(AwaitMetric(daemon_.metrics_address(),
