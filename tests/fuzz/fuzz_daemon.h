@@ -11,8 +11,10 @@
 #include <string>
 
 #include "grpcpp/grpcpp.h"
+#include "mxserve/v1/telemetry.pb.h"
 #include "server/daemon.h"
 #include "server/telemetry/log.h"
+#include "tests/daemon/raw_call.h"
 
 namespace mx_fuzz {
 
@@ -36,6 +38,22 @@ inline std::shared_ptr<grpc::Channel> StartFuzzDaemon(
   }
   mxserve::Daemon* daemon = started->release();  // lives as long as the process
   return grpc::CreateChannel(daemon->grpc_address(), grpc::InsecureChannelCredentials());
+}
+
+// The daemon's energy report, every run together; aborts, naming `target`, when
+// it cannot be read.
+inline mxserve::v1::EnergyReport EnergyReport(const std::shared_ptr<grpc::Channel>& channel,
+                                              const char* target) {
+  const mx_test::RawResult result =
+      mx_test::RawCall(channel, "/mxserve.v1.Telemetry/GetEnergyReport", {""});
+  mxserve::v1::EnergyReport report;
+  if (!result.status.ok() || result.responses.empty() ||
+      !report.ParseFromString(result.responses[0])) {
+    std::fprintf(stderr, "%s: GetEnergyReport failed: %s\n", target,
+                 result.status.error_message().c_str());
+    std::abort();
+  }
+  return report;
 }
 
 }  // namespace mx_fuzz

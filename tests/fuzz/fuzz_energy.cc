@@ -55,13 +55,7 @@ double Now() {
 // Joules of every source the clients report (all but the daemon's own), every
 // run together: folding runs away keeps this total exact.
 double ReportedJoules() {
-  const mx_test::RawResult result =
-      mx_test::RawCall(channel, "/mxserve.v1.Telemetry/GetEnergyReport", {""});
-  v1::EnergyReport report;
-  if (!result.status.ok() || result.responses.empty() ||
-      !report.ParseFromString(result.responses[0])) {
-    Fail("GetEnergyReport failed: " + result.status.error_message());
-  }
+  const v1::EnergyReport report = mx_fuzz::EnergyReport(channel, "fuzz_energy");
   double joules = 0;
   for (const auto& e : report.entries()) {
     if (e.source() != "fpga_model" && e.source() != "fpga") joules += e.joules();

@@ -54,13 +54,7 @@ struct Books {
 
 // fpga_model's entries, every run together.
 Books ModelBooks() {
-  const mx_test::RawResult result =
-      mx_test::RawCall(channel, "/mxserve.v1.Telemetry/GetEnergyReport", {""});
-  v1::EnergyReport report;
-  if (!result.status.ok() || result.responses.empty() ||
-      !report.ParseFromString(result.responses[0])) {
-    Fail("GetEnergyReport failed: " + result.status.error_message());
-  }
+  const v1::EnergyReport report = mx_fuzz::EnergyReport(channel, "fuzz_work");
   Books books;
   for (const auto& e : report.entries()) {
     if (e.source() != "fpga_model") continue;
