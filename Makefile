@@ -132,9 +132,9 @@ test-tsan: deps
 fuzz: deps
 	@cmake -S . -B $(ASAN_DIR) $(SANITIZER_CMAKE) -DMXSERVE_SANITIZE=address,undefined \
 	       -DMXSERVE_FUZZ=ON >/dev/null
-	@cmake --build $(ASAN_DIR) -j$(JOBS) --target fuzz_rpc fuzz_energy fuzz_safetensors fuzz_policy \
+	@cmake --build $(ASAN_DIR) -j$(JOBS) --target fuzz_rpc fuzz_energy fuzz_work fuzz_safetensors fuzz_policy \
 	       fuzz_operands fuzz_auth_tokens fuzz_seeds
-	@for t in rpc energy safetensors policy operands auth_tokens; do \
+	@for t in rpc energy work safetensors policy operands auth_tokens; do \
 	  echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
 	  ( cd $(ASAN_DIR)/tests/fuzz/work/$$t && ../../../../bin/fuzz_$$t \
 	      -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \

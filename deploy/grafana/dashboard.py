@@ -198,6 +198,13 @@ def build() -> dict:
             "Floating-point operations per second of the served GEMMs (2·M·N·K each).", "flops",
             [(f"sum by (phase, format) ({rate('mxserve_flops_total', I, P, F)})",
               "{{phase}} {{format}}")])
+    d.panel("timeseries", "Reported (emulated) calls/s by phase × format",
+            "Layer calls per second that clients computed in their own process and reported "
+            "(Telemetry.ReportWork, compute=\"local\"), by phase, format and call (forward, "
+            "backward). Their FPGA-model energy, FLOPs and bytes are in the panels above as "
+            "served calls'; they are not in Requests/s or the latency panels.", "reqps",
+            [(f"sum by (phase, format, call) ({rate('mxserve_emulated_calls_total', I, P, F)})",
+              "{{phase}} {{format}} {{call}}")])
     d.panel("timeseries", "Device busy share by phase",
             "Seconds busy per second of wall time, per source and phase (modelled for "
             "fpga_model, measured for the board and the GPU baseline).", "percentunit",

@@ -144,6 +144,44 @@ fpga_model::GemmEstimate Sum(const fpga_model::GemmEstimate& a, const fpga_model
           .joules = a.joules + b.joules};
 }
 
+}  // namespace
+
+LayerCallCost PriceForward(const ComputeContext& core, mx::Format x, mx::Format w, int64_t m,
+                           int64_t n, int64_t k) {
+  return {.model = fpga_model::EstimateGemm(core.energy_model, x, w, m, n, k),
+          .flops = 2.0 * m * n * k};
+}
+
+LayerCallCost PriceBackward(const ComputeContext& core, mx::Format format, int64_t m, int64_t n,
+                            int64_t k, bool grad_input, bool grad_weight) {
+  fpga_model::GemmEstimate model{};
+  if (grad_input) model = fpga_model::EstimateGemm(core.energy_model, format, format, m, k, n);
+  if (grad_weight) {
+    model = Sum(model, fpga_model::EstimateGemm(core.energy_model, format, format, n, k, m));
+  }
+  return {.model = model, .flops = ((grad_input ? 2.0 : 0.0) + (grad_weight ? 2.0 : 0.0)) * m * n * k};
+}
+
+void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
+                       mx::Format format, const LayerCallCost& cost, uint64_t times, double when) {
+  core.ledger->Add("fpga_model", phase, run, when,
+                   {.joules = cost.model.joules,
+                    .busy_seconds = cost.model.seconds,
+                    .requests = 1,
+                    .emulated_requests = 1},
+                   times);
+  core.metrics->RecordEmulatedCompute({.rpc = rpc,
+                                       .phase = phase,
+                                       .format = format,
+                                       .flops = cost.flops,
+                                       .bytes = cost.model.bytes,
+                                       .model_seconds = cost.model.seconds,
+                                       .model_joules = cost.model.joules},
+                                      times);
+}
+
+namespace {
+
 // How a request asks for its weight copy: an update-phase one slices
 // (CopyUse::kUpdate) unless mxserved --update-copies cache.
 CopyUse CopyUseOf(const ComputeContext& core, bool update_phase) {
@@ -403,12 +441,11 @@ class ForwardItem final : public ComputeItem {
   void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
               double queue_seconds, double compute_seconds, const std::string& kernel) {
     if (!y.empty()) EncodeMatrix(y, m, n, response_->mutable_output());
-    const auto model =
-        fpga_model::EstimateGemm(core_.energy_model, x_.format, weight_format_, m, n, k);
+    const LayerCallCost cost = PriceForward(core_, x_.format, weight_format_, m, n, k);
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
-             compute_seconds, model, kernel, response_->mutable_info());
+             compute_seconds, cost.model, kernel, response_->mutable_info());
     Account(core_, Rpc::kLayerForward, phase_, run_, weight_format_, arrival, queue_seconds,
-            2.0 * m * n * k, model, compute_seconds / static_cast<double>(batch));
+            cost.flops, cost.model, compute_seconds / static_cast<double>(batch));
     done_(absl::OkStatus());
   }
 
@@ -445,12 +482,8 @@ class BackwardItem final : public ComputeItem {
     const int64_t m = grad_output_.rows, n = grad_output_.cols, k = weights.spec().in_features;
     // grad_input unless a row range, grad_weight with the input, grad_bias with a bias.
     const bool want_input_grad = !weight_rows_only_;
-    fpga_model::GemmEstimate model{};
-    if (want_input_grad) model = fpga_model::EstimateGemm(core_.energy_model, format_, format_, m, k, n);
-    if (input_) {
-      model = Sum(model, fpga_model::EstimateGemm(core_.energy_model, format_, format_, n, k, m));
-    }
-    const double flops = ((want_input_grad ? 2.0 : 0.0) + (input_ ? 2.0 : 0.0)) * m * n * k;
+    const auto [model, flops] =
+        PriceBackward(core_, format_, m, n, k, want_input_grad, input_.has_value());
     if (!core_.backend->computes()) {
       if (want_input_grad) ZeroMatrix(m, k, response_->mutable_grad_input());
       if (input_) ZeroMatrix(n, k, response_->mutable_grad_weight());

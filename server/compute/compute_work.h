@@ -29,6 +29,31 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
                                                           v1::LayerBackwardResponse* response,
                                                           CallInfo call, Done done);
 
+// What one layer call costs in the FPGA model, and its FLOPs. LayerForward and
+// LayerBackward price what they ran with these, and Telemetry.ReportWork prices
+// the calls a client ran itself with the same functions, so both book the same
+// doubles.
+struct LayerCallCost {
+  fpga_model::GemmEstimate model;
+  double flops = 0;
+};
+// Y (M×N) = X (M×K, format x) · Wᵀ (format w).
+LayerCallCost PriceForward(const ComputeContext& core, mx::Format x, mx::Format w, int64_t m,
+                           int64_t n, int64_t k);
+// grad_input (M×K) = dY (M×N) · W and grad_weight (N×K) = dYᵀ · X, each when
+// asked for, their estimates summed in that order.
+LayerCallCost PriceBackward(const ComputeContext& core, mx::Format format, int64_t m, int64_t n,
+                            int64_t k, bool grad_input, bool grad_weight);
+
+// Books `times` identical layer calls a client computed itself (ReportWork; `rpc`
+// kLayerForward or kLayerBackward, the call they stand for) as Account books a
+// served one's FPGA-model energy, one call after another: the fpga_model ledger
+// entry (marked emulated) at Unix time `when`, the FLOPs, bytes and energy
+// counters. Whatever the backend (the client did compute); nothing for source
+// "fpga" (no board ran them) and no latency (nothing was timed here).
+void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
+                       mx::Format format, const LayerCallCost& cost, uint64_t times, double when);
+
 // The format the model's active policy gives (phase, layer), or the explicit one.
 absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view,
                                               Phase phase, v1::Format requested);

@@ -23,6 +23,7 @@ AccessRule RuleOf(Rpc rpc) {
     case Rpc::kGetProfile:
     case Rpc::kListProfiles:
     case Rpc::kExportProfile:
+    case Rpc::kReportWork:  // books compute, as LayerForward does
       return {Role::kCompute, Owned::kNothing};
     case Rpc::kRegisterModel:  // creates a model its caller owns
     case Rpc::kReportPower:    // attributed to its caller

@@ -8,8 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "mx/checked_math.h"
 #include "mx/status_macros.h"
 #include "server/base/label.h"
+#include "server/compute/compute_work.h"
 #include "server/compute/wire.h"
 #include "server/rpc/call.h"
 #include "server/telemetry/clock.h"
@@ -236,6 +238,147 @@ class EnergyReactor final
   std::map<std::tuple<std::string, std::string>, double> last_end_;
 };
 
+// One WorkCall of a ReportWork message, checked and priced: what booking it needs.
+struct PricedWorkCall {
+  Rpc rpc;  // kLayerForward or kLayerBackward: the call it stands for
+  Phase phase;
+  mx::Format format;
+  LayerCallCost cost;
+  uint64_t count;
+};
+
+// Checks `call` (the message's `field`, "calls[i]") and prices it as the daemon
+// prices the LayerForward or LayerBackward it stands for. The layer must be
+// registered; its weights need not be published (a client computing locally
+// registers its specs and never uploads weights).
+absl::StatusOr<PricedWorkCall> PriceWorkCall(const Core& core, const v1::WorkCall& call,
+                                             const std::string& field) {
+  MX_ASSIGN_OR_RETURN(Phase phase, FromProto(call.phase(), absl::StrCat(field, ".phase")));
+  MX_RETURN_IF_ERROR(CheckRunTag(call.run(), absl::StrCat(field, ".run")));
+  const bool forward = call.call() == v1::WORK_CALL_KIND_FORWARD;
+  if (!forward && call.call() != v1::WORK_CALL_KIND_BACKWARD) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".call: expected WORK_CALL_KIND_FORWARD or WORK_CALL_KIND_BACKWARD, got ",
+        call.call() == v1::WORK_CALL_KIND_UNSPECIFIED ? std::string("unspecified")
+                                                      : absl::StrCat(call.call())));
+  }
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format,
+                      FromProto(call.format(), absl::StrCat(field, ".format")));
+  if (!format) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".format: required (the format the call ran in; there is no policy to resolve); "
+               "expected one of ",
+        mx::FormatNameList()));
+  }
+  // The registry names the field "model" or "layer": prefixed, "calls[i].model".
+  absl::StatusOr<LayerSpec> spec = core.registry->FindLayer(call.model(), call.layer(), "layer");
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(field, ".", spec.status().message()));
+  }
+  const auto out_features = static_cast<uint64_t>(spec->out_features);
+  const auto in_features = static_cast<uint64_t>(spec->in_features);
+  const std::string layer = absl::StrCat(" of layer ", Quote(spec->name));
+  if (call.m() < 1 || call.m() > kMaxWorkRows) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".m: expected 1 to ", kMaxWorkRows,
+                                                   " (rows of X, or of grad_output), got ",
+                                                   call.m()));
+  }
+  uint64_t n = call.n() == 0 ? out_features : call.n();
+  if (forward && n != out_features) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".n: expected 0 or ", out_features,
+                                                   " (out_features", layer,
+                                                   ") for a forward call, got ", call.n()));
+  }
+  if (!forward && n > out_features) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".n: expected 0 or 1 to ", out_features, " (out_features", layer,
+        ", or the width of a weight_rows slice) for a backward call, got ", call.n()));
+  }
+  if (!forward && call.grad_input() && n != out_features) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".n: expected 0 or ", out_features, " (out_features", layer,
+        ") for a backward call with grad_input (a weight_rows slice computes grad_weight only), "
+        "got ",
+        call.n()));
+  }
+  if (forward && (call.grad_input() || call.grad_weight())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, call.grad_input() ? ".grad_input" : ".grad_weight",
+                     ": expected false for a forward call (it runs no gradient)"));
+  }
+  if (!forward && !call.grad_input() && !call.grad_weight()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field,
+                     ".grad_weight: a backward call runs grad_input, grad_weight or both; "
+                     "got neither"));
+  }
+  const std::optional<uint64_t> macs = mx::CheckedProduct({call.m(), n, in_features});
+  if (!macs || *macs > kMaxWorkCallMacs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".m: m × n × in_features = ", call.m(), " × ", n, " × ", in_features, layer,
+        " is over ", kMaxWorkCallMacs, " multiply-accumulates; report fewer rows per call"));
+  }
+  if (call.count() < 1 || call.count() > kMaxWorkCallCount) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".count: expected 1 to ",
+                                                   kMaxWorkCallCount, ", got ", call.count()));
+  }
+  // m, n and in_features are at most 2^53 each here: int64 holds them.
+  const auto m = static_cast<int64_t>(call.m()), n64 = static_cast<int64_t>(n);
+  const int64_t k = spec->in_features;
+  return PricedWorkCall{
+      .rpc = forward ? Rpc::kLayerForward : Rpc::kLayerBackward,
+      .phase = phase,
+      .format = *format,
+      .cost = forward ? PriceForward(core, *format, *format, m, n64, k)
+                      : PriceBackward(core, *format, m, n64, k, call.grad_input(),
+                                      call.grad_weight()),
+      .count = call.count()};
+}
+
+// ReportWork: every call checked and priced first (a bad one books nothing),
+// then booked in message order, each `count` times, at one instant.
+absl::Status BookReportedWork(const Core& core, const v1::ReportWorkRequest& request,
+                              v1::ReportWorkResponse* response) {
+  if (request.calls().empty() || static_cast<size_t>(request.calls_size()) > kMaxWorkCalls) {
+    return absl::InvalidArgumentError(absl::StrCat("calls: expected 1 to ", kMaxWorkCalls,
+                                                   " calls per message, got ",
+                                                   request.calls_size(),
+                                                   request.calls().empty()
+                                                       ? ""
+                                                       : "; send them in several messages"));
+  }
+  std::vector<PricedWorkCall> priced;
+  priced.reserve(request.calls().size());
+  uint64_t booked = 0;
+  for (int i = 0; i < request.calls_size(); ++i) {
+    const std::string field = absl::StrCat("calls[", i, "]");
+    MX_ASSIGN_OR_RETURN(PricedWorkCall call, PriceWorkCall(core, request.calls(i), field));
+    const std::optional<uint64_t> total = mx::CheckedAdd(booked, call.count);
+    if (!total || *total > kMaxWorkCallsBooked) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".count: the counts of calls[0..", i, "] add up to more than ",
+          kMaxWorkCallsBooked, ", the most one message books; send the rest in another message"));
+    }
+    booked = *total;
+    priced.push_back(call);
+  }
+  const double now = UnixSeconds();
+  double joules = 0, seconds = 0;
+  for (int i = 0; i < request.calls_size(); ++i) {
+    const PricedWorkCall& call = priced[static_cast<size_t>(i)];
+    BookEmulatedCalls(core, call.rpc, call.phase, request.calls(i).run(), call.format, call.cost,
+                      call.count, now);
+    for (uint64_t c = 0; c < call.count; ++c) {
+      joules += call.cost.model.joules;
+      seconds += call.cost.model.seconds;
+    }
+  }
+  response->set_calls(booked);
+  response->set_model_joules(joules);
+  response->set_model_seconds(seconds);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status TelemetryService::AdmitSeries(const std::string& source, const std::string& device,
@@ -295,11 +438,34 @@ grpc::ServerUnaryReactor* TelemetryService::GetEnergyReport(grpc::CallbackServer
           entry->set_joules(row.amount.joules);
           entry->set_busy_seconds(row.amount.busy_seconds);
           entry->set_requests(row.amount.requests);
+          entry->set_emulated_requests(row.amount.emulated_requests);
         }
         out->set_since_seconds(r.since_seconds());
         out->set_run(r.run());
         out->set_until_seconds(UnixSeconds());
         return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* TelemetryService::ReportWork(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return ServeNow<v1::ReportWorkRequest, v1::ReportWorkResponse>(
+      core_, Rpc::kReportWork, context, request, response,
+      [this](const v1::ReportWorkRequest& r, v1::ReportWorkResponse* out,
+             const CallRecord& record) -> absl::Status {
+        absl::Status status = BookReportedWork(core_, r, out);
+        // Who booked what: reported work is attributed to the caller's principal.
+        if (!status.ok()) {
+          Log(LogLevel::kWarning, "work_rejected",
+              {{"principal", record.principal().name}, {"message", CapMessage(status.message())}});
+        } else {
+          Log(LogLevel::kInfo, "work_reported",
+              {{"principal", record.principal().name},
+               {"calls", absl::StrCat(out->calls())},
+               {"joules", absl::StrCat(out->model_joules())}});
+        }
+        return status;
       });
 }
 

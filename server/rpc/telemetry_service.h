@@ -1,5 +1,5 @@
-// mxserve.v1.Telemetry: power samples and measured energy intervals in, energy
-// reports out.
+// mxserve.v1.Telemetry: power samples, measured energy intervals and the layer
+// calls clients computed themselves (ReportWork) in, energy reports out.
 //
 // Power samples come from outside the daemon and become metric labels and
 // ledger entries, so they are bounded: source and device names are short and
@@ -40,9 +40,21 @@ inline constexpr double kMaxEnergyIntervalSeconds = 3600;
 // that belongs partly to the time just before it.
 inline constexpr double kEnergyCounterSlackSeconds = 0.25;
 
+// ReportWork's bounds (telemetry.proto): WorkCall entries in one message, the
+// count of one, the counts of one message together (the booking loop on gRPC's
+// thread stays well under a second), and the rows (m) of one call.
+inline constexpr size_t kMaxWorkCalls = size_t{1} << 16;
+inline constexpr uint64_t kMaxWorkCallCount = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxWorkCallsBooked = uint64_t{1} << 22;
+inline constexpr uint64_t kMaxWorkRows = uint64_t{1} << 32;
+// A call's multiply-accumulates (m × n × k) at most this: the FPGA model's MAC
+// count of it is then an exact double.
+inline constexpr uint64_t kMaxWorkCallMacs = uint64_t{1} << 53;
+
 using RawTelemetryService = v1::Telemetry::WithRawCallbackMethod_ReportPower<
     v1::Telemetry::WithRawCallbackMethod_ReportEnergy<
-        v1::Telemetry::WithRawCallbackMethod_GetEnergyReport<v1::Telemetry::Service>>>;
+        v1::Telemetry::WithRawCallbackMethod_GetEnergyReport<
+            v1::Telemetry::WithRawCallbackMethod_ReportWork<v1::Telemetry::Service>>>>;
 
 class TelemetryService final : public RawTelemetryService {
  public:
@@ -55,6 +67,9 @@ class TelemetryService final : public RawTelemetryService {
   grpc::ServerUnaryReactor* GetEnergyReport(grpc::CallbackServerContext* context,
                                             const grpc::ByteBuffer* request,
                                             grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ReportWork(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
   // OK when samples or intervals of (source, device) may be accounted: the source is not
   // reserved and is allowed, and the pair is known or there is room for it.

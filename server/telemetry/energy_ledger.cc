@@ -38,13 +38,13 @@ EnergyAmount EnergyLedger::AmountSince(const Series& series, double since) {
 }
 
 void EnergyLedger::Add(const std::string& source, Phase phase, const std::string& run, double when,
-                       const EnergyAmount& amount) {
+                       const EnergyAmount& amount, uint64_t times) {
   const int64_t second = static_cast<int64_t>(std::floor(when));
   MutexLock lock(&mu_);
   if (!run.empty()) TouchRun(run);
   Series& series = series_[{run, source, phase}];
   auto [bucket, added] = series.seconds.try_emplace(second);
-  bucket->second.Add(amount);
+  for (uint64_t i = 0; i < times; ++i) bucket->second.Add(amount);
   const size_t folded =
       FoldSecondsBefore(series, second - static_cast<int64_t>(limits_.retention_seconds));
   if (run.empty()) return;

@@ -37,10 +37,14 @@ struct EnergyAmount {
   double joules = 0;
   double busy_seconds = 0;
   uint64_t requests = 0;
+  // Of `requests`, the layer calls a client computed itself and reported
+  // (Telemetry.ReportWork): booked as the daemon's own, and marked.
+  uint64_t emulated_requests = 0;
   void Add(const EnergyAmount& other) {
     joules += other.joules;
     busy_seconds += other.busy_seconds;
     requests += other.requests;
+    emulated_requests += other.emulated_requests;
   }
 };
 
@@ -71,9 +75,10 @@ class EnergyLedger {
   explicit EnergyLedger(EnergyLedgerLimits limits = {});
 
   // Accounts `amount` at Unix time `when` (seconds) to (source, phase, run);
-  // `run` kUntagged ("") for untagged energy.
+  // `run` kUntagged ("") for untagged energy. With `times`, that many times over,
+  // one addition after another: the same doubles as `times` calls of Add.
   void Add(const std::string& source, Phase phase, const std::string& run, double when,
-           const EnergyAmount& amount);
+           const EnergyAmount& amount, uint64_t times = 1);
   // Sums per (source, phase) of everything accounted at or after `since` (0: all),
   // rounded down to the second: of every run together (`run` kAllRuns), or of
   // one run (no rows for a run not held). Rows sorted by source, then phase.

@@ -19,7 +19,7 @@ constexpr std::array<absl::string_view, static_cast<int>(Rpc::kCount)> kRpcNames
     "GetPolicy",      "ListPolicies",  "DeletePolicy",    "SetActivePolicy",
     "ResolvePolicy",  "ReportPower",   "GetEnergyReport", "ProfileModel",
     "GetProfile",     "ListProfiles",  "ExportProfile",   "DeleteProfile",
-    "GeneratePolicy", "ReportEnergy",
+    "GeneratePolicy", "ReportEnergy",  "ReportWork",
 };
 
 constexpr absl::string_view kModelSource = "fpga_model";
@@ -78,6 +78,14 @@ Metrics::Metrics(std::string backend)
                "Device energy of the served compute requests by source (fpga_model; fpga where "
                "the board measures power), phase and the weight's format; summed over format "
                "it is mxserve_energy_joules_total of that source")
+           .Register(*registry_);
+  emulated_family_ =
+      &BuildCounter()
+           .Name("mxserve_emulated_calls_total")
+           .Help(
+               "Layer calls clients computed themselves and reported (Telemetry.ReportWork), by "
+               "phase, format and call (forward, backward); their FLOPs, bytes and fpga_model "
+               "energy are in the same counters as the served requests'")
            .Register(*registry_);
   power_family_ = &BuildGauge()
                        .Name("mxserve_power_watts")
@@ -172,13 +180,39 @@ void Metrics::RecordCompute(const ComputeRecord& r) {
   ComputeSeries* series = Compute(r.rpc, r.phase, r.format);
   series->requests->Increment();
   series->latency->Observe(r.latency_seconds);
-  series->flops->Increment(r.flops);
-  series->bytes->Increment(r.bytes);
   queue_[static_cast<int>(r.phase)]->Observe(r.queue_seconds);
-  series->model_joules->Increment(r.model_joules);
+  RecordModelWork(*series, r);
+}
+
+void Metrics::RecordModelWork(const ComputeSeries& series, const ComputeRecord& r) {
+  series.flops->Increment(r.flops);
+  series.bytes->Increment(r.bytes);
+  series.model_joules->Increment(r.model_joules);
   EnergySeries* energy = model_energy_[static_cast<int>(r.phase)];
   energy->joules->Increment(r.model_joules);
   energy->busy->Increment(r.model_seconds);
+}
+
+void Metrics::RecordEmulatedCompute(const ComputeRecord& r, uint64_t times) {
+  const ComputeSeries* series = Compute(r.rpc, r.phase, r.format);
+  // One call at a time: the counters' doubles come out as if each had been served.
+  for (uint64_t i = 0; i < times; ++i) RecordModelWork(*series, r);
+  EmulatedCalls(r.rpc, r.phase, r.format)->Increment(static_cast<double>(times));
+}
+
+prometheus::Counter* Metrics::EmulatedCalls(Rpc rpc, Phase phase, mx::Format format) {
+  const bool backward = rpc == Rpc::kLayerBackward;
+  const int index = ((backward ? 1 : 0) * 3 + static_cast<int>(phase)) * mx::kFormatCount +
+                    static_cast<int>(format);
+  if (prometheus::Counter* c = emulated_[index].load(std::memory_order_acquire)) return c;
+  MutexLock lock(&mu_);
+  if (prometheus::Counter* c = emulated_[index].load(std::memory_order_acquire)) return c;
+  prometheus::Counter* counter =
+      &emulated_family_->Add({{"phase", std::string(PhaseName(phase))},
+                              {"format", std::string(mx::FormatName(format))},
+                              {"call", backward ? "backward" : "forward"}});
+  emulated_[index].store(counter, std::memory_order_release);
+  return counter;
 }
 
 void Metrics::RecordBatch(int size) { batch_size_->Observe(size); }

@@ -56,6 +56,7 @@ enum class Rpc : int {
   kDeleteProfile,
   kGeneratePolicy,
   kReportEnergy,
+  kReportWork,
   kCount,
 };
 absl::string_view RpcName(Rpc rpc);
@@ -81,6 +82,12 @@ class Metrics {
 
   // Counts, latency, queue time, FLOPs, bytes, and the fpga_model energy.
   void RecordCompute(const ComputeRecord& record);
+  // `times` layer calls a client computed itself and reported (ReportWork;
+  // record.rpc kLayerForward or kLayerBackward, the call they stand for): each
+  // adds RecordCompute's FLOPs, bytes and fpga_model energy, one call after
+  // another, and counts in mxserve_emulated_calls_total. No request count,
+  // latency or queue time: nothing ran or waited here.
+  void RecordEmulatedCompute(const ComputeRecord& record, uint64_t times);
   void RecordBatch(int size);
   // Every finished RPC, by status code.
   void RecordStatus(Rpc rpc, absl::StatusCode code);
@@ -119,6 +126,9 @@ class Metrics {
     prometheus::Counter* busy;
   };
   ComputeSeries* Compute(Rpc rpc, Phase phase, mx::Format format);
+  // What a served and an emulated call both add: FLOPs, bytes, fpga_model energy.
+  void RecordModelWork(const ComputeSeries& series, const ComputeRecord& record);
+  prometheus::Counter* EmulatedCalls(Rpc rpc, Phase phase, mx::Format format);
   EnergySeries* Energy(const std::string& source, Phase phase);
 
   const std::string backend_;
@@ -133,6 +143,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* busy_family_;
   prometheus::Family<prometheus::Counter>* request_energy_family_;
   prometheus::Family<prometheus::Gauge>* power_family_;
+  prometheus::Family<prometheus::Counter>* emulated_family_;
   std::array<prometheus::Histogram*, 3> queue_;  // per phase
   prometheus::Histogram* batch_size_;
   prometheus::Counter* evictions_;
@@ -144,6 +155,8 @@ class Metrics {
   std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * mx::kFormatCount> compute_{};
   std::array<std::atomic<prometheus::Counter*>, kRpcs * kCodes> status_{};
   std::array<std::atomic<prometheus::Counter*>, mx::kFormatCount> quantizations_{};
+  // mxserve_emulated_calls_total per (call: forward, backward; phase; format).
+  std::array<std::atomic<prometheus::Counter*>, 2 * 3 * mx::kFormatCount> emulated_{};
   std::array<EnergySeries*, 3> model_energy_{};  // source fpga_model, made at start
   std::array<std::atomic<prometheus::Counter*>, 3 * mx::kFormatCount> board_energy_{};
   std::map<std::tuple<std::string, Phase>, std::unique_ptr<EnergySeries>> energy_

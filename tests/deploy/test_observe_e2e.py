@@ -62,7 +62,8 @@ def power_trace(path):
 
 def drive(client, stop):
     """Compute in every phase until `stop`: policy-chosen formats, explicit ones, a
-    backward pass, a Gemm, and calls that fail (unknown model, wrong shape)."""
+    backward pass, a Gemm, layer calls computed client-side and reported
+    (ReportWork), and calls that fail (unknown model, wrong shape)."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((8, 128), dtype=np.float32)
     dy = rng.standard_normal((8, 96), dtype=np.float32)
@@ -75,6 +76,8 @@ def drive(client, stop):
             client.forward("e2e", layer.name, x, phase="reward", format="MXFP8_E4M3")
             client.backward("e2e", layer.name, dy, x, phase="update", format="BF16")
         client.gemm(a, b, "MXINT8", phase="rollout")
+        client.report_work([mxserve.WorkCall("rollout", None, "e2e", LAYERS[0].name, "forward",
+                                             "MXFP4", m=8, count=2)])
         for bad in (lambda: client.forward("nope", LAYERS[0].name, x, phase="rollout"),
                     lambda: client.forward("e2e", LAYERS[0].name, x[:, :100], phase="reward")):
             with pytest.raises(mxserve.MxserveError):

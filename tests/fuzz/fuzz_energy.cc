@@ -29,6 +29,7 @@
 #include "server/daemon.h"
 #include "server/telemetry/log.h"
 #include "tests/daemon/raw_call.h"
+#include "tests/fuzz/fuzz_daemon.h"
 #include "tests/fuzz/fuzz_seeds.h"
 
 namespace {
@@ -39,7 +40,6 @@ constexpr double kMaxWatts = 10000;  // the daemon's --max-power-watts below
 constexpr double kSlackSeconds = 0.25;
 constexpr const char* kMethod = "/mxserve.v1.Telemetry/ReportEnergy";
 
-mxserve::Daemon* daemon = nullptr;
 std::shared_ptr<grpc::Channel> channel;
 
 void Fail(const std::string& what) {
@@ -55,13 +55,7 @@ double Now() {
 // Joules of every source the clients report (all but the daemon's own), every
 // run together: folding runs away keeps this total exact.
 double ReportedJoules() {
-  const mx_test::RawResult result =
-      mx_test::RawCall(channel, "/mxserve.v1.Telemetry/GetEnergyReport", {""});
-  v1::EnergyReport report;
-  if (!result.status.ok() || result.responses.empty() ||
-      !report.ParseFromString(result.responses[0])) {
-    Fail("GetEnergyReport failed: " + result.status.error_message());
-  }
+  const v1::EnergyReport report = mx_fuzz::EnergyReport(channel, "fuzz_energy");
   double joules = 0;
   for (const auto& e : report.entries()) {
     if (e.source() != "fpga_model" && e.source() != "fpga") joules += e.joules();
@@ -70,21 +64,10 @@ double ReportedJoules() {
 }
 
 void Setup() {
-  mxserve::SetLogging(false);
-  mxserve::DaemonOptions options;
-  options.listen = "127.0.0.1:0";
-  options.metrics_listen = "off";
-  options.workers = 1;
-  options.kernel_threads = 1;
-  options.max_message_bytes = 64 << 10;
-  options.grace_seconds = 0;
-  options.max_power_watts = kMaxWatts;
-  // Few run tags, so that mutated tags fold runs into the untagged energy often.
-  options.max_energy_runs = 4;
-  absl::StatusOr<std::unique_ptr<mxserve::Daemon>> started = mxserve::Daemon::Start(options);
-  if (!started.ok()) Fail(std::string(started.status().message()));
-  daemon = started->release();  // lives as long as the process
-  channel = grpc::CreateChannel(daemon->grpc_address(), grpc::InsecureChannelCredentials());
+  channel = mx_fuzz::StartFuzzDaemon("fuzz_energy", [](mxserve::DaemonOptions& options) {
+    options.max_message_bytes = 64 << 10;
+    options.max_power_watts = kMaxWatts;
+  });
   // The seeds' series exists before mutated names can fill --max-power-series.
   const auto seed = mx_fuzz::SeedIntervals(Now() - 10);
   const mx_test::RawResult first = mx_test::RawCall(channel, kMethod, {seed[0].SerializeAsString()});

@@ -25,13 +25,13 @@
 #include "server/daemon.h"
 #include "server/telemetry/log.h"
 #include "tests/daemon/raw_call.h"
+#include "tests/fuzz/fuzz_daemon.h"
 #include "tests/fuzz/fuzz_seeds.h"
 
 namespace {
 
 using mx_fuzz::kRpcMethods;
 
-mxserve::Daemon* daemon = nullptr;
 std::shared_ptr<grpc::Channel> channel;
 uint64_t runs = 0;
 
@@ -48,27 +48,16 @@ void Must(const char* method, const google::protobuf::Message& message) {
 }
 
 void Setup() {
-  mxserve::SetLogging(false);
   const auto dir =
       std::filesystem::temp_directory_path() / ("mxserve_fuzz_rpc_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   mx_fuzz::WriteSeedSafetensors(dir / "m.safetensors");
-  mxserve::DaemonOptions options;
-  options.listen = "127.0.0.1:0";
-  options.metrics_listen = "off";
-  options.workers = 1;
-  options.kernel_threads = 1;
-  options.queue_size = 64;
-  options.max_message_bytes = 64 << 10;
-  options.weight_memory_bytes = 64 << 20;
-  options.grace_seconds = 0;
-  options.model_dirs = {dir.string()};
-  // Few run tags, so that mutated tags fold runs into the untagged energy often.
-  options.max_energy_runs = 4;
-  absl::StatusOr<std::unique_ptr<mxserve::Daemon>> started = mxserve::Daemon::Start(options);
-  if (!started.ok()) Fail(std::string(started.status().message()));
-  daemon = started->release();  // lives as long as the process
-  channel = grpc::CreateChannel(daemon->grpc_address(), grpc::InsecureChannelCredentials());
+  channel = mx_fuzz::StartFuzzDaemon("fuzz_rpc", [&](mxserve::DaemonOptions& options) {
+    options.queue_size = 64;
+    options.max_message_bytes = 64 << 10;
+    options.weight_memory_bytes = 64 << 20;
+    options.model_dirs = {dir.string()};
+  });
   Must("/mxserve.v1.Models/RegisterModel", mx_fuzz::SeedModel());
   mxserve::v1::LoadSafetensorsRequest load;
   load.set_model(mx_fuzz::kSeedModel);

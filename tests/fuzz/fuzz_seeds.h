@@ -54,6 +54,7 @@ inline constexpr RpcMethod kRpcMethods[] = {
     {"/mxserve.v1.Profiles/GeneratePolicy", false},
     // Appended, so that the indices of existing corpus inputs keep their method.
     {"/mxserve.v1.Telemetry/ReportEnergy", true},
+    {"/mxserve.v1.Telemetry/ReportWork", false},
 };
 
 inline constexpr const char* kSeedModel = "m";
@@ -72,6 +73,40 @@ inline std::vector<v1::EnergyInterval> SeedIntervals(double now) {
     intervals[i].set_run(i == 2 ? "exp/fp16-baseline" : "");
   }
   return intervals;
+}
+
+// Layer calls a client computed itself, of the seed model's layers (SeedModel,
+// below): forwards in two runs, a whole backward, grad_input alone, a
+// weight_rows slice's grad_weight, and a repeated call.
+inline v1::ReportWorkRequest SeedWork(const char* first_layer, const char* second_layer) {
+  v1::ReportWorkRequest request;
+  auto add = [&](v1::Phase phase, const char* run, const char* layer, v1::WorkCallKind kind,
+                 v1::Format format, uint64_t m, uint64_t n, bool grad_input, bool grad_weight,
+                 uint64_t count) {
+    v1::WorkCall* c = request.add_calls();
+    c->set_phase(phase);
+    c->set_run(run);
+    c->set_model(kSeedModel);
+    c->set_layer(layer);
+    c->set_call(kind);
+    c->set_format(format);
+    c->set_m(m);
+    c->set_n(n);
+    c->set_grad_input(grad_input);
+    c->set_grad_weight(grad_weight);
+    c->set_count(count);
+  };
+  add(v1::PHASE_ROLLOUT, "exp/a", first_layer, v1::WORK_CALL_KIND_FORWARD,
+      v1::FORMAT_MXFP4_E2M1, 8, 0, false, false, 3);
+  add(v1::PHASE_REWARD, "", second_layer, v1::WORK_CALL_KIND_FORWARD, v1::FORMAT_MXFP8_E4M3, 2,
+      0, false, false, 1);
+  add(v1::PHASE_UPDATE, "exp/b", first_layer, v1::WORK_CALL_KIND_BACKWARD, v1::FORMAT_BF16, 4,
+      0, true, true, 2);
+  add(v1::PHASE_UPDATE, "exp/b", second_layer, v1::WORK_CALL_KIND_BACKWARD,
+      v1::FORMAT_MXFP8_E5M2, 4, 0, true, false, 1);
+  add(v1::PHASE_UPDATE, "exp/b", first_layer, v1::WORK_CALL_KIND_BACKWARD, v1::FORMAT_INT8, 4,
+      8, false, true, 1);
+  return request;
 }
 
 struct SeedLayer {

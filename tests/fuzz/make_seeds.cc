@@ -70,6 +70,14 @@ void EnergySeeds() {
   Write("energy", "edge", std::string{static_cast<char>(m.size()), 0} + m);
 }
 
+// fuzz_work's encoding: a ReportWorkRequest as it is.
+void WorkSeeds() {
+  Write("work", "phases", SeedWork(kSeedLayers[0].name, kSeedLayers[1].name).SerializeAsString());
+  v1::ReportWorkRequest one;
+  *one.add_calls() = SeedWork(kSeedLayers[0].name, kSeedLayers[1].name).calls(2);
+  Write("work", "backward", one.SerializeAsString());
+}
+
 void RpcSeeds() {
   v1::GemmRequest gemm = SeedGemm(v1::FORMAT_MXFP4_E2M1);
   Rpc("gemm_mxfp4", "/mxserve.v1.Compute/Gemm", {&gemm});
@@ -213,6 +221,8 @@ void RpcSeeds() {
   std::vector<v1::EnergyInterval> intervals = SeedIntervals(now);
   Rpc("energy_intervals", "/mxserve.v1.Telemetry/ReportEnergy",
       {&intervals[0], &intervals[1], &intervals[2]});
+  const v1::ReportWorkRequest work = SeedWork(kSeedLayers[0].name, kSeedLayers[1].name);
+  Rpc("report_work", "/mxserve.v1.Telemetry/ReportWork", {&work});
   v1::GetEnergyReportRequest report;
   report.set_since_seconds(now - 60);
   Rpc("energy", "/mxserve.v1.Telemetry/GetEnergyReport", {&report});
@@ -340,6 +350,7 @@ int main(int argc, char** argv) {
   out = argv[1];
   RpcSeeds();
   EnergySeeds();
+  WorkSeeds();
   SafetensorsSeeds();
   PolicySeeds();
   OperandSeeds();

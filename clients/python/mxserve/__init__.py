@@ -29,8 +29,8 @@ from mxserve import security  # noqa: F401  (Client(tls=..., token=...), the CLI
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyInterval,
                            EnergyReport, EnergyResult, ExecutionInfo, GeneratedPolicy, LayerInfo,
                            LayerSpec, ModelInfo, PhaseSummary, PolicyInfo, PowerResult,
-                           PowerSample, Profile, ProfileRow, ResolvedFormat, ResolvedPolicy,
-                           UploadResult)
+                           PowerSample, Profile, ProfileRow, ReportWorkResult, ResolvedFormat,
+                           ResolvedPolicy, UploadResult, WorkCall)
 
 __version__ = "0.1.0"
 
@@ -38,6 +38,6 @@ __all__ = [
     "BackwardResult", "Client", "ComputeResult", "DEFAULT_ADDRESS", "EnergyEntry", "EnergyInterval",
     "EnergyReport", "EnergyResult", "ExecutionInfo", "FORMATS", "GeneratedPolicy", "LayerInfo",
     "LayerSpec", "ModelInfo", "MxserveError", "PHASES", "PhaseSummary", "PolicyInfo",
-    "PowerResult", "PowerSample", "Profile", "ProfileRow", "ResolvedFormat", "ResolvedPolicy",
-    "StreamSession", "UploadResult",
+    "PowerResult", "PowerSample", "Profile", "ProfileRow", "ReportWorkResult", "ResolvedFormat",
+    "ResolvedPolicy", "StreamSession", "UploadResult", "WorkCall",
 ]

@@ -31,7 +31,8 @@ import numpy as np
 from mxserve import _health_pb2, _wire, security
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
                            EnergyInterval, EnergyResult, GeneratedPolicy, LayerSpec, ModelInfo,
-                           PolicyInfo, PowerResult, PowerSample, Profile, ResolvedFormat, ResolvedPolicy, UploadResult)
+                           PolicyInfo, PowerResult, PowerSample, Profile, ReportWorkResult,
+                           ResolvedFormat, ResolvedPolicy, UploadResult, WorkCall)
 from mxserve.v1 import (common_pb2, compute_pb2, compute_pb2_grpc, models_pb2, models_pb2_grpc,
                         policies_pb2, policies_pb2_grpc, profiles_pb2, profiles_pb2_grpc,
                         telemetry_pb2, telemetry_pb2_grpc)
@@ -45,6 +46,14 @@ ENVELOPE_BYTES = 64 << 10
 # ProfileModel calibration messages: well under the daemon's message limit, so one
 # message never holds much of a layer's rows in memory on either side.
 DEFAULT_CALIBRATION_BYTES = 16 << 20
+# Telemetry.ReportWork's bounds (server/rpc/telemetry_service.h): calls per message,
+# a call's count, the counts of one message together, and a call's rows.
+MAX_WORK_CALLS = 1 << 16
+MAX_WORK_CALL_COUNT = 1 << 20
+MAX_WORK_CALLS_BOOKED = 1 << 22
+MAX_WORK_ROWS = 1 << 32
+_WORK_CALL_KINDS = {"forward": telemetry_pb2.WORK_CALL_KIND_FORWARD,
+                    "backward": telemetry_pb2.WORK_CALL_KIND_BACKWARD}
 
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -868,6 +877,47 @@ class Client:
         return EnergyResult(intervals_accepted=response.intervals_accepted,
                             joules_added=response.joules_added)
 
+    def report_work(self, calls: Sequence[WorkCall], *,
+                    timeout: Optional[float] = CLIENT_TIMEOUT) -> ReportWorkResult:
+        """Reports layer calls this process computed itself (Telemetry.ReportWork), so
+        the daemon books the energy it would have booked running them: the same
+        fpga_model joules and seconds, per phase and run, marked as emulated
+        (EnergyEntry.emulated_requests). Send one list per PPO step or phase, in the
+        order the calls ran (identical consecutive calls as one WorkCall with a
+        count). Obviously wrong arguments raise ValueError naming `calls[i].<field>`
+        before anything is sent. A list over the daemon's bounds (65,536 calls or
+        counts summing past 2^22 per message) or over max_message_bytes goes as
+        several messages, in order; the daemon books each message whole or not at
+        all (MxserveError naming the field), and the messages sent before a refused
+        one stay booked. The model's layers must be registered; its weights need not
+        be uploaded."""
+        scope_run = self._run.get()
+        requests: List[Any] = []
+        calls_pb: List[Any] = []
+        booked = size = 0
+        budget = self.max_message_bytes - ENVELOPE_BYTES
+        for index, call in enumerate(calls):
+            pb = _work_call_to_wire(call, scope_run, f"calls[{index}]")
+            entry_bytes = pb.ByteSize() + 8  # the field's tag and length
+            if calls_pb and (len(calls_pb) == MAX_WORK_CALLS or size + entry_bytes > budget
+                             or booked + pb.count > MAX_WORK_CALLS_BOOKED):
+                requests.append(telemetry_pb2.ReportWorkRequest(calls=calls_pb))
+                calls_pb, booked, size = [], 0, 0
+            calls_pb.append(pb)
+            booked += pb.count
+            size += entry_bytes
+        if calls_pb:
+            requests.append(telemetry_pb2.ReportWorkRequest(calls=calls_pb))
+        if not requests:
+            raise ValueError("calls: expected at least one WorkCall")
+        total_calls, joules, seconds = 0, 0.0, 0.0
+        for request in requests:
+            response = self._call("ReportWork", self._telemetry.ReportWork, request, timeout)
+            total_calls += response.calls
+            joules += response.model_joules
+            seconds += response.model_seconds
+        return ReportWorkResult(calls=total_calls, model_joules=joules, model_seconds=seconds)
+
     def energy_report(self, since: float = 0.0, run: Optional[str] = None, *,
                       timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:
         """Joules, busy seconds and requests per source and phase (since a Unix time;
@@ -881,10 +931,63 @@ class Client:
         return EnergyReport(
             entries=tuple(
                 EnergyEntry(source=e.source, phase=_wire.phase_name(e.phase), joules=e.joules,
-                            busy_seconds=e.busy_seconds, requests=e.requests)
+                            busy_seconds=e.busy_seconds, requests=e.requests,
+                            emulated_requests=e.emulated_requests)
                 for e in response.entries),
             since_seconds=response.since_seconds, until_seconds=response.until_seconds,
             run=response.run)
+
+
+def _work_call_to_wire(call: WorkCall, scope_run: str, field: str):
+    """One WorkCall as the daemon's message, checked for what is obviously wrong
+    (ValueError naming `field`.<name>); the daemon checks the rest (the layer's
+    out_features, that the model and layer exist)."""
+    if not isinstance(call, WorkCall):
+        raise ValueError(f"{field}: expected an mxserve.WorkCall, got {type(call).__name__}")
+
+    def named(convert, value):
+        try:
+            return convert(value)
+        except ValueError as error:  # the converters' messages start with the field's name
+            raise ValueError(f"{field}.{error}") from None
+
+    phase = named(_wire.phase_to_wire, call.phase)
+    if phase == common_pb2.PHASE_UNSPECIFIED:
+        raise ValueError(f"{field}.phase: required; expected rollout, reward or update")
+    run = _wire.run_to_wire(call.run if call.run is not None else scope_run, f"{field}.run")
+    kind = _WORK_CALL_KINDS.get(call.call)
+    if kind is None:
+        raise ValueError(f"{field}.call: expected 'forward' or 'backward', got {call.call!r}")
+    fmt = named(_wire.format_to_wire, call.format)
+    if fmt == common_pb2.FORMAT_UNSPECIFIED:
+        raise ValueError(f"{field}.format: required (the format the call ran in), got "
+                         f"{call.format!r}")
+    for name in ("model", "layer"):
+        if not isinstance(getattr(call, name), str) or not getattr(call, name):
+            raise ValueError(f"{field}.{name}: expected a non-empty string, got "
+                             f"{getattr(call, name)!r}")
+
+    def integer(name, low, high):
+        value = getattr(call, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                or not low <= value <= high:
+            raise ValueError(f"{field}.{name}: expected an integer in [{low}, {high}], "
+                             f"got {value!r}")
+        return int(value)
+
+    m = integer("m", 1, MAX_WORK_ROWS)
+    n = integer("n", 0, MAX_WORK_ROWS)
+    count = integer("count", 1, MAX_WORK_CALL_COUNT)
+    if call.call == "forward" and (call.grad_input or call.grad_weight):
+        raise ValueError(f"{field}.grad_input: expected grad_input and grad_weight False for a "
+                         "forward call")
+    if call.call == "backward" and not (call.grad_input or call.grad_weight):
+        raise ValueError(f"{field}.grad_weight: a backward call runs grad_input, grad_weight or "
+                         "both; got neither")
+    return telemetry_pb2.WorkCall(phase=phase, run=run, model=call.model, layer=call.layer,
+                                  call=kind, format=fmt, m=m, n=n,
+                                  grad_input=bool(call.grad_input),
+                                  grad_weight=bool(call.grad_weight), count=count)
 
 
 _CLOSE = object()

@@ -173,12 +173,49 @@ class EnergyResult:
 
 
 @dataclass(frozen=True)
+class WorkCall:
+    """`count` identical layer calls a client computed itself (the daemon's numerics
+    in its own process), for `Client.report_work`: the daemon books them as it books
+    the LayerForward or LayerBackward they stand for.
+
+    `call`: "forward" or "backward"; `format`: the format it ran in (X and W both;
+    required, e.g. "MXFP4_E2M1" or "MXFP8"); `m`: rows of X (forward) or of
+    grad_output (backward); `n`: 0 (out_features), or for a backward the width of
+    a weight_rows slice (grad_weight only); `grad_input`, `grad_weight`: which
+    GEMMs a backward ran (at least one; both False for a forward). `run`: the run
+    tag ("" untagged; None: the `client.run(...)` scope's when sent)."""
+    phase: str
+    run: Optional[str]
+    model: str
+    layer: str
+    call: str
+    format: str
+    m: int
+    n: int = 0
+    grad_input: bool = False
+    grad_weight: bool = False
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class ReportWorkResult:
+    """What `Client.report_work` booked: layer calls (the counts summed), and the FPGA
+    model's joules and seconds of them (summed over the messages it sent)."""
+    calls: int
+    model_joules: float
+    model_seconds: float
+
+
+@dataclass(frozen=True)
 class EnergyEntry:
     source: str
     phase: str
     joules: float
     busy_seconds: float
     requests: int
+    # Of `requests`, the layer calls clients computed themselves and reported
+    # (Client.report_work): booked as the daemon's own, and marked.
+    emulated_requests: int = 0
 
 
 @dataclass(frozen=True)
