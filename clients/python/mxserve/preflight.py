@@ -58,7 +58,16 @@ DAEMON_WEIGHT_BYTES = 6  # FP32 master + one 16-bit copy per weight on the daemo
 
 
 def gib(value: float) -> str:
-    return f"{value / 2 ** 30:.2f} GiB"
+    """Bytes as GiB, or MiB below one GiB."""
+    if value >= 2 ** 30:
+        return f"{value / 2 ** 30:.2f} GiB"
+    return f"{value / 2 ** 20:.1f} MiB"
+
+
+def duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def parameter_count(config: ModelConfig) -> int:
@@ -169,10 +178,9 @@ class Estimate:
         for role, part in sorted(self.transients[name].items(), key=lambda kv: -kv[1]):
             lines.append(f"    {'':>11}    {gib(part)} {role}")
         block("mxserved", self.daemon, self.daemon_bytes)
-        hours = self.seconds / 3600
         lines.append(f"  time: {self.total_flops:.3g} FLOP at an assumed "
                      f"{self.rate / 1e9:.0f} GFLOP/s ({self.compute} on {self.device}): "
-                     f"about {hours:.1f} h ({self.flops_per_step:.3g} FLOP per PPO step)")
+                     f"about {duration(self.seconds)} ({self.flops_per_step:.3g} FLOP per PPO step)")
         return "\n".join(lines)
 
     def check(self, available: "Available", daemon_local: bool = True) -> List[str]:
