@@ -26,7 +26,9 @@ tokens, R response tokens, E the evaluation batch):
 - an FP32 copy of the trained policy (P·4) when a baseline is handed to the judges.
 
 The peak is the models plus the largest of these three transients (they never
-overlap). With `compute="daemon"` the daemon holds every offloaded model's
+overlap). Measured on an H200 (one FP32 PPO step, BF16 frozen models, the
+trainer's models only): 23.4 GiB against an estimate of 21.9 GiB at 256 + 64 tokens,
+34.5 against 34.2 GiB at 256 + 256. With `compute="daemon"` the daemon holds every offloaded model's
 linear weights as FP32 masters plus one 16-bit copy (6 bytes a weight: policy,
 reference, reward, judge, baseline), within its --weight-memory-bytes; with
 `compute="local"` no weight is uploaded. On a GPU (`device="cuda"`) the trainer's
@@ -50,10 +52,11 @@ from mxserve.models import ModelConfig
 __all__ = ["Available", "Estimate", "Shape", "available_memory", "estimate", "gib",
            "linear_parameters", "parameter_count"]
 
-# Assumed sustained rates, FLOP/s. On the GPU: the origin's anchor (a plain FP16 PPO
-# step at the fixed run's shape took 5.6 s on an H200: 64.8 TFLOP by the count
-# above). The daemon's CPU emulation: a few GFLOP/s per core for emulated formats.
-RATES = {"local:cuda": 64.8e12 / 5.6, "local:cpu": 50e9, "daemon": 10e9}
+# Assumed sustained rates, FLOP/s. On the GPU, measured: one FP32 PPO step of
+# Qwen2.5-0.5B's shape (batch 8, 256 + 256 tokens, 4 epochs; 64.8 TFLOP by the count
+# above) took 14.0 s on an H200, most of it token-by-token sampling (the origin's
+# FP16 anchor: 5.6 s). The daemon's CPU emulation: a few GFLOP/s per core.
+RATES = {"local:cuda": 64.8e12 / 14.0, "local:cpu": 50e9, "daemon": 10e9}
 DAEMON_WEIGHT_BYTES = 6  # FP32 master + one 16-bit copy per weight on the daemon
 
 
