@@ -33,7 +33,14 @@ summary.json (everything, training curves included), pareto.png, curves.png and
 report.md. Energy is the FPGA model's estimate in emulation (with its range over the
 model's parameters), the board's measurement on F2, and for the `--device cuda`
 baseline the GPU's energy counter (NVML), labelled "replayed" when it came from a
-power trace file instead.
+power trace file instead. state/ keeps each finished run as it finishes, so that
+`--resume` continues a killed run (`mxserve.experiment_state`).
+
+`--compute local` (the default with `--device cuda`) computes the offloaded layers
+in this process on the device, with the daemon's numerics; a preflight
+(`mxserve.preflight`) prints the memory and time the run needs before any training
+and refuses one that cannot fit. `--config seeds` is the shipped seeds' run
+(configs/seeds.toml).
 """
 
 from __future__ import annotations
