@@ -148,7 +148,7 @@ _TASK_KEYS = {
                 "reward_steps": _COUNT, "frozen_dtype": _TEXT},
 }
 # task.frozen_dtype: the dtype of the models that never train (the task's initial
-# policy and reward model, each run's reference and reward model, the judges).
+# policy and reward model, each run's reference and reward model, the judge's).
 FROZEN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Where hh-rlhf's paths may come from besides the config (a flag wins over these).
 PATH_ENVIRONMENT = {"checkpoint": "MXSERVE_CHECKPOINT", "data": "MXSERVE_HH_RLHF"}
@@ -513,7 +513,9 @@ class _Judges:
                  compute: str = "daemon", device: str = "cpu"):
         self.client, self.run = client, run
         self.compute, self.device = compute, torch.device(device)
-        self.dtype = task.frozen_dtype  # the baseline is held as the reward model is
+        # The trained baseline stays FP32 whatever task.frozen_dtype says: its PPO
+        # updates are small enough that BF16 rounding would blur them.
+        self.dtype = torch.float32
         self.reward = task.new_reward().to(self.device)
         self.reward_session = offload_as(self.reward, client, f"{prefix}.judge", compute,
                                          policy=BASELINE_POLICY, replace=True)
@@ -687,7 +689,8 @@ def _check_policies(client: Client, experiment: Experiment, prefix: str) -> None
 
 
 def _generate_policies(client: Client, experiment: Experiment, task: Task, prefix: str,
-                       progress: Progress, compute: str = "daemon") -> Optional[Dict[str, Any]]:
+                       progress: Progress, compute: str = "daemon",
+                       device: str = "cpu") -> Optional[Dict[str, Any]]:
     """Generates the `generate` configurations' policies from a sensitivity profile
     of the initial policy (calibrated on its own samples, with Fisher gradients)."""
     generated = [c for c in experiment.configurations if c.generate is not None]
@@ -699,7 +702,7 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
     # Profiled as the trainer offloads it (PolicyWithValue: layers "lm.…"), so the
     # generated rules name the very layers the policy, reference and reward models
     # register; the value head is left out (it is not part of the LM's output).
-    model = PolicyWithValue(task.new_policy())
+    model = PolicyWithValue(task.new_policy()).to(device if compute == "local" else "cpu")
     session = offload_as(model, client, f"{prefix}.profile", compute, replace=True)
     try:
         rows = task.train_prompts[:experiment.ppo.batch_size * experiment.profile_batches]
@@ -707,7 +710,8 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
         generator = torch.Generator().manual_seed(experiment.eval_seed)
         with session.local():
             for start in range(0, len(rows), experiment.ppo.batch_size):
-                ids, mask = left_pad(rows[start:start + experiment.ppo.batch_size], task.pad_id)
+                ids, mask = (t.to(model.value_head.weight.device) for t in
+                             left_pad(rows[start:start + experiment.ppo.batch_size], task.pad_id))
                 rollout = generate(model.lm, ids, mask, experiment.ppo.response_length,
                                    experiment.ppo.temperature, task.eos_id, task.pad_id, generator,
                                    vocab_limit=task.vocab_limit)
@@ -810,7 +814,7 @@ def run_experiment(client: Client, experiment: Experiment, out: str, *,
             profile_info = saved["profile_info"]
         else:
             profile_info = _generate_policies(client, experiment, task, tag, progress,
-                                              compute) or {}
+                                              compute, device) or {}
         policies = {c.name: client.get_policy(c.policy_name).document
                     for c in experiment.configurations}
         if not saved:

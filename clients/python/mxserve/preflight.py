@@ -11,10 +11,10 @@ tokens, R response tokens, E the evaluation batch):
 
 - policy + value head in FP32 (P·4), its gradients (P·4), Adam's two states (P·8);
 - the frozen models in their dtype (`task.frozen_dtype`, 2 bytes for BF16, else 4):
-  the reference (P), the reward model (its body: P less an untied LM head), the
-  judge (a second reward model) and the judges' copy of the seed's trained FP16
-  baseline (P); the task's initial policy and reward model, which every run copies
-  (P + body);
+  the reference (P), the reward model (its body: P less an untied LM head) and the
+  judge (a second reward model); the task's initial policy and reward model, which
+  every run copies (P + body); the judges' copy of the seed's trained FP16 baseline
+  in FP32 (P·4: BF16 would blur its small PPO updates);
 - update activations: L·b·S·(10·H + 4·I + 2·A·S)·4 (what autograd keeps per token
   and layer: the norms', projections' and MLP's inputs, and two A×S attention
   tensors, softmax's output and the masked probabilities), the full logits and their gradient (2·b·S·V·4) and the response
@@ -259,7 +259,7 @@ def estimate(config: ModelConfig, shape: Shape, compute: str = "daemon",
         "reference (frozen)": p * fb,
         "reward model (frozen)": body * fb,
         "judge: reward model (frozen)": body * fb,
-        "judge: the seed's FP16 baseline policy": p * fb,
+        "judge: the seed's trained FP16 baseline policy (FP32)": p * 4,
     }
     task_copies = {"task: initial policy and reward model": (p + body) * fb}
     transients = {
