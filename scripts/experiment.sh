@@ -7,6 +7,8 @@
 #   EXPERIMENT_OUT=results EXPERIMENT_ARGS="--config my.toml" scripts/experiment.sh
 #
 # EXPERIMENT_ARGS replaces --quick (e.g. "--config FILE", "--quick --steps 20").
+# EXPERIMENT_MODE is --overwrite (the default: each run starts over in
+# EXPERIMENT_OUT) or --resume (continue a killed run there).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,4 +46,4 @@ echo "experiment: mxserved (CPU emulation) on $address; results in $out"
 export PYTHONPATH="$root/clients/python${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2086  # EXPERIMENT_ARGS is a list of arguments
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} /usr/bin/python3 -m mxserve.experiment \
-  --server "$address" --out "$out" $args
+  --server "$address" --out "$out" ${EXPERIMENT_MODE:---overwrite} $args

@@ -33,7 +33,14 @@ summary.json (everything, training curves included), pareto.png, curves.png and
 report.md. Energy is the FPGA model's estimate in emulation (with its range over the
 model's parameters), the board's measurement on F2, and for the `--device cuda`
 baseline the GPU's energy counter (NVML), labelled "replayed" when it came from a
-power trace file instead.
+power trace file instead. state/ keeps each finished run as it finishes, so that
+`--resume` continues a killed run (`mxserve.experiment_state`).
+
+`--compute local` (the default with `--device cuda`) computes the offloaded layers
+in this process on the device, with the daemon's numerics; a preflight
+(`mxserve.preflight`) prints the memory and time the run needs before any training
+and refuses one that cannot fit. `--config seeds` is the shipped seeds' run
+(configs/seeds.toml).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -58,10 +65,10 @@ from mxserve.experiment_report import NOISE_FLOOR, UNTRAINED
 from mxserve.experiment_report import phase_sum
 from mxserve.experiment_report import pareto_front, summarize, write_outputs  # noqa: F401
 from mxserve.machine import describe_machine, source_commit
-from mxserve.rlhf import (PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad,
-                          limit_vocab)
+from mxserve.experiment_state import ResumeError, RunState
+from mxserve.rlhf import (COMPUTE_MODES, PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate,
+                          left_pad, limit_vocab, offload_as)
 from mxserve.tasks import Task
-from mxserve.torch import offload
 from mxserve.types import PROFILE_SCORES
 
 __all__ = ["ConfigError", "Configuration", "Experiment", "load_config", "main", "run_experiment"]
@@ -135,11 +142,16 @@ DEFAULT_EVAL_PROMPTS = 200
 _COUNT, _SEED, _TEXT = (int, 1), (int, 0), (str, None)
 _TASK_KEYS = {
     "synthetic": {"kind": _TEXT, "seed": _SEED, "n_train": _COUNT, "n_test": _COUNT,
-                  "sft_steps": _COUNT, "reward_steps": _COUNT},
+                  "sft_steps": _COUNT, "reward_steps": _COUNT, "frozen_dtype": _TEXT},
     "hh-rlhf": {"kind": _TEXT, "checkpoint": _TEXT, "data": _TEXT, "reward_checkpoint": _TEXT,
                 "n_train": _COUNT, "n_test": _COUNT, "seed": _SEED, "max_prompt_tokens": _COUNT,
-                "reward_steps": _COUNT},
+                "reward_steps": _COUNT, "frozen_dtype": _TEXT},
 }
+# task.frozen_dtype: the dtype of the models that never train (the task's initial
+# policy and reward model, each run's reference and reward model, the judge's).
+FROZEN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Where hh-rlhf's paths may come from besides the config (a flag wins over these).
+PATH_ENVIRONMENT = {"checkpoint": "MXSERVE_CHECKPOINT", "data": "MXSERVE_HH_RLHF"}
 _TOP_KEYS = {"name", "task", "ppo", "seeds", "repetitions", "configurations", "profile", "eval"}
 _CONFIG_KEYS = {"name", "policy", "generate"}
 _GENERATE_KEYS = {"kind", "low", "high", "fraction", "budget", "relative_budget", "tolerance",
@@ -271,11 +283,24 @@ def _check_seeds(where: str, seeds: Any) -> List[int]:
     return seeds
 
 
+# Configs installed with the package; `--config NAME` names one.
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def shipped_config(path: str) -> str:
+    """`path`, or the shipped config it names (a bare name like "seeds" that is not
+    a file here)."""
+    if os.path.exists(path) or os.sep in path or path.endswith((".toml", ".json")):
+        return path
+    shipped = os.path.join(CONFIG_DIR, f"{path}.toml")
+    return shipped if os.path.isfile(shipped) else path
+
+
 def load_config(source: Any) -> Experiment:
     """A config file (.toml or .json) or an already parsed mapping → Experiment.
     Every key is checked: a typo is an error, not a silent default."""
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
+        path = shipped_config(os.fspath(source))
         try:
             with open(path, "rb") as handle:
                 raw = handle.read()
@@ -309,6 +334,9 @@ def load_config(source: Any) -> Experiment:
         if key in task:
             _check_value(f"task.{key}", task[key], type_, least)
     task["kind"] = kind
+    if task.get("frozen_dtype", "fp32") not in FROZEN_DTYPES:
+        raise ConfigError(f"task.frozen_dtype: expected one of {', '.join(FROZEN_DTYPES)}, got "
+                          f"{task['frozen_dtype']!r}")
     if kind == "hh-rlhf":
         for key in ("checkpoint", "data"):
             if not task.get(key):
@@ -481,11 +509,16 @@ class _Judges:
     the trained FP16 baseline policy of the seed being run (for KL). One baseline is
     held at a time: the runner goes seed by seed, the baseline first."""
 
-    def __init__(self, client: Client, task: Task, prefix: str, run: str):
+    def __init__(self, client: Client, task: Task, prefix: str, run: str,
+                 compute: str = "daemon", device: str = "cpu"):
         self.client, self.run = client, run
-        self.reward = task.new_reward()
-        self.reward_session = offload(self.reward, client, f"{prefix}.judge",
-                                      policy=BASELINE_POLICY, replace=True)
+        self.compute, self.device = compute, torch.device(device)
+        # The trained baseline stays FP32 whatever task.frozen_dtype says: its PPO
+        # updates are small enough that BF16 rounding would blur them.
+        self.dtype = torch.float32
+        self.reward = task.new_reward().to(self.device)
+        self.reward_session = offload_as(self.reward, client, f"{prefix}.judge", compute,
+                                         policy=BASELINE_POLICY, replace=True)
         self.baseline_policy = None
         self.baseline_session = None
         self.baseline_key: Optional[Tuple[int, int]] = None  # (seed, repetition)
@@ -494,21 +527,22 @@ class _Judges:
     def set_baseline(self, policy_lm, key: Tuple[int, int]) -> None:
         if self.baseline_session is not None:
             self.baseline_session.restore()
-        self.baseline_policy = policy_lm.cpu().float()
-        self.baseline_session = offload(self.baseline_policy, self.client,
-                                        f"{self.prefix}.baseline", policy=BASELINE_POLICY,
-                                        replace=True)
+        self.baseline_policy = policy_lm.to(self.device, self.dtype)
+        self.baseline_session = offload_as(self.baseline_policy, self.client,
+                                           f"{self.prefix}.baseline", self.compute,
+                                           policy=BASELINE_POLICY, replace=True)
         self.baseline_key = key
 
     @torch.no_grad()
     def score(self, ids, mask) -> torch.Tensor:
         with self.client.phase("reward"), self.client.run(self.run):
-            return self.reward(ids, mask).float()
+            return self.reward(ids.to(self.device), mask.to(self.device)).float()
 
     @torch.no_grad()
     def baseline_logits(self, ids, mask) -> torch.Tensor:
         with self.client.phase("rollout"), self.client.run(self.run):
-            return self.baseline_policy(ids, attention_mask=mask).logits.float()
+            return self.baseline_policy(ids.to(self.device),
+                                        attention_mask=mask.to(self.device)).logits.float()
 
     def close(self) -> None:
         for session in (self.reward_session, self.baseline_session):
@@ -552,9 +586,10 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
                 base = limit_vocab(judges.baseline_logits(ids, mask)[:, width - 1:-1],
                                    task.vocab_limit)
                 t = experiment.ppo.temperature
-                per_token = exact_kl(torch.log_softmax(rollout.logits.cpu().float() / t, -1),
-                                     torch.log_softmax(base / t, -1))
-                kls += (per_token * rollout.response_mask.cpu()).sum(1).tolist()
+                per_token = exact_kl(
+                    torch.log_softmax(rollout.logits.to(base.device).float() / t, -1),
+                    torch.log_softmax(base / t, -1))
+                kls += (per_token * rollout.response_mask.to(base.device)).sum(1).tolist()
             responses = rollout.responses()
             for row in range(min(3 - len(result.examples), ids.shape[0])):
                 prompt = ids[row, :width][mask[row, :width].bool()].tolist()
@@ -576,19 +611,22 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
 def _run_one(client: Client, task: Task, experiment: Experiment, configuration: Configuration,
              seed: int, repetition: int, run_tag: str, progress: Progress, label: str,
              local_device: Optional[str] = None, sampler_factory=None,
-             steps: Optional[int] = None) -> Tuple[RunResult, PPOTrainer]:
-    """Trains one configuration on the daemon, or with `local_device` here (the
-    measured baseline); the energy is read from the daemon for `run_tag` either way.
-    `steps=0` trains nothing (the untrained row)."""
+             steps: Optional[int] = None, compute: str = "daemon",
+             device: str = "cpu") -> Tuple[RunResult, PPOTrainer]:
+    """Trains one configuration through the daemon (its linears computed there, or
+    with `compute` "local" here on `device` with the daemon's numerics), or with
+    `local_device` natively here (the measured baseline); the energy is read from the
+    daemon for `run_tag` either way. `steps=0` trains nothing (the untrained row)."""
     steps = experiment.steps if steps is None else steps
     torch.manual_seed(seed)
     policy_lm, reward = task.new_policy(), task.new_reward()
-    device = local_device or "cpu"
+    device = local_device or (device if compute == "local" else "cpu")
+    frozen = None if task.frozen_dtype == torch.float32 else task.frozen_dtype
     trainer = PPOTrainer(None if local_device else client, policy_lm, reward, experiment.ppo,
                          policy=configuration.policy_name, run=run_tag,
                          name_prefix=f"{run_tag.split('/')[0]}.{configuration.name}",
                          eos_id=task.eos_id, pad_id=task.pad_id, seed=seed, device=device,
-                         vocab_limit=task.vocab_limit)
+                         vocab_limit=task.vocab_limit, compute=compute, frozen_dtype=frozen)
     sampler = None
     try:
         if sampler_factory is not None:
@@ -651,7 +689,8 @@ def _check_policies(client: Client, experiment: Experiment, prefix: str) -> None
 
 
 def _generate_policies(client: Client, experiment: Experiment, task: Task, prefix: str,
-                       progress: Progress) -> Optional[Dict[str, Any]]:
+                       progress: Progress, compute: str = "daemon",
+                       device: str = "cpu") -> Optional[Dict[str, Any]]:
     """Generates the `generate` configurations' policies from a sensitivity profile
     of the initial policy (calibrated on its own samples, with Fisher gradients)."""
     generated = [c for c in experiment.configurations if c.generate is not None]
@@ -663,15 +702,16 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
     # Profiled as the trainer offloads it (PolicyWithValue: layers "lm.…"), so the
     # generated rules name the very layers the policy, reference and reward models
     # register; the value head is left out (it is not part of the LM's output).
-    model = PolicyWithValue(task.new_policy())
-    session = offload(model, client, f"{prefix}.profile", replace=True)
+    model = PolicyWithValue(task.new_policy()).to(device if compute == "local" else "cpu")
+    session = offload_as(model, client, f"{prefix}.profile", compute, replace=True)
     try:
         rows = task.train_prompts[:experiment.ppo.batch_size * experiment.profile_batches]
         batches = []
         generator = torch.Generator().manual_seed(experiment.eval_seed)
         with session.local():
             for start in range(0, len(rows), experiment.ppo.batch_size):
-                ids, mask = left_pad(rows[start:start + experiment.ppo.batch_size], task.pad_id)
+                ids, mask = (t.to(model.value_head.weight.device) for t in
+                             left_pad(rows[start:start + experiment.ppo.batch_size], task.pad_id))
                 rollout = generate(model.lm, ids, mask, experiment.ppo.response_length,
                                    experiment.ppo.temperature, task.eos_id, task.pad_id, generator,
                                    vocab_limit=task.vocab_limit)
@@ -705,21 +745,56 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
 def build_task(spec: Mapping[str, Any], progress: Progress) -> Task:
     spec = dict(spec)
     kind = spec.pop("kind")
+    frozen = FROZEN_DTYPES[spec.pop("frozen_dtype", "fp32")]
     if kind == "synthetic":
-        return tasks.synthetic_task(progress=progress, **spec)
-    return tasks.hh_rlhf_task(progress=progress, **spec)
+        task = tasks.synthetic_task(progress=progress, **spec)
+    else:
+        task = tasks.hh_rlhf_task(progress=progress, **spec)
+    return task if frozen == torch.float32 else task.hold_in(frozen)
 
 
 # --- the driver --------------------------------------------------------------------------
 
 
+def _check_compute(device: str, compute: str) -> None:
+    if compute not in COMPUTE_MODES:
+        raise ConfigError(f"--compute: expected one of {', '.join(COMPUTE_MODES)}, got {compute!r}")
+    if device.startswith("cuda") and compute == "daemon":
+        raise ConfigError("--device cuda with --compute daemon: the daemon computes on its own "
+                          "machine, so nothing would train on this GPU; use --compute local "
+                          "(the default with --device cuda)")
+
+
+def describe(experiment: Experiment, device: str, compute: str,
+             power_source: Optional[str]) -> Dict[str, Any]:
+    """What makes two runs the same experiment (a resumed run must match it)."""
+    return {"name": experiment.name, "task": experiment.task,
+            "ppo": dataclasses.asdict(experiment.ppo), "steps": experiment.steps,
+            "seeds": experiment.seeds, "repetitions": experiment.repetitions,
+            "configurations": [[c.name, c.policy, c.generate] for c in experiment.configurations],
+            "profile_batches": experiment.profile_batches, "eval": [
+                experiment.eval_prompts, experiment.eval_seed, experiment.eval_batch_size],
+            "device": device, "compute": compute, "power_source": power_source}
+
+
 def run_experiment(client: Client, experiment: Experiment, out: str, *,
                    progress: Optional[Progress] = None, device: str = "cpu",
-                   power_source: Optional[str] = None, task: Optional[Task] = None) -> Dict[str, Any]:
-    """Runs the whole matrix and writes the outputs; returns the summary."""
+                   power_source: Optional[str] = None, task: Optional[Task] = None,
+                   compute: str = "daemon", resume: bool = False, overwrite: bool = False,
+                   on_job_done: Optional[Callable[[int, RunResult], None]] = None
+                   ) -> Dict[str, Any]:
+    """Runs the whole matrix and writes the outputs; returns the summary.
+
+    Every finished job is kept under out/state/ (`mxserve.experiment_state`); with
+    `resume` a run of the same experiment continues at its next unfinished job, with
+    `overwrite` it starts over, and with neither a non-empty `out` is refused
+    (ResumeError). `on_job_done(index, result)` is called after each job is saved."""
     progress = progress or Progress(False)
+    _check_compute(device, compute)
     started = time.time()
-    tag = f"{experiment.name}-{os.urandom(3).hex()}"
+    state = RunState(out, describe(experiment, device, compute, power_source))
+    saved = state.open(resume, overwrite)
+    tag = saved["tag"] if saved else f"{experiment.name}-{os.urandom(3).hex()}"
     client.wait_ready()
     # The run's own names: daemon models and policies, so concurrent experiments
     # (even of the same name) never touch each other's.
@@ -728,10 +803,25 @@ def run_experiment(client: Client, experiment: Experiment, out: str, *,
         if task is None:
             progress(f"building the task ({experiment.task['kind']})")
             task = build_task(experiment.task, progress)
-        profile_info = _generate_policies(client, experiment, task, tag, progress) or {}
+        if saved:
+            # The policies as they were, generated ones included: no second profile.
+            progress(f"resuming {out}: run tag {tag}")
+            for c in experiment.configurations:
+                entry = saved["policies"][c.name]
+                if entry["name"].startswith(tag + "."):
+                    client.put_policy(entry["document"])
+                c.policy_name = entry["name"]
+            profile_info = saved["profile_info"]
+        else:
+            profile_info = _generate_policies(client, experiment, task, tag, progress,
+                                              compute, device) or {}
         policies = {c.name: client.get_policy(c.policy_name).document
                     for c in experiment.configurations}
-        runs = _run_matrix(client, experiment, task, tag, progress, device, power_source)
+        if not saved:
+            state.start(tag, {c.name: {"name": c.policy_name, "document": policies[c.name]}
+                              for c in experiment.configurations}, profile_info)
+        runs = _run_matrix(client, experiment, task, tag, progress, device, power_source,
+                           compute, state, on_job_done)
     finally:
         for c in experiment.configurations:
             if c.policy_name.startswith(tag + "."):
@@ -741,10 +831,13 @@ def run_experiment(client: Client, experiment: Experiment, out: str, *,
             "machine": describe_machine(device), "commit": source_commit(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "run_tag": tag, "duration_s": time.time() - started, "device": device,
-            "policies": policies, **profile_info}
+            "compute": compute, "frozen_dtype": str(task.frozen_dtype).removeprefix("torch."),
+            "resumed": bool(saved), "policies": policies, **profile_info}
     baseline = next(c.name for c in experiment.configurations if c.is_baseline)
-    return write_outputs(out, experiment, task, runs, info, baseline,
-                         energy_ranges=_energy_ranges(runs, baseline))
+    summary = write_outputs(out, experiment, task, runs, info, baseline,
+                            energy_ranges=_energy_ranges(runs, baseline))
+    state.finish()
+    return summary
 
 
 def _energy_ranges(runs: List[RunResult], baseline: str) -> Optional[Dict[str, Dict[str, Any]]]:
@@ -810,16 +903,36 @@ def _eta(started: float, done: int, total: int) -> str:
 
 
 def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
-                progress: Progress, device: str, power_source: Optional[str]) -> List[RunResult]:
+                progress: Progress, device: str, power_source: Optional[str],
+                compute: str = "daemon", state: Optional[RunState] = None,
+                on_job_done: Optional[Callable[[int, RunResult], None]] = None
+                ) -> List[RunResult]:
     eval_run = f"{tag}/eval"
-    judges = _Judges(client, task, tag, eval_run)
+    judge_device = device if compute == "local" else "cpu"
+    judges = _Judges(client, task, tag, eval_run, compute, judge_device)
     runs: List[RunResult] = []
     baseline_judge: Dict[Tuple[int, int], List[float]] = {}  # (seed, repetition) → scores
     jobs = _jobs(experiment, device, device != "cpu" or bool(power_source))
     started = time.time()
+    latest_baseline: Optional[Tuple[int, int]] = None  # of the jobs found finished
+    ran = 0  # jobs run by this process (the ETA's rate)
     try:
         for index, (configuration, seed, repetition, kind) in enumerate(jobs, 1):
             label = f"[{index}/{len(jobs)}] {configuration.name} seed {seed}"
+            is_baseline = configuration.is_baseline and kind == "trained"
+            finished = state.finished(index) if state is not None else None
+            if finished is not None:
+                result = RunResult(**finished)
+                runs.append(result)
+                if is_baseline:
+                    baseline_judge[(seed, repetition)] = result.judge_scores
+                    latest_baseline = (seed, repetition)
+                progress(f"{label}: kept from the interrupted run")
+                continue
+            if latest_baseline is not None and judges.baseline_key != latest_baseline:
+                # Resuming: the judges hold the latest finished baseline, as they did.
+                judges.set_baseline(state.load_baseline(
+                    task.new_policy().to(judges.dtype), latest_baseline), latest_baseline)
             run_tag = f"{tag}/{configuration.name}/s{seed}r{repetition}"
             local = kind == "local"
             sampler_factory = _sampler_factory(client, power_source, device, run_tag) \
@@ -828,13 +941,13 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
                                        run_tag, progress, label,
                                        local_device=device if local else None,
                                        sampler_factory=sampler_factory,
-                                       steps=0 if kind == "untrained" else None)
+                                       steps=0 if kind == "untrained" else None,
+                                       compute=compute, device=device)
             result.kind = kind
             if local:
                 result.energy_label = "replayed" if (power_source or "").startswith("replay:") \
                     else "measured"
             try:
-                is_baseline = configuration.is_baseline and kind == "trained"
                 previous = judges.baseline_key
                 # A later seed's baseline is first judged against the previous seed's:
                 # that is the noise floor. Then it becomes the baseline of its seed.
@@ -844,6 +957,9 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
                     if previous is not None:
                         result.noise_vs_seed, result.noise_kls = previous[0], result.kls
                     judges.set_baseline(trainer.policy_copy(), (seed, repetition))
+                    if state is not None:
+                        state.save_baseline(judges.baseline_policy, (seed, repetition))
+                    latest_baseline = (seed, repetition)
                     baseline_judge[(seed, repetition)] = result.judge_scores
                     result.kls = [0.0] * len(result.judge_scores)  # itself, by definition
                     result.kl_vs_fp16 = 0.0
@@ -852,10 +968,15 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
             finally:
                 trainer.close()
             runs.append(result)
+            ran += 1
+            if state is not None:
+                state.save_run(index, dataclasses.asdict(result))
             progress.done(f"{label}: held-out reward {result.held_out_reward:+.3f}, win rate "
                           f"{result.win_rate:.3f}, KL {result.kl_vs_fp16:.4f}, "
                           f"{phase_sum(result.energy, 'fpga_model'):.4g} J (FPGA model)"
-                          f"{_eta(started, index, len(jobs))}")
+                          f"{_eta(started, ran, ran + len(jobs) - index)}")
+            if on_job_done is not None:
+                on_job_done(index, result)
     finally:
         judges.close()
     return runs
@@ -882,67 +1003,184 @@ def _sampler_factory(client: Client, power_source: Optional[str], device: str, r
     return make
 
 
+def _at_least_one(flag: str, value: int) -> int:
+    if value < 1:
+        raise ConfigError(f"{flag}: expected at least 1, got {value}")
+    return value
+
+
+def _apply_overrides(experiment: Experiment, args: argparse.Namespace) -> None:
+    """The command line's overrides of the config, and hh-rlhf's paths from the
+    flags or the environment (a flag wins, then the environment, then the config);
+    a path that is not there is an error naming where it can be set."""
+    if args.steps is not None:
+        experiment.steps = _at_least_one("--steps", args.steps)
+    if args.seeds:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError:
+            seeds = args.seeds
+        experiment.seeds = _check_seeds("--seeds", seeds)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {c.name for c in experiment.configurations}
+        if unknown:
+            raise ConfigError(f"--only: no configuration {sorted(unknown)[0]!r} (have: "
+                              f"{', '.join(c.name for c in experiment.configurations)})")
+        experiment.configurations = [c for c in experiment.configurations
+                                     if c.is_baseline or c.name in wanted]
+    if args.prompts is not None:
+        experiment.eval_prompts = _at_least_one("--prompts", args.prompts)
+    ppo_overrides = {}
+    if args.response_length is not None:
+        ppo_overrides["response_length"] = _at_least_one("--response-length", args.response_length)
+    if args.batch_size is not None:
+        ppo_overrides["batch_size"] = _at_least_one("--batch-size", args.batch_size)
+    if ppo_overrides:
+        try:
+            experiment.ppo = dataclasses.replace(experiment.ppo, **ppo_overrides)
+        except ValueError as error:
+            raise ConfigError(f"--batch-size/--response-length: {error}") from None
+    task = experiment.task
+    if args.prompt_length is not None:
+        if task["kind"] != "hh-rlhf":
+            raise ConfigError("--prompt-length: only an hh-rlhf task cuts its prompts")
+        task["max_prompt_tokens"] = _at_least_one("--prompt-length", args.prompt_length)
+    for key, variable in PATH_ENVIRONMENT.items():
+        flag = getattr(args, key)
+        if task["kind"] != "hh-rlhf":
+            if flag:
+                raise ConfigError(f"--{key}: the task is {task['kind']!r}, which reads no files")
+            continue
+        task[key] = flag or os.environ.get(variable) or task[key]
+        if not os.path.isdir(task[key]):
+            source = ("--" + key) if flag else (f"${variable}" if os.environ.get(variable)
+                                                else "the config")
+            raise ConfigError(f"task.{key}: {task[key]} not found (from {source}); set it in the "
+                              f"config's [task], with --{key} or with ${variable}"
+                              + ("; `python3 -m mxserve.checkpoint` writes a random-init one "
+                                 "for a trial" if key == "checkpoint" else ""))
+
+
+def preflight_estimate(experiment: Experiment, device: str, compute: str,
+                       local_baseline: bool):
+    """The preflight estimate (`mxserve.preflight`) for this experiment's model
+    and matrix."""
+    from mxserve import preflight
+    from mxserve.models import ModelConfig, read_model_config
+
+    task = experiment.task
+    if task["kind"] == "hh-rlhf":
+        config = read_model_config(task["checkpoint"])
+        prompt_tokens, n_test = task.get("max_prompt_tokens", 448), task.get("n_test", 200)
+    else:
+        config = ModelConfig(**tasks.BUILTIN_CONFIG)
+        prompt_tokens, n_test = 8, task.get("n_test", 32)
+    cells = len(experiment.seeds) * experiment.repetitions
+    shape = preflight.Shape(
+        batch_size=experiment.ppo.batch_size, prompt_tokens=prompt_tokens,
+        response_tokens=experiment.ppo.response_length,
+        mini_batches=experiment.ppo.num_mini_batches, epochs=experiment.ppo.num_ppo_epochs,
+        eval_batch_size=experiment.eval_batch_size, eval_prompts=min(experiment.eval_prompts,
+                                                                     n_test),
+        frozen_bytes=2 if task.get("frozen_dtype") == "bf16" else 4, steps=experiment.steps,
+        runs=cells * len(experiment.configurations) + int(local_baseline),
+        untrained_runs=cells)
+    return preflight.estimate(config, shape, compute, device)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m mxserve.experiment",
         description="PPO-RLHF over a policy matrix on mxserved: per-phase energy and "
                     "quality for every configuration, with a results table, a Pareto "
-                    "plot and a report.")
+                    "plot and a report. Before any training it prints a preflight "
+                    "estimate of memory and time and refuses a run that cannot fit.")
     parser.add_argument("--server", default=os.environ.get("MXSERVE_ADDRESS", "127.0.0.1:50051"),
                         help="mxserved's address (default %(default)s)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="the experiment: a TOML or JSON file (see "
-                                         "clients/python/README.md, 'The experiment')")
+                                         "clients/python/README.md, 'The experiment'), or a "
+                                         "shipped config's name: 'seeds' (the seeds' run: "
+                                         "Qwen2.5-0.5B, HH-RLHF, 3 seeds, 100 steps, the whole "
+                                         "matrix; mxserve/configs/seeds.toml)")
     source.add_argument("--quick", action="store_true",
                         help="the built-in model and synthetic task, the whole default matrix, "
                              "2 seeds, under 10 minutes on two cores")
-    parser.add_argument("--out", required=True, help="directory for results.csv, runs.csv, "
-                                                     "summary.json, pareto.png, curves.png, report.md")
+    parser.add_argument("--out", help="directory for results.csv, runs.csv, summary.json, "
+                                      "pareto.png, curves.png, report.md, and state/ (each "
+                                      "finished run, for --resume); required unless "
+                                      "--preflight-only")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the run in --out at its next unfinished configuration × "
+                            "seed, keeping the finished ones (same config and flags)")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start over in a non-empty --out (without --resume or --overwrite "
+                            "a non-empty --out is refused)")
     parser.add_argument("--steps", type=int, help="override the PPO steps of the config")
     parser.add_argument("--seeds", help="training seeds, e.g. 0,1,2 (default: the config's, else "
                                         "0,1,2; --quick: 0,1). Two at least give a noise floor")
     parser.add_argument("--only", help="run only these configurations (comma-separated; the "
                                        "FP16 baseline always runs)")
+    parser.add_argument("--prompts", type=int, help="held-out prompts per run (eval.prompts)")
+    parser.add_argument("--response-length", type=int,
+                        help="tokens sampled per response (ppo.response_length)")
+    parser.add_argument("--batch-size", type=int, help="prompts per PPO step (ppo.batch_size)")
+    parser.add_argument("--prompt-length", type=int,
+                        help="hh-rlhf: prompts cut to their last N tokens (task.max_prompt_tokens)")
+    parser.add_argument("--checkpoint", help="hh-rlhf: the model's checkpoint directory "
+                                             "(task.checkpoint; else $MXSERVE_CHECKPOINT, else "
+                                             "the config's)")
+    parser.add_argument("--data", help="hh-rlhf: the directory with HH-RLHF's train/test "
+                                       "jsonl[.gz] (task.data; else $MXSERVE_HH_RLHF, else the "
+                                       "config's)")
     parser.add_argument("--device", default="cpu",
-                        help="'cuda' (or cuda:N): also run the FP16 baseline locally on the GPU "
-                             "and measure its energy: NVML's energy counter read at every phase "
-                             "boundary after a device synchronise (samples beside it for the "
-                             "timeline), idle power first (default: cpu, no local baseline)")
+                        help="'cuda' (or cuda:N): train and evaluate every configuration on the "
+                             "GPU (--compute local), and run the FP16 baseline natively there "
+                             "too and measure its energy: NVML's energy counter read at every "
+                             "phase boundary after a device synchronise (samples beside it for "
+                             "the timeline), idle power first (default: cpu, no local baseline)")
+    parser.add_argument("--compute", choices=COMPUTE_MODES,
+                        help="where offloaded linear layers compute: 'daemon' (on mxserved; "
+                             "the default on cpu) or 'local' (here, on --device, with an exact "
+                             "emulation of the daemon's numerics, no weight upload; the daemon "
+                             "still chooses formats and books energy; the default on cuda)")
     parser.add_argument("--power-source", help="energy of the local baseline: 'nvml' (default "
                                                "with --device cuda) or 'replay:FILE' (a recorded "
                                                "trace, reported as replayed, never measured)")
+    parser.add_argument("--preflight-only", "--dry-run", action="store_true",
+                        help="print the preflight estimate (memory of this process, the daemon "
+                             "and the GPU; time) and exit")
+    parser.add_argument("--ignore-preflight", action="store_true",
+                        help="run even when the preflight estimate does not fit")
+    parser.add_argument("--daemon-weight-memory", default="8G",
+                        help="mxserved's --weight-memory-bytes, for the preflight (default "
+                             "%(default)s, the daemon's default)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
 
     progress = Progress(not args.quiet)
+    compute = args.compute or ("local" if args.device.startswith("cuda") else "daemon")
     try:
+        if args.out is None and not args.preflight_only:
+            raise ConfigError("--out: required (the directory for the results)")
+        _check_compute(args.device, compute)
         data = QUICK if args.quick else None
         experiment = load_config(copy.deepcopy(data) if data else args.config)
-        if args.steps is not None:
-            if args.steps < 1:
-                raise ConfigError(f"--steps: expected at least 1, got {args.steps}")
-            experiment.steps = args.steps
-        if args.seeds:
-            try:
-                seeds = [int(s) for s in args.seeds.split(",")]
-            except ValueError:
-                seeds = args.seeds
-            experiment.seeds = _check_seeds("--seeds", seeds)
-        if args.only:
-            wanted = set(args.only.split(","))
-            unknown = wanted - {c.name for c in experiment.configurations}
-            if unknown:
-                raise ConfigError(f"--only: no configuration {sorted(unknown)[0]!r} (have: "
-                                  f"{', '.join(c.name for c in experiment.configurations)})")
-            experiment.configurations = [c for c in experiment.configurations
-                                         if c.is_baseline or c.name in wanted]
+        _apply_overrides(experiment, args)
+        if args.out is not None and not args.preflight_only:
+            RunState.check_out(args.out, args.resume, args.overwrite)
         power = args.power_source or ("nvml" if args.device.startswith("cuda") else None)
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda: torch sees no CUDA device here")
+        if _preflight(experiment, args, compute, power) and args.preflight_only:
+            return 0
         with Client(args.server) as client:
             summary = run_experiment(client, experiment, args.out, progress=progress,
-                                     device=args.device, power_source=power)
-    except (FileNotFoundError, ValueError) as error:  # ConfigError is a ValueError
+                                     device=args.device, power_source=power, compute=compute,
+                                     resume=args.resume, overwrite=args.overwrite)
+    except (FileNotFoundError, ValueError) as error:  # ConfigError, ResumeError: ValueErrors
         progress.done()
         print(f"mxserve.experiment: {error}", file=sys.stderr)
         return 2
@@ -956,6 +1194,32 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{check['level']}: {check['statement']}: {check['status']}{detail}")
     print(f"wrote {os.path.join(args.out, 'report.md')}")
     return 0
+
+
+def _preflight(experiment: Experiment, args: argparse.Namespace, compute: str,
+               power: Optional[str]) -> bool:
+    """Prints the estimate (to stdout with --preflight-only, else as progress) and
+    raises ConfigError naming what to change when it does not fit; True when it fits."""
+    from mxserve import preflight
+
+    estimate = preflight_estimate(experiment, args.device, compute,
+                                  args.device != "cpu" or bool(power))
+    if args.preflight_only:
+        print(estimate.render())
+    elif not args.quiet:
+        print(estimate.render(), file=sys.stderr)
+    try:
+        budget = preflight.parse_bytes(args.daemon_weight_memory)
+    except ValueError as error:
+        raise ConfigError(f"--daemon-weight-memory: {error}") from None
+    problems = estimate.check(preflight.available_memory(args.device, budget),
+                              daemon_local=preflight.daemon_is_local(args.server))
+    if problems and not args.ignore_preflight:
+        raise ConfigError("preflight: this run does not fit:\n  " + "\n  ".join(problems) +
+                          "\n(--ignore-preflight runs it anyway)")
+    for problem in problems:
+        print(f"mxserve.experiment: preflight (ignored): {problem}", file=sys.stderr)
+    return True
 
 
 if __name__ == "__main__":

@@ -639,6 +639,7 @@ def _report(out, experiment, task, rows, checks: List[Criterion], info, baseline
              f"**{prompts} held-out prompts** per seed.", "",
              f"Ran at commit `{info.get('commit', '?')}` on {info.get('machine', '?')}, daemon "
              f"backend `{info.get('backend', '?')}`, device `{info.get('device', 'cpu')}`, "
+             f"compute `{info.get('compute', 'daemon')}`, "
              f"{info.get('duration_s', 0):.0f} s in all ({info.get('date', '')}).", "",
              "**How to read it.** Every quality figure pairs a configuration's seed s with the "
              "FP16 baseline of the same seed on the same prompts. Brackets are 95 % intervals "

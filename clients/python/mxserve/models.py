@@ -580,6 +580,11 @@ def _read_config(directory: Path) -> ModelConfig:
         raise ValueError(f"{file}: {error}") from None
 
 
+def read_model_config(path: os.PathLike | str) -> ModelConfig:
+    """The ModelConfig of a checkpoint directory's config.json, without its weights."""
+    return _read_config(Path(path))
+
+
 def _weight_files(directory: Path) -> List[Path]:
     """model.safetensors, or the shards a model.safetensors.index.json names."""
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"

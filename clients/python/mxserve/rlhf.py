@@ -52,7 +52,23 @@ from mxserve.energy_model import merge_work
 from mxserve.torch import OffloadSession, PhaseTotals, offload
 
 __all__ = ["PPOConfig", "PPOTrainer", "PolicyWithValue", "Rollout", "RewardModel",
-           "adaptive_cliprange", "generate", "left_pad", "response_logprobs", "sequence_scores"]
+           "adaptive_cliprange", "generate", "left_pad", "offload_as", "response_logprobs",
+           "sequence_scores"]
+
+COMPUTE_MODES = ("daemon", "local")
+
+
+def offload_as(module: nn.Module, client: Client, name: str, compute: str = "daemon",
+               **kwargs) -> OffloadSession:
+    """`mxserve.torch.offload`, computing where `compute` says: "daemon" (every
+    linear on mxserved; the argument is not passed, so this works with any
+    offload) or "local" (the daemon's numerics emulated here, on the layer's
+    device; the daemon stays the policy and energy authority)."""
+    if compute not in COMPUTE_MODES:
+        raise ValueError(f"compute: expected one of {', '.join(COMPUTE_MODES)}, got {compute!r}")
+    if compute != "daemon":
+        kwargs["compute"] = compute
+    return offload(module, client, name, **kwargs)
 
 
 
@@ -276,7 +292,11 @@ class PPOTrainer:
     under daemon model names `{name_prefix}.policy`, `.reference` and `.reward` with `policy`
     and tags every request with `run`, so this run's energy stays apart from any
     other's. Without one (the GPU baseline) everything runs here on `device`, under
-    FP16 autocast on CUDA. `totals()` sums the daemon's ExecutionInfo per phase;
+    FP16 autocast on CUDA. `compute` says where offloaded linears compute (see
+    `offload_as`): on the daemon, or "local" on `device` with the daemon's numerics.
+    `frozen_dtype` (e.g. torch.bfloat16) holds the frozen reference in that dtype
+    (the reward model comes in whatever dtype it has): half the memory of FP32 for
+    models that never train. `totals()` sums the daemon's ExecutionInfo per phase;
     `wall` holds the seconds spent here in each phase; `current_phase` is the phase
     running now (a power sampler tags its samples with it). `phase_hook`, when set,
     is called with a phase as it is entered, before `current_phase` changes (an
@@ -285,7 +305,8 @@ class PPOTrainer:
     def __init__(self, client: Optional[Client], policy_lm: nn.Module, reward_model: RewardModel,
                  config: PPOConfig, *, policy: str = "", run: str = "", name_prefix: str = "ppo",
                  eos_id: int, pad_id: int, seed: int = 0, device: str = "cpu",
-                 vocab_limit: Optional[int] = None):
+                 vocab_limit: Optional[int] = None, compute: str = "daemon",
+                 frozen_dtype: Optional[torch.dtype] = None):
         self.client = client
         self.config = config
         self.run = run
@@ -294,6 +315,8 @@ class PPOTrainer:
         self.vocab_limit = vocab_limit
         self.model = PolicyWithValue(policy_lm)
         self.reference = copy.deepcopy(policy_lm).requires_grad_(False)
+        if frozen_dtype is not None:
+            self.reference.to(frozen_dtype)
         self.reward_model = reward_model.requires_grad_(False)
         for module in (self.model, self.reference, self.reward_model):
             module.to(self.device)
@@ -309,8 +332,8 @@ class PPOTrainer:
             try:
                 for role, module in (("policy", self.model), ("reference", self.reference),
                                      ("reward", self.reward_model)):
-                    self.sessions[role] = offload(module, client, f"{name_prefix}.{role}",
-                                                  policy=policy, replace=True)
+                    self.sessions[role] = offload_as(module, client, f"{name_prefix}.{role}",
+                                                     compute, policy=policy, replace=True)
             except BaseException:
                 self.close()
                 raise

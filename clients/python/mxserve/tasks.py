@@ -53,12 +53,25 @@ class Task:
     decode: Callable[[Sequence[int]], str]
     setup: Dict[str, float] = dataclasses.field(default_factory=dict)  # e.g. RM accuracy
     vocab_limit: Optional[int] = None  # ids the tokenizer has (the embedding may have more)
+    # The dtype the initial models are held in (see `hold_in`); a new policy is FP32.
+    frozen_dtype: torch.dtype = torch.float32
 
     def new_policy(self) -> nn.Module:
-        return copy.deepcopy(self.policy)
+        """A copy of the initial policy in FP32 (it trains)."""
+        return copy.deepcopy(self.policy).float()
 
     def new_reward(self) -> RewardModel:
+        """A copy of the reward model, in `frozen_dtype` (it never trains)."""
         return copy.deepcopy(self.reward)
+
+    def hold_in(self, dtype: torch.dtype) -> "Task":
+        """Holds the initial policy and the reward model in `dtype` (BF16: half of
+        FP32's memory; exact for a checkpoint stored in BF16, as Qwen2.5's is).
+        Done after the reward model's training, which stays in FP32."""
+        self.policy.to(dtype)
+        self.reward.to(dtype)
+        self.frozen_dtype = dtype
+        return self
 
 
 def _quiet(_: str) -> None:

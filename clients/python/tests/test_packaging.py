@@ -32,11 +32,12 @@ def test_pip_installs_offline_and_the_package_imports(tmp_path, stubs):
     site = next(prefix.rglob("dist-packages"), None) or next(prefix.rglob("site-packages"))
     probe = ("import mxserve, mxserve.torch, mxserve.gpu_baseline; "
              "print(mxserve.__file__); print(mxserve.__version__); "
-             "print(mxserve.v1.compute_pb2.GemmRequest.DESCRIPTOR.full_name)")
+             "print(mxserve.v1.compute_pb2.GemmRequest.DESCRIPTOR.full_name); "
+             "import os, mxserve.experiment as e; print(os.path.isfile(e.shipped_config('seeds')))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    path, version, message = done.stdout.split()
+    path, version, message, config = done.stdout.split()
     assert path.startswith(str(site))
-    assert (version, message) == ("0.1.0", "mxserve.v1.GemmRequest")
+    assert (version, message, config) == ("0.1.0", "mxserve.v1.GemmRequest", "True")
