@@ -285,7 +285,7 @@ class PPOTrainer:
     def __init__(self, client: Optional[Client], policy_lm: nn.Module, reward_model: RewardModel,
                  config: PPOConfig, *, policy: str = "", run: str = "", name_prefix: str = "ppo",
                  eos_id: int, pad_id: int, seed: int = 0, device: str = "cpu",
-                 vocab_limit: Optional[int] = None):
+                 vocab_limit: Optional[int] = None, compute: str = "daemon"):
         self.client = client
         self.config = config
         self.run = run
@@ -310,7 +310,7 @@ class PPOTrainer:
                 for role, module in (("policy", self.model), ("reference", self.reference),
                                      ("reward", self.reward_model)):
                     self.sessions[role] = offload(module, client, f"{name_prefix}.{role}",
-                                                  policy=policy, replace=True)
+                                                  policy=policy, replace=True, compute=compute)
             except BaseException:
                 self.close()
                 raise
@@ -335,6 +335,12 @@ class PPOTrainer:
             if "policy" in self.sessions:
                 scope.enter_context(self.sessions["policy"].local())
             return copy.deepcopy(self.model.lm)
+
+    def flush_work(self) -> None:
+        """Reports the calls the sessions ran locally (compute="local") to the daemon's
+        ledger; nothing to do otherwise. Each step ends with it."""
+        for session in self.sessions.values():
+            session.flush_work()
 
     def close(self) -> None:
         """Restores the local modules and deletes the daemon's copies."""
@@ -482,4 +488,5 @@ class PPOTrainer:
         # correction is applied.
         metrics.update(ppo.mismatch_metrics(rollout.logprobs, old_logprobs, response_mask,
                                             cfg.is_cap))
+        self.flush_work()
         return metrics
