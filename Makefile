@@ -6,7 +6,7 @@ JOBS ?= 2
 MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test run observe up down bench bench-overhead bench-hot-path \
-        experiment \
+        experiment gpu-bundle \
         format clean \
         test-asan test-tsan fuzz check-minimal-build
 
@@ -146,3 +146,12 @@ format:
 
 clean:
 	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) build-minimal.*
+
+# mxserved with the dynamic loader and every library it links, in one directory
+# (build/gpu-bundle), for bench/gpu_check.sh on a GPU host without Debian's packages.
+gpu-bundle: build
+	@rm -rf $(BUILD_DIR)/gpu-bundle && mkdir -p $(BUILD_DIR)/gpu-bundle/lib
+	@cp $(BUILD_DIR)/bin/mxserved $(BUILD_DIR)/gpu-bundle/
+	@ldd $(BUILD_DIR)/bin/mxserved | awk '/=>/ {print $$3} /ld-linux/ {print $$1}' | \
+	  xargs -I{} cp -L {} $(BUILD_DIR)/gpu-bundle/lib/
+	@du -sh $(BUILD_DIR)/gpu-bundle

@@ -35,6 +35,11 @@ would still be exact: every MX element has at most 8 significant bits).
 Memory stays bounded: block products are computed for as many blocks at once as
 `MXSERVE_EMULATOR_TILE_BYTES` (default 256 MiB) allows.
 
+On CUDA, fused Triton kernels (`mxserve.emulator_triton`) take the MX quantizer
+(floor rule), every MX pair but those with E5M2, the float path and grad_bias
+when Triton imports; `MXSERVE_EMULATOR_TRITON=0` keeps the plain path. Both give
+the same bits (bench/gpu_check.py checks them against each other and the CPU).
+
 Quantizers: MX blocks of 32 with round-to-nearest-even or ties-away and the floor
 or no-saturation scale rule (mx/README.md "Quantizing a block"), INT8 per row
 (scale = amax/127), BF16/FP16 by IEEE conversion, FP32 as is.
@@ -99,6 +104,23 @@ _SPECS = {s.name: s for s in (
 _ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 ROUNDINGS = ("even", "away")
 SCALE_RULES = ("floor", "no_saturation")
+
+
+_TRITON: list = []
+
+
+def _triton(t: torch.Tensor):
+    """The Triton kernels module for a CUDA tensor when it imports and is not
+    disabled (MXSERVE_EMULATOR_TRITON=0), else None."""
+    if not t.is_cuda or os.environ.get("MXSERVE_EMULATOR_TRITON", "1") == "0":
+        return None
+    if not _TRITON:
+        try:
+            from mxserve import emulator_triton
+        except Exception:  # no Triton, or one this code cannot use: the plain path
+            emulator_triton = None
+        _TRITON.append(emulator_triton)
+    return _TRITON[0]
 
 
 def format_spec(fmt: Union[str, FormatSpec]) -> FormatSpec:
@@ -207,6 +229,9 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even
         return FloatOperand(spec, x.contiguous(), cols)
     if spec.kind == "int8":
         return _quantize_int8(spec, x, rounding)
+    kernels = _triton(x) if scale_rule == "floor" else None
+    if kernels is not None:
+        return MxOperand(spec, *kernels.quantize_mx(x, spec, rounding), cols)
     return _quantize_mx(spec, x, rounding, scale_rule)
 
 
@@ -331,10 +356,18 @@ def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch
     if m == 0 or n == 0:
         return y
     path = path_for(x, w)
+    kernels = _triton(y)
     if path == "mx_blocks":
+        split = kernels.mx_plan(x.spec, w.spec) if kernels is not None else None
+        if split is not None:
+            return kernels.mx_linear(x.fixed, _block_factors(x), w.fixed, _block_factors(w),
+                                     None if bias is None else y[0].contiguous(), split)
         return _linear_mx(x, w, y)
     if path == "int8":
         return _linear_int8(x, w, y, bias is not None)
+    if kernels is not None:
+        return kernels.fma_linear(dequantize(x), dequantize(w).t(),
+                                  None if bias is None else y[0].contiguous())
     return _linear_float(dequantize(x), dequantize(w), y, x.spec, w.spec)
 
 
@@ -358,18 +391,20 @@ def _linear_int8(x: Int8Operand, w: Int8Operand, y: torch.Tensor, has_bias: bool
     return y + v if has_bias else v
 
 
+def _block_factors(op: MxOperand) -> torch.Tensor:
+    """2^(e - F) per row and block in FP64, NaN where the scale is NaN (a NaN scale
+    on either side makes the block NaN)."""
+    factor = _pow2(op.exponent - op.spec.fraction_bits)
+    return torch.where(op.nan, torch.full_like(factor, float("nan")), factor)
+
+
 def _linear_mx(x: MxOperand, w: MxOperand, y: torch.Tensor) -> torch.Tensor:
     m, blocks, _ = x.fixed.shape
     n = w.fixed.shape[0]
     bound = BLOCK * float(x.fixed.abs().max()) * float(w.fixed.abs().max()) \
         if x.fixed.numel() and w.fixed.numel() else 0.0
     exact = "fp32" if bound < 2.0 ** 24 else "fp64" if bound < 2.0 ** 53 else "limbs"
-    # 2^(e - F) per row and block, NaN where the scale is NaN: a NaN scale on either
-    # side makes the block NaN.
-    fx = _pow2(x.exponent - x.spec.fraction_bits)
-    fx = torch.where(x.nan, torch.full_like(fx, float("nan")), fx)
-    fw = _pow2(w.exponent - w.spec.fraction_bits)
-    fw = torch.where(w.nan, torch.full_like(fw, float("nan")), fw)
+    fx, fw = _block_factors(x), _block_factors(w)
     xb = x.fixed.permute(1, 0, 2)            # [blocks, M, 32]
     wb = w.fixed.permute(1, 2, 0)            # [blocks, 32, N]
     per_block = m * n * (8 if exact == "fp32" else 24)
@@ -479,6 +514,9 @@ def column_sums(dy: torch.Tensor) -> torch.Tensor:
     """Σ over rows of dY in FP32, rows ascending from +0.0 (mx::ColumnSums): the
     daemon's grad_bias."""
     dy = _as_float32(dy, "grad_output")
+    kernels = _triton(dy)
+    if kernels is not None:
+        return kernels.column_sums(dy)
     sums = torch.zeros(dy.shape[1], dtype=torch.float32, device=dy.device)
     for r in range(dy.shape[0]):
         sums = sums + dy[r]

@@ -66,9 +66,10 @@ from mxserve.experiment_report import phase_sum
 from mxserve.experiment_report import pareto_front, summarize, write_outputs  # noqa: F401
 from mxserve.machine import describe_machine, source_commit
 from mxserve.experiment_state import ResumeError, RunState
-from mxserve.rlhf import (COMPUTE_MODES, PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate,
-                          left_pad, limit_vocab, offload_as)
+from mxserve.rlhf import (PHASES, PolicyWithValue, PPOConfig, PPOTrainer, generate, left_pad,
+                          limit_vocab)
 from mxserve.tasks import Task
+from mxserve.torch import COMPUTE_MODES, offload
 from mxserve.types import PROFILE_SCORES
 
 __all__ = ["ConfigError", "Configuration", "Experiment", "load_config", "main", "run_experiment"]
@@ -517,8 +518,8 @@ class _Judges:
         # updates are small enough that BF16 rounding would blur them.
         self.dtype = torch.float32
         self.reward = task.new_reward().to(self.device)
-        self.reward_session = offload_as(self.reward, client, f"{prefix}.judge", compute,
-                                         policy=BASELINE_POLICY, replace=True)
+        self.reward_session = offload(self.reward, client, f"{prefix}.judge",
+                                      policy=BASELINE_POLICY, replace=True, compute=compute)
         self.baseline_policy = None
         self.baseline_session = None
         self.baseline_key: Optional[Tuple[int, int]] = None  # (seed, repetition)
@@ -528,9 +529,9 @@ class _Judges:
         if self.baseline_session is not None:
             self.baseline_session.restore()
         self.baseline_policy = policy_lm.to(self.device, self.dtype)
-        self.baseline_session = offload_as(self.baseline_policy, self.client,
-                                           f"{self.prefix}.baseline", self.compute,
-                                           policy=BASELINE_POLICY, replace=True)
+        self.baseline_session = offload(self.baseline_policy, self.client,
+                                        f"{self.prefix}.baseline", policy=BASELINE_POLICY,
+                                        replace=True, compute=self.compute)
         self.baseline_key = key
 
     @torch.no_grad()
@@ -703,7 +704,7 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
     # generated rules name the very layers the policy, reference and reward models
     # register; the value head is left out (it is not part of the LM's output).
     model = PolicyWithValue(task.new_policy()).to(device if compute == "local" else "cpu")
-    session = offload_as(model, client, f"{prefix}.profile", compute, replace=True)
+    session = offload(model, client, f"{prefix}.profile", replace=True, compute=compute)
     try:
         rows = task.train_prompts[:experiment.ppo.batch_size * experiment.profile_batches]
         batches = []

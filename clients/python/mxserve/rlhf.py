@@ -52,25 +52,8 @@ from mxserve.energy_model import merge_work
 from mxserve.torch import OffloadSession, PhaseTotals, offload
 
 __all__ = ["PPOConfig", "PPOTrainer", "PolicyWithValue", "Rollout", "RewardModel",
-           "adaptive_cliprange", "generate", "left_pad", "offload_as", "response_logprobs",
+           "adaptive_cliprange", "generate", "left_pad", "response_logprobs",
            "sequence_scores"]
-
-COMPUTE_MODES = ("daemon", "local")
-
-
-def offload_as(module: nn.Module, client: Client, name: str, compute: str = "daemon",
-               **kwargs) -> OffloadSession:
-    """`mxserve.torch.offload`, computing where `compute` says: "daemon" (every
-    linear on mxserved; the argument is not passed, so this works with any
-    offload) or "local" (the daemon's numerics emulated here, on the layer's
-    device; the daemon stays the policy and energy authority)."""
-    if compute not in COMPUTE_MODES:
-        raise ValueError(f"compute: expected one of {', '.join(COMPUTE_MODES)}, got {compute!r}")
-    if compute != "daemon":
-        kwargs["compute"] = compute
-    return offload(module, client, name, **kwargs)
-
-
 
 @dataclasses.dataclass
 class PPOConfig:
@@ -293,7 +276,7 @@ class PPOTrainer:
     and tags every request with `run`, so this run's energy stays apart from any
     other's. Without one (the GPU baseline) everything runs here on `device`, under
     FP16 autocast on CUDA. `compute` says where offloaded linears compute (see
-    `offload_as`): on the daemon, or "local" on `device` with the daemon's numerics.
+    `mxserve.torch.offload`): on the daemon, or "local" on `device` with the daemon's numerics.
     `frozen_dtype` (e.g. torch.bfloat16) holds the frozen reference in that dtype
     (the reward model comes in whatever dtype it has): half the memory of FP32 for
     models that never train. `totals()` sums the daemon's ExecutionInfo per phase;
@@ -332,8 +315,8 @@ class PPOTrainer:
             try:
                 for role, module in (("policy", self.model), ("reference", self.reference),
                                      ("reward", self.reward_model)):
-                    self.sessions[role] = offload_as(module, client, f"{name_prefix}.{role}",
-                                                     compute, policy=policy, replace=True)
+                    self.sessions[role] = offload(module, client, f"{name_prefix}.{role}",
+                                                  policy=policy, replace=True, compute=compute)
             except BaseException:
                 self.close()
                 raise
@@ -358,6 +341,12 @@ class PPOTrainer:
             if "policy" in self.sessions:
                 scope.enter_context(self.sessions["policy"].local())
             return copy.deepcopy(self.model.lm)
+
+    def flush_work(self) -> None:
+        """Reports the calls the sessions ran locally (compute="local") to the daemon's
+        ledger; nothing to do otherwise. Each step ends with it."""
+        for session in self.sessions.values():
+            session.flush_work()
 
     def close(self) -> None:
         """Restores the local modules and deletes the daemon's copies."""
@@ -505,4 +494,5 @@ class PPOTrainer:
         # correction is applied.
         metrics.update(ppo.mismatch_metrics(rollout.logprobs, old_logprobs, response_mask,
                                             cfg.is_cap))
+        self.flush_work()
         return metrics

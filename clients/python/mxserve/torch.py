@@ -26,6 +26,20 @@ A call too large for one gRPC message (a vocabulary projection's logits, its
 along the rows of W (`weight_rows`). Every piece is bit-identical to the same part
 of an unsplit call, and each is booked, so the energy ledger holds the whole.
 
+`offload(..., compute="local")` runs every offloaded layer in this process instead,
+on the layer's own device, with `mxserve.emulator` — the daemon's numerics bit for
+bit (MX and INT8 exactly, the float formats as the same FP32 fma chain) — in the
+format the daemon's policy gives (phase, layer), resolved once per session from
+`Policies.ResolvePolicy` and cached (`refresh_policy()` asks again). Nothing is
+uploaded and `sync_weights()` has nothing to do: the weights are the trainer's own
+tensors, quantized once per in-place change. The daemon stays the policy and
+energy authority: the session registers the model's layers (never their weights)
+and reports the calls it ran, batched, through `Telemetry.ReportWork`
+(`flush_work()`, also when the buffer fills and on `restore()`), so the daemon's
+energy ledger, `GetEnergyReport` and its metrics hold what they would had the
+daemon run them — split exactly as daemon calls would have been — marked as
+client-emulated.
+
 `session.work(run)` counts the GEMMs the daemon booked for this session's calls,
 split pieces included, as JSON-ready rows {phase, run, x_format, w_format, m, n,
 k, kind, count} with m, n, k the daemon's EstimateGemm arguments: the input of
@@ -37,6 +51,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -47,7 +63,11 @@ from torch.autograd.function import once_differentiable
 from mxserve import _wire
 from mxserve.client import ENVELOPE_BYTES, Client, MxserveError
 from mxserve.energy_model import WorkKey, work_rows
-from mxserve.types import ExecutionInfo, LayerSpec
+from mxserve.types import ExecutionInfo, LayerSpec, WorkCall
+
+COMPUTE_MODES = ("daemon", "local")
+# Buffered work calls (after merging identical neighbours) that trigger a flush.
+WORK_FLUSH_CALLS = 4096
 
 __all__ = ["OffloadSession", "OffloadedLinear", "PhaseTotals", "offload"]
 
@@ -75,6 +95,16 @@ class PhaseTotals:
         self.queue_seconds += other.queue_seconds
         self.model_seconds += other.model_seconds
         self.model_joules += other.model_joules
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One LayerBackward request of a backward pass: the rows of dY it carries,
+    the rows of W it is about (None: all, and grad_input comes back), and whether
+    it carries X (grad_weight)."""
+    rows: range
+    weight_rows: Optional[Tuple[int, int]]
+    with_input: bool
 
 
 def _is_conv1d(module: nn.Module) -> bool:
@@ -122,15 +152,38 @@ class _RemoteLinear(torch.autograd.Function):
             ctx)
         if grad_x is not None:
             grad_x = grad_x.to(device=grad_y.device, dtype=grad_y.dtype).reshape(ctx.input_shape)
-        if need_w and grad_w is None:  # local: FP32 dYᵀ·X
-            grad_w = dy.float().t() @ x2d.float()
-        if need_b and grad_b is None:
-            grad_b = dy.float().sum(0)
-        if grad_w is not None:
-            weight = layer.weight
-            grad_w = (grad_w.t() if layer.transposed else grad_w).to(weight.device, weight.dtype)
-        if grad_b is not None:
-            grad_b = grad_b.to(layer.bias.device, layer.bias.dtype)
+        grad_w, grad_b = layer.parameter_grads(dy, x2d, grad_w, grad_b, need_w, need_b)
+        return grad_x, grad_w, grad_b, None
+
+
+class _LocalLinear(torch.autograd.Function):
+    """y = x·Wᵀ + b with the daemon's numerics, here (compute="local")."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer: "OffloadedLinear"):
+        session = layer.session
+        phase = session.client.current_phase
+        run = session.client.current_run or ""
+        x2d = x.reshape(-1, layer.in_features)
+        fmt = session.local_format(layer, phase)
+        y = session.local_forward(layer, x2d, fmt, phase, run)
+        ctx.layer, ctx.phase, ctx.run, ctx.format = layer, phase, run, fmt
+        ctx.input_shape = x.shape
+        if weight.requires_grad:
+            ctx.save_for_backward(x2d)
+        return y.to(dtype=x.dtype).reshape(*x.shape[:-1], layer.out_features)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        layer: OffloadedLinear = ctx.layer
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dy = grad_y.reshape(-1, layer.out_features)
+        x2d = ctx.saved_tensors[0] if ctx.saved_tensors else None
+        grad_x, grad_w, grad_b = layer.session.local_backward(layer, dy, x2d, need_x, need_w,
+                                                              need_b, ctx)
+        if grad_x is not None:
+            grad_x = grad_x.to(dtype=grad_y.dtype).reshape(ctx.input_shape)
         return grad_x, grad_w, grad_b, None
 
 
@@ -166,11 +219,27 @@ class OffloadedLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{self.layer_name}: input has {x.shape[-1]} features, "
                              f"the layer takes {self.in_features}")
-        return _RemoteLinear.apply(x, self.weight, self.bias, self)
+        function = _LocalLinear if self.session.compute == "local" else _RemoteLinear
+        return function.apply(x, self.weight, self.bias, self)
 
     def remote_weight(self) -> torch.Tensor:
         """W as the daemon holds it, [out_features, in_features]."""
         return self.weight.detach().t() if self.transposed else self.weight.detach()
+
+    def parameter_grads(self, dy, x2d, grad_w, grad_b, need_w: bool, need_b: bool):
+        """grad_weight and grad_bias as the parameters take them: computed here in
+        FP32 where the backward did not bring them (grad_weight="local"), W's
+        layout and dtype, the parameters' device."""
+        if need_w and grad_w is None:  # local: FP32 dYᵀ·X
+            grad_w = dy.float().t() @ x2d.float()
+        if need_b and grad_b is None:
+            grad_b = dy.float().sum(0)
+        if grad_w is not None:
+            grad_w = (grad_w.t() if self.transposed else grad_w).to(self.weight.device,
+                                                                    self.weight.dtype)
+        if grad_b is not None:
+            grad_b = grad_b.to(self.bias.device, self.bias.dtype)
+        return grad_w, grad_b
 
     def extra_repr(self) -> str:
         return (f"{self.layer_name!r}, in_features={self.in_features}, "
@@ -182,10 +251,13 @@ class OffloadSession:
 
     def __init__(self, model: nn.Module, client: Client, name: str, policy: str = "",
                  grad_weight: str = "remote", format: _wire.FormatLike = None,
-                 replace: bool = False, chunk_bytes: int = 1 << 20):
+                 replace: bool = False, chunk_bytes: int = 1 << 20, compute: str = "daemon"):
         if grad_weight not in ("remote", "local"):
             raise ValueError(f"grad_weight: expected 'remote' or 'local', got {grad_weight!r}")
+        if compute not in COMPUTE_MODES:
+            raise ValueError(f"compute: expected 'daemon' or 'local', got {compute!r}")
         _wire.format_to_wire(format)  # validate now, not at the first forward
+        self.compute = compute
         self.model = model
         self.client = client
         self.model_name = name
@@ -200,6 +272,12 @@ class OffloadSession:
         self._work: Dict[WorkKey, int] = collections.Counter()
         self._originals: Dict[str, nn.Module] = {}
         self._uploaded: Dict[str, Tuple[int, int]] = {}
+        # compute="local": the policy's (phase, layer) → format table, each layer's
+        # weight quantized per format (forward and transposed layouts, keyed by the
+        # parameter's version), and the calls not yet reported to the daemon.
+        self._policy_table: Optional[Dict[Tuple[str, str], str]] = None
+        self._quantized: Dict[Tuple[str, str, bool], Tuple[Tuple[int, int], Any]] = {}
+        self._pending: List[WorkCall] = []
 
         if _offloadable(model):
             raise ValueError("offload: the model is itself one linear layer; wrap it, e.g. "
@@ -220,7 +298,10 @@ class OffloadSession:
             LayerSpec(n, l.out_features, l.in_features, l.bias is not None)
             for n, l in self.layers.items()], policy=policy)
         try:
-            self._upload(list(self.layers))
+            if compute == "daemon":
+                self._upload(list(self.layers))
+            else:
+                self.refresh_policy()
         except BaseException:
             client.delete_model(name)
             raise
@@ -257,7 +338,11 @@ class OffloadSession:
     def sync_weights(self, force: bool = False) -> int:
         """Uploads the layers whose parameters changed (all with `force`) and
         publishes them as a new weight version; returns the version. Later forwards
-        require at least that version. Nothing changed: no new version."""
+        require at least that version. Nothing changed: no new version. With
+        compute="local" there is nothing to upload (the layers read the parameters
+        themselves); returns 0."""
+        if self.compute == "local":
+            return self.weight_version
         names = list(self.layers) if force else self.changed_layers()
         if names:
             self._upload(names)
@@ -288,50 +373,50 @@ class OffloadSession:
         """Y = X·Wᵀ + b on the daemon, in as many calls as the messages need (rows of
         X and Y are independent, so the pieces are exact). Returns Y and the first
         call's ExecutionInfo; every call is accounted."""
-        row_bytes = max(layer.in_features * x2d.element_size(), layer.out_features * 4)
-        step = self._rows_per_call(row_bytes)
         outputs, first = [], None
-        for start in range(0, x2d.shape[0], step):
-            result = self.client.forward(self.model_name, layer.layer_name, x2d[start:start + step],
-                                         format=fmt, phase=phase, run=run,
-                                         min_weight_version=self.weight_version)
+        for rows in self._forward_pieces(layer, x2d.shape[0], x2d.element_size()):
+            result = self.client.forward(self.model_name, layer.layer_name,
+                                         x2d[rows.start:rows.stop], format=fmt, phase=phase,
+                                         run=run, min_weight_version=self.weight_version)
             self.account(phase, result.info)
             # What ForwardItem::Answer books: this request's rows, even when the
             # daemon batched it with others.
-            self._count(phase, run, result.info, "forward", x2d[start:start + step].shape[0],
-                        layer.out_features, layer.in_features)
+            self._count(phase, run, result.info, "forward", len(rows), layer.out_features,
+                        layer.in_features)
             layer.last_info = result.info
             first = first or result.info
             outputs.append(result.output)
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), first
 
-    def remote_backward(self, layer: OffloadedLinear, dy: torch.Tensor, x2d: Optional[torch.Tensor],
-                        need_x: bool, need_b: bool, ctx) -> Tuple[Optional[torch.Tensor], ...]:
-        """(grad_input if need_x, grad_weight if x2d is given, grad_bias if need_b)
-        from the daemon; None for what was not asked or, for grad_bias, not had (the
-        caller sums dY locally then). One call when everything fits in a message;
-        otherwise grad_input along the rows of dY and grad_weight (with grad_bias)
-        along the rows of W."""
-        if not (need_x or x2d is not None or need_b):
-            return None, None, None
-        m, n, k = dy.shape[0], layer.out_features, layer.in_features
-        x_bytes = 0 if x2d is None else m * k * x2d.element_size()
-        request_bytes = m * n * dy.element_size() + x_bytes
-        response_bytes = m * k * 4 + (0 if x2d is None else (n * k + n) * 4)
+    def _forward_pieces(self, layer: OffloadedLinear, m: int, element_size: int) -> List[range]:
+        """The rows of X each LayerForward call carries: as many as a message holds
+        (rows of X and Y are independent, so the pieces are exact)."""
+        step = self._rows_per_call(max(layer.in_features * element_size, layer.out_features * 4))
+        return [range(start, min(m, start + step)) for start in range(0, m, step)]
+
+    def _backward_plan(self, layer: OffloadedLinear, m: int, dy_size: int,
+                       x_size: Optional[int], need_x: bool, need_b: bool) -> List["_Call"]:
+        """The LayerBackward calls a backward takes: one when everything fits in a
+        message (it brings grad_input, and grad_weight when X is sent); otherwise
+        grad_input along the rows of dY, and grad_weight (with grad_bias) along the
+        rows of W, each slice carrying all of X. `x_size`: X's element size, None
+        when grad_weight is not asked."""
+        if not (need_x or x_size is not None or need_b):
+            return []
+        n, k = layer.out_features, layer.in_features
+        x_bytes = 0 if x_size is None else m * k * x_size
+        request_bytes = m * n * dy_size + x_bytes
+        response_bytes = m * k * 4 + (0 if x_size is None else (n * k + n) * 4)
         budget = self._message_budget()
         if request_bytes <= budget and response_bytes <= budget:
-            result = self._backward_call(layer, dy, x2d, ctx)
-            return (result.grad_input if need_x else None, result.grad_weight,
-                    result.grad_bias if need_b else None)
-        grad_x = grad_w = grad_b = None
+            return [_Call(range(m), None, x_size is not None)]
+        calls = []
         if need_x:
-            step = self._rows_per_call(max(n * dy.element_size(), k * 4))
-            grad_x = torch.cat([self._backward_call(layer, dy[start:start + step], None,
-                                                    ctx).grad_input
-                                for start in range(0, m, step)])
-        if x2d is not None:
-            # Each slice carries all of X and its columns of dY; it returns its rows.
-            width = min((budget - x_bytes) // (m * dy.element_size()) if x_bytes < budget else 0,
+            step = self._rows_per_call(max(n * dy_size, k * 4))
+            calls += [_Call(range(start, min(m, start + step)), None, False)
+                      for start in range(0, m, step)]
+        if x_size is not None:
+            width = min((budget - x_bytes) // (m * dy_size) if x_bytes < budget else 0,
                         budget // ((k + 1) * 4))
             if width < 1:
                 raise ValueError(
@@ -339,13 +424,33 @@ class OffloadSession:
                     f"{x_bytes} bytes) in each request, more than a message holds "
                     f"({self.client.max_message_bytes} bytes, the client's max_message_bytes): "
                     f"run backward on fewer tokens at a time, or use grad_weight='local'")
-            slices = [self._backward_call(layer, dy[:, start:start + width].contiguous(), x2d, ctx,
-                                          (start, min(start + width, n)))
+            calls += [_Call(range(m), (start, min(start + width, n)), True)
                       for start in range(0, n, width)]
-            grad_w = torch.cat([piece.grad_weight for piece in slices])
-            if need_b:
-                grad_b = torch.cat([piece.grad_bias for piece in slices])
-        return grad_x, grad_w, grad_b
+        return calls
+
+    def remote_backward(self, layer: OffloadedLinear, dy: torch.Tensor, x2d: Optional[torch.Tensor],
+                        need_x: bool, need_b: bool, ctx) -> Tuple[Optional[torch.Tensor], ...]:
+        """(grad_input if need_x, grad_weight if x2d is given, grad_bias if need_b)
+        from the daemon; None for what was not asked or, for grad_bias, not had (the
+        caller sums dY locally then), in the calls `_backward_plan` gives."""
+        plan = self._backward_plan(layer, dy.shape[0], dy.element_size(),
+                                   None if x2d is None else x2d.element_size(), need_x, need_b)
+        if len(plan) == 1 and plan[0].weight_rows is None:
+            result = self._backward_call(layer, dy, x2d if plan[0].with_input else None, ctx)
+            return (result.grad_input if need_x else None, result.grad_weight,
+                    result.grad_bias if need_b else None)
+        grad_x, slices = [], []
+        for call in plan:
+            if call.weight_rows is None:
+                rows = dy[call.rows.start:call.rows.stop]
+                grad_x.append(self._backward_call(layer, rows, None, ctx).grad_input)
+            else:
+                start, stop = call.weight_rows
+                slices.append(self._backward_call(layer, dy[:, start:stop].contiguous(), x2d, ctx,
+                                                  call.weight_rows))
+        grad_w = torch.cat([piece.grad_weight for piece in slices]) if slices else None
+        grad_b = torch.cat([piece.grad_bias for piece in slices]) if slices and need_b else None
+        return (torch.cat(grad_x) if grad_x else None), grad_w, grad_b
 
     def _backward_call(self, layer: OffloadedLinear, dy, x2d, ctx, weight_rows=None):
         result = self.client.backward(self.model_name, layer.layer_name, dy, x2d,
@@ -362,6 +467,142 @@ class OffloadSession:
         if x2d is not None:
             self._count(ctx.phase, ctx.run, result.info, "grad_weight", n, k, m)
         return result
+
+
+    # --- compute="local": the emulator, here -------------------------------------------
+
+    def refresh_policy(self) -> Dict[Tuple[str, str], str]:
+        """Asks the daemon for the model's (phase, layer) → format table again (after
+        `set_active_policy`, or a policy's replacement); local layers use it."""
+        self._policy_table = self.client.resolve_policy(self.model_name).table()
+        return self._policy_table
+
+    def local_format(self, layer: OffloadedLinear, phase: Optional[str]) -> str:
+        """The format a local call runs in: the layer's or the session's pin, else the
+        policy's for (phase, layer), canonical."""
+        if phase is None:
+            raise ValueError(f"{layer.layer_name}: phase: required for compute='local' (as the "
+                             "daemon requires it); run the model inside "
+                             "client.phase('rollout' | 'reward' | 'update')")
+        fmt = layer.effective_format
+        if fmt is None:
+            table = self._policy_table if self._policy_table is not None else \
+                self.refresh_policy()
+            fmt = table.get((phase, layer.layer_name))
+            if fmt is None:
+                raise ValueError(f"{layer.layer_name}: the daemon's policy table for model "
+                                 f"{self.model_name!r} has no entry for phase {phase!r}")
+        return _wire.format_name(_wire.format_to_wire(fmt))
+
+    def _weight_operand(self, layer: OffloadedLinear, fmt: str, transposed: bool):
+        """W [N, K] (or Wᵀ [K, N]) quantized to `fmt`, cached until the parameter
+        changes in place (its version) or is replaced."""
+        from mxserve import emulator
+
+        key = (layer.layer_name, fmt, transposed)
+        version = (id(layer.weight), layer.weight._version)
+        cached = self._quantized.get(key)
+        if cached is None or cached[0] != version:
+            w = layer.remote_weight()
+            cached = (version, emulator.quantize(w.t() if transposed else w, fmt))
+            self._quantized[key] = cached
+        return cached[1]
+
+    def local_forward(self, layer: OffloadedLinear, x2d: torch.Tensor, fmt: str,
+                      phase: str, run: str) -> torch.Tensor:
+        """Y = X·Wᵀ + b with the emulator on X's device, FP32; booked as the
+        LayerForward calls the daemon would have served."""
+        from mxserve import emulator
+
+        started = time.perf_counter()
+        bias = None if layer.bias is None else layer.bias.detach()
+        y = emulator.linear(emulator.quantize(x2d, fmt), self._weight_operand(layer, fmt, False),
+                            bias)
+        seconds = time.perf_counter() - started
+        for rows in self._forward_pieces(layer, x2d.shape[0], x2d.element_size()):
+            m = len(rows)
+            estimate = _estimate(fmt, m, layer.out_features, layer.in_features)
+            info = self._local_info(fmt, estimate, seconds * m / max(1, x2d.shape[0]))
+            layer.last_info = info
+            self.account(phase, info)
+            self._count(phase, run, info, "forward", m, layer.out_features, layer.in_features)
+            self._book(WorkCall(phase=phase, run=run, model=self.model_name,
+                                layer=layer.layer_name, call="forward", format=fmt, m=m,
+                                n=layer.out_features))
+        return y
+
+    def local_backward(self, layer: OffloadedLinear, dy: torch.Tensor,
+                       x2d: Optional[torch.Tensor], need_x: bool, need_w: bool, need_b: bool,
+                       ctx) -> Tuple[Optional[torch.Tensor], ...]:
+        """grad_input, grad_weight and grad_bias as `_RemoteLinear.backward` returns
+        them, computed with the emulator; booked as the LayerBackward calls of
+        `_backward_plan`."""
+        from mxserve import emulator
+
+        fmt, phase, run = ctx.format, ctx.phase, ctx.run
+        emulated_w = need_w and self.grad_weight == "remote"
+        plan = self._backward_plan(layer, dy.shape[0], dy.element_size(),
+                                   x2d.element_size() if emulated_w else None, need_x,
+                                   need_b and self.grad_weight == "remote")
+        started = time.perf_counter()
+        grad_x = grad_w = grad_b = None
+        if need_x:
+            grad_x = emulator.grad_input(dy, self._weight_operand(layer, fmt, True), fmt)
+        if emulated_w:
+            grad_w = emulator.grad_weight(dy, x2d, fmt)
+        if need_b and self.grad_weight == "remote":
+            grad_b = emulator.column_sums(dy)
+        seconds = time.perf_counter() - started
+        m, n, k = dy.shape[0], layer.out_features, layer.in_features
+        for call in plan:
+            rows = len(call.rows)
+            cols = n if call.weight_rows is None else call.weight_rows[1] - call.weight_rows[0]
+            with_input_grad = call.weight_rows is None
+            estimate = _sum_estimates(
+                _estimate(fmt, rows, k, cols) if with_input_grad else None,
+                _estimate(fmt, cols, k, rows) if call.with_input else None)
+            info = self._local_info(fmt, estimate, seconds / len(plan))
+            layer.last_backward_info = info
+            self.account(phase, info)
+            if with_input_grad:
+                self._count(phase, run, info, "grad_input", rows, k, cols)
+            if call.with_input:
+                self._count(phase, run, info, "grad_weight", cols, k, rows)
+            self._book(WorkCall(phase=phase, run=run, model=self.model_name,
+                                layer=layer.layer_name, call="backward", format=fmt, m=rows,
+                                n=cols, grad_input=with_input_grad, grad_weight=call.with_input))
+        grad_w, grad_b = layer.parameter_grads(dy, x2d, grad_w, grad_b, need_w, need_b)
+        return grad_x, grad_w, grad_b
+
+    def _local_info(self, fmt: str, estimate, seconds: float) -> ExecutionInfo:
+        return ExecutionInfo(format=fmt, weight_format=fmt, backend="local", kernel="emulator",
+                             weight_version=self.weight_version, batch_size=1, queue_seconds=0.0,
+                             compute_seconds=seconds, model_seconds=estimate.seconds,
+                             model_joules=estimate.joules)
+
+    def _book(self, call: WorkCall) -> None:
+        """Buffers a call for the daemon's ledger, merged with an identical
+        predecessor (the daemon books each of `count` in order, so nothing changes)."""
+        if self._pending and dataclasses.replace(self._pending[-1], count=call.count) == call:
+            last = self._pending[-1]
+            self._pending[-1] = dataclasses.replace(last, count=last.count + call.count)
+        else:
+            self._pending.append(call)
+        if len(self._pending) >= WORK_FLUSH_CALLS:
+            self.flush_work()
+
+    def flush_work(self) -> int:
+        """Reports the buffered local calls to the daemon (Telemetry.ReportWork), which
+        books them as it books its own; returns how many calls were reported. Call
+        it before reading the daemon's energy report."""
+        if not self._pending:
+            return 0
+        pending, self._pending = self._pending, []
+        try:
+            return self.client.report_work(pending).calls
+        except BaseException:
+            self._pending = pending + self._pending  # nothing booked: keep them
+            raise
 
     def account(self, phase: Optional[str], info: ExecutionInfo) -> None:
         """Adds one response's ExecutionInfo to `totals[phase]`."""
@@ -395,8 +636,10 @@ class OffloadSession:
 
     def restore(self, delete: bool = True) -> None:
         """Puts the original modules back (they hold the trained parameters) and,
-        with `delete`, removes the model from the daemon."""
+        with `delete`, removes the model from the daemon — after reporting any
+        local calls not yet reported."""
         self._swap({id(layer): self._originals[n] for n, layer in self.layers.items()})
+        self.flush_work()
         if delete:
             try:
                 self.client.delete_model(self.model_name)
@@ -413,11 +656,45 @@ class OffloadSession:
 
 def offload(model: nn.Module, client: Client, name: str, policy: str = "",
             grad_weight: str = "remote", format: _wire.FormatLike = None,
-            replace: bool = False) -> OffloadSession:
+            replace: bool = False, compute: str = "daemon") -> OffloadSession:
     """Registers every nn.Linear of `model` on the daemon as model `name` (with
     `policy`, default the daemon's), uploads the weights as version 1 and swaps in
     OffloadedLinear modules. `format` pins one format for every layer and phase
     instead of the policy's choice; `replace` deletes an existing model of that name
-    first. Returns the session (also a context manager that restores on exit)."""
+    first. `compute="local"` runs the layers here with the daemon's numerics
+    (`mxserve.emulator`) instead: no upload, the daemon's policy and energy ledger
+    still in charge (see the module's docstring). Returns the session (also a
+    context manager that restores on exit)."""
     return OffloadSession(model, client, name, policy=policy, grad_weight=grad_weight,
-                          format=format, replace=replace)
+                          format=format, replace=replace, compute=compute)
+
+
+def _estimate(fmt: str, m: int, n: int, k: int):
+    """The FPGA model's estimate of one GEMM (fpga/model/energy_model.json, as the
+    daemon's default), for the session's local totals; zeros without the file."""
+    from mxserve import energy_model
+
+    params = _energy_params()
+    if params is None:
+        return energy_model.GemmEstimate(0.0, 0.0, 0.0, 0.0, 0.0)
+    return energy_model.estimate_gemm(params, fmt, fmt, m, n, k)
+
+
+def _sum_estimates(a, b):
+    """fpga_model's Sum of two estimates (either may be None), field by field."""
+    if a is None or b is None:
+        return a if b is None else b
+    return type(a)(*(x + y for x, y in zip(a, b)))
+
+
+_ENERGY_PARAMS: List[Any] = []
+
+
+def _energy_params():
+    if not _ENERGY_PARAMS:
+        from mxserve import energy_model
+        try:
+            _ENERGY_PARAMS.append(energy_model.load_energy_model())
+        except (energy_model.EnergyModelError, OSError):
+            _ENERGY_PARAMS.append(None)
+    return _ENERGY_PARAMS[0]

@@ -243,15 +243,3 @@ def test_an_interrupted_run_resumes_to_the_same_results(client, tmp_path):
         assert [dict(w, run="") for w in mine["work"]] == [dict(w, run="") for w in theirs["work"]]
     assert [r["win_rate"] for r in resumed["configurations"]] == \
         [r["win_rate"] for r in whole["configurations"]]
-
-
-def test_compute_reaches_offload_only_when_it_is_not_the_daemon(monkeypatch):
-    from mxserve import rlhf
-
-    calls = []
-    monkeypatch.setattr(rlhf, "offload", lambda *args, **kwargs: calls.append(kwargs))
-    rlhf.offload_as(None, None, "m", "daemon", policy="p")
-    rlhf.offload_as(None, None, "m", "local", policy="p")
-    assert calls == [{"policy": "p"}, {"policy": "p", "compute": "local"}]
-    with pytest.raises(ValueError, match="compute: expected one of daemon, local"):
-        rlhf.offload_as(None, None, "m", "gpu")
