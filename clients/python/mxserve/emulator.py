@@ -35,6 +35,11 @@ would still be exact: every MX element has at most 8 significant bits).
 Memory stays bounded: block products are computed for as many blocks at once as
 `MXSERVE_EMULATOR_TILE_BYTES` (default 256 MiB) allows.
 
+The float path on CUDA defaults to one tensor-core GEMM with FP32 accumulation
+(`MXSERVE_EMULATOR_FLOAT=fast`: within the contract's tolerance for float paths,
+not the daemon's bits); `MXSERVE_EMULATOR_FLOAT=exact` keeps the fma chain there
+too, and is the default on the CPU.
+
 On CUDA, fused Triton kernels (`mxserve.emulator_triton`) take the MX quantizer
 (floor rule), every MX pair but those with E5M2, the float path and grad_bias
 when Triton imports; `MXSERVE_EMULATOR_TRITON=0` keeps the plain path. Both give
@@ -239,8 +244,11 @@ def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str) -> Int8Oper
     finite = torch.isfinite(x).all(dim=1)
     amax = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x)).amax(dim=1) \
         if x.shape[1] else torch.zeros(x.shape[0], device=x.device)
-    scale = amax / 127.0
-    q = x / scale[:, None]
+    # Both divisions in FP64, then one rounding to FP32: the FP32 quotient exactly
+    # (53 >= 2·24 + 2 bits, so the double rounding is innocuous), on every device —
+    # CUDA divides by a scalar as a multiply by its reciprocal.
+    scale = (amax.double() / torch.full_like(amax, 127.0, dtype=torch.float64)).float()
+    q = (x.double() / scale.double()[:, None]).float()
     magnitude = torch.clamp(_round(q.abs().double(), rounding), max=127.0)
     codes = torch.where(torch.isnan(q), torch.zeros_like(q),
                         torch.copysign(magnitude.float(), q))
@@ -365,6 +373,8 @@ def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch
         return _linear_mx(x, w, y)
     if path == "int8":
         return _linear_int8(x, w, y, bias is not None)
+    if _float_path(y) == "fast":
+        return _linear_float_fast(dequantize(x), dequantize(w), y, x.spec, w.spec)
     if kernels is not None:
         return kernels.fma_linear(dequantize(x), dequantize(w).t(),
                                   None if bias is None else y[0].contiguous())
@@ -473,6 +483,36 @@ def _linear_float(xv: torch.Tensor, wv: torch.Tensor, y: torch.Tensor, x_spec: F
         product = xd[:, k:k + 1] * wd[k:k + 1, :]      # exact: 24 + 24 bits
         y = _sum_round_to_odd_special(product, y.double()).float()
     return y
+
+
+def _float_path(y: torch.Tensor) -> str:
+    """"exact" (the daemon's fma chain, bit for bit) or "fast" (a tensor-core GEMM
+    with FP32 accumulation: the contract's tolerance, not its bits), from
+    MXSERVE_EMULATOR_FLOAT; default exact on the CPU, fast on CUDA."""
+    mode = os.environ.get("MXSERVE_EMULATOR_FLOAT", "fast" if y.is_cuda else "exact")
+    if mode not in ("exact", "fast"):
+        raise ValueError(f"MXSERVE_EMULATOR_FLOAT: expected 'exact' or 'fast', got {mode!r}")
+    return mode
+
+
+def _linear_float_fast(xv: torch.Tensor, wv: torch.Tensor, y: torch.Tensor, x_spec: FormatSpec,
+                       w_spec: FormatSpec) -> torch.Tensor:
+    """The float path as one GEMM: FP16 or BF16 operands (exact in their own type)
+    on tensor cores with FP32 accumulation where torch offers it, else FP32 (TF32
+    off). Within the contract's tolerance for float paths; not the daemon's bits."""
+    same = x_spec.name if x_spec.name == w_spec.name else None
+    low = {"FP16": torch.float16, "BF16": torch.bfloat16}.get(same)
+    if low is not None and y.is_cuda:
+        try:
+            return y + torch.mm(xv.to(low), wv.to(low).t(), out_dtype=torch.float32)
+        except TypeError:  # a torch without out_dtype
+            pass
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return y + xv @ wv.t()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _sum_round_to_odd_special(p: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
