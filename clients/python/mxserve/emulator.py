@@ -56,6 +56,7 @@ import dataclasses
 import os
 from typing import NamedTuple, Optional, Union
 
+import numpy
 import torch
 
 __all__ = ["FloatOperand", "FormatSpec", "Int8Operand", "MxOperand", "Operand", "column_sums",
@@ -430,9 +431,23 @@ def _linear_mx(x: MxOperand, w: MxOperand, y: torch.Tensor) -> torch.Tensor:
             dots = _limb_dots(xs.double(), ws.double())
         values = dots * fx[:, start:stop].t()[:, :, None] * fw[:, start:stop].t()[:, None, :]
         values = values.float()
-        for b in range(stop - start):
-            y = y + values[b]  # FP32, ascending blocks: the contract's order
+        y = _sequential_sum(y, values)  # FP32, ascending blocks: the contract's order
     return y
+
+
+def _sequential_sum(start: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """((start + terms[0]) + terms[1]) + ... in FP32, term by term (torch.cumsum
+    would accumulate FP32 in FP64 on the CPU). On the CPU with numpy's in-place
+    add, a fraction of torch's per-operation cost (and of numpy's accumulate)."""
+    if not start.is_cuda:
+        total = start.numpy().copy()
+        with numpy.errstate(all="ignore"):  # Inf - Inf is NaN here as in IEEE
+            for term in terms.numpy():
+                numpy.add(total, term, out=total)
+        return torch.from_numpy(total)
+    for term in terms:
+        start = start + term
+    return start
 
 
 def _limb_dots(xs: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
@@ -474,6 +489,15 @@ def _linear_float(xv: torch.Tensor, wv: torch.Tensor, y: torch.Tensor, x_spec: F
                   w_spec: FormatSpec) -> torch.Tensor:
     """y = fma(x_k, w_k, y) in FP32 for k ascending (mx::ReferenceLinear's float path)."""
     if _products_exact_in_fp32(xv, wv, x_spec, w_spec):
+        # Exact products: fma(x, w, y) == y + x·w, a multiply then an add per k.
+        if not y.is_cuda:  # numpy's in-place ufuncs: a fraction of torch's per-op cost
+            xn, wn = xv.numpy(), wv.t().contiguous().numpy()
+            yn, product = y.numpy().copy(), numpy.empty(y.shape, dtype=numpy.float32)
+            with numpy.errstate(all="ignore"):  # Inf - Inf is NaN here as in IEEE
+                for k in range(xn.shape[1]):
+                    numpy.multiply(xn[:, k:k + 1], wn[k:k + 1], out=product)
+                    numpy.add(yn, product, out=yn)
+            return torch.from_numpy(yn)
         wt = wv.t().contiguous()
         for k in range(xv.shape[1]):
             y = y + xv[:, k:k + 1] * wt[k:k + 1, :]
@@ -557,10 +581,7 @@ def column_sums(dy: torch.Tensor) -> torch.Tensor:
     kernels = _triton(dy)
     if kernels is not None:
         return kernels.column_sums(dy)
-    sums = torch.zeros(dy.shape[1], dtype=torch.float32, device=dy.device)
-    for r in range(dy.shape[0]):
-        sums = sums + dy[r]
-    return sums
+    return _sequential_sum(torch.zeros(dy.shape[1], dtype=torch.float32, device=dy.device), dy)
 
 
 def grad_input(dy: torch.Tensor, weight: Union[torch.Tensor, Operand],

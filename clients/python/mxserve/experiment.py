@@ -690,8 +690,7 @@ def _check_policies(client: Client, experiment: Experiment, prefix: str) -> None
 
 
 def _generate_policies(client: Client, experiment: Experiment, task: Task, prefix: str,
-                       progress: Progress, compute: str = "daemon",
-                       device: str = "cpu") -> Optional[Dict[str, Any]]:
+                       progress: Progress) -> Optional[Dict[str, Any]]:
     """Generates the `generate` configurations' policies from a sensitivity profile
     of the initial policy (calibrated on its own samples, with Fisher gradients)."""
     generated = [c for c in experiment.configurations if c.generate is not None]
@@ -703,8 +702,10 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
     # Profiled as the trainer offloads it (PolicyWithValue: layers "lm.…"), so the
     # generated rules name the very layers the policy, reference and reward models
     # register; the value head is left out (it is not part of the LM's output).
-    model = PolicyWithValue(task.new_policy()).to(device if compute == "local" else "cpu")
-    session = offload(model, client, f"{prefix}.profile", replace=True, compute=compute)
+    # Always on the daemon, whatever `compute` says: ProfileModel measures each
+    # layer's error with the weights the daemon holds, so they are uploaded.
+    model = PolicyWithValue(task.new_policy())
+    session = offload(model, client, f"{prefix}.profile", replace=True)
     try:
         rows = task.train_prompts[:experiment.ppo.batch_size * experiment.profile_batches]
         batches = []
@@ -814,8 +815,7 @@ def run_experiment(client: Client, experiment: Experiment, out: str, *,
                 c.policy_name = entry["name"]
             profile_info = saved["profile_info"]
         else:
-            profile_info = _generate_policies(client, experiment, task, tag, progress,
-                                              compute, device) or {}
+            profile_info = _generate_policies(client, experiment, task, tag, progress) or {}
         policies = {c.name: client.get_policy(c.policy_name).document
                     for c in experiment.configurations}
         if not saved:

@@ -331,7 +331,10 @@ class OffloadSession:
                     parent._modules[child_name] = replacements[id(child)]
 
     def changed_layers(self) -> List[str]:
-        """Layers whose weight or bias was modified in place since the last upload."""
+        """Layers whose weight or bias was modified in place since the last upload
+        (none with compute="local": nothing is uploaded, nothing goes stale)."""
+        if self.compute == "local":
+            return []
         return [n for n, layer in self.layers.items()
                 if self._weights_version(layer) != self._uploaded[n]]
 
