@@ -16,6 +16,8 @@ figures of issue 31's targets, in one command of at most 8 minutes on one GPU.
    same shape on the GPU (FP16 autocast, no daemon), both after a warm-up step;
    the daemon (from `--bundle`, run with its own loader and libraries so that it
    needs none of the host's packages) resolves the policy and books the energy.
+4. The experiment on the GPU: `python3 -m mxserve.experiment --device cuda --quick`
+   on two configurations, end to end.
 
 Prints one line per result and a summary; exits 1 if any bits differ.
 """
@@ -259,6 +261,34 @@ def start_daemon(bundle: pathlib.Path):
     return DaemonProcess(str(bundle / "mxserved"), *args)
 
 
+def run_experiment(bundle: pathlib.Path, out: str) -> int:
+    """`python3 -m mxserve.experiment --device cuda --quick` on two configurations
+    (compute="local" on the GPU, the FP16 baseline natively with NVML power); 1 on
+    failure."""
+    import subprocess
+
+    daemon = start_daemon(bundle)
+    try:
+        started = time.time()
+        env = {**os.environ, "PYTHONPATH": str(REPO / "clients" / "python")}
+        done = subprocess.run(
+            [sys.executable, "-m", "mxserve.experiment", "--server", daemon.address, "--quick",
+             "--device", "cuda", "--steps", "2", "--prompts", "32", "--only",
+             "MX-D,rollout-MXFP4", "--quiet", "--overwrite", "--out", out],
+            env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            log(f"experiment --device cuda: FAILED ({done.returncode}): {done.stderr[-2000:]}")
+            return 1
+        rows = (pathlib.Path(out) / "results.csv").read_text().splitlines()
+        log(f"experiment --device cuda --quick (2 steps, MX-D and rollout-MXFP4, 32 prompts): "
+            f"{time.time() - started:.0f} s, {len(rows) - 1} result rows in {out}")
+        for row in rows[:8]:
+            log("  " + row[:160])
+        return 0
+    finally:
+        daemon.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default=str(REPO / "build" / "gpu-bundle"),
@@ -269,7 +299,10 @@ def main() -> int:
                         help="seconds after which the remaining sections are skipped")
     parser.add_argument("--ppo-tokens", type=int, default=64,
                         help="prompt and response tokens each of the PPO step (default 64)")
-    parser.add_argument("--skip", default="", help="sections to skip: bits,speed,ppo")
+    parser.add_argument("--skip", default="",
+                        help="sections to skip: bits,speed,ppo,experiment")
+    parser.add_argument("--out", default=str(REPO / "build" / "gpu-check-experiment"),
+                        help="the experiment section's output directory (default %(default)s)")
     parser.add_argument("--plain-seconds", type=float,
                         help="the plain step's seconds from an earlier run on the same GPU "
                              "(skips measuring it again)")
@@ -364,6 +397,11 @@ def main() -> int:
         finally:
             if daemon is not None:
                 daemon.stop()
+
+    if "experiment" not in skip and CLIENT_ERROR:
+        log(f"experiment: skipped, the client does not import here: {CLIENT_ERROR}")
+    elif "experiment" not in skip and time.time() - STARTED < args.budget:
+        failures += run_experiment(pathlib.Path(args.bundle), args.out)
 
     log(f"done on {name}: {'bits identical' if not failures else f'{failures} failures'}")
     return 1 if failures else 0
