@@ -459,7 +459,7 @@ class RunResult:
     seed: int
     repetition: int
     run_tag: str
-    where: str                                     # "mxserved" or "local:cuda" ...
+    where: str                                     # "mxserved", "emulated:cuda" or "local:cuda"
     wall_seconds: Dict[str, float]
     totals: Dict[str, Dict[str, float]]            # phase → daemon ExecutionInfo sums
     energy: Dict[str, Dict[str, float]]            # phase → source → joules
@@ -652,7 +652,8 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
     energy, busy = _energy_for_run(client, run_tag)
     result = RunResult(configuration=configuration.name, policy=configuration.label,
                        seed=seed, repetition=repetition, run_tag=run_tag,
-                       where=f"local:{local_device}" if local_device else "mxserved",
+                       where=(f"local:{local_device}" if local_device else
+                              f"emulated:{device}" if compute == "local" else "mxserved"),
                        wall_seconds=wall, totals=totals, energy=energy, busy_seconds=busy,
                        curves=curves)
     result.work = trainer.work(run_tag) if trainer.sessions else []
