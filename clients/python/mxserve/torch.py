@@ -117,8 +117,9 @@ def _offloadable(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) or _is_conv1d(module)
 
 
-class _RemoteLinear(torch.autograd.Function):
-    """y = x·Wᵀ + b on the daemon; the backward pass on the daemon too."""
+class _OffloadedLinearFunction(torch.autograd.Function):
+    """y = x·Wᵀ + b through the session — on the daemon, or here with its numerics
+    (compute="local") — and the backward pass the same way."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer: "OffloadedLinear"):
@@ -128,15 +129,12 @@ class _RemoteLinear(torch.autograd.Function):
         # scope loss.backward() happens to be called in.
         run = session.client.current_run or ""
         x2d = x.reshape(-1, layer.in_features)
-        fmt = layer.effective_format
-        y, info = session.remote_forward(layer, x2d, fmt, phase, run)
-        y = y.to(device=x.device, dtype=x.dtype)
-        ctx.layer, ctx.phase, ctx.run, ctx.format = layer, phase, run, fmt
-        ctx.version = info.weight_version
+        y, ctx.format, ctx.version = session.layer_forward(layer, x2d, phase, run)
+        ctx.layer, ctx.phase, ctx.run = layer, phase, run
         ctx.input_shape = x.shape
         if weight.requires_grad:
             ctx.save_for_backward(x2d)
-        return y.reshape(*x.shape[:-1], layer.out_features)
+        return y.to(device=x.device, dtype=x.dtype).reshape(*x.shape[:-1], layer.out_features)
 
     @staticmethod
     @once_differentiable  # the daemon's gradients are not themselves differentiable
@@ -146,44 +144,16 @@ class _RemoteLinear(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dy = grad_y.reshape(-1, layer.out_features)
         x2d = ctx.saved_tensors[0] if ctx.saved_tensors else None
-        remote_w = need_w and session.grad_weight == "remote"
-        grad_x, grad_w, grad_b = session.remote_backward(
-            layer, dy, x2d if remote_w else None, need_x, need_b and session.grad_weight == "remote",
-            ctx)
+        if session.compute == "local":
+            grad_x, grad_w, grad_b = session.local_backward(layer, dy, x2d, need_x, need_w,
+                                                            need_b, ctx)
+        else:
+            remote = session.grad_weight == "remote"
+            grad_x, grad_w, grad_b = session.remote_backward(
+                layer, dy, x2d if need_w and remote else None, need_x, need_b and remote, ctx)
         if grad_x is not None:
             grad_x = grad_x.to(device=grad_y.device, dtype=grad_y.dtype).reshape(ctx.input_shape)
         grad_w, grad_b = layer.parameter_grads(dy, x2d, grad_w, grad_b, need_w, need_b)
-        return grad_x, grad_w, grad_b, None
-
-
-class _LocalLinear(torch.autograd.Function):
-    """y = x·Wᵀ + b with the daemon's numerics, here (compute="local")."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, layer: "OffloadedLinear"):
-        session = layer.session
-        phase = session.client.current_phase
-        run = session.client.current_run or ""
-        x2d = x.reshape(-1, layer.in_features)
-        fmt = session.local_format(layer, phase)
-        y = session.local_forward(layer, x2d, fmt, phase, run)
-        ctx.layer, ctx.phase, ctx.run, ctx.format = layer, phase, run, fmt
-        ctx.input_shape = x.shape
-        if weight.requires_grad:
-            ctx.save_for_backward(x2d)
-        return y.to(dtype=x.dtype).reshape(*x.shape[:-1], layer.out_features)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_y):
-        layer: OffloadedLinear = ctx.layer
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dy = grad_y.reshape(-1, layer.out_features)
-        x2d = ctx.saved_tensors[0] if ctx.saved_tensors else None
-        grad_x, grad_w, grad_b = layer.session.local_backward(layer, dy, x2d, need_x, need_w,
-                                                              need_b, ctx)
-        if grad_x is not None:
-            grad_x = grad_x.to(dtype=grad_y.dtype).reshape(ctx.input_shape)
         return grad_x, grad_w, grad_b, None
 
 
@@ -219,8 +189,7 @@ class OffloadedLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{self.layer_name}: input has {x.shape[-1]} features, "
                              f"the layer takes {self.in_features}")
-        function = _LocalLinear if self.session.compute == "local" else _RemoteLinear
-        return function.apply(x, self.weight, self.bias, self)
+        return _OffloadedLinearFunction.apply(x, self.weight, self.bias, self)
 
     def remote_weight(self) -> torch.Tensor:
         """W as the daemon holds it, [out_features, in_features]."""
@@ -370,6 +339,17 @@ class OffloadSession:
 
     def _rows_per_call(self, row_bytes: int) -> int:
         return max(1, self._message_budget() // max(1, row_bytes))
+
+    def layer_forward(self, layer: OffloadedLinear, x2d: torch.Tensor, phase: Optional[str],
+                      run: str) -> Tuple[torch.Tensor, _wire.FormatLike, int]:
+        """Y (FP32) for one forward, where the session computes; with the format and
+        weight version its backward must use."""
+        if self.compute == "local":
+            fmt = self.local_format(layer, phase)
+            return self.local_forward(layer, x2d, fmt, phase, run), fmt, self.weight_version
+        fmt = layer.effective_format
+        y, info = self.remote_forward(layer, x2d, fmt, phase, run)
+        return y, fmt, info.weight_version
 
     def remote_forward(self, layer: OffloadedLinear, x2d: torch.Tensor, fmt, phase: Optional[str],
                        run: str) -> Tuple[torch.Tensor, ExecutionInfo]:
@@ -537,9 +517,9 @@ class OffloadSession:
     def local_backward(self, layer: OffloadedLinear, dy: torch.Tensor,
                        x2d: Optional[torch.Tensor], need_x: bool, need_w: bool, need_b: bool,
                        ctx) -> Tuple[Optional[torch.Tensor], ...]:
-        """grad_input, grad_weight and grad_bias as `_RemoteLinear.backward` returns
-        them, computed with the emulator; booked as the LayerBackward calls of
-        `_backward_plan`."""
+        """grad_input, grad_weight and grad_bias as `remote_backward` returns them
+        (None for what is not computed here), with the emulator; booked as the
+        LayerBackward calls of `_backward_plan`."""
         from mxserve import emulator
 
         fmt, phase, run = ctx.format, ctx.phase, ctx.run
@@ -556,7 +536,7 @@ class OffloadSession:
         if need_b and self.grad_weight == "remote":
             grad_b = emulator.column_sums(dy)
         seconds = time.perf_counter() - started
-        m, n, k = dy.shape[0], layer.out_features, layer.in_features
+        n, k = layer.out_features, layer.in_features
         for call in plan:
             rows = len(call.rows)
             cols = n if call.weight_rows is None else call.weight_rows[1] - call.weight_rows[0]
@@ -574,7 +554,6 @@ class OffloadSession:
             self._book(WorkCall(phase=phase, run=run, model=self.model_name,
                                 layer=layer.layer_name, call="backward", format=fmt, m=rows,
                                 n=cols, grad_input=with_input_grad, grad_weight=call.with_input))
-        grad_w, grad_b = layer.parameter_grads(dy, x2d, grad_w, grad_b, need_w, need_b)
         return grad_x, grad_w, grad_b
 
     def _local_info(self, fmt: str, estimate, seconds: float) -> ExecutionInfo:
