@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "mx/status_macros.h"
@@ -18,6 +19,18 @@
 
 namespace mxserve {
 namespace {
+
+// A bound to print in an error that suggests it: six significant digits, rounded
+// up (with 1e-9 of room for a different summation order), so that pasting the
+// number back is feasible. StrCat's six digits round to nearest, often below.
+std::string PasteableBound(double v) {
+  if (!std::isfinite(v) || v == 0) return absl::StrCat(v);
+  const double target = v + std::abs(v) * 1e-9;
+  const std::string nearest = absl::StrFormat("%.6g", target);
+  if (std::strtod(nearest.c_str(), nullptr) >= target) return nearest;
+  const double unit = std::pow(10.0, std::floor(std::log10(std::abs(target))) - 5);
+  return absl::StrFormat("%.6g", target + unit);
+}
 
 std::string FormatList(const std::vector<mx::Format>& formats) {
   return absl::StrJoin(formats, ", ", [](std::string* out, mx::Format f) {
@@ -303,13 +316,14 @@ absl::StatusOr<std::vector<int>> Solve(const Profile& profile, const GenerationS
     if (spec.kind == GenerationKind::kBudget) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".value: the ", PhaseName(phase), " budget of ", bound, " ",
-          MetricUnit(spec.metric), " is below the cheapest feasible budget, ", cheapest, " ",
+          MetricUnit(spec.metric), " is below the cheapest feasible budget, ",
+          PasteableBound(cheapest), " ",
           MetricUnit(spec.metric), " (every layer in its cheapest candidate)"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".value: no assignment keeps the ", PhaseName(phase), " summed ",
                      ScoreName(plan.score), " at or under ", bound, "; the least achievable is ",
-                     best, " (every layer in its best candidate)"));
+                     PasteableBound(best), " (every layer in its best candidate)"));
   }
   std::vector<int> formats(profile.layers.size());
   for (size_t i = 0; i < items.size(); ++i) {
