@@ -397,6 +397,21 @@ absl::StatusOr<GeneratedPolicy> GeneratePolicy(const Profile& profile,
   for (const LayerProfile& l : profile.layers) profiled.insert(l.layer);
   const bool covers_model = std::all_of(model_layers.begin(), model_layers.end(),
                                         [&](const std::string& n) { return profiled.count(n); });
+  // A group glob that matches nothing is a mistake, not a no-op (issue 32, item 6:
+  // "[qkv]" reads as a character class, which globs do not have, and matched
+  // nothing, so q, k and v silently got formats of their own).
+  for (size_t g = 0; g < spec.groups.size(); ++g) {
+    for (absl::string_view glob : absl::StrSplit(spec.groups[g], '|')) {
+      const bool matches =
+          std::any_of(profile.layers.begin(), profile.layers.end(),
+                      [&](const LayerProfile& l) { return GlobMatch(glob, l.layer); });
+      if (!matches) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "groups[", g, "]: ", Quote(glob), " matches no profiled layer (globs have '*' and "
+            "'?' only, no character classes: write \"*.q_proj|*.k_proj\", not \"*.[qk]_proj\")"));
+      }
+    }
+  }
   const std::vector<std::vector<int>> items = Items(profile, spec.groups);
 
   GeneratedPolicy out;

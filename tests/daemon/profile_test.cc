@@ -621,6 +621,27 @@ TEST_F(GenerateTest, BudgetAndToleranceEqualBruteForceAndKeepTheBound) {
   EXPECT_TRUE(pasted.ok()) << pasted.error_message();
 }
 
+// Issue 32, item 6: profiles.proto's own example, "*.self_attn.[qkv]_proj", matched
+// no layer (globs have no character classes) and q/k/v then got formats of their
+// own without a word. A glob that matches no profiled layer is refused, named.
+TEST_F(GenerateTest, AGroupGlobThatMatchesNoLayerIsRefused) {
+  v1::GeneratePolicyRequest request;
+  request.set_model("gen");
+  request.set_name("gen-unmatched");
+  request.set_kind(v1::GENERATION_KIND_BUDGET);
+  request.add_groups("*.q_proj|*.k_proj");
+  request.add_groups("*.v_proj|*.self_attn.[qkv]_proj");
+  *request.add_relative_budgets() = Value(v1::PHASE_UNSPECIFIED, 0.45);
+  v1::GeneratePolicyResponse response;
+  EXPECT_STATUS(Generate(*daemon_, request, &response), INVALID_ARGUMENT,
+                "groups[1]: '*.self_attn.[qkv]_proj' matches no profiled layer (globs have '*' "
+                "and '?' only, no character classes");
+  request.clear_groups();
+  request.add_groups("*.q_proj|*.k_proj|*.v_proj");  // what the example now says
+  const grpc::Status s = Generate(*daemon_, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
 TEST_F(GenerateTest, GroupedLayersShareAFormatAndRelativeBudgetsHold) {
   v1::GeneratePolicyRequest request;
   request.set_model("gen");
