@@ -168,8 +168,12 @@ absl::Status ProfileBuilder::AddBatch(int layer, std::span<const float> x, int64
     for (size_t i = 0; i < outputs; ++i) reference[i] = y[i];
   }
 
-  Totals& totals = totals_[layer];
-  for (size_t i = 0; i < outputs; ++i) totals.reference_energy += reference[i] * reference[i];
+  // Summed here first, added to the layer's totals only when every format's sums
+  // are finite: a batch that overflows a format (finite but huge inputs, 3e38 in
+  // FP16) is refused whole and leaves the profile as it was (issue 32, item 8).
+  double reference_energy = 0;
+  for (size_t i = 0; i < outputs; ++i) reference_energy += reference[i] * reference[i];
+  std::vector<double> errors(options_.formats.size()), fishers(options_.formats.size());
   for (size_t f = 0; f < options_.formats.size(); ++f) {
     MX_ASSIGN_OR_RETURN(mx::QuantizedMatrix xq,
                         mx::kernels::QuantizeRows(x, rows, k, options_.formats[f], {},
@@ -182,8 +186,20 @@ absl::Status ProfileBuilder::AddBatch(int layer, std::span<const float> x, int64
       error += d * d;
       if (!dy.empty()) fisher += double{dy[i]} * dy[i] * d * d;
     }
-    totals.error_energy[f] += error;
-    totals.fisher[f] += fisher;
+    if (!std::isfinite(error) || !std::isfinite(fisher) || !std::isfinite(reference_energy)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "inputs: layer ", Quote(w.spec().name), " in ", mx::FormatName(options_.formats[f]),
+          " gives non-finite outputs or errors for this batch (values too large for the "
+          "format or FP32); scale the calibration data down"));
+    }
+    errors[f] = error;
+    fishers[f] = fisher;
+  }
+  Totals& totals = totals_[layer];
+  totals.reference_energy += reference_energy;
+  for (size_t f = 0; f < options_.formats.size(); ++f) {
+    totals.error_energy[f] += errors[f];
+    totals.fisher[f] += fishers[f];
   }
   totals.tokens += static_cast<uint64_t>(rows);
   ++totals.batches;

@@ -241,7 +241,11 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       dys = ToFloat(dy);
       MX_RETURN_IF_ERROR(CheckFinite(dys, absl::StrCat(field, ".batch.output_grads")));
     }
-    return builder_->AddBatch(layer, xs, x.rows, dys);
+    absl::Status added = builder_->AddBatch(layer, xs, x.rows, dys);
+    if (absl::IsInvalidArgument(added)) {  // about the batch: name its field
+      return absl::InvalidArgumentError(absl::StrCat(field, ".batch.", added.message()));
+    }
+    return added;
   }
 
   // The client half-closed: the profile, on the profiler's thread.

@@ -323,6 +323,12 @@ TEST_F(ProfileTest, BadInputIsRefusedNamingTheFieldAndLosesNothing) {
   inf_x[9] = std::numeric_limits<float>::infinity();
   EXPECT_STATUS(RunProfile(*daemon_, &config, {Batch(a, inf_x, 4)}, &profile), INVALID_ARGUMENT,
                 "requests[1].batch.inputs: element 9 is infinite");
+  // Finite but huge inputs overflow the format's outputs: refused, naming the layer
+  // and format, instead of NaN scores in the profile (issue 32, item 8).
+  const std::vector<float> huge_x(4 * 64, 3e38f);
+  EXPECT_STATUS(RunProfile(*daemon_, &config, {Batch(a, huge_x, 4)}, &profile), INVALID_ARGUMENT,
+                "requests[1].batch.inputs: layer 'blk.0.a' in MXFP4_E2M1 gives non-finite "
+                "outputs or errors");
   // A batch for one layer only: the other got none.
   EXPECT_STATUS(RunProfile(*daemon_, &config, {Batch(a, x, 4)}, &profile), FAILED_PRECONDITION,
                 "1 of 2 profiled layers got no calibration data: 'blk.0.b'");
