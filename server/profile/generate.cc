@@ -391,6 +391,18 @@ absl::StatusOr<GeneratedPolicy> GeneratePolicy(const Profile& profile,
                                                const std::vector<std::string>& model_layers,
                                                const fpga_model::EnergyModelParams& energy,
                                                const GenerationSpec& spec) {
+  // A NaN score has no place in any ranking; such a profile (made before
+  // ProfileModel refused overflowing batches) is refused whole (issue 32, item 8).
+  for (const LayerProfile& layer : profile.layers) {
+    for (const FormatScore& score : layer.scores) {
+      if (std::isnan(score.rel_error) || std::isnan(score.sqnr_db) || std::isnan(score.fisher)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the profile of model ", Quote(profile.model), " (weight version ",
+            profile.weight_version, ") holds a NaN score (layer ", Quote(layer.layer), ", ",
+            mx::FormatName(score.format), "); profile the model again"));
+      }
+    }
+  }
   MX_ASSIGN_OR_RETURN(const Plan plan, Check(profile, spec));
   const size_t layers = profile.layers.size();
   std::set<std::string, std::less<>> profiled;
