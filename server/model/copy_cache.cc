@@ -46,4 +46,13 @@ int CopyCache::EvictUntil(const std::function<bool()>& fits) {
   return evicted;
 }
 
+uint64_t CopyCache::ReclaimableBytes() {
+  MutexLock lock(&mu_);
+  uint64_t bytes = 0;
+  for (const Entry& entry : entries_) {
+    if (entry.copy.use_count() == 1) bytes += entry.copy->reservation.bytes();
+  }
+  return bytes;
+}
+
 }  // namespace mxserve

@@ -38,6 +38,8 @@ class CopyCache {
   // Evicts least recently used copies until `fits()` says yes or none is left;
   // returns how many were evicted. Copies are released outside the lock.
   int EvictUntil(const std::function<bool()>& fits);
+  // The bytes evicting every copy would free now: those no running request holds.
+  uint64_t ReclaimableBytes();
 
  private:
   struct Entry {

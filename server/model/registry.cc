@@ -30,6 +30,12 @@ LayerTolerance ToleranceOf(const M& model, size_t layer) {
 Registry::Registry(MemoryBudget* budget, WeightPreparer prepare, std::function<void(int)> on_evict)
     : budget_(budget), prepare_(std::move(prepare)) {
   budget_->SetReclaimer([this, on_evict = std::move(on_evict)](uint64_t bytes) {
+    // Evict only when that makes room: a reservation that cannot fit even with
+    // every unheld copy gone must not flush other models' copies first (issue 32,
+    // item 7: any uploader could empty every tenant's cache that way).
+    const uint64_t used = budget_->used();
+    const uint64_t kept = used - std::min(used, copies_.ReclaimableBytes());
+    if (bytes > budget_->limit() || kept > budget_->limit() - bytes) return;
     const int evicted = copies_.EvictUntil([this, bytes] { return budget_->Fits(bytes); });
     if (evicted > 0 && on_evict) on_evict(evicted);
   });

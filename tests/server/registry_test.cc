@@ -295,12 +295,37 @@ TEST_F(TightRegistryTest, CopiesGiveWayLeastRecentlyUsedFirstAndAreMadeAgain) {
                          budget_.limit(), " bytes and ", budget_.limit(),
                          " are in use (--weight-memory-bytes; copies in use by running requests "
                          "cannot be evicted)"));
-  // Let go, the evicted copies free their bytes and the next version fits.
+  // Nothing was evicted for it: evicting could not have made room.
+  EXPECT_EQ(evicted_.load(), 2);
+  // Let go, the copies can be evicted, and the next version fits.
   bf16 = {};
   fp32 = {};
-  EXPECT_EQ(budget_.used(), kMasterBytes);
   EXPECT_EQ(Upload(2).value(), 2u);
+  EXPECT_EQ(evicted_.load(), 4);
   EXPECT_EQ(budget_.used(), 2 * kMasterBytes);  // `view` still holds version 1's master
+}
+
+// Issue 32, item 7: a reservation that cannot fit even with every unheld copy
+// evicted is refused without evicting any (it used to flush every other model's
+// copies first, then fail).
+TEST_F(TightRegistryTest, AReservationThatCannotFitEvictsNothing) {
+  ASSERT_TRUE(Upload(1).ok());
+  const LayerView view = registry_.Lookup("m", "fc", 0).value();
+  auto get = [&](mx::Format f) { return view.weights->Get(f, WeightLayout::kForward, budget_); };
+  ASSERT_TRUE(get(mx::Format::kBf16).ok());
+  ASSERT_TRUE(get(mx::Format::kFp16).ok());
+  ASSERT_EQ(budget_.used(), 2 * kMasterBytes);  // a master and two half-master copies
+  // Two masters: within the limit, but the master in use leaves only 1.5 even with
+  // both copies gone.
+  const absl::Status refused = budget_.Reserve(2 * kMasterBytes, "an upload");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(evicted_.load(), 0);
+  EXPECT_EQ(registry_.Describe("m")->layers[0].cached_formats,
+            (std::vector<mx::Format>{mx::Format::kBf16, mx::Format::kFp16}));
+  // One that fits once a copy is gone still evicts (the least recently used).
+  Reservation fits;
+  ASSERT_TRUE(ReserveInto(budget_, kMasterBytes / 2 + 1, "a smaller upload", fits).ok());
+  EXPECT_EQ(evicted_.load(), 1);
 }
 
 }  // namespace
