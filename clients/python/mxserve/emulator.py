@@ -295,9 +295,7 @@ def dequantize(op: Operand) -> torch.Tensor:
         return op.values
     if isinstance(op, Int8Operand):
         return op.codes * op.scale[:, None]
-    scale = _pow2(op.exponent - op.spec.fraction_bits)
-    scale = torch.where(op.nan, torch.full_like(scale, float("nan")), scale)
-    values = (op.fixed.double() * scale[:, :, None]).float()
+    values = (op.fixed.double() * _block_factors(op)[:, :, None]).float()
     return values.reshape(values.shape[0], -1)[:, :op.cols]
 
 
@@ -359,47 +357,56 @@ def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch
     if bias is not None:
         if bias.numel() != n:
             raise ValueError(f"bias: expected {n} values (one per row of w), got {bias.numel()}")
-        y = bias.reshape(1, n).float().to(device).expand(m, n).clone()
-    else:
-        y = torch.zeros(m, n, dtype=torch.float32, device=device)
+        bias = bias.reshape(n).float().to(device).contiguous()
+
+    def start() -> torch.Tensor:
+        """Y before any product: the bias in every row, or +0.0."""
+        if bias is None:
+            return torch.zeros(m, n, dtype=torch.float32, device=device)
+        return bias.expand(m, n).clone()
+
     if m == 0 or n == 0:
-        return y
+        return start()
     path = path_for(x, w)
-    kernels = _triton(y)
+    kernels = _triton(_data(x))
     if path == "mx_blocks":
         split = kernels.mx_plan(x.spec, w.spec) if kernels is not None else None
         if split is not None:
             return kernels.mx_linear(x.fixed, _block_factors(x), w.fixed, _block_factors(w),
-                                     None if bias is None else y[0].contiguous(), split)
-        return _linear_mx(x, w, y)
+                                     bias, split)
+        return _linear_mx(x, w, start())
     if path == "int8":
-        return _linear_int8(x, w, y, bias is not None)
-    if _float_path(y) == "fast":
-        return _linear_float_fast(dequantize(x), dequantize(w), y, x.spec, w.spec)
+        return _linear_int8(x, w, bias)
+    if _float_path(device) == "fast":
+        return _linear_float_fast(dequantize(x), dequantize(w), start(), x.spec, w.spec)
     if kernels is not None:
-        return kernels.fma_linear(dequantize(x), dequantize(w).t(),
-                                  None if bias is None else y[0].contiguous())
-    return _linear_float(dequantize(x), dequantize(w), y, x.spec, w.spec)
+        return kernels.fma_linear(dequantize(x), dequantize(w).t(), bias)
+    return _linear_float(dequantize(x), dequantize(w), start(), x.spec, w.spec)
+
+
+def _data(op: Operand) -> torch.Tensor:
+    """The operand's main tensor (rows first)."""
+    return op.fixed if isinstance(op, MxOperand) else \
+        op.codes if isinstance(op, Int8Operand) else op.values
 
 
 def _rows(op: Operand) -> int:
-    return (op.fixed if isinstance(op, MxOperand) else
-            op.codes if isinstance(op, Int8Operand) else op.values).shape[0]
+    return _data(op).shape[0]
 
 
 def _device(op: Operand) -> torch.device:
-    return (op.fixed if isinstance(op, MxOperand) else
-            op.codes if isinstance(op, Int8Operand) else op.values).device
+    return _data(op).device
 
 
-def _linear_int8(x: Int8Operand, w: Int8Operand, y: torch.Tensor, has_bias: bool) -> torch.Tensor:
-    exact32 = 127.0 * 127.0 * x.cols < 2.0 ** 24
-    if exact32:
+def _linear_int8(x: Int8Operand, w: Int8Operand, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """float(dot)·sx·sw, then + bias: the integer dot exact in FP32 while 127²·K <
+    2^24, else in FP64."""
+    if 127.0 * 127.0 * x.cols < 2.0 ** 24:
         dot = x.codes @ w.codes.t()
     else:
         dot = (x.codes.double() @ w.codes.double().t()).float()
     v = dot * x.scale[:, None] * w.scale[None, :]
-    return y + v if has_bias else v
+    return v if bias is None else bias + v
 
 
 def _block_factors(op: MxOperand) -> torch.Tensor:
@@ -412,8 +419,9 @@ def _block_factors(op: MxOperand) -> torch.Tensor:
 def _linear_mx(x: MxOperand, w: MxOperand, y: torch.Tensor) -> torch.Tensor:
     m, blocks, _ = x.fixed.shape
     n = w.fixed.shape[0]
-    bound = BLOCK * float(x.fixed.abs().max()) * float(w.fixed.abs().max()) \
-        if x.fixed.numel() and w.fixed.numel() else 0.0
+    # The formats bound every block dot (no element exceeds max_fixed): the
+    # arithmetic follows from them, with no pass over the data.
+    bound = BLOCK * x.spec.max_fixed * w.spec.max_fixed
     exact = "fp32" if bound < 2.0 ** 24 else "fp64" if bound < 2.0 ** 53 else "limbs"
     fx, fw = _block_factors(x), _block_factors(w)
     xb = x.fixed.permute(1, 0, 2)            # [blocks, M, 32]
@@ -463,8 +471,9 @@ def _limb_dots(xs: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
     mid = (torch.bmm(xh, wl) + torch.bmm(xl, wh)).to(torch.int64)
     ll = torch.bmm(xl, wl).to(torch.int64)
     low = mid * 65536 + ll                   # |low| < 2^55
-    high = hh + torch.div(low, 1 << 32, rounding_mode="floor")
-    low = low - torch.div(low, 1 << 32, rounding_mode="floor") * (1 << 32)  # [0, 2^32)
+    carry = torch.div(low, 1 << 32, rounding_mode="floor")
+    high = hh + carry
+    low = low - carry * (1 << 32)            # [0, 2^32)
     a = high.double() * 2.0 ** 32            # exact: |high| < 2^39
     b = low.double()                         # exact: < 2^32
     return _sum_round_to_odd(a, b)
@@ -509,11 +518,12 @@ def _linear_float(xv: torch.Tensor, wv: torch.Tensor, y: torch.Tensor, x_spec: F
     return y
 
 
-def _float_path(y: torch.Tensor) -> str:
+def _float_path(device: torch.device) -> str:
     """"exact" (the daemon's fma chain, bit for bit) or "fast" (a tensor-core GEMM
     with FP32 accumulation: the contract's tolerance, not its bits), from
     MXSERVE_EMULATOR_FLOAT; default exact on the CPU, fast on CUDA."""
-    mode = os.environ.get("MXSERVE_EMULATOR_FLOAT", "fast" if y.is_cuda else "exact")
+    mode = os.environ.get("MXSERVE_EMULATOR_FLOAT",
+                          "fast" if device.type == "cuda" else "exact")
     if mode not in ("exact", "fast"):
         raise ValueError(f"MXSERVE_EMULATOR_FLOAT: expected 'exact' or 'fast', got {mode!r}")
     return mode
@@ -558,17 +568,16 @@ def _products_exact_in_fp32(xv: torch.Tensor, wv: torch.Tensor, x_spec: FormatSp
     names = {x_spec.name, w_spec.name}
     if names == {"FP16"}:
         return True
-    if names != {"BF16"} or xv.numel() == 0 or wv.numel() == 0:
-        return names == {"BF16"}
+    if names != {"BF16"}:
+        return False
     ax, aw = xv.abs(), wv.abs()
     if not (torch.isfinite(ax).all() and torch.isfinite(aw).all()):
         return False
-    big = float(ax.max()) * float(aw.max())
-    small_x = ax[ax > 0].min() if bool((ax > 0).any()) else None
-    small_w = aw[aw > 0].min() if bool((aw > 0).any()) else None
-    small = float(small_x) * float(small_w) if small_x is not None and small_w is not None \
-        else 1.0
-    return big < 2.0 ** 127 and small >= 2.0 ** -133
+    nonzero_x, nonzero_w = ax[ax > 0], aw[aw > 0]
+    if nonzero_x.numel() == 0 or nonzero_w.numel() == 0:
+        return True  # every product is zero
+    return (float(nonzero_x.max()) * float(nonzero_w.max()) < 2.0 ** 127 and
+            float(nonzero_x.min()) * float(nonzero_w.min()) >= 2.0 ** -133)
 
 
 # --- layers ----------------------------------------------------------------------------
