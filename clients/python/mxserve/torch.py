@@ -441,15 +441,21 @@ class OffloadSession:
                                       min_weight_version=ctx.version, weight_rows=weight_rows)
         layer.last_backward_info = result.info
         self.account(ctx.phase, result.info)
-        # What BackwardItem books, one response for up to two GEMMs: grad_input
-        # (dY·W: m × k, over n) unless a weight_rows slice, grad_weight (dYᵀ·X:
-        # n × k, over m) when X was sent; n is this call's columns of dY.
-        m, n, k = dy.shape[0], dy.shape[1], layer.in_features
-        if weight_rows is None:
-            self._count(ctx.phase, ctx.run, result.info, "grad_input", m, k, n)
-        if x2d is not None:
-            self._count(ctx.phase, ctx.run, result.info, "grad_weight", n, k, m)
+        self._count_backward(ctx.phase, ctx.run, result.info, layer, dy.shape[0], dy.shape[1],
+                             weight_rows is None, x2d is not None)
         return result
+
+    def _count_backward(self, phase: Optional[str], run: str, info: ExecutionInfo,
+                        layer: OffloadedLinear, m: int, n: int, input_grad: bool,
+                        weight_grad: bool) -> None:
+        """What BackwardItem books, one response for up to two GEMMs: grad_input
+        (dY·W: m × k, over n) unless a weight_rows slice, grad_weight (dYᵀ·X: n × k,
+        over m) when X was sent; n is the call's columns of dY."""
+        k = layer.in_features
+        if input_grad:
+            self._count(phase, run, info, "grad_input", m, k, n)
+        if weight_grad:
+            self._count(phase, run, info, "grad_weight", n, k, m)
 
 
     # --- compute="local": the emulator, here -------------------------------------------
@@ -547,10 +553,8 @@ class OffloadSession:
             info = self._local_info(fmt, estimate, seconds / len(plan))
             layer.last_backward_info = info
             self.account(phase, info)
-            if with_input_grad:
-                self._count(phase, run, info, "grad_input", rows, k, cols)
-            if call.with_input:
-                self._count(phase, run, info, "grad_weight", cols, k, rows)
+            self._count_backward(phase, run, info, layer, rows, cols, with_input_grad,
+                                 call.with_input)
             self._book(WorkCall(phase=phase, run=run, model=self.model_name,
                                 layer=layer.layer_name, call="backward", format=fmt, m=rows,
                                 n=cols, grad_input=with_input_grad, grad_weight=call.with_input))
