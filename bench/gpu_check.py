@@ -25,6 +25,7 @@ Prints one line per result and a summary; exits 1 if any bits differ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -67,30 +68,29 @@ def log(message: str) -> None:
     print(f"[{time.time() - STARTED:6.1f} s] {message}", flush=True)
 
 
-class Triton:
-    """Context: the emulator's Triton kernels on or off."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __enter__(self):
-        self.saved = os.environ.get("MXSERVE_EMULATOR_TRITON")
-        os.environ["MXSERVE_EMULATOR_TRITON"] = "1" if self.on else "0"
-
-    def __exit__(self, *exc):
-        if self.saved is None:
-            del os.environ["MXSERVE_EMULATOR_TRITON"]
-        else:
-            os.environ["MXSERVE_EMULATOR_TRITON"] = self.saved
+@contextlib.contextmanager
+def environ(**settings: str):
+    """The emulator's switches (MXSERVE_EMULATOR_*) set inside, restored after."""
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
-def triton_available() -> str:
+def triton_available():
+    """(whether the emulator's Triton kernels import, Triton's version or why not)."""
     try:
         from mxserve import emulator_triton  # noqa: F401
         import triton
-        return triton.__version__
+        return True, triton.__version__
     except Exception as error:  # noqa: BLE001
-        return f"unavailable ({type(error).__name__}: {error})"
+        return False, f"unavailable ({type(error).__name__}: {error})"
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -115,19 +115,16 @@ def operand_bits(op) -> torch.Tensor:
     return op.values.reshape(-1).cpu()
 
 
-def check_bits(device: str, use_triton: bool, golden: pathlib.Path,
-               rounding_cases: bool = True):
+def check_bits(device: str, use_triton: bool, golden: pathlib.Path):
     """[(case, differing values, total)] for every case, CUDA vs CPU."""
     results = []
 
     def compare(name, fn):
         want = fn("cpu")
-        with Triton(use_triton):
-            os.environ["MXSERVE_EMULATOR_FLOAT"] = "exact"  # bits, not the fast GEMM
-            try:
-                got = fn(device)
-            finally:
-                del os.environ["MXSERVE_EMULATOR_FLOAT"]
+        # The float formats' exact fma chain: bits, not the fast GEMM.
+        with environ(MXSERVE_EMULATOR_TRITON="1" if use_triton else "0",
+                     MXSERVE_EMULATOR_FLOAT="exact"):
+            got = fn(device)
         results.append((name, same_bits(got, want), want.numel()))
 
     if (golden / "manifest.json").exists():
@@ -166,13 +163,12 @@ def check_bits(device: str, use_triton: bool, golden: pathlib.Path,
                 compare(f"{fmt} {layer} grad_weight", lambda d: em.grad_weight(
                     dy.to(d), x.to(d), fmt))
                 compare(f"{fmt} {layer} grad_bias", lambda d: em.column_sums(dy.to(d)))
-    if rounding_cases:
-        x = torch.randn(32, 896, generator=g) * 3.0
-        for fmt in ("MXFP4_E2M1", "MXINT8", "MXFP8_E4M3", "INT8"):
-            compare(f"{fmt} ties away", lambda d: operand_bits(
-                em.quantize(x.to(d), fmt, rounding="away")))
-        compare("MXFP8_E4M3 no_saturation", lambda d: operand_bits(
-            em.quantize(x.to(d), "MXFP8_E4M3", scale_rule="no_saturation")))
+    x = torch.randn(32, 896, generator=g) * 3.0
+    for fmt in ("MXFP4_E2M1", "MXINT8", "MXFP8_E4M3", "INT8"):
+        compare(f"{fmt} ties away", lambda d: operand_bits(
+            em.quantize(x.to(d), fmt, rounding="away")))
+    compare("MXFP8_E4M3 no_saturation", lambda d: operand_bits(
+        em.quantize(x.to(d), "MXFP8_E4M3", scale_rule="no_saturation")))
     return results
 
 
@@ -314,7 +310,7 @@ def main() -> int:
     device = "cuda"
     name = torch.cuda.get_device_name(0)
     log(f"GPU: {name}; torch {torch.__version__}, CUDA {torch.version.cuda}; "
-        f"Triton {triton_available()}; CPU threads {torch.get_num_threads()}")
+        f"Triton {triton_available()[1]}; CPU threads {torch.get_num_threads()}")
     torch.backends.cuda.matmul.allow_tf32 = False
     failures = 0
     plain_bad = set()
@@ -322,7 +318,7 @@ def main() -> int:
     if "bits" not in skip:
         for use_triton in (False, True):
             label = "Triton kernels" if use_triton else "plain torch path"
-            if use_triton and not triton_available()[0].isdigit():
+            if use_triton and not triton_available()[0]:
                 log("bits: Triton unavailable, its kernels not checked")
                 continue
             try:
