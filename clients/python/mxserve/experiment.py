@@ -609,6 +609,12 @@ def _evaluate(trainer: PPOTrainer, judges: _Judges, task: Task, experiment: Expe
         else float("nan")
 
 
+def _model_device(device: str, compute: str) -> str:
+    """Where the trainers' and judges' models live: `device` when the emulator
+    computes their layers here, else the CPU (the daemon computes them)."""
+    return device if compute == "local" else "cpu"
+
+
 def _run_one(client: Client, task: Task, experiment: Experiment, configuration: Configuration,
              seed: int, repetition: int, run_tag: str, progress: Progress, label: str,
              local_device: Optional[str] = None, sampler_factory=None,
@@ -621,7 +627,7 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
     steps = experiment.steps if steps is None else steps
     torch.manual_seed(seed)
     policy_lm, reward = task.new_policy(), task.new_reward()
-    device = local_device or (device if compute == "local" else "cpu")
+    device = local_device or _model_device(device, compute)
     frozen = None if task.frozen_dtype == torch.float32 else task.frozen_dtype
     trainer = PPOTrainer(None if local_device else client, policy_lm, reward, experiment.ppo,
                          policy=configuration.policy_name, run=run_tag,
@@ -910,8 +916,7 @@ def _run_matrix(client: Client, experiment: Experiment, task: Task, tag: str,
                 on_job_done: Optional[Callable[[int, RunResult], None]] = None
                 ) -> List[RunResult]:
     eval_run = f"{tag}/eval"
-    judge_device = device if compute == "local" else "cpu"
-    judges = _Judges(client, task, tag, eval_run, compute, judge_device)
+    judges = _Judges(client, task, tag, eval_run, compute, _model_device(device, compute))
     runs: List[RunResult] = []
     baseline_judge: Dict[Tuple[int, int], List[float]] = {}  # (seed, repetition) → scores
     jobs = _jobs(experiment, device, device != "cpu" or bool(power_source))
