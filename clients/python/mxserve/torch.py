@@ -473,15 +473,15 @@ class OffloadSession:
             raise ValueError(f"{layer.layer_name}: phase: required for compute='local' (as the "
                              "daemon requires it); run the model inside "
                              "client.phase('rollout' | 'reward' | 'update')")
-        fmt = layer.effective_format
+        pinned = layer.effective_format
+        if pinned is not None:  # an alias or a wire value: canonical, as the daemon answers
+            return _wire.format_name(_wire.format_to_wire(pinned))
+        table = self._policy_table if self._policy_table is not None else self.refresh_policy()
+        fmt = table.get((phase, layer.layer_name))  # canonical names (ResolvePolicy's)
         if fmt is None:
-            table = self._policy_table if self._policy_table is not None else \
-                self.refresh_policy()
-            fmt = table.get((phase, layer.layer_name))
-            if fmt is None:
-                raise ValueError(f"{layer.layer_name}: the daemon's policy table for model "
-                                 f"{self.model_name!r} has no entry for phase {phase!r}")
-        return _wire.format_name(_wire.format_to_wire(fmt))
+            raise ValueError(f"{layer.layer_name}: the daemon's policy table for model "
+                             f"{self.model_name!r} has no entry for phase {phase!r}")
+        return fmt
 
     def _weight_operand(self, layer: OffloadedLinear, fmt: str, transposed: bool):
         """W [N, K] (or Wᵀ [K, N]) quantized to `fmt`, cached until the parameter
