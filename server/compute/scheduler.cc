@@ -143,17 +143,47 @@ void Scheduler::Execute(std::vector<std::unique_ptr<WorkItem>> batch) {
   if (!runnable.empty()) runnable.front()->Run(runnable);
 }
 
-void Scheduler::Shutdown() {
-  std::vector<std::thread> workers;
+void Scheduler::Stop() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
     // Open batches stop collecting: nothing more can join once Submit refuses.
     while (!collecting_.empty()) MakeRunnable(collecting_.begin()->second.get());
     joinable_.clear();
-    workers.swap(workers_);
   }
   cv_.notify_all();
+}
+
+size_t Scheduler::CancelQueued(const absl::Status& status) {
+  std::vector<std::unique_ptr<WorkItem>> cancelled;
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    joinable_.clear();
+    for (auto& [close_at, batch] : collecting_) {
+      for (auto& item : batch->items) cancelled.push_back(std::move(item));
+    }
+    collecting_.clear();
+    for (auto& batch : runnable_) {
+      for (auto& item : batch->items) cancelled.push_back(std::move(item));
+    }
+    runnable_.clear();
+    waiting_ = 0;
+    if (on_depth_) on_depth_(waiting_);
+  }
+  cv_.notify_all();
+  // Answered outside the lock: an answer may be large, and it reaches gRPC.
+  for (auto& item : cancelled) item->Fail(status);
+  return cancelled.size();
+}
+
+void Scheduler::Shutdown() {
+  Stop();
+  std::vector<std::thread> workers;
+  {
+    MutexLock lock(&mu_);
+    workers.swap(workers_);
+  }
   for (auto& worker : workers) worker.join();
 }
 

@@ -14,8 +14,11 @@
 //             earliest window ends. With a window of 0 a batch is runnable at
 //             once, so only items queued before a worker takes it are fused.
 //   runnable work runs in the order it became runnable.
-//   Shutdown → stops accepting, closes the open batches (their windows cut
-//             short), runs everything queued, joins the workers.
+//   Stop     → stops accepting, closes the open batches (their windows cut
+//             short); what is queued still runs
+//   CancelQueued → stops accepting and fails everything queued (the end of a
+//             shutdown's grace); what is running runs on
+//   Shutdown → Stop, runs everything queued, joins the workers.
 //
 // Compute never runs on gRPC's threads: services prepare a WorkItem and submit it.
 #pragma once
@@ -90,8 +93,13 @@ class Scheduler {
   ~Scheduler();
 
   absl::Status Submit(std::unique_ptr<WorkItem> item) ABSL_LOCKS_EXCLUDED(mu_);
-  // Stops accepting, runs everything already queued (open batches too, without
-  // waiting for their windows), joins the workers.
+  // Stops accepting; what is queued (open batches too, without waiting for their
+  // windows) still runs.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops accepting and fails every queued item with `status` instead of running
+  // it; returns how many. Work already running is not interrupted.
+  size_t CancelQueued(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stop, then runs everything already queued and joins the workers.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -446,5 +446,31 @@ TEST(SchedulerAnswers, SubmitAfterShutdownIsUnavailable) {
   EXPECT_TRUE(log.batches().empty());
 }
 
+// The end of a shutdown's grace: what waits (runnable or in an open batch) is
+// answered with the given status and never runs; what runs finishes.
+TEST(SchedulerAnswers, CancelQueuedFailsWhatWaitsAndLetsTheRunningFinish) {
+  std::atomic<int> ran{0};
+  Gate gate;
+  Scheduler scheduler({.workers = 1, .queue_capacity = 100, .batch_window = kHour});
+  auto running = std::make_unique<Probe>(&ran, gate.Body());
+  ASSERT_TRUE(scheduler.Submit(std::move(running)).ok());
+  gate.WaitEntered();
+  std::vector<std::future<absl::StatusCode>> answers;
+  for (int i = 0; i < 6; ++i) {
+    auto probe = std::make_unique<Probe>(&ran);
+    probe->batch_key = i % 2 == 0 ? "open-batch" : "";  // half wait in an open batch
+    answers.push_back(probe->failed.get_future());
+    ASSERT_TRUE(scheduler.Submit(std::move(probe)).ok());
+  }
+  scheduler.Stop();
+  EXPECT_EQ(scheduler.CancelQueued(absl::UnavailableError("grace over")), 6u);
+  for (auto& answer : answers) EXPECT_EQ(answer.get(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(scheduler.Submit(std::make_unique<Probe>(&ran)).code(), absl::StatusCode::kUnavailable);
+  gate.Release();
+  scheduler.Shutdown();
+  EXPECT_EQ(ran.load(), 1) << "only the item already running ran";
+  EXPECT_EQ(scheduler.CancelQueued(absl::UnavailableError("again")), 0u);
+}
+
 }  // namespace
 }  // namespace mxserve
