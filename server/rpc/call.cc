@@ -64,8 +64,7 @@ void CallRecord::Done() {
 }
 
 void CallRecord::EndInflight() {
-  if (!counted_) return;
-  counted_ = false;
+  if (!counted_.exchange(false)) return;
   core_.access->EndCall(principal_);
 }
 

@@ -61,6 +61,10 @@ class CallTracker {
     std::unique_lock lock(mu_);
     return idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
   }
+  int64_t active() {
+    std::lock_guard lock(mu_);
+    return active_;
+  }
 
  private:
   std::mutex mu_;
@@ -105,7 +109,8 @@ CallInfo CallInfoOf(const grpc::CallbackServerContext* context, CancelFlag cance
 // Against --quota-inflight a call counts from admission until it is answered
 // (Settle or SetStatus, before Finish), not until OnDone: gRPC may run OnDone a
 // moment after the client has its status, and a client calling one RPC after
-// another must not find its previous call still counted.
+// another must not find its previous call still counted. A call its client gave
+// up on (OnCancel) stops counting then, though its computation may run on.
 class CallRecord {
  public:
   CallRecord(const Core& core, Rpc rpc, grpc::CallbackServerContext* context);
@@ -147,10 +152,13 @@ class CallRecord {
   absl::Status CheckModelOwner(absl::string_view model) const;
   // CheckOwner for a stored policy a Put or Delete would replace or remove.
   absl::Status MayChangePolicy(const StoredPolicy& existing) const;
-  // For OnCancel: the client gave up now.
+  // For OnCancel: the client gave up now. Its --quota-inflight slot frees at
+  // once: the client waits for nothing more, though a computation already
+  // running goes on until it ends.
   void MarkCancelled() {
     cancelled_at_ = Clock::now();
     info_.cancelled->store(true, std::memory_order_relaxed);
+    EndInflight();
   }
 
  private:
@@ -163,7 +171,9 @@ class CallRecord {
   CallInfo info_;
   Principal principal_;
   absl::Status admission_;
-  bool counted_ = false;  // against --quota-inflight, until answered (or Done())
+  // Against --quota-inflight, until answered, cancelled or Done(): the first of
+  // them (a worker's answer and gRPC's OnCancel may race) ends the count.
+  std::atomic<bool> counted_ = false;
   absl::StatusCode code_ = absl::StatusCode::kUnknown;
   std::optional<Clock::time_point> cancelled_at_;  // set in OnCancel, read in OnDone
 };
