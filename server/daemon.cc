@@ -1,6 +1,7 @@
 #include "server/daemon.h"
 
 #include <algorithm>
+#include <limits>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -24,6 +25,7 @@
 #include "prometheus/exposer.h"
 #include "server/base/quote.h"
 #include "server/energy_model_default.h"
+#include "server/listener.h"
 #include "server/rpc/call.h"
 #include "server/rpc/compute_service.h"
 #include "server/rpc/models_service.h"
@@ -122,6 +124,7 @@ struct Daemon::State {
   std::unique_ptr<ProfilesService> profiles_service;
   std::shared_ptr<TlsCredentials> tls;  // null: plaintext; outlives the server's ports
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<Listener> listener;  // hands the gRPC port's connections to `server`
   std::unique_ptr<prometheus::Exposer> exposer;
   // Last, so destroyed first: it stops before anything it deletes through goes.
   std::unique_ptr<Housekeeper> housekeeper;
@@ -304,10 +307,48 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // The port is the daemon's own (listener.h), its connections handed to gRPC.
+  // Keep some descriptors for everything else: model files, the metrics port,
+  // gRPC's own.
+  constexpr int64_t kSpareDescriptors = 64;
+  const int64_t descriptors = static_cast<int64_t>(OpenFileLimit()) - kSpareDescriptors;
+  int max_connections = options.max_connections;
+  if (descriptors < max_connections) {
+    max_connections = static_cast<int>(std::max<int64_t>(1, descriptors));
+    Log(LogLevel::kWarning, "max_connections_lowered",
+        {{"max_connections", absl::StrCat(max_connections)},
+         {"asked", absl::StrCat(options.max_connections)},
+         {"open_file_limit", absl::StrCat(OpenFileLimit())},
+         {"message", "the open-file limit leaves room for no more"}});
+  }
+  MX_ASSIGN_OR_RETURN(
+      s->listener,
+      Listener::Bind(options.listen,
+                     {.max_connections = max_connections,
+                      .on_open = [metrics](int64_t open) { metrics->SetConnections(double(open)); },
+                      .on_refused =
+                          [metrics](const char* reason) {
+                            metrics->RecordConnectionRefused(reason);
+                          }}));
   grpc::ServerBuilder builder;
   if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
-  int port = 0;
-  builder.AddListeningPort(options.listen, credentials, &port);
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor =
+      builder.experimental().AddExternalConnectionAcceptor(
+          grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
+  auto milliseconds = [](double seconds) {
+    return static_cast<int>(std::min(seconds * 1000, double(std::numeric_limits<int>::max())));
+  };
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             std::max(1, milliseconds(options.handshake_timeout_seconds)));
+  if (options.idle_timeout_seconds > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               std::max(1, milliseconds(options.idle_timeout_seconds)));
+  }
+  if (options.max_connection_age_seconds > 0) {
+    const int age = std::max(1, milliseconds(options.max_connection_age_seconds));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, age);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, age);
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   builder.RegisterService(s->compute.get());
@@ -316,11 +357,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.RegisterService(s->telemetry.get());
   builder.RegisterService(s->profiles_service.get());
   s->server = builder.BuildAndStart();
-  if (!s->server || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--listen: cannot listen on '", options.listen, "' (address in use?)"));
-  }
-  s->grpc_address = WithPort(options.listen, port);
+  if (!s->server) return absl::UnavailableError("the gRPC server did not start");
+  s->listener->Start(std::move(acceptor));
+  s->grpc_address = WithPort(options.listen, s->listener->port());
   grpc::HealthCheckServiceInterface* health = s->server->GetHealthCheckService();
   // Every backend is ready once made: the fpga backend opened its card and
   // loaded the xclbin in MakeBackend, before the server was built.
@@ -337,23 +376,34 @@ absl::Status Daemon::ReloadTls() {
 void Daemon::Shutdown() {
   if (!state_ || state_->stopped) return;
   state_->stopped = true;
+  // New connections are refused from here (the kernel answers them).
+  state_->listener->Stop();
   if (grpc::HealthCheckServiceInterface* health = state_->server->GetHealthCheckService()) {
     health->SetServingStatus(false);
   }
-  const auto deadline =
-      Clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(state_->options.grace_seconds * 1000));
+  const double grace = state_->options.grace_seconds;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
   // New work is refused (UNAVAILABLE) from here; queued work still runs.
-  state_->loader->Shutdown();
-  state_->profiler->Shutdown();
-  state_->scheduler->Shutdown();
+  Scheduler* queues[] = {state_->scheduler.get(), state_->loader.get(), state_->profiler.get()};
+  for (Scheduler* queue : queues) queue->Stop();
   // Calls still reading or writing (streams, uploads) get the grace period.
-  const bool drained = state_->calls.WaitIdle(deadline);
-  if (!drained) {
-    Log(LogLevel::kWarning, "grace_expired", {{"message", "cancelling the calls still open"}});
+  if (!state_->calls.WaitIdle(deadline)) {
+    // The grace is a bound: what has not run is not run.
+    const absl::Status stopped = absl::UnavailableError(absl::StrCat(
+        "the daemon is stopping and its --grace-seconds (", grace,
+        " s) ran out before this request ran; it was not computed"));
+    size_t cancelled = 0;
+    for (Scheduler* queue : queues) cancelled += queue->CancelQueued(stopped);
+    Log(LogLevel::kWarning, "grace_expired",
+        {{"cancelled_queued", absl::StrCat(cancelled)},
+         {"open_calls", absl::StrCat(state_->calls.active())},
+         {"message", "queued work cancelled; calls still open are cancelled (UNAVAILABLE)"}});
   }
   // Nothing is in flight (or the grace is over): close every connection now
-  // rather than wait for clients that keep idle channels open.
+  // rather than wait for clients that keep idle channels open. gRPC cancels the
+  // calls still open (their clients see UNAVAILABLE) and returns once each has
+  // finished: for a computation still running, when it ends. mxserved does not
+  // wait for that (main.cc).
   state_->server->Shutdown(std::chrono::system_clock::now());
   state_->server->Wait();
 }

@@ -2,19 +2,36 @@
 //
 // SIGTERM and SIGINT are taken by sigwait, so the shutdown runs as ordinary
 // code, not in a signal handler; so is SIGHUP, which reloads the TLS files.
+// The shutdown is bounded: --grace-seconds from the signal, queued work is
+// cancelled and open calls are answered UNAVAILABLE (Daemon::Shutdown), and
+// kExitMargin later the process exits even if a computation is still running
+// (kernels are not interruptible; its client has had its answer).
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "mx/kernels/cpu_features.h"
 #include "server/daemon.h"
+#include "server/listener.h"
 #include "server/options.h"
 #include "server/telemetry/log.h"
+
+namespace {
+
+// How long after the grace the process may take to exit: gRPC's cancellation
+// of the open calls and the last log lines.
+constexpr std::chrono::milliseconds kExitMargin(1000);
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using mxserve::Log;
@@ -50,6 +67,8 @@ int main(int argc, char** argv) {
        {"kernel_threads", absl::StrCat(options.kernel_threads)},
        {"kernels", std::string(mx::kernels::IsaName(mx::kernels::DefaultIsa()))},
        {"default_policy", options.default_policy}});
+  // Descriptors run out at the soft limit, often 1024: raise it to the hard one.
+  mxserve::RaiseOpenFileLimit();
   absl::StatusOr<std::unique_ptr<mxserve::Daemon>> daemon = mxserve::Daemon::Start(options);
   if (!daemon.ok()) {
     Log(LogLevel::kError, "start_failed", {{"message", std::string(daemon.status().message())}});
@@ -78,10 +97,28 @@ int main(int argc, char** argv) {
   Log(LogLevel::kInfo, "stopping",
       {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"},
        {"grace_seconds", absl::StrCat(options.grace_seconds)}});
-  (*daemon)->Shutdown();
-  Log(LogLevel::kInfo, "stopped");
-  // Every call is answered and the workers have joined. Skip the remaining
-  // destructors: the metrics web server's orderly stop alone polls for 1-2 s.
+  const auto exit_by = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(options.grace_seconds * 1000)) +
+                       kExitMargin;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopped = false;
+  std::thread stopper([&] {
+    (*daemon)->Shutdown();
+    std::lock_guard lock(mu);
+    stopped = true;
+    cv.notify_all();
+  });
+  std::unique_lock lock(mu);
+  if (cv.wait_until(lock, exit_by, [&] { return stopped; })) {
+    Log(LogLevel::kInfo, "stopped");
+  } else {
+    Log(LogLevel::kWarning, "stopped",
+        {{"abandoned", "computations still running at the end of the grace"}});
+  }
+  // Every call is answered. Skip the remaining destructors (and, past the grace,
+  // the workers still computing): the metrics web server's orderly stop alone
+  // polls for 1-2 s.
   std::fflush(nullptr);
   _exit(0);
 }

@@ -46,6 +46,19 @@ std::function<absl::Status(const std::string&, DaemonOptions&)> IntSetter(std::s
   };
 }
 
+// Seconds in [0, max].
+std::function<absl::Status(const std::string&, DaemonOptions&)> SecondsSetter(
+    std::string name, double DaemonOptions::*field, double max) {
+  return [name, field, max](const std::string& text, DaemonOptions& o) {
+    double value;
+    if (!absl::SimpleAtod(text, &value) || !(value >= 0) || value > max) {
+      return FlagError(name, absl::StrCat("expected seconds in [0, ", max, "], got '", text, "'"));
+    }
+    o.*field = value;
+    return absl::OkStatus();
+  };
+}
+
 // A byte size (ParseBytes: K/M/G suffixes).
 std::function<absl::Status(const std::string&, DaemonOptions&)> BytesSetter(
     std::string name, uint64_t DaemonOptions::*field) {
@@ -267,17 +280,34 @@ const std::vector<FlagSpec>& Flags() {
       {"quota-models", "N", "models one principal may have registered at once; 0 is unlimited",
        [](const DaemonOptions& o) { return absl::StrCat(o.quota_models); },
        IntSetter<int64_t>("quota-models", &DaemonOptions::quota_models, 0, int64_t{1} << 30)},
-      {"grace-seconds", "S", "on SIGTERM/SIGINT, how long in-flight requests may take to finish",
+      {"grace-seconds", "S",
+       "on SIGTERM/SIGINT, how long open calls and queued work may take to finish; then queued "
+       "work is cancelled, calls still open are answered UNAVAILABLE and the daemon exits (within "
+       "about a second more), abandoning computations still running",
        [](const DaemonOptions& o) { return absl::StrCat(o.grace_seconds); },
-       [](const std::string& text, DaemonOptions& o) {
-         double value;
-         if (!absl::SimpleAtod(text, &value) || !(value >= 0) || value > 3600) {
-           return FlagError("grace-seconds",
-                            absl::StrCat("expected seconds in [0, 3600], got '", text, "'"));
-         }
-         o.grace_seconds = value;
-         return absl::OkStatus();
-       }},
+       SecondsSetter("grace-seconds", &DaemonOptions::grace_seconds, 3600)},
+      {"max-connections", "N",
+       "gRPC connections open at once; one beyond it is closed as soon as it is accepted (the "
+       "client retries). Lowered to fit the open-file limit (raised to its hard limit at start)",
+       [](const DaemonOptions& o) { return absl::StrCat(o.max_connections); },
+       IntSetter("max-connections", &DaemonOptions::max_connections, 1, 1 << 20)},
+      {"handshake-timeout-seconds", "S",
+       "a new connection must complete its TLS handshake and send the HTTP/2 preface within this, "
+       "or it is closed",
+       [](const DaemonOptions& o) { return absl::StrCat(o.handshake_timeout_seconds); },
+       SecondsSetter("handshake-timeout-seconds", &DaemonOptions::handshake_timeout_seconds, 3600)},
+      {"idle-timeout-seconds", "S",
+       "a connection with no call open for this long is closed (clients reconnect on their next "
+       "call); 0 never",
+       [](const DaemonOptions& o) { return absl::StrCat(o.idle_timeout_seconds); },
+       SecondsSetter("idle-timeout-seconds", &DaemonOptions::idle_timeout_seconds, 86400 * 7)},
+      {"max-connection-age-seconds", "S",
+       "a connection this old is told to go away (new calls go to a new connection) and is "
+       "closed, with the calls still on it, after as long again: bounds a call that trickles its "
+       "message in. 0 never (Compute.Stream sessions of a trainer may last hours)",
+       [](const DaemonOptions& o) { return absl::StrCat(o.max_connection_age_seconds); },
+       SecondsSetter("max-connection-age-seconds", &DaemonOptions::max_connection_age_seconds,
+                     86400 * 7)},
   };
   return *flags;
 }

@@ -35,6 +35,15 @@ struct DaemonOptions {
   std::string default_policy = "D-phase-adaptive";
   std::string energy_model;  // empty: the built-in copy of fpga/model/energy_model.json
   double grace_seconds = 10;
+  // The gRPC port's connections (server/listener.h): at most this many open at
+  // once; a TLS handshake or the client's HTTP/2 preface must complete within
+  // the handshake timeout; a connection without calls for the idle timeout is
+  // closed (0: never); a connection older than the age limit is told to go
+  // away, and closed that long again later, calls and all (0: never).
+  int max_connections = 1024;
+  double handshake_timeout_seconds = 10;
+  double idle_timeout_seconds = 600;
+  double max_connection_age_seconds = 0;
   // Directories LoadSafetensors may read from; none: file loading is off.
   std::vector<std::string> model_dirs;
   // ReportPower's bounds: distinct (source, device) pairs, the sources allowed

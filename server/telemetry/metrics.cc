@@ -127,6 +127,20 @@ Metrics::Metrics(std::string backend)
            .Add({});
   models_ =
       &BuildGauge().Name("mxserve_models").Help("Registered models").Register(*registry_).Add({});
+  connections_ = &BuildGauge()
+                      .Name("mxserve_connections")
+                      .Help("gRPC connections open (at most --max-connections)")
+                      .Register(*registry_)
+                      .Add({});
+  auto& refused = BuildCounter()
+                      .Name("mxserve_connections_refused_total")
+                      .Help(
+                          "gRPC connections closed as soon as accepted, by reason: "
+                          "max_connections (--max-connections open already) or descriptors "
+                          "(the open-file limit reached)")
+                      .Register(*registry_);
+  refused_limit_ = &refused.Add({{"reason", "max_connections"}});
+  refused_descriptors_ = &refused.Add({{"reason", "descriptors"}});
   BuildGauge()
       .Name("mxserve_build_info")
       .Help("Always 1; the labels say what is running")

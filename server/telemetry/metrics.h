@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "absl/base/thread_annotations.h"
@@ -98,6 +99,13 @@ class Metrics {
   void SetQueueDepth(double depth) { queue_depth_->Set(depth); }
   void SetWeightBytes(double bytes) { weight_bytes_->Set(bytes); }
   void SetModels(double models) { models_->Set(models); }
+  // The gRPC port's connections (listener.h): open now, and one refused for
+  // `reason` ("max_connections", "descriptors").
+  void SetConnections(double open) { connections_->Set(open); }
+  void RecordConnectionRefused(const char* reason) {
+    (reason == std::string_view("descriptors") ? refused_descriptors_ : refused_limit_)
+        ->Increment();
+  }
 
   // Energy and busy time from measured power (ReportPower). A source's series
   // are made for all three phases at once, at zero, on its first use or on
@@ -150,6 +158,9 @@ class Metrics {
   prometheus::Gauge* queue_depth_;
   prometheus::Gauge* weight_bytes_;
   prometheus::Gauge* models_;
+  prometheus::Gauge* connections_;
+  prometheus::Counter* refused_limit_;
+  prometheus::Counter* refused_descriptors_;
 
   Mutex mu_;  // guards creation of the lazily made series below
   std::array<std::atomic<ComputeSeries*>, kComputeRpcs * 3 * mx::kFormatCount> compute_{};

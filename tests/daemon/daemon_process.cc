@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,7 +30,7 @@ std::string Field(const std::string& line, const std::string& key) {
 
 }  // namespace
 
-DaemonProcess::DaemonProcess(std::vector<std::string> flags) {
+DaemonProcess::DaemonProcess(std::vector<std::string> flags, int open_file_limit) {
   int fds[2];
   if (pipe(fds) != 0) {
     ADD_FAILURE() << "pipe failed";
@@ -41,6 +42,10 @@ DaemonProcess::DaemonProcess(std::vector<std::string> flags) {
   pid_ = fork();
   if (pid_ == 0) {
     dup2(fds[1], STDERR_FILENO);
+    if (open_file_limit > 0) {
+      const rlimit limit{rlim_t(open_file_limit), rlim_t(open_file_limit)};
+      if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(126);
+    }
     close(fds[0]);
     close(fds[1]);
     std::vector<char*> argv;

@@ -20,7 +20,8 @@ class DaemonProcess {
   // Starts `MXSERVED_PATH --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 <flags>`
   // and waits (up to 20 s) for it to listen. Fails the test (ADD_FAILURE) and
   // leaves `ok()` false when it does not.
-  explicit DaemonProcess(std::vector<std::string> flags = {});
+  // `open_file_limit` > 0: the child's soft and hard RLIMIT_NOFILE, set before exec.
+  explicit DaemonProcess(std::vector<std::string> flags = {}, int open_file_limit = 0);
   ~DaemonProcess();
 
   bool ok() const { return !grpc_address_.empty(); }

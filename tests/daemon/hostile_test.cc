@@ -847,5 +847,103 @@ TEST_F(BigLayerTest, SigtermRunsAQueuedFusedBatchToTheEnd) {
   EXPECT_EQ(daemon_->Log().find("grace_expired"), std::string::npos) << daemon_->Log();
 }
 
+// Issue 32, "also seen": a --quota-inflight slot outlived its call's deadline
+// until the computation ended. The client gave up; its slot frees then.
+TEST_F(BigLayerTest, AQuotaSlotFreesWhenTheClientGivesUp) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--workers", "1", "--quota-inflight", "1"}));
+  const auto x = TestValues(512 * kIn, 93);
+  auto stub = v1::Compute::NewStub(daemon_->channel());
+  auto forward = [&](grpc::ClientContext* context) {
+    v1::LayerForwardResponse response;
+    return stub->LayerForward(context,
+                              ForwardRequest("big", layer_, v1::PHASE_UPDATE,
+                                             static_cast<int>(mx::Format::kFp32), x, 512),
+                              &response);
+  };
+  // How long one FP32 forward takes here (see the deadline test above).
+  const auto started = std::chrono::steady_clock::now();
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(forward(&context).ok());
+  }
+  const auto whole = std::chrono::steady_clock::now() - started;
+  const std::string gave_up =
+      "mxserve_rpc_completed_total{code=\"DEADLINE_EXCEEDED\",rpc=\"LayerForward\"}";
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(20), whole / 5));
+  ASSERT_EQ(forward(&context).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The computation runs on for about 4/5 of `whole`; the slot is free now.
+  grpc::Status listed;
+  const auto until = std::chrono::steady_clock::now() + whole / 4;
+  do {
+    grpc::ClientContext list_context;
+    v1::ListModelsResponse models;
+    listed = v1::Models::NewStub(daemon_->channel())
+                 ->ListModels(&list_context, v1::ListModelsRequest(), &models);
+  } while (!listed.ok() && std::chrono::steady_clock::now() < until);
+  const double finished = MetricValue(ScrapeMetrics(daemon_->metrics_address()), gave_up);
+  EXPECT_TRUE(listed.ok()) << listed.error_code() << " " << listed.error_message();
+  EXPECT_LE(finished, 0) << "the computation had already ended: the test proves nothing";
+  AwaitMetric(daemon_->metrics_address(), gave_up, 1, 60);
+}
+
+// Defect 2 of issue 32: with --grace-seconds 2 and 80 queued forwards, SIGTERM
+// took 13.7 s to exit: the queue ran to its end past the grace. Now the grace is
+// a bound: queued work is cancelled, open calls answered UNAVAILABLE, and the
+// process exits about a second after the grace, whatever is still computing.
+TEST_F(BigLayerTest, TheGraceBoundsTheShutdownOfALongQueue) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--workers", "1", "--grace-seconds", "1", "--max-message-bytes",
+                                 "256M", "--queue-size", "4096"}));
+  constexpr int kCalls = 80;
+  struct Call {
+    grpc::ClientContext context;
+    v1::LayerForwardRequest request;
+    v1::LayerForwardResponse response;
+    std::promise<grpc::Status> done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  auto stub = v1::Compute::NewStub(daemon_->channel());
+  const std::vector<float> x = TestValues(512 * kIn, 300);
+  for (int i = 0; i < kCalls; ++i) {
+    auto call = std::make_unique<Call>();
+    call->request = ForwardRequest("big", layer_, v1::PHASE_ROLLOUT,
+                                   static_cast<int>(mx::Format::kMxfp8E4m3), x, 512);
+    stub->async()->LayerForward(&call->context, &call->request, &call->response,
+                                [c = call.get()](grpc::Status s) { c->done.set_value(s); });
+    calls.push_back(std::move(call));
+  }
+  // Most of them queued behind the one worker.
+  double depth = 0;
+  for (int i = 0; i < 400 && depth < kCalls / 2; ++i) {
+    depth = MetricValue(ScrapeMetrics(daemon_->metrics_address()), "mxserve_queue_depth");
+    if (depth < kCalls / 2) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_GE(depth, kCalls / 2);
+  const auto signalled = std::chrono::steady_clock::now();
+  const int exit_code = daemon_->Stop(30);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  EXPECT_EQ(exit_code, 0) << daemon_->Log();
+  EXPECT_LE(seconds, 1 + 1 + 1.0) << "grace 1 s, then at most the 1 s margin (and slack)";
+  int ok = 0, cancelled = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    const grpc::Status s = calls[i]->done.get_future().get();
+    if (s.ok()) {
+      ++ok;
+      continue;
+    }
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "call " << i << ": "
+                                                            << s.error_message();
+    if (s.error_message().find("--grace-seconds (1 s) ran out before this request ran") !=
+        std::string::npos) {
+      ++cancelled;
+    }
+  }
+  EXPECT_GE(cancelled, kCalls / 2 - 1) << ok << " answered";
+  const std::string log = daemon_->Log();
+  EXPECT_NE(log.find("event=grace_expired cancelled_queued="), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace mx_test

@@ -2,6 +2,9 @@
 #include "server/options.h"
 
 #include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
 
 #include "gtest/gtest.h"
 
@@ -184,6 +187,40 @@ TEST(Options, HelpListsEveryFlagWithItsDefault) {
   }
   std::istringstream lines(help);
   for (std::string l; std::getline(lines, l);) EXPECT_LE(l.size(), 80u) << l;
+}
+
+// server/README.md's flag table ("Every flag, its meaning and its default") and
+// --help name the same flags: a flag added to one is added to the other.
+TEST(Options, TheReadmeFlagTableAndHelpNameTheSameFlags) {
+  std::set<std::string> in_help;
+  std::istringstream help(HelpText());
+  const std::regex help_flag("^  --([a-z0-9-]+)");
+  for (std::string line; std::getline(help, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, help_flag)) in_help.insert(m[1]);
+  }
+  std::ifstream readme(MXSERVE_SOURCE_DIR "/server/README.md");
+  ASSERT_TRUE(readme) << "cannot read server/README.md";
+  std::set<std::string> in_readme;
+  bool in_table = false;
+  const std::regex readme_flag("`--([a-z0-9-]+)");
+  for (std::string line; std::getline(readme, line);) {
+    if (line.find("Every flag, its meaning and its default") != std::string::npos) in_table = true;
+    if (!in_table) continue;
+    if (line.rfind("| `--", 0) != 0) {
+      if (!in_readme.empty() && line.rfind("|", 0) != 0) break;  // the table ended
+      continue;
+    }
+    const std::string first_cell = line.substr(0, line.find(" | "));
+    for (std::sregex_iterator it(first_cell.begin(), first_cell.end(), readme_flag), end;
+         it != end; ++it) {
+      in_readme.insert((*it)[1]);
+    }
+  }
+  in_help.erase("help");
+  in_help.erase("version");
+  EXPECT_EQ(in_readme, in_help);
+  EXPECT_GE(in_help.size(), 30u);
 }
 
 }  // namespace
