@@ -4,11 +4,13 @@
 // the newest profile, policy generation (fraction counts, budget and tolerance
 // against brute force, groups, serving), and bad input.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -371,6 +373,89 @@ TEST_F(ProfileTest, BadInputIsRefusedNamingTheFieldAndLosesNothing) {
   ASSERT_TRUE(v1::Profiles::NewStub(daemon_->channel())->GetProfile(&context, get, &got).ok());
   EXPECT_EQ(got.SerializeAsString(), kept.SerializeAsString());
   ExpectServesReference(daemon_->channel(), "prof-bad", a);
+}
+
+// Issue 32, item 4: a stream that sends its config and a batch and then dies
+// (the client cancels, its deadline passes) never half-closed: it stores
+// nothing, so the complete profile of that weight version stays. 64 such
+// streams, each gone at a different moment around the end of its batch's work,
+// one at a time with the daemon idle a moment between them; before the fix, 2
+// to 28 of them replaced the profile in each of 20 runs (a failed read was
+// taken for a half-close, and OnCancel came too late to stop the put).
+TEST_F(ProfileTest, AbandonedStreamsNeverReplaceTheCompleteProfile) {
+  const TestLayer layer = MakeLayer("blk.0.only", 32, 64, false, 51);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "prof-abandoned", {layer}).ok());
+  const v1::ProfileConfig config =
+      Config("prof-abandoned", {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3});
+  std::vector<v1::CalibrationBatch> batches;
+  for (uint32_t i = 0; i < 4; ++i) batches.push_back(Batch(layer, TestValues(8 * 64, 52 + i), 8));
+  v1::Profile complete;
+  ASSERT_TRUE(RunProfile(*daemon_, &config, batches, &complete).ok());
+  ASSERT_EQ(complete.tokens(), 32u);
+
+  const auto gave_up = [&] {
+    const std::string metrics = ScrapeMetrics(daemon_->metrics_address());
+    double n = 0;
+    for (const char* code : {"CANCELLED", "DEADLINE_EXCEEDED"}) {
+      n += std::max(0.0, MetricValue(metrics, absl::StrCat("mxserve_rpc_completed_total{code=\"",
+                                                           code, "\",rpc=\"ProfileModel\"}")));
+    }
+    return n;
+  };
+  const double gave_up_before = gave_up();
+  constexpr int kStreams = 64;
+  const v1::CalibrationBatch one = Batch(layer, TestValues(2 * 64, 60), 2);
+  auto stub = v1::Profiles::NewStub(daemon_->channel());
+  for (int i = 0; i < kStreams; ++i) {
+    // Cancelled 0 to 2.75 ms after the batch was sent, or timed out 2 to 4.75
+    // ms after the stream began; never half-closed.
+    const bool by_deadline = i % 2 == 1;
+    const auto delay = std::chrono::microseconds(250 * (i / 2 % 12));
+    grpc::ClientContext context;
+    if (by_deadline) {
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2) + delay);
+    }
+    v1::Profile partial;
+    auto writer = stub->ProfileModel(&context, &partial);
+    v1::ProfileRequest request;
+    *request.mutable_config() = config;
+    writer->Write(request);
+    request.Clear();
+    *request.mutable_batch() = one;
+    writer->Write(request);
+    if (!by_deadline) {
+      std::this_thread::sleep_for(delay);
+      context.TryCancel();
+    }
+    const grpc::Status s = writer->Finish();
+    EXPECT_EQ(s.error_code(),
+              by_deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED)
+        << "stream " << i << ": " << s.error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // The daemon is done with them once each is counted, and a replacement would
+  // have landed by then. (gRPC drops a stream that was cancelled before the
+  // daemon took it, so now and then one is never counted: 3 s at most.)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (gave_up() < gave_up_before + kStreams && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  grpc::ClientContext context;
+  v1::GetProfileRequest get;
+  get.set_model("prof-abandoned");
+  v1::Profile kept;
+  ASSERT_TRUE(stub->GetProfile(&context, get, &kept).ok());
+  EXPECT_EQ(kept.tokens(), 32u) << "an abandoned stream's one batch replaced the profile";
+  EXPECT_EQ(kept.DebugString(), complete.DebugString());
+  // Each profile stored is logged: the complete one only.
+  const std::string log = daemon_->Log();
+  size_t stored = 0;
+  for (size_t at = 0;
+       (at = log.find("event=profiled model=prof-abandoned ", at)) != std::string::npos; ++at) {
+    ++stored;
+  }
+  EXPECT_EQ(stored, 1u) << stored - 1 << " abandoned streams stored their profile";
 }
 
 // ---------------------------------------------------------------------------
