@@ -85,6 +85,9 @@ absl::StatusOr<mx::Format> RequiredFormat(v1::Format format, absl::string_view f
   return *f;
 }
 
+// A call that starts once shutdown has begun (the scheduler's own refusal).
+absl::Status ShuttingDown() { return absl::UnavailableError("the daemon is shutting down"); }
+
 // The formats a config names, checked: none repeated, none unspecified.
 absl::StatusOr<std::vector<mx::Format>> ConfigFormats(const v1::ProfileConfig& config) {
   if (config.formats().empty()) return DefaultProfileFormats();
@@ -120,13 +123,19 @@ absl::StatusOr<std::vector<mx::Format>> ConfigFormats(const v1::ProfileConfig& c
 
 class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ProfileReactor(const Core& core, grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
+  // `stopping`: ProfilesService::StopAccepting was called; the stream is refused.
+  ProfileReactor(const Core& core, grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
+                 bool stopping)
       : core_(core),
         context_(context),
         record_(core, Rpc::kProfileModel, context),
         raw_response_(response) {
     if (!record_.admission().ok()) {
       Done(record_.admission());
+      return;
+    }
+    if (stopping) {
+      Done(ShuttingDown());
       return;
     }
     StartRead(&raw_request_);
@@ -467,7 +476,7 @@ absl::StatusOr<GenerationSpec> SpecOf(const v1::GeneratePolicyRequest& r) {
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ProfilesService::ProfileModel(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new ProfileReactor(core_, context, response);
+  return new ProfileReactor(core_, context, response, stopping_.load(std::memory_order_relaxed));
 }
 
 grpc::ServerUnaryReactor* ProfilesService::GetProfile(grpc::CallbackServerContext* context,
@@ -528,6 +537,7 @@ grpc::ServerUnaryReactor* ProfilesService::GeneratePolicy(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   using Call = UnaryCall<v1::GeneratePolicyRequest, v1::GeneratePolicyResponse>;
   return Call::Start(core_, Rpc::kGeneratePolicy, context, request, response, [this](Call& call) {
+    if (stopping_.load(std::memory_order_relaxed)) return call.Answer(ShuttingDown());
     if (absl::Status s = call.record().CheckModelOwner(call.request().model()); !s.ok()) {
       return call.Answer(s);
     }
