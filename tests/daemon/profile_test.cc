@@ -3,13 +3,19 @@
 // listing, exporting and deleting profiles, policies' layer classes following
 // the newest profile, policy generation (fraction counts, budget and tolerance
 // against brute force, groups, serving), and bad input.
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -858,6 +864,101 @@ TEST(ProfileMemory, ABatchBeyondTheWeightMemoryLimitIsRefused) {
       RunProfile(daemon, &config, {Batch(layer, TestValues(8 * 64, 63), 8)}, &profile).ok());
   ExpectServesReference(daemon.channel(), "prof-memory", layer);
   EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// Issue 32, also seen: at SIGTERM a profiling stream already open may finish
+// within --grace-seconds, as an upload may; new streams and generations are
+// refused.
+TEST(ProfileShutdown, AnOpenStreamCompletesWithinTheGraceANewOneIsRefused) {
+  // Two principals, one call in flight each: the streamer's own calls tell when
+  // its stream is in the daemon (the next is refused), the prober's when
+  // shutdown has begun.
+  constexpr char kStreamer[] = "tok-streamer-5d1c", kProber[] = "tok-prober-a07e";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("mxserve_prof_sigterm_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokens") << kStreamer << " streamer admin\n" << kProber << " prober admin\n";
+  DaemonProcess daemon({"--grace-seconds", "30", "--quota-inflight", "1", "--auth-tokens",
+                        (dir / "tokens").string()});
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(daemon.ok());
+  const TestLayer layer = MakeLayer("blk.0.fc", 32, 64, false, 71);
+  ASSERT_TRUE(Register(daemon.channel().get(), "prof-sigterm", {layer}, "", kProber).ok());
+  v1::UploadWeightsResponse uploaded;
+  ASSERT_TRUE(Upload(daemon.channel().get(), "prof-sigterm", {layer}, /*publish=*/true, &uploaded,
+                     1000, kProber)
+                  .ok());
+  const v1::ProfileConfig config = Config("prof-sigterm", {mx::Format::kMxfp4E2m1});
+  auto stub = v1::Profiles::NewStub(daemon.channel());
+  // Until `ready` or 5 s: true when it got there.
+  const auto await = [](const std::function<bool()>& ready) {
+    for (int i = 0; i < 500; ++i) {
+      if (ready()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+
+  grpc::ClientContext context;
+  Authorize(context, kStreamer);
+  v1::Profile profile;
+  auto writer = stub->ProfileModel(&context, &profile);
+  v1::ProfileRequest request;
+  *request.mutable_config() = config;
+  ASSERT_TRUE(writer->Write(request));
+  request.Clear();
+  *request.mutable_batch() = Batch(layer, TestValues(3 * 64, 72), 3);
+  ASSERT_TRUE(writer->Write(request));
+  ASSERT_TRUE(await([&] {
+    grpc::ClientContext c;
+    Authorize(c, kStreamer);
+    v1::ListProfilesResponse r;
+    return stub->ListProfiles(&c, v1::ListProfilesRequest(), &r).error_code() ==
+           grpc::StatusCode::RESOURCE_EXHAUSTED;
+  })) << "the stream never reached the daemon";
+
+  const auto signalled = std::chrono::steady_clock::now();
+  kill(daemon.pid(), SIGTERM);
+  v1::GeneratePolicyRequest generate;
+  generate.set_model("prof-sigterm");
+  generate.set_name("never");
+  generate.set_kind(v1::GENERATION_KIND_FRACTION);
+  generate.set_dry_run(true);
+  grpc::Status refused;
+  EXPECT_TRUE(await([&] {
+    grpc::ClientContext c;
+    Authorize(c, kProber);
+    v1::GeneratePolicyResponse r;
+    refused = stub->GeneratePolicy(&c, generate, &r);
+    return refused.error_code() == grpc::StatusCode::UNAVAILABLE;
+  }));
+  EXPECT_STATUS(refused, UNAVAILABLE, "the daemon is shutting down");
+  {
+    grpc::ClientContext c;
+    Authorize(c, kProber);
+    v1::Profile other;
+    auto w = stub->ProfileModel(&c, &other);
+    v1::ProfileRequest r;
+    *r.mutable_config() = config;
+    w->Write(r);
+    w->WritesDone();
+    EXPECT_STATUS(w->Finish(), UNAVAILABLE, "the daemon is shutting down");
+  }
+
+  // The open stream goes on: a second batch, the half-close, the profile of both.
+  *request.mutable_batch() = Batch(layer, TestValues(5 * 64, 73), 5);
+  EXPECT_TRUE(writer->Write(request));
+  EXPECT_TRUE(writer->WritesDone());
+  const grpc::Status s = writer->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  EXPECT_EQ(profile.tokens(), 8u);
+  ASSERT_EQ(profile.layers_size(), 1);
+  EXPECT_EQ(profile.layers(0).tokens(), 8u);
+  // The daemon then exits at once, not at the grace.
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(10));
+  EXPECT_NE(daemon.Log().find("event=profiled model=prof-sigterm "), std::string::npos);
+  EXPECT_EQ(daemon.Log().find("grace_expired"), std::string::npos) << daemon.Log();
 }
 
 TEST_F(GenerateTest, BadGenerationRequestsNameTheField) {
