@@ -383,9 +383,13 @@ void Daemon::Shutdown() {
   }
   const double grace = state_->options.grace_seconds;
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
-  // New work is refused (UNAVAILABLE) from here; queued work still runs.
+  // New work is refused (UNAVAILABLE) from here; queued work still runs. New
+  // profiling streams are refused, but the open ones' batches still reach the
+  // profiler: a stream may complete within the grace, as an upload may.
+  state_->scheduler->Stop();
+  state_->loader->Stop();
+  state_->profiles_service->StopAccepting();
   Scheduler* queues[] = {state_->scheduler.get(), state_->loader.get(), state_->profiler.get()};
-  for (Scheduler* queue : queues) queue->Stop();
   // Calls still reading or writing (streams, uploads) get the grace period.
   if (!state_->calls.WaitIdle(deadline)) {
     // The grace is a bound: what has not run is not run.

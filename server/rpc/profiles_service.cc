@@ -85,6 +85,9 @@ absl::StatusOr<mx::Format> RequiredFormat(v1::Format format, absl::string_view f
   return *f;
 }
 
+// A call that starts once shutdown has begun (the scheduler's own refusal).
+absl::Status ShuttingDown() { return absl::UnavailableError("the daemon is shutting down"); }
+
 // The formats a config names, checked: none repeated, none unspecified.
 absl::StatusOr<std::vector<mx::Format>> ConfigFormats(const v1::ProfileConfig& config) {
   if (config.formats().empty()) return DefaultProfileFormats();
@@ -104,20 +107,42 @@ absl::StatusOr<std::vector<mx::Format>> ConfigFormats(const v1::ProfileConfig& c
 // ---------------------------------------------------------------------------
 // ProfileModel: a config, then calibration batches, each computed on the
 // profiler's queue before the next is read, so a stream holds one batch.
+//
+// A profile is stored only when its stream completed: the client half-closed
+// and the call is still live when the profile is put. gRPC ends the reads of a
+// stream the same way (OnReadDone(false)) whether the client half-closed or the
+// call was abandoned (client cancel, deadline, broken connection), and OnCancel
+// may run a moment after that read on another thread, so neither the failed read
+// nor IsCancelled() then says which it was. The headers do: they are sent when
+// the reads end, and on an abandoned call the transport has already closed the
+// stream, so that send fails (OnSendInitialMetadataDone(false)) and nothing is
+// computed or stored. A call abandoned later, while its profile is computed, is
+// caught at the put: Commit checks and puts under the lock that OnCancel takes.
+// A client that gives up after that put, before the response reaches it, sent
+// every batch and half-closed: its profile is complete, and kept.
 
 class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ProfileReactor(const Core& core, grpc::CallbackServerContext* context, grpc::ByteBuffer* response)
-      : core_(core), record_(core, Rpc::kProfileModel, context), raw_response_(response) {
+  // `stopping`: ProfilesService::StopAccepting was called; the stream is refused.
+  ProfileReactor(const Core& core, grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
+                 bool stopping)
+      : core_(core),
+        context_(context),
+        record_(core, Rpc::kProfileModel, context),
+        raw_response_(response) {
     if (!record_.admission().ok()) {
       Done(record_.admission());
+      return;
+    }
+    if (stopping) {
+      Done(ShuttingDown());
       return;
     }
     StartRead(&raw_request_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return Complete();
+    if (!ok) return EndOfRequests();
     const std::string field = absl::StrCat("requests[", requests_++, "]");
     request_.Clear();
     absl::Status parsed = ParseMessage(raw_request_, &request_, field);
@@ -140,7 +165,18 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         [this](absl::Status s) { Done(s); });
   }
 
-  void OnCancel() override { record_.MarkCancelled(); }
+  // The reads ended and the headers were sent (ok): the client half-closed. Not
+  // sent: the call was abandoned.
+  void OnSendInitialMetadataDone(bool ok) override {
+    if (!ok) return Done(Abandoned());
+    Complete();
+  }
+
+  void OnCancel() override {
+    MutexLock lock(&mu_);
+    abandoned_ = true;
+    record_.MarkCancelled();
+  }
 
   void OnDone() override {
     record_.Done();
@@ -148,6 +184,37 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
  private:
+  // No more requests: half-closed or abandoned; the headers tell (see above).
+  void EndOfRequests() {
+    if (!builder_) {
+      return Done(absl::InvalidArgumentError(
+          "requests: the stream ended before its config message (ProfileRequest.config)"));
+    }
+    StartSendInitialMetadata();
+  }
+
+  // What an abandoned call is answered (the client has its own status by then).
+  absl::Status Abandoned() const {
+    const Clock::time_point now = Clock::now();
+    if (now >= record_.info().deadline) {
+      return absl::DeadlineExceededError(
+          "the stream's deadline passed before its profile was stored; nothing was stored");
+    }
+    return absl::CancelledError(
+        "the stream was cancelled or its connection lost before it completed; nothing was stored");
+  }
+
+  // Puts `profile` unless the call was abandoned: the check and the put are one
+  // step against OnCancel. OK, or the status to answer (nothing stored).
+  absl::Status Commit(std::shared_ptr<const Profile> profile) {
+    MutexLock lock(&mu_);
+    if (abandoned_ || context_->IsCancelled() || Clock::now() >= record_.info().deadline) {
+      return Abandoned();
+    }
+    core_.profiles->Put(std::move(profile));
+    return absl::OkStatus();
+  }
+
   absl::Status Configure(absl::string_view field) {
     if (!request_.has_config()) {
       return absl::InvalidArgumentError(
@@ -250,10 +317,6 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   // The client half-closed: the profile, on the profiler's thread.
   void Complete() {
-    if (!builder_) {
-      return Done(absl::InvalidArgumentError(
-          "requests: the stream ended before its config message (ProfileRequest.config)"));
-    }
     RunOn(
         *core_.profiler, record_.info(),
         [this] {
@@ -265,8 +328,8 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                                         " was deleted while it was profiled")));
           }
           auto kept = std::make_shared<const Profile>(*std::move(profile));
+          if (absl::Status s = Commit(kept); !s.ok()) return Done(s);
           FillProfile(*kept, true, &response_);
-          core_.profiles->Put(kept);
           RankByNewestProfile(core_, model_);
           Log(LogLevel::kInfo, "profiled",
               {{"model", model_},
@@ -286,8 +349,11 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   const Core& core_;
+  grpc::CallbackServerContext* const context_;
   CallRecord record_;
   grpc::ByteBuffer* raw_response_;
+  Mutex mu_;                                     // OnCancel against Commit
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran
   grpc::ByteBuffer raw_request_;
   v1::ProfileRequest request_;
   int requests_ = 0;
@@ -410,7 +476,7 @@ absl::StatusOr<GenerationSpec> SpecOf(const v1::GeneratePolicyRequest& r) {
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ProfilesService::ProfileModel(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new ProfileReactor(core_, context, response);
+  return new ProfileReactor(core_, context, response, stopping_.load(std::memory_order_relaxed));
 }
 
 grpc::ServerUnaryReactor* ProfilesService::GetProfile(grpc::CallbackServerContext* context,
@@ -471,6 +537,7 @@ grpc::ServerUnaryReactor* ProfilesService::GeneratePolicy(grpc::CallbackServerCo
                                                           grpc::ByteBuffer* response) {
   using Call = UnaryCall<v1::GeneratePolicyRequest, v1::GeneratePolicyResponse>;
   return Call::Start(core_, Rpc::kGeneratePolicy, context, request, response, [this](Call& call) {
+    if (stopping_.load(std::memory_order_relaxed)) return call.Answer(ShuttingDown());
     if (absl::Status s = call.record().CheckModelOwner(call.request().model()); !s.ok()) {
       return call.Answer(s);
     }

@@ -2,6 +2,8 @@
 // policies generated from them (server/profile/).
 #pragma once
 
+#include <atomic>
+
 #include "mxserve/v1/profiles.grpc.pb.h"
 #include "server/rpc/core.h"
 
@@ -20,6 +22,14 @@ using RawProfilesService = v1::Profiles::WithRawCallbackMethod_ProfileModel<
 class ProfilesService final : public RawProfilesService {
  public:
   explicit ProfilesService(const Core& core) : core_(core) {}
+
+  // Shutdown's first step for this service, in place of shutting the profiler
+  // down at the signal: new ProfileModel streams and GeneratePolicy calls are
+  // refused (UNAVAILABLE) from here, while streams already open keep sending
+  // batches to the profiler and may complete within --grace-seconds, as uploads
+  // may. The daemon shuts the profiler down once those calls ended or were
+  // cancelled at the grace (their queued work then fails without running).
+  void StopAccepting() { stopping_.store(true, std::memory_order_relaxed); }
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* ProfileModel(grpc::CallbackServerContext* context,
                                                           grpc::ByteBuffer* response) override;
@@ -44,6 +54,7 @@ class ProfilesService final : public RawProfilesService {
                         v1::GeneratePolicyResponse* response, const CallRecord& record);
 
   const Core& core_;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace mxserve

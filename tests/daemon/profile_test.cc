@@ -3,12 +3,20 @@
 // listing, exporting and deleting profiles, policies' layer classes following
 // the newest profile, policy generation (fraction counts, budget and tolerance
 // against brute force, groups, serving), and bad input.
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <set>
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -371,6 +379,89 @@ TEST_F(ProfileTest, BadInputIsRefusedNamingTheFieldAndLosesNothing) {
   ASSERT_TRUE(v1::Profiles::NewStub(daemon_->channel())->GetProfile(&context, get, &got).ok());
   EXPECT_EQ(got.SerializeAsString(), kept.SerializeAsString());
   ExpectServesReference(daemon_->channel(), "prof-bad", a);
+}
+
+// Issue 32, item 4: a stream that sends its config and a batch and then dies
+// (the client cancels, its deadline passes) never half-closed: it stores
+// nothing, so the complete profile of that weight version stays. 64 such
+// streams, each gone at a different moment around the end of its batch's work,
+// one at a time with the daemon idle a moment between them; before the fix, 2
+// to 28 of them replaced the profile in each of 20 runs (a failed read was
+// taken for a half-close, and OnCancel came too late to stop the put).
+TEST_F(ProfileTest, AbandonedStreamsNeverReplaceTheCompleteProfile) {
+  const TestLayer layer = MakeLayer("blk.0.only", 32, 64, false, 51);
+  ASSERT_TRUE(RegisterAndPublish(channel(), "prof-abandoned", {layer}).ok());
+  const v1::ProfileConfig config =
+      Config("prof-abandoned", {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3});
+  std::vector<v1::CalibrationBatch> batches;
+  for (uint32_t i = 0; i < 4; ++i) batches.push_back(Batch(layer, TestValues(8 * 64, 52 + i), 8));
+  v1::Profile complete;
+  ASSERT_TRUE(RunProfile(*daemon_, &config, batches, &complete).ok());
+  ASSERT_EQ(complete.tokens(), 32u);
+
+  const auto gave_up = [&] {
+    const std::string metrics = ScrapeMetrics(daemon_->metrics_address());
+    double n = 0;
+    for (const char* code : {"CANCELLED", "DEADLINE_EXCEEDED"}) {
+      n += std::max(0.0, MetricValue(metrics, absl::StrCat("mxserve_rpc_completed_total{code=\"",
+                                                           code, "\",rpc=\"ProfileModel\"}")));
+    }
+    return n;
+  };
+  const double gave_up_before = gave_up();
+  constexpr int kStreams = 64;
+  const v1::CalibrationBatch one = Batch(layer, TestValues(2 * 64, 60), 2);
+  auto stub = v1::Profiles::NewStub(daemon_->channel());
+  for (int i = 0; i < kStreams; ++i) {
+    // Cancelled 0 to 2.75 ms after the batch was sent, or timed out 2 to 4.75
+    // ms after the stream began; never half-closed.
+    const bool by_deadline = i % 2 == 1;
+    const auto delay = std::chrono::microseconds(250 * (i / 2 % 12));
+    grpc::ClientContext context;
+    if (by_deadline) {
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2) + delay);
+    }
+    v1::Profile partial;
+    auto writer = stub->ProfileModel(&context, &partial);
+    v1::ProfileRequest request;
+    *request.mutable_config() = config;
+    writer->Write(request);
+    request.Clear();
+    *request.mutable_batch() = one;
+    writer->Write(request);
+    if (!by_deadline) {
+      std::this_thread::sleep_for(delay);
+      context.TryCancel();
+    }
+    const grpc::Status s = writer->Finish();
+    EXPECT_EQ(s.error_code(),
+              by_deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED)
+        << "stream " << i << ": " << s.error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // The daemon is done with them once each is counted, and a replacement would
+  // have landed by then. (gRPC drops a stream that was cancelled before the
+  // daemon took it, so now and then one is never counted: 3 s at most.)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (gave_up() < gave_up_before + kStreams && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  grpc::ClientContext context;
+  v1::GetProfileRequest get;
+  get.set_model("prof-abandoned");
+  v1::Profile kept;
+  ASSERT_TRUE(stub->GetProfile(&context, get, &kept).ok());
+  EXPECT_EQ(kept.tokens(), 32u) << "an abandoned stream's one batch replaced the profile";
+  EXPECT_EQ(kept.DebugString(), complete.DebugString());
+  // Each profile stored is logged: the complete one only.
+  const std::string log = daemon_->Log();
+  size_t stored = 0;
+  for (size_t at = 0;
+       (at = log.find("event=profiled model=prof-abandoned ", at)) != std::string::npos; ++at) {
+    ++stored;
+  }
+  EXPECT_EQ(stored, 1u) << stored - 1 << " abandoned streams stored their profile";
 }
 
 // ---------------------------------------------------------------------------
@@ -773,6 +864,101 @@ TEST(ProfileMemory, ABatchBeyondTheWeightMemoryLimitIsRefused) {
       RunProfile(daemon, &config, {Batch(layer, TestValues(8 * 64, 63), 8)}, &profile).ok());
   ExpectServesReference(daemon.channel(), "prof-memory", layer);
   EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// Issue 32, also seen: at SIGTERM a profiling stream already open may finish
+// within --grace-seconds, as an upload may; new streams and generations are
+// refused.
+TEST(ProfileShutdown, AnOpenStreamCompletesWithinTheGraceANewOneIsRefused) {
+  // Two principals, one call in flight each: the streamer's own calls tell when
+  // its stream is in the daemon (the next is refused), the prober's when
+  // shutdown has begun.
+  constexpr char kStreamer[] = "tok-streamer-5d1c", kProber[] = "tok-prober-a07e";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("mxserve_prof_sigterm_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokens") << kStreamer << " streamer admin\n" << kProber << " prober admin\n";
+  DaemonProcess daemon({"--grace-seconds", "30", "--quota-inflight", "1", "--auth-tokens",
+                        (dir / "tokens").string()});
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(daemon.ok());
+  const TestLayer layer = MakeLayer("blk.0.fc", 32, 64, false, 71);
+  ASSERT_TRUE(Register(daemon.channel().get(), "prof-sigterm", {layer}, "", kProber).ok());
+  v1::UploadWeightsResponse uploaded;
+  ASSERT_TRUE(Upload(daemon.channel().get(), "prof-sigterm", {layer}, /*publish=*/true, &uploaded,
+                     1000, kProber)
+                  .ok());
+  const v1::ProfileConfig config = Config("prof-sigterm", {mx::Format::kMxfp4E2m1});
+  auto stub = v1::Profiles::NewStub(daemon.channel());
+  // Until `ready` or 5 s: true when it got there.
+  const auto await = [](const std::function<bool()>& ready) {
+    for (int i = 0; i < 500; ++i) {
+      if (ready()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+
+  grpc::ClientContext context;
+  Authorize(context, kStreamer);
+  v1::Profile profile;
+  auto writer = stub->ProfileModel(&context, &profile);
+  v1::ProfileRequest request;
+  *request.mutable_config() = config;
+  ASSERT_TRUE(writer->Write(request));
+  request.Clear();
+  *request.mutable_batch() = Batch(layer, TestValues(3 * 64, 72), 3);
+  ASSERT_TRUE(writer->Write(request));
+  ASSERT_TRUE(await([&] {
+    grpc::ClientContext c;
+    Authorize(c, kStreamer);
+    v1::ListProfilesResponse r;
+    return stub->ListProfiles(&c, v1::ListProfilesRequest(), &r).error_code() ==
+           grpc::StatusCode::RESOURCE_EXHAUSTED;
+  })) << "the stream never reached the daemon";
+
+  const auto signalled = std::chrono::steady_clock::now();
+  kill(daemon.pid(), SIGTERM);
+  v1::GeneratePolicyRequest generate;
+  generate.set_model("prof-sigterm");
+  generate.set_name("never");
+  generate.set_kind(v1::GENERATION_KIND_FRACTION);
+  generate.set_dry_run(true);
+  grpc::Status refused;
+  EXPECT_TRUE(await([&] {
+    grpc::ClientContext c;
+    Authorize(c, kProber);
+    v1::GeneratePolicyResponse r;
+    refused = stub->GeneratePolicy(&c, generate, &r);
+    return refused.error_code() == grpc::StatusCode::UNAVAILABLE;
+  }));
+  EXPECT_STATUS(refused, UNAVAILABLE, "the daemon is shutting down");
+  {
+    grpc::ClientContext c;
+    Authorize(c, kProber);
+    v1::Profile other;
+    auto w = stub->ProfileModel(&c, &other);
+    v1::ProfileRequest r;
+    *r.mutable_config() = config;
+    w->Write(r);
+    w->WritesDone();
+    EXPECT_STATUS(w->Finish(), UNAVAILABLE, "the daemon is shutting down");
+  }
+
+  // The open stream goes on: a second batch, the half-close, the profile of both.
+  *request.mutable_batch() = Batch(layer, TestValues(5 * 64, 73), 5);
+  EXPECT_TRUE(writer->Write(request));
+  EXPECT_TRUE(writer->WritesDone());
+  const grpc::Status s = writer->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  EXPECT_EQ(profile.tokens(), 8u);
+  ASSERT_EQ(profile.layers_size(), 1);
+  EXPECT_EQ(profile.layers(0).tokens(), 8u);
+  // The daemon then exits at once, not at the grace.
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(10));
+  EXPECT_NE(daemon.Log().find("event=profiled model=prof-sigterm "), std::string::npos);
+  EXPECT_EQ(daemon.Log().find("grace_expired"), std::string::npos) << daemon.Log();
 }
 
 TEST_F(GenerateTest, BadGenerationRequestsNameTheField) {

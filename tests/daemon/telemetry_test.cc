@@ -2,8 +2,11 @@
 // format equal what was sent; power samples integrate by the trapezoid rule into
 // the phase of the later sample; the FPGA model's energy adds up per phase.
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "fpga/model/energy_model.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
@@ -206,6 +209,44 @@ TEST_F(TelemetryTest, PowerSamplesIntegrateIntoEnergyPerSourceAndPhase) {
   // A phase the source never reported is there too, at zero.
   EXPECT_EQ(MetricValue(m, "mxserve_energy_joules_total{phase=\"reward\",source=\"gpu_baseline\"}"),
             0);
+}
+
+// The unauthenticated /metrics listener names no model, layer or run tag
+// (server/README, TLS): its labels are only these keys, whatever was served.
+TEST_F(TelemetryTest, MetricsNameNoModelLayerOrRunTag) {
+  const TestLayer layer = MakeLayer("tenant_secret_layer", 32, 64, false, 90);
+  ASSERT_TRUE(RegisterAndPublish(daemon_.channel().get(), "tenant-secret-model", {layer}).ok());
+  v1::LayerForwardRequest request =
+      ForwardRequest("tenant-secret-model", layer, v1::PHASE_ROLLOUT,
+                     static_cast<int>(mx::Format::kMxfp8E4m3), TestValues(2 * 64, 91), 2);
+  request.set_run("tenant-secret-run");
+  grpc::ClientContext context;
+  v1::LayerForwardResponse response;
+  ASSERT_TRUE(
+      v1::Compute::NewStub(daemon_.channel())->LayerForward(&context, request, &response).ok());
+  ASSERT_EQ(AwaitMetric(daemon_.metrics_address(),
+                        "mxserve_rpc_completed_total{code=\"OK\",rpc=\"LayerForward\"}", 1),
+            1);
+
+  const std::string metrics = ScrapeMetrics(daemon_.metrics_address());
+  for (const char* name : {"tenant-secret-model", "tenant_secret_layer", "tenant-secret-run"}) {
+    EXPECT_EQ(metrics.find(name), std::string::npos) << name << " in:\n" << metrics;
+  }
+  const std::set<std::string> allowed = {"rpc",     "phase",  "format",   "backend",
+                                         "code",    "source", "device",   "call",
+                                         "version", "le",     "quantile", "reason"};
+  std::set<std::string> keys;
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t open = line.find('{'), close = line.find('}');
+    if (open == absl::string_view::npos || close == absl::string_view::npos) continue;
+    for (absl::string_view label :
+         absl::StrSplit(line.substr(open + 1, close - open - 1), ',', absl::SkipEmpty())) {
+      keys.insert(std::string(label.substr(0, label.find('='))));
+    }
+  }
+  EXPECT_TRUE(keys.count("rpc") && keys.count("format")) << metrics;  // the parse found labels
+  for (const std::string& key : keys) EXPECT_TRUE(allowed.count(key)) << "label " << key;
 }
 
 }  // namespace
