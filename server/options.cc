@@ -268,8 +268,10 @@ const std::vector<FlagSpec>& Flags() {
          return absl::OkStatus();
        }},
       {"quota-weight-bytes", "BYTES",
-       "weight memory one principal's models may hold (as ModelInfo.weight_bytes counts it), "
-       "checked when weights are staged; 0 is unlimited",
+       "FP32 weights one principal's models may hold, staged and published (as "
+       "ModelInfo.quota_bytes counts them), checked when weights are staged; cached quantized "
+       "copies are the daemon's cache under --weight-memory-bytes and are not charged; 0 is "
+       "unlimited",
        [](const DaemonOptions& o) { return FormatBytes(o.quota_weight_bytes); },
        BytesSetter("quota-weight-bytes", &DaemonOptions::quota_weight_bytes)},
       {"quota-inflight", "N",

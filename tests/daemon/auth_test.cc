@@ -392,8 +392,9 @@ TEST_F(QuotaTest, WeightBytesAtTheLimit) {
   EXPECT_EQ(Describe("w1").weight_bytes(), 128u);
   // Four bytes more, on another of bob's models: refused, nothing staged.
   EXPECT_STATUS(Upload(channel, "w2", tiny, false, &response, 1000, kBob), RESOURCE_EXHAUSTED,
-                "--quota-weight-bytes: principal 'bob' holds 128 bytes of weights; staging 4 "
-                "more would make 132, the limit is 128; nothing was staged");
+                "--quota-weight-bytes: principal 'bob' holds 128 bytes of weights (FP32, "
+                "staged and published; cached copies are not charged); staging 4 more would "
+                "make 132, the limit is 128; nothing was staged");
   EXPECT_EQ(Describe("w2").staged_tensors(), 0u);
   EXPECT_EQ(Describe("w2").weight_bytes(), 0u);
   // Replacing staged tensors counts the new ones only: still at the limit.
@@ -447,6 +448,66 @@ TEST_F(QuotaTest, InflightAtTheLimit) {
   }
   open[1]->stream->WritesDone();
   EXPECT_TRUE(open[1]->stream->Finish().ok());
+}
+
+// Issue 32, item 3: a compute-role reader's forwards in every format make
+// cached copies of alice's model worth more than her whole weight quota. They
+// are the daemon's cache, not hers: her next upload still fits (it used to fail
+// RESOURCE_EXHAUSTED until she deleted the model), and what she is charged for
+// (ModelInfo.quota_bytes) is her FP32 masters alone.
+TEST(QuotaCopiesTest, AReadersCopiesNeverLockTheOwnerOut) {
+  TokensFile tokens;
+  // A 64x64 FP32 layer is 16384 bytes: a version and the next one's upload fit.
+  DaemonProcess daemon({"--auth-tokens", tokens.path(), "--quota-weight-bytes", "40000"});
+  ASSERT_TRUE(daemon.ok());
+  grpc::Channel* channel = daemon.channel().get();
+  const std::vector<TestLayer> layers = {MakeLayer("fc", 64, 64, false, 7)};
+  constexpr uint64_t kMaster = 64 * 64 * 4;
+  ASSERT_TRUE(Register(channel, "alice-model", layers, "", kAlice).ok());
+  v1::UploadWeightsResponse uploaded;
+  const grpc::Status first = Upload(channel, "alice-model", layers, true, &uploaded, 1000, kAlice);
+  ASSERT_TRUE(first.ok()) << first.error_message();
+  auto describe = [&] {
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DescribeModelRequest request;
+    request.set_name("alice-model");
+    v1::ModelInfo info;
+    EXPECT_TRUE(v1::Models::NewStub(daemon.channel())->DescribeModel(&context, request, &info).ok());
+    return info;
+  };
+  // Carol (compute) runs a forward in every format.
+  for (int f = 0; f < mx::kFormatCount; ++f) {
+    v1::LayerForwardRequest request = ForwardRequest("alice-model", layers[0], v1::PHASE_ROLLOUT,
+                                                     f, TestValues(2 * 64, 8 + f), 2);
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    v1::LayerForwardResponse response;
+    const grpc::Status s =
+        v1::Compute::NewStub(daemon.channel())->LayerForward(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << f << ": " << s.error_message();
+  }
+  const v1::ModelInfo with_copies = describe();
+  EXPECT_EQ(with_copies.layers(0).cached_formats_size(), mx::kFormatCount);
+  EXPECT_GT(with_copies.weight_bytes(), 40000u);  // more than her quota, all held
+  EXPECT_EQ(with_copies.quota_bytes(), kMaster);  // of which she is charged her master
+  // Her next version: charged 16384 published + 16384 staged, within 40000.
+  std::vector<TestLayer> next = layers;
+  next[0].weight = TestValues(64 * 64, 30, 0.05f);
+  const grpc::Status again = Upload(channel, "alice-model", next, true, &uploaded, 1000, kAlice);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(uploaded.weight_version(), 2u);
+  EXPECT_EQ(describe().quota_bytes(), kMaster);
+  // The quota still holds for what she does upload: a second model's staging
+  // would make 32768 + 16384.
+  ASSERT_TRUE(Register(channel, "alice-2", layers, "", kAlice).ok());
+  ASSERT_TRUE(Upload(channel, "alice-2", layers, false, &uploaded, 1000, kAlice).ok());
+  ASSERT_TRUE(Register(channel, "alice-3", layers, "", kAlice).ok());
+  EXPECT_STATUS(Upload(channel, "alice-3", layers, false, &uploaded, 1000, kAlice),
+                RESOURCE_EXHAUSTED,
+                "--quota-weight-bytes: principal 'alice' holds 32768 bytes of weights (FP32, "
+                "staged and published; cached copies are not charged); staging 16384 more would "
+                "make 49152, the limit is 40000; nothing was staged");
 }
 
 // A bad tokens file stops the start, naming the file and line.
