@@ -252,8 +252,8 @@ const std::vector<FlagSpec>& Flags() {
        }},
       {"max-energy-runs", "N",
        "most distinct run tags the energy report keeps apart; a new tag beyond it folds the least "
-       "recently accounted run into the untagged energy (totals stay exact, that run's own "
-       "report becomes empty)",
+       "recently accounted run of the principal holding the most runs into the untagged energy "
+       "(totals stay exact, that run's own report becomes empty)",
        [](const DaemonOptions& o) { return absl::StrCat(o.max_energy_runs); },
        IntSetter("max-energy-runs", &DaemonOptions::max_energy_runs, 1, 65536)},
       {"auth-tokens", "FILE",

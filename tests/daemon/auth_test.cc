@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -508,6 +509,178 @@ TEST(QuotaCopiesTest, AReadersCopiesNeverLockTheOwnerOut) {
                 "--quota-weight-bytes: principal 'alice' holds 32768 bytes of weights (FP32, "
                 "staged and published; cached copies are not charged); staging 16384 more would "
                 "make 49152, the limit is 40000; nothing was staged");
+}
+
+// Issue 32, item 5: run tags have owners. Alice's run is hers: another
+// principal's tagged Gemm, ReportEnergy or ReportWork into it is refused naming
+// the run (not her), and reading it is refused too; her report does not move.
+// Carol creating --max-energy-runs new tags folds carol's own runs, not alice's.
+// An admin may book into and read any run.
+class RunOwnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(daemon_.ok()); }
+
+  grpc::Status Gemm(const char* token, const std::string& run, double* joules = nullptr) {
+    v1::GemmRequest request =
+        GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP8_E4M3, TestValues(4 * 64, 120),
+                    TestValues(64 * 8, 121), 4, 64, 8);
+    request.set_run(run);
+    grpc::ClientContext context;
+    Authorize(context, token);
+    v1::GemmResponse response;
+    const grpc::Status s =
+        v1::Compute::NewStub(daemon_.channel())->Gemm(&context, request, &response);
+    if (joules != nullptr) *joules = response.info().model_joules();
+    return s;
+  }
+  grpc::Status Report(const char* token, const std::string& run, v1::EnergyReport* report) {
+    v1::GetEnergyReportRequest request;
+    request.set_run(run);
+    grpc::ClientContext context;
+    Authorize(context, token);
+    return v1::Telemetry::NewStub(daemon_.channel())->GetEnergyReport(&context, request, report);
+  }
+  v1::EnergyReport ReportOf(const std::string& run) {
+    v1::EnergyReport report;
+    const grpc::Status s = Report(kAlice, run, &report);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    report.clear_until_seconds();  // the one field that moves
+    return report;
+  }
+
+  static constexpr char kRefused[] =
+      "run 'alice-exp' belongs to another principal (a run tag is bound to the principal that "
+      "first booked into it); choose a tag of your own";
+  TokensFile tokens_;
+  DaemonProcess daemon_{{"--auth-tokens", tokens_.path(), "--max-energy-runs", "3", "--workers",
+                         "1"}};
+};
+
+TEST_F(RunOwnerTest, AnotherPrincipalCanNeitherBookIntoNorReadMyRun) {
+  double one = 0;
+  ASSERT_TRUE(Gemm(kAlice, "alice-exp", &one).ok());
+  ASSERT_GT(one, 0);
+  const v1::EnergyReport mine = ReportOf("alice-exp");
+  ASSERT_EQ(mine.entries_size(), 1) << mine.DebugString();
+  EXPECT_EQ(mine.entries(0).requests(), 1u);
+
+  // A tagged Gemm (unary and on a stream), as carol (compute).
+  EXPECT_STATUS(Gemm(kCarol, "alice-exp"), PERMISSION_DENIED,
+                std::string("run: ") + kRefused);
+  {
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    auto stream = v1::Compute::NewStub(daemon_.channel())->Stream(&context);
+    v1::StreamRequest request;
+    request.set_request_id(7);
+    *request.mutable_gemm() =
+        GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP8_E4M3, TestValues(4 * 64, 120),
+                    TestValues(64 * 8, 121), 4, 64, 8);
+    request.mutable_gemm()->set_run("alice-exp");
+    ASSERT_TRUE(stream->Write(request));
+    v1::StreamResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.status_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(response.status_message(), std::string("run: ") + kRefused);
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  // Measured energy, as bob (train): the stream ends at the interval, naming it.
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::ReportEnergyResponse response;
+    auto writer = v1::Telemetry::NewStub(daemon_.channel())->ReportEnergy(&context, &response);
+    const double t = std::floor(UnixNow()) - 10;
+    v1::EnergyInterval interval;
+    interval.set_source("gpu_baseline");
+    interval.set_device("cuda:0");
+    interval.set_phase(v1::PHASE_ROLLOUT);
+    interval.set_start_seconds(t);
+    interval.set_end_seconds(t + 1);
+    interval.set_joules(100);
+    interval.set_run("bob-exp");  // his own: accepted
+    ASSERT_TRUE(writer->Write(interval));
+    interval.set_start_seconds(t + 1);
+    interval.set_end_seconds(t + 2);
+    interval.set_run("alice-exp");
+    writer->Write(interval);
+    writer->WritesDone();
+    EXPECT_STATUS(writer->Finish(), PERMISSION_DENIED,
+                  std::string("intervals[1].run: ") + kRefused);
+    EXPECT_EQ(response.intervals_accepted(), 0u);  // no response message on an error
+  }
+  // Reported work, as carol: nothing of the message is booked.
+  ASSERT_TRUE(Register(daemon_.channel().get(), "alice-model",
+                       {MakeLayer("fc", 8, 64, false, 3)}, "", kAlice)
+                  .ok());
+  {
+    v1::ReportWorkRequest request;
+    for (const char* run : {"carol-exp", "alice-exp"}) {
+      v1::WorkCall* call = request.add_calls();
+      call->set_phase(v1::PHASE_ROLLOUT);
+      call->set_run(run);
+      call->set_model("alice-model");
+      call->set_layer("fc");
+      call->set_call(v1::WORK_CALL_KIND_FORWARD);
+      call->set_format(v1::FORMAT_MXFP8_E4M3);
+      call->set_m(4);
+      call->set_count(1);
+    }
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    v1::ReportWorkResponse response;
+    EXPECT_STATUS(v1::Telemetry::NewStub(daemon_.channel())->ReportWork(&context, request, &response),
+                  PERMISSION_DENIED, std::string("calls[1].run: ") + kRefused);
+  }
+  // Reading it.
+  {
+    v1::EnergyReport report;
+    EXPECT_STATUS(Report(kBob, "alice-exp", &report), PERMISSION_DENIED,
+                  std::string("run: ") + kRefused);
+    EXPECT_EQ(report.entries_size(), 0);
+  }
+  // Her report is what it was, to the bit.
+  EXPECT_EQ(ReportOf("alice-exp").SerializeAsString(), mine.SerializeAsString());
+  // Carol's ReportWork booked nothing, not even its own call.
+  {
+    v1::EnergyReport report;
+    ASSERT_TRUE(Report(kCarol, "carol-exp", &report).ok());
+    EXPECT_EQ(report.entries_size(), 0);
+  }
+  // An admin may read it, and book into it; it stays alice's.
+  {
+    v1::EnergyReport report;
+    ASSERT_TRUE(Report(kRoot, "alice-exp", &report).ok());
+    EXPECT_EQ(report.entries_size(), 1);
+  }
+  ASSERT_TRUE(Gemm(kRoot, "alice-exp").ok());
+  EXPECT_EQ(ReportOf("alice-exp").entries(0).requests(), 2u);
+  EXPECT_STATUS(Gemm(kCarol, "alice-exp"), PERMISSION_DENIED, "belongs to another principal");
+}
+
+TEST_F(RunOwnerTest, AnotherPrincipalsNewTagsDoNotFoldMyRun) {
+  ASSERT_TRUE(Gemm(kAlice, "alice-exp").ok());
+  const v1::EnergyReport mine = ReportOf("alice-exp");
+  ASSERT_EQ(mine.entries_size(), 1);
+  // --max-energy-runs 3: carol's ten new tags fold carol's own least recent ones.
+  for (int i = 0; i < 10; ++i) {
+    const grpc::Status s = Gemm(kCarol, "carol-" + std::to_string(i));
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
+  EXPECT_EQ(ReportOf("alice-exp").SerializeAsString(), mine.SerializeAsString());
+  v1::EnergyReport newest, folded;
+  ASSERT_TRUE(Report(kCarol, "carol-9", &newest).ok());
+  EXPECT_EQ(newest.entries_size(), 1);
+  ASSERT_TRUE(Report(kCarol, "carol-8", &newest).ok());
+  EXPECT_EQ(newest.entries_size(), 1);
+  ASSERT_TRUE(Report(kCarol, "carol-7", &folded).ok());
+  EXPECT_EQ(folded.entries_size(), 0);  // folded: two of carol's and alice's are held
+  // Every run together still counts all eleven.
+  v1::EnergyReport all;
+  ASSERT_TRUE(Report(kCarol, "", &all).ok());
+  ASSERT_EQ(all.entries_size(), 1);
+  EXPECT_EQ(all.entries(0).requests(), 11u);
 }
 
 // A bad tokens file stops the start, naming the file and line.
