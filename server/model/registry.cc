@@ -494,6 +494,21 @@ bool Registry::PolicyInUse(absl::string_view policy) const {
   return false;
 }
 
+bool Registry::ReleasePolicy(absl::string_view policy, absl::string_view owner,
+                             const std::string& fallback, std::vector<std::string>& reset) {
+  MutexLock lock(&mu_);
+  for (const auto& [name, model] : models_) {
+    if (model->policy == policy && (owner.empty() || model->owner == owner)) return false;
+  }
+  for (const auto& [name, model] : models_) {
+    if (model->policy == policy) {
+      model->policy = fallback;
+      reset.push_back(name);
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(
     absl::string_view model_name) const {
   MutexLock lock(&mu_);

@@ -247,6 +247,12 @@ class Registry {
   // Returns the previous policy.
   absl::StatusOr<std::string> SetPolicy(absl::string_view model, const std::string& policy);
   bool PolicyInUse(absl::string_view policy) const;
+  // For deleting `policy`, owned by `owner` ("" for none): when a model of
+  // `owner` (any model, for "") has it active, changes nothing and returns
+  // false; else sets every model that has it active (other principals' models,
+  // which activated it) to `fallback`, names them in `reset`, and returns true.
+  bool ReleasePolicy(absl::string_view policy, absl::string_view owner,
+                     const std::string& fallback, std::vector<std::string>& reset);
   // Re-ranks the model's layers by tolerance: `measured` (layer names, most
   // tolerant first, e.g. from its newest sensitivity profile) over the built-in
   // ranking, as ToleranceRanks does; empty: the built-in ranking alone. NOT_FOUND

@@ -18,6 +18,7 @@
 #include "mxserve/v1/compute.grpc.pb.h"
 #include "mxserve/v1/models.grpc.pb.h"
 #include "mxserve/v1/policies.grpc.pb.h"
+#include "server/options.h"
 #include "server/rpc/access.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/raw_call.h"
@@ -681,6 +682,85 @@ TEST_F(RunOwnerTest, AnotherPrincipalsNewTagsDoNotFoldMyRun) {
   ASSERT_TRUE(Report(kCarol, "", &all).ok());
   ASSERT_EQ(all.entries_size(), 1);
   EXPECT_EQ(all.entries(0).requests(), 11u);
+}
+
+// Also seen in issue 32: an admin's PutPolicy over alice's policy took its
+// ownership (it stays hers now), and bob activating alice's policy on his
+// model pinned it against her DeletePolicy (now bob's model goes back to the
+// default policy; her own models still keep a policy they use from going).
+TEST_F(AuthTest, ReplacingOrActivatingAnothersPolicyDoesNotTakeIt) {
+  auto policies = v1::Policies::NewStub(daemon_->channel());
+  const std::vector<TestLayer> layers = {MakeLayer("fc", 4, 8, false, 1)};
+  const std::string json =
+      R"({"name": "alice-pinned", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})";
+  v1::PolicyInfo info;
+  ASSERT_TRUE(PutPolicyAs(daemon_->channel(), kAlice, json, &info).ok());
+  // Root replaces it: still alice's, and alice may still change it.
+  const std::string replaced =
+      R"({"name": "alice-pinned", "defaults": {"rollout": "BF16", "reward": "BF16", "update": "BF16"}})";
+  ASSERT_TRUE(PutPolicyAs(daemon_->channel(), kRoot, replaced, &info).ok());
+  EXPECT_EQ(info.owner(), "alice");
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::GetPolicyRequest request;
+    request.set_name("alice-pinned");
+    ASSERT_TRUE(policies->GetPolicy(&context, request, &info).ok());
+    EXPECT_EQ(info.owner(), "alice");
+    EXPECT_NE(info.json().find("BF16"), std::string::npos);
+  }
+  EXPECT_STATUS(PutPolicyAs(daemon_->channel(), kBob, json, &info), PERMISSION_DENIED,
+                "PutPolicy: policy 'alice-pinned' belongs to 'alice'");
+  ASSERT_TRUE(PutPolicyAs(daemon_->channel(), kAlice, json, &info).ok());
+  EXPECT_EQ(info.owner(), "alice");
+
+  // Bob activates it on his model, and registers another with it.
+  ASSERT_TRUE(Register(daemon_->channel().get(), "bob-pinner", layers, "", kBob).ok());
+  ASSERT_TRUE(Register(daemon_->channel().get(), "bob-pinner-2", layers, "alice-pinned", kBob).ok());
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::SetActivePolicyRequest request;
+    request.set_model("bob-pinner");
+    request.set_policy("alice-pinned");
+    v1::SetActivePolicyResponse response;
+    ASSERT_TRUE(policies->SetActivePolicy(&context, request, &response).ok());
+  }
+  // Her own model using it keeps it from going...
+  ASSERT_TRUE(Register(daemon_->channel().get(), "alice-user", layers, "alice-pinned", kAlice).ok());
+  EXPECT_STATUS(DeletePolicyAs(daemon_->channel(), kAlice, "alice-pinned"), FAILED_PRECONDITION,
+                "name: policy 'alice-pinned' is in use (the active policy of one of its owner's "
+                "models, or the daemon's --default-policy)");
+  auto policy_of = [&](const std::string& model) {
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DescribeModelRequest request;
+    request.set_name(model);
+    v1::ModelInfo described;
+    EXPECT_TRUE(v1::Models::NewStub(daemon_->channel())
+                    ->DescribeModel(&context, request, &described)
+                    .ok());
+    return described.policy();
+  };
+  EXPECT_EQ(policy_of("bob-pinner"), "alice-pinned");  // refused: nothing changed
+  ASSERT_TRUE(DeleteModelAs(daemon_->channel(), kAlice, "alice-user").ok());
+  // ...bob's do not: they go back to the default policy.
+  {
+    grpc::ClientContext context;
+    Authorize(context, kAlice);
+    v1::DeletePolicyRequest request;
+    request.set_name("alice-pinned");
+    v1::DeletePolicyResponse response;
+    const grpc::Status s = policies->DeletePolicy(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(std::vector<std::string>(response.models_reset().begin(),
+                                       response.models_reset().end()),
+              (std::vector<std::string>{"bob-pinner", "bob-pinner-2"}));
+  }
+  EXPECT_EQ(policy_of("bob-pinner"), mxserve::DaemonOptions{}.default_policy);
+  EXPECT_EQ(policy_of("bob-pinner-2"), mxserve::DaemonOptions{}.default_policy);
+  ASSERT_TRUE(DeleteModelAs(daemon_->channel(), kBob, "bob-pinner").ok());
+  ASSERT_TRUE(DeleteModelAs(daemon_->channel(), kBob, "bob-pinner-2").ok());
 }
 
 // A bad tokens file stops the start, naming the file and line.

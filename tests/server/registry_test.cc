@@ -440,5 +440,25 @@ TEST_F(TenantRegistryTest, AnOwnerThatNeedsMoreThanHerCopiesTakesOthersToo) {
   EXPECT_TRUE(Cached("b").empty());
 }
 
+// Deleting an owned policy: a model of its owner that uses it keeps it (and
+// nothing changes); other principals' models that activated it go back to the
+// fallback. A policy without an owner stays while any model uses it.
+TEST_F(RegistryTest, ReleasingAPolicyResetsOnlyOtherPrincipalsModels) {
+  ASSERT_TRUE(registry_.Register("a", {{"fc", kOut, kIn, false}}, "shared", 0, "alice").ok());
+  ASSERT_TRUE(registry_.Register("b1", {{"fc", kOut, kIn, false}}, "shared", 0, "bob").ok());
+  ASSERT_TRUE(registry_.Register("b2", {{"fc", kOut, kIn, false}}, "other", 0, "bob").ok());
+  std::vector<std::string> reset;
+  EXPECT_FALSE(registry_.ReleasePolicy("shared", "alice", "D", reset));
+  EXPECT_TRUE(reset.empty());
+  EXPECT_EQ(registry_.Describe("b1")->policy, "shared");
+  EXPECT_FALSE(registry_.ReleasePolicy("shared", "", "D", reset));  // no owner: any model pins
+  ASSERT_TRUE(registry_.Delete("a").ok());
+  EXPECT_TRUE(registry_.ReleasePolicy("shared", "alice", "D", reset));
+  EXPECT_EQ(reset, (std::vector<std::string>{"b1"}));
+  EXPECT_EQ(registry_.Describe("b1")->policy, "D");
+  EXPECT_EQ(registry_.Describe("b2")->policy, "other");
+  EXPECT_FALSE(registry_.PolicyInUse("shared"));
+}
+
 }  // namespace
 }  // namespace mxserve
