@@ -252,8 +252,8 @@ const std::vector<FlagSpec>& Flags() {
        }},
       {"max-energy-runs", "N",
        "most distinct run tags the energy report keeps apart; a new tag beyond it folds the least "
-       "recently accounted run into the untagged energy (totals stay exact, that run's own "
-       "report becomes empty)",
+       "recently accounted run of the principal holding the most runs into the untagged energy "
+       "(totals stay exact, that run's own report becomes empty)",
        [](const DaemonOptions& o) { return absl::StrCat(o.max_energy_runs); },
        IntSetter("max-energy-runs", &DaemonOptions::max_energy_runs, 1, 65536)},
       {"auth-tokens", "FILE",
@@ -268,8 +268,10 @@ const std::vector<FlagSpec>& Flags() {
          return absl::OkStatus();
        }},
       {"quota-weight-bytes", "BYTES",
-       "weight memory one principal's models may hold (as ModelInfo.weight_bytes counts it), "
-       "checked when weights are staged; 0 is unlimited",
+       "FP32 weights one principal's models may hold, staged and published (as "
+       "ModelInfo.quota_bytes counts them), checked when weights are staged; cached quantized "
+       "copies are the daemon's cache under --weight-memory-bytes and are not charged; 0 is "
+       "unlimited",
        [](const DaemonOptions& o) { return FormatBytes(o.quota_weight_bytes); },
        BytesSetter("quota-weight-bytes", &DaemonOptions::quota_weight_bytes)},
       {"quota-inflight", "N",

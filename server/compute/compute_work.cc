@@ -101,7 +101,7 @@ void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t v
 // once per request, batched or not, so each is booked under its own run. The run
 // goes to the ledger only: as a metric label it would be a series per client tag.
 void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
-             mx::Format format, Clock::time_point arrival, double queue_seconds, double flops,
+             const Principal& who, mx::Format format, Clock::time_point arrival, double queue_seconds, double flops,
              const fpga_model::GemmEstimate& model, double device_seconds) {
   const bool book_model = core.backend->BooksModelEnergy();  // not where nothing ran (null)
   core.metrics->RecordCompute({.rpc = rpc,
@@ -116,12 +116,14 @@ void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string
   const double now = UnixSeconds();
   if (book_model) {
     core.ledger->Add("fpga_model", phase, run, now,
-                     {.joules = model.joules, .busy_seconds = model.seconds, .requests = 1});
+                     {.joules = model.joules, .busy_seconds = model.seconds, .requests = 1}, 1,
+                     who);
   }
   if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
     core.ledger->Add(
         "fpga", phase, run, now,
-        {.joules = *watts * device_seconds, .busy_seconds = device_seconds, .requests = 1});
+        {.joules = *watts * device_seconds, .busy_seconds = device_seconds, .requests = 1}, 1,
+        who);
     core.metrics->RecordBoardEnergy(phase, format, *watts * device_seconds, device_seconds);
     core.metrics->SetPower("fpga", "board", *watts);
   }
@@ -163,13 +165,14 @@ LayerCallCost PriceBackward(const ComputeContext& core, mx::Format format, int64
 }
 
 void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
-                       mx::Format format, const LayerCallCost& cost, uint64_t times, double when) {
+                       const Principal& who, mx::Format format, const LayerCallCost& cost,
+                       uint64_t times, double when) {
   core.ledger->Add("fpga_model", phase, run, when,
                    {.joules = cost.model.joules,
                     .busy_seconds = cost.model.seconds,
                     .requests = 1,
                     .emulated_requests = 1},
-                   times);
+                   times, who);
   core.metrics->RecordEmulatedCompute({.rpc = rpc,
                                        .phase = phase,
                                        .format = format,
@@ -284,7 +287,7 @@ class GemmItem final : public ComputeItem {
           fpga_model::EstimateGemm(core_.energy_model, a_.format, b_.format, a_.rows, n, a_.cols);
       FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, "",
                response_->mutable_info());
-      Account(core_, Rpc::kGemm, phase_, run_, a_.format, arrival, queue_seconds,
+      Account(core_, Rpc::kGemm, phase_, run_, call_.principal, a_.format, arrival, queue_seconds,
               2.0 * a_.rows * n * a_.cols, model, 0);
       return done_(absl::OkStatus());
     }
@@ -311,7 +314,7 @@ class GemmItem final : public ComputeItem {
         fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
     FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model, *kernel,
              response_->mutable_info());
-    Account(core_, Rpc::kGemm, phase_, run_, qa->format, arrival, queue_seconds, 2.0 * m * n * k,
+    Account(core_, Rpc::kGemm, phase_, run_, call_.principal, qa->format, arrival, queue_seconds, 2.0 * m * n * k,
             model, compute_seconds);
     done_(absl::OkStatus());
   }
@@ -444,7 +447,7 @@ class ForwardItem final : public ComputeItem {
     const LayerCallCost cost = PriceForward(core_, x_.format, weight_format_, m, n, k);
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
              compute_seconds, cost.model, kernel, response_->mutable_info());
-    Account(core_, Rpc::kLayerForward, phase_, run_, weight_format_, arrival, queue_seconds,
+    Account(core_, Rpc::kLayerForward, phase_, run_, call_.principal, weight_format_, arrival, queue_seconds,
             cost.flops, cost.model, compute_seconds / static_cast<double>(batch));
     done_(absl::OkStatus());
   }
@@ -493,7 +496,7 @@ class BackwardItem final : public ComputeItem {
       }
       FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model, "",
                response_->mutable_info());
-      Account(core_, Rpc::kLayerBackward, phase_, run_, format_, arrival, queue_seconds, flops,
+      Account(core_, Rpc::kLayerBackward, phase_, run_, call_.principal, format_, arrival, queue_seconds, flops,
               model, 0);
       return done_(absl::OkStatus());
     }
@@ -515,7 +518,7 @@ class BackwardItem final : public ComputeItem {
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
              kernel, response_->mutable_info());
-    Account(core_, Rpc::kLayerBackward, phase_, run_, format_, arrival, queue_seconds, flops, model,
+    Account(core_, Rpc::kLayerBackward, phase_, run_, call_.principal, format_, arrival, queue_seconds, flops, model,
             compute_seconds);
     done_(absl::OkStatus());
   }
@@ -590,6 +593,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
                                                       Done done) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
   MX_RETURN_IF_ERROR(CheckRunTag(request.run(), "run"));
+  MX_RETURN_IF_ERROR(core.ledger->CheckRun(request.run(), call.principal, "run"));
   MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_a, FromProto(request.format(), "format"));
   MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format_b,
                       FromProto(request.format_b(), "format_b"));
@@ -622,7 +626,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
                                     std::move(b), options, response);
 }
 
-// What LayerForward and LayerBackward resolve first: phase (and a valid run tag),
+// What LayerForward and LayerBackward resolve first: phase (and a valid run tag
+// the caller may book into),
 // the layer's published weights (at least `min_version`), and the format.
 struct LayerRequest {
   Phase phase;
@@ -631,10 +636,11 @@ struct LayerRequest {
 };
 
 template <typename Request>
-absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core,
-                                                 const Request& request) {
+absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, const Request& request,
+                                                 const CallInfo& call) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(request.phase(), "phase"));
   MX_RETURN_IF_ERROR(CheckRunTag(request.run(), "run"));
+  MX_RETURN_IF_ERROR(core.ledger->CheckRun(request.run(), call.principal, "run"));
   MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
                                                             request.min_weight_version()));
   MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
@@ -645,7 +651,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
                                                          const v1::LayerForwardRequest& request,
                                                          v1::LayerForwardResponse* response,
                                                          CallInfo call, Done done) {
-  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
+  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request, call));
   const LayerSpec& spec = layer.view.weights->spec();
   const ExpectedShape shape = LayerColumns(spec, /*in_features=*/true);
   // A packed input brings its own format; the weight keeps the resolved one.
@@ -663,7 +669,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
                                                           const v1::LayerBackwardRequest& request,
                                                           v1::LayerBackwardResponse* response,
                                                           CallInfo call, Done done) {
-  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request));
+  MX_ASSIGN_OR_RETURN(LayerRequest layer, ResolveLayerRequest(core, request, call));
   const LayerSpec& spec = layer.view.weights->spec();
   const bool ranged = request.has_weight_rows();
   ExpectedShape dy_shape = LayerColumns(spec, /*in_features=*/false);

@@ -51,8 +51,10 @@ LayerCallCost PriceBackward(const ComputeContext& core, mx::Format format, int64
 // entry (marked emulated) at Unix time `when`, the FLOPs, bytes and energy
 // counters. Whatever the backend (the client did compute); nothing for source
 // "fpga" (no board ran them) and no latency (nothing was timed here).
+// `who` books them (the run's owner, or an admin: EnergyLedger::CheckRun).
 void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
-                       mx::Format format, const LayerCallCost& cost, uint64_t times, double when);
+                       const Principal& who, mx::Format format, const LayerCallCost& cost,
+                       uint64_t times, double when);
 
 // The format the model's active policy gives (phase, layer), or the explicit one.
 absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view,

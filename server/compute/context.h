@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "fpga/model/energy_model.h"
+#include "server/base/auth_tokens.h"
 #include "server/compute/backends/backend.h"
 #include "server/compute/scheduler.h"
 #include "server/model/registry.h"
@@ -43,11 +44,14 @@ struct ComputeContext {
 // cancelled, its deadline passed, or the connection broke.
 using CancelFlag = std::shared_ptr<std::atomic<bool>>;
 
-// When a call arrived, when it must be done by, and whether its client gave up.
+// When a call arrived, when it must be done by, whether its client gave up, and
+// who made it.
 struct CallInfo {
   Clock::time_point arrival = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();
   CancelFlag cancelled;  // null: never cancelled
+  // The caller: its run tags are its own (EnergyLedger::CheckRun).
+  Principal principal = AnonymousPrincipal();
 
   bool Cancelled() const { return cancelled && cancelled->load(std::memory_order_relaxed); }
 };

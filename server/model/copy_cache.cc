@@ -4,14 +4,15 @@
 
 namespace mxserve {
 
-void CopyCache::Touch(const void* owner, std::shared_ptr<const CachedCopy> copy) {
+void CopyCache::Touch(const void* owner, std::shared_ptr<const CachedCopy> copy,
+                      const std::string& principal) {
   MutexLock lock(&mu_);
   if (auto it = index_.find(copy.get()); it != index_.end()) {
     entries_.splice(entries_.end(), entries_, it->second);
     return;
   }
   const CachedCopy* key = copy.get();
-  entries_.push_back({owner, std::move(copy)});
+  entries_.push_back({owner, std::move(copy), principal});
   index_[key] = std::prev(entries_.end());
 }
 
@@ -29,19 +30,27 @@ void CopyCache::Forget(const void* owner) {
   }
 }
 
-int CopyCache::EvictUntil(const std::function<bool()>& fits) {
+std::shared_ptr<const CachedCopy> CopyCache::TakeLeastRecent(const std::string* principal) {
+  MutexLock lock(&mu_);
+  auto it = entries_.begin();
+  while (it != entries_.end() && principal != nullptr && it->principal != *principal) ++it;
+  if (it == entries_.end()) return nullptr;
+  std::shared_ptr<const CachedCopy> victim = std::move(it->copy);
+  index_.erase(victim.get());
+  entries_.erase(it);
+  return victim;
+}
+
+int CopyCache::EvictUntil(const std::function<bool()>& fits, const std::string& first) {
   int evicted = 0;
-  while (!fits()) {
-    std::shared_ptr<const CachedCopy> victim;
-    {
-      MutexLock lock(&mu_);
-      if (entries_.empty()) break;
-      victim = std::move(entries_.front().copy);
-      index_.erase(victim.get());
-      entries_.pop_front();
+  // Pass 0: `first`'s models' copies; pass 1: everyone's.
+  for (int pass = first.empty() ? 1 : 0; pass < 2; ++pass) {
+    while (!fits()) {
+      std::shared_ptr<const CachedCopy> victim = TakeLeastRecent(pass == 0 ? &first : nullptr);
+      if (!victim) break;
+      ++evicted;
+      victim.reset();  // frees its bytes unless a running request still holds it
     }
-    ++evicted;
-    victim.reset();  // frees its bytes unless a running request still holds it
   }
   return evicted;
 }

@@ -4,13 +4,14 @@
 
 namespace mxserve {
 
-absl::Status MemoryBudget::Reserve(uint64_t bytes, absl::string_view what) {
+absl::Status MemoryBudget::Reserve(uint64_t bytes, absl::string_view what,
+                                   absl::string_view first) {
   bool reclaimed = false;
   uint64_t used = used_.load(std::memory_order_relaxed);
   while (true) {
     if (bytes > limit_ || used > limit_ - bytes) {
       if (!reclaimed && reclaim_ && bytes <= limit_) {
-        reclaim_(bytes);
+        reclaim_(bytes, first);
         reclaimed = true;
         used = used_.load(std::memory_order_relaxed);
         continue;
@@ -27,8 +28,8 @@ absl::Status MemoryBudget::Reserve(uint64_t bytes, absl::string_view what) {
   }
 }
 
-bool MemoryBudget::MakeRoom(uint64_t bytes) {
-  if (!Fits(bytes) && reclaim_ && bytes <= limit_) reclaim_(bytes);
+bool MemoryBudget::MakeRoom(uint64_t bytes, absl::string_view first) {
+  if (!Fits(bytes) && reclaim_ && bytes <= limit_) reclaim_(bytes, first);
   return Fits(bytes);
 }
 

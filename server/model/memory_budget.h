@@ -2,6 +2,12 @@
 // A Reservation is the RAII share of the budget one stored tensor holds: it is
 // released when the tensor is freed, so an old weight version still read by an
 // in-flight request stays counted until that request lets go of it.
+//
+// A reservation may name the principal it is made for (`first`: the owner of
+// the model an upload or a new model's masters belong to): when it does not fit,
+// the reclaimer evicts that principal's models' cached copies before anyone
+// else's (server/README.md, "Quotas"), so one tenant's uploads make room in her
+// own cache first.
 #pragma once
 
 #include <atomic>
@@ -19,14 +25,16 @@ class MemoryBudget {
   explicit MemoryBudget(uint64_t limit_bytes) : limit_(limit_bytes) {}
 
   // RESOURCE_EXHAUSTED, saying what needed the bytes, when they do not fit even
-  // after the reclaimer freed what it could.
-  absl::Status Reserve(uint64_t bytes, absl::string_view what);
+  // after the reclaimer freed what it could. `first`: whose copies the
+  // reclaimer evicts before others' ("": no one's).
+  absl::Status Reserve(uint64_t bytes, absl::string_view what, absl::string_view first = "");
   // True when `bytes` more fit now, after asking the reclaimer if they did not.
-  bool MakeRoom(uint64_t bytes);
+  bool MakeRoom(uint64_t bytes, absl::string_view first = "");
   // What frees memory on demand (the registry's copy cache): asked to make
-  // `bytes` fit when they do not. Set once, before the budget is shared; it must
-  // not reserve from this budget.
-  void SetReclaimer(std::function<void(uint64_t bytes)> reclaim) { reclaim_ = std::move(reclaim); }
+  // `bytes` fit when they do not, evicting `first`'s copies before others'. Set
+  // once, before the budget is shared; it must not reserve from this budget.
+  using Reclaimer = std::function<void(uint64_t bytes, absl::string_view first)>;
+  void SetReclaimer(Reclaimer reclaim) { reclaim_ = std::move(reclaim); }
   bool Fits(uint64_t bytes) const {
     const uint64_t used = used_.load(std::memory_order_relaxed);
     return bytes <= limit_ && used <= limit_ - bytes;
@@ -39,7 +47,7 @@ class MemoryBudget {
  private:
   const uint64_t limit_;
   std::atomic<uint64_t> used_{0};
-  std::function<void(uint64_t)> reclaim_;
+  Reclaimer reclaim_;
 };
 
 class Reservation {
@@ -74,8 +82,8 @@ class Reservation {
 
 // Reserves and returns the reservation in one step.
 inline absl::Status ReserveInto(MemoryBudget& budget, uint64_t bytes, absl::string_view what,
-                                Reservation& out) {
-  if (absl::Status s = budget.Reserve(bytes, what); !s.ok()) return s;
+                                Reservation& out, absl::string_view first = "") {
+  if (absl::Status s = budget.Reserve(bytes, what, first); !s.ok()) return s;
   out = Reservation(&budget, bytes);
   return absl::OkStatus();
 }

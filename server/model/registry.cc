@@ -29,14 +29,18 @@ LayerTolerance ToleranceOf(const M& model, size_t layer) {
 
 Registry::Registry(MemoryBudget* budget, WeightPreparer prepare, std::function<void(int)> on_evict)
     : budget_(budget), prepare_(std::move(prepare)) {
-  budget_->SetReclaimer([this, on_evict = std::move(on_evict)](uint64_t bytes) {
+  budget_->SetReclaimer([this, on_evict = std::move(on_evict)](uint64_t bytes,
+                                                               absl::string_view first) {
     // Evict only when that makes room: a reservation that cannot fit even with
     // every unheld copy gone must not flush other models' copies first (issue 32,
     // item 7: any uploader could empty every tenant's cache that way).
     const uint64_t used = budget_->used();
     const uint64_t kept = used - std::min(used, copies_.ReclaimableBytes());
     if (bytes > budget_->limit() || kept > budget_->limit() - bytes) return;
-    const int evicted = copies_.EvictUntil([this, bytes] { return budget_->Fits(bytes); });
+    // The copies of `first`'s models go first: an owner's upload makes room in
+    // her own cache before it touches other tenants' (issue 32, item 3).
+    const int evicted =
+        copies_.EvictUntil([this, bytes] { return budget_->Fits(bytes); }, std::string(first));
     if (evicted > 0 && on_evict) on_evict(evicted);
   });
 }
@@ -60,7 +64,7 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   if (auto it = cache_.find(key); it != cache_.end()) {
     if (std::shared_ptr<const CachedCopy> copy = it->second.lock()) {
       if (use == CopyUse::kRequest) used_.insert(key);
-      copies_.Touch(this, copy);  // back in the cache if it was evicted
+      copies_.Touch(this, copy, principal_);  // back in the cache if it was evicted
       return Quantized{std::shared_ptr<const PreparedWeight>(copy, copy->weight.get()), false};
     }
     cache_.erase(it);  // evicted and released: make it again
@@ -71,7 +75,7 @@ absl::StatusOr<LayerWeights::Quantized> LayerWeights::Get(mx::Format format, Wei
   MX_ASSIGN_OR_RETURN(std::shared_ptr<const CachedCopy> held,
                       Make(format, layout, 0, rows, budget));
   cache_[key] = held;
-  copies_.Touch(this, held);
+  copies_.Touch(this, held, principal_);
   return Quantized{std::shared_ptr<const PreparedWeight>(held, held->weight.get()), true};
 }
 
@@ -138,11 +142,15 @@ std::vector<CopyKey> LayerWeights::CopiesInUse() const {
 
 uint64_t LayerWeights::Bytes() const {
   MutexLock lock(&mu_);
-  uint64_t bytes = weight_->reservation.bytes() + (bias_ ? bias_->reservation.bytes() : 0);
+  uint64_t bytes = MasterBytes();
   for (const auto& [key, weak] : cache_) {
     if (std::shared_ptr<const CachedCopy> copy = weak.lock()) bytes += copy->reservation.bytes();
   }
   return bytes;
+}
+
+uint64_t LayerWeights::MasterBytes() const {
+  return weight_->reservation.bytes() + (bias_ ? bias_->reservation.bytes() : 0);
 }
 
 absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> layers,
@@ -194,8 +202,8 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
     fp32_bytes = mx::CheckedAdd(fp32_bytes, layer_bytes).value_or(UINT64_MAX);
     names.push_back(spec.name);
   }
-  // Cached copies give way to a new model's masters.
-  if (!budget_->MakeRoom(fp32_bytes)) {
+  // Cached copies give way to a new model's masters (its owner's own first).
+  if (!budget_->MakeRoom(fp32_bytes, owner)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("layers: the model's FP32 weights need ", fp32_bytes, " bytes, but only ",
                      budget_->limit() - std::min(budget_->limit(), budget_->used()),
@@ -311,7 +319,7 @@ uint64_t Registry::PublishLocked(Model& model) {
     if (!bias && spec.bias) bias = previous->bias_tensor();
     model.published[i] = std::make_shared<const LayerWeights>(
         spec, version, weight, bias, copies_, prepare_,
-        previous ? previous->CopiesInUse() : std::vector<CopyKey>{});
+        previous ? previous->CopiesInUse() : std::vector<CopyKey>{}, model.owner);
   }
   model.staged.clear();
   model.version = version;
@@ -339,15 +347,19 @@ absl::StatusOr<uint64_t> Registry::Stage(
     staged[key] = std::make_shared<const StoredTensor>(std::move(tensor));
   }
   if (quota_bytes > 0) {
+    // Cached copies are not charged: a reader's forwards in many formats must
+    // never lock the owner out of her own model (issue 32, item 3).
     uint64_t held = 0;
     for (const auto& [name, m] : models_) {
-      if (m->owner == model.owner) held += HeldBytes(*m);
+      if (m->owner == model.owner) held += ChargedBytes(*m);
     }
     const uint64_t after = held - std::min(held, replaced) + added;
     if (after > quota_bytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat("--quota-weight-bytes: principal ", Quote(model.owner), " holds ", held,
-                       " bytes of weights; staging ", added, " more would make ", after,
+                       " bytes of weights (FP32, staged and published; cached copies are not "
+                       "charged); staging ",
+                       added, " more would make ", after,
                        ", the limit is ", quota_bytes, "; nothing was staged"));
     }
   }
@@ -377,6 +389,7 @@ ModelSummary Registry::Summarize(const Model& model) const {
   s.lease_seconds = model.lease_seconds;
   s.staged_tensors = model.staged.size();
   s.bytes = HeldBytes(model);
+  s.quota_bytes = ChargedBytes(model);
   for (size_t i = 0; i < model.layers.size(); ++i) {
     ModelSummary::Layer layer{model.layers[i], {}, ToleranceOf(model, i)};
     if (const auto& weights = model.published[i]) layer.cached_formats = weights->CachedFormats();
@@ -390,6 +403,15 @@ uint64_t Registry::HeldBytes(const Model& model) const {
   for (const auto& [key, tensor] : model.staged) bytes += tensor->reservation.bytes();
   for (const auto& weights : model.published) {
     if (weights) bytes += weights->Bytes();
+  }
+  return bytes;
+}
+
+uint64_t Registry::ChargedBytes(const Model& model) const {
+  uint64_t bytes = 0;
+  for (const auto& [key, tensor] : model.staged) bytes += tensor->reservation.bytes();
+  for (const auto& weights : model.published) {
+    if (weights) bytes += weights->MasterBytes();
   }
   return bytes;
 }
@@ -470,6 +492,21 @@ bool Registry::PolicyInUse(absl::string_view policy) const {
     if (model->policy == policy) return true;
   }
   return false;
+}
+
+bool Registry::ReleasePolicy(absl::string_view policy, absl::string_view owner,
+                             const std::string& fallback, std::vector<std::string>& reset) {
+  MutexLock lock(&mu_);
+  for (const auto& [name, model] : models_) {
+    if (model->policy == policy && (owner.empty() || model->owner == owner)) return false;
+  }
+  for (const auto& [name, model] : models_) {
+    if (model->policy == policy) {
+      model->policy = fallback;
+      reset.push_back(name);
+    }
+  }
+  return true;
 }
 
 absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(

@@ -75,14 +75,18 @@ class LayerWeights {
   // `cache` keeps this version's copies, `prepare` makes them; both outlive it
   // (the registry owns them). `used_before`: the copies the version it replaces
   // held when it was replaced (what requests actually used), to warm.
+  // `principal`: the owner of its model (whose upload evicts these copies
+  // first, copy_cache.h).
   LayerWeights(LayerSpec spec, uint64_t version, std::shared_ptr<const StoredTensor> weight,
                std::shared_ptr<const StoredTensor> bias, CopyCache& cache,
-               const WeightPreparer& prepare, std::vector<CopyKey> used_before = {})
+               const WeightPreparer& prepare, std::vector<CopyKey> used_before = {},
+               std::string principal = "")
       : spec_(std::move(spec)),
         version_(version),
         weight_(std::move(weight)),
         bias_(std::move(bias)),
         used_before_(std::move(used_before)),
+        principal_(std::move(principal)),
         copies_(cache),
         prepare_(prepare) {}
   ~LayerWeights();
@@ -132,6 +136,8 @@ class LayerWeights {
   const std::vector<CopyKey>& used_before() const { return used_before_; }
   // FP32 masters (counted once even when shared with another version) + copies.
   uint64_t Bytes() const;
+  // The FP32 masters alone (weight and bias): what --quota-weight-bytes charges.
+  uint64_t MasterBytes() const;
 
  private:
   const LayerSpec spec_;
@@ -139,6 +145,7 @@ class LayerWeights {
   const std::shared_ptr<const StoredTensor> weight_;
   const std::shared_ptr<const StoredTensor> bias_;
   const std::vector<CopyKey> used_before_;
+  const std::string principal_;
   CopyCache& copies_;
   const WeightPreparer& prepare_;
   // Rows [begin, end) of the copy in `format` and `layout` (all of them for
@@ -176,7 +183,11 @@ struct ModelSummary {
   std::string policy;
   uint64_t version = 0;
   uint64_t staged_tensors = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // everything it holds: staged tensors, FP32 masters, cached copies
+  // What --quota-weight-bytes charges its owner for it: staged tensors and FP32
+  // masters, not the cached copies (the daemon's cache, whoever's requests made
+  // them; evicted under --weight-memory-bytes).
+  uint64_t quota_bytes = 0;
   double lease_seconds = 0;  // 0: none
   struct Layer {
     LayerSpec spec;
@@ -221,7 +232,8 @@ class Registry {
   // next version, and stages nothing unless that publish succeeds; returns the
   // new version (0 without publish). With `quota_bytes` > 0, stages nothing
   // and answers RESOURCE_EXHAUSTED (--quota-weight-bytes) when the bytes the
-  // model's owner holds (ModelSummary::bytes of each of its models) would then
+  // model's owner is charged for (ModelSummary::quota_bytes of each of its
+  // models: staged tensors and FP32 masters, never cached copies) would then
   // exceed it.
   absl::StatusOr<uint64_t> Stage(absl::string_view model,
                                  std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
@@ -235,6 +247,12 @@ class Registry {
   // Returns the previous policy.
   absl::StatusOr<std::string> SetPolicy(absl::string_view model, const std::string& policy);
   bool PolicyInUse(absl::string_view policy) const;
+  // For deleting `policy`, owned by `owner` ("" for none): when a model of
+  // `owner` (any model, for "") has it active, changes nothing and returns
+  // false; else sets every model that has it active (other principals' models,
+  // which activated it) to `fallback`, names them in `reset`, and returns true.
+  bool ReleasePolicy(absl::string_view policy, absl::string_view owner,
+                     const std::string& fallback, std::vector<std::string>& reset);
   // Re-ranks the model's layers by tolerance: `measured` (layer names, most
   // tolerant first, e.g. from its newest sensitivity profile) over the built-in
   // ranking, as ToleranceRanks does; empty: the built-in ranking alone. NOT_FOUND
@@ -280,6 +298,9 @@ class Registry {
   // What `model` holds: staged tensors, then each published layer's masters and
   // copies (ModelSummary::bytes).
   uint64_t HeldBytes(const Model& model) const;
+  // What its owner is charged for: staged tensors and published masters
+  // (ModelSummary::quota_bytes).
+  uint64_t ChargedBytes(const Model& model) const;
 
   MemoryBudget* budget_;
   const WeightPreparer prepare_;

@@ -80,8 +80,10 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json, const std:
                                                       "' is the short name of the built-in '", full,
                                                       "' and cannot be replaced"));
   }
+  std::string stored_owner = owner;
   if (auto it = policies_.find(parsed->name); it != policies_.end()) {
     if (absl::Status s = may_change(it->second); !s.ok()) return s;
+    stored_owner = it->second.owner;  // replacing is not taking (issue 32)
   }
   if (!dir_.empty()) {
     const auto path = std::filesystem::path(dir_) / absl::StrCat(parsed->name, ".json");
@@ -96,7 +98,7 @@ absl::StatusOr<StoredPolicy> PolicyStore::Put(absl::string_view json, const std:
     if (error) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
   }
   const std::string name = parsed->name;
-  StoredPolicy stored{std::make_shared<const Policy>(*std::move(parsed)), false, owner};
+  StoredPolicy stored{std::make_shared<const Policy>(*std::move(parsed)), false, stored_owner};
   policies_[name] = stored;
   return stored;
 }
@@ -123,14 +125,11 @@ std::vector<StoredPolicy> PolicyStore::List() const {
   return out;
 }
 
-absl::Status PolicyStore::Delete(absl::string_view name,
-                                 absl::FunctionRef<bool(absl::string_view)> in_use) {
+absl::Status PolicyStore::Delete(absl::string_view name, InUse in_use) {
   return Delete(name, in_use, [](const StoredPolicy&) { return absl::OkStatus(); });
 }
 
-absl::Status PolicyStore::Delete(absl::string_view name,
-                                 absl::FunctionRef<bool(absl::string_view)> in_use,
-                                 MayChange may_change) {
+absl::Status PolicyStore::Delete(absl::string_view name, InUse in_use, MayChange may_change) {
   MutexLock lock(&mu_);
   auto it = policies_.find(CanonicalPolicyName(name));
   if (it == policies_.end()) {
@@ -141,10 +140,13 @@ absl::Status PolicyStore::Delete(absl::string_view name,
         absl::StrCat("name: ", Quote(name), " is a built-in policy and cannot be deleted"));
   }
   if (absl::Status s = may_change(it->second); !s.ok()) return s;
-  if (in_use(name)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("name: policy ", Quote(name),
-                     " is in use (a model's active policy, or the daemon's --default-policy)"));
+  if (in_use(it->second)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "name: policy ", Quote(name),
+        it->second.owner.empty()
+            ? " is in use (a model's active policy, or the daemon's --default-policy)"
+            : " is in use (the active policy of one of its owner's models, or the daemon's "
+              "--default-policy)"));
   }
   if (!dir_.empty()) {
     std::error_code error;

@@ -38,17 +38,21 @@ class PolicyStore {
   // INVALID_ARGUMENT for bad JSON; PERMISSION_DENIED-free: replacing a built-in is
   // FAILED_PRECONDITION. Returns the stored policy.
   // `owner` puts it; replacing one another principal put needs `may_change`.
+  // A replaced policy keeps its owner (an admin's Put over alice's policy
+  // leaves it alice's).
   absl::StatusOr<StoredPolicy> Put(absl::string_view json, const std::string& owner = "");
   absl::StatusOr<StoredPolicy> Put(absl::string_view json, const std::string& owner,
                                    MayChange may_change);
   // NOT_FOUND naming `field`.
   absl::StatusOr<StoredPolicy> Get(absl::string_view name, absl::string_view field = "name") const;
   std::vector<StoredPolicy> List() const;
-  // FAILED_PRECONDITION for a built-in or while `in_use(name)` says a model uses it.
-  // `may_change` (if given) decides first, for a user policy.
-  absl::Status Delete(absl::string_view name, absl::FunctionRef<bool(absl::string_view)> in_use);
-  absl::Status Delete(absl::string_view name, absl::FunctionRef<bool(absl::string_view)> in_use,
-                      MayChange may_change);
+  // FAILED_PRECONDITION for a built-in or while `in_use(policy)` says it cannot
+  // go (a model that must keep it uses it); `in_use` runs under the store's
+  // lock, just before the removal, so it may also release the policy's other
+  // users. `may_change` (if given) decides first, for a user policy.
+  using InUse = absl::FunctionRef<bool(const StoredPolicy& policy)>;
+  absl::Status Delete(absl::string_view name, InUse in_use);
+  absl::Status Delete(absl::string_view name, InUse in_use, MayChange may_change);
 
  private:
   explicit PolicyStore(std::string dir) : dir_(std::move(dir)) {}

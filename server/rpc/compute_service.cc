@@ -106,7 +106,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       }
     }
     // Each request's own arrival and the stream's deadline and cancellation.
-    const CallInfo call = CallInfoOf(context_, record_.info().cancelled);
+    CallInfo call = CallInfoOf(context_, record_.info().cancelled);
+    call.principal = record_.principal();
     // The request and response live until `done` runs: the closure holds both.
     auto make_done = [this, request, response](Rpc op) {
       return Done([this, request, response, op](absl::Status status) {
@@ -204,8 +205,10 @@ grpc::ServerUnaryReactor* ServeCompute(const Core& core, Rpc rpc,
                                        Prepare prepare) {
   using Call = UnaryCall<Request, Response>;
   return Call::Start(core, rpc, context, request, response, [&](Call& call) {
+    CallInfo info = call.info();
+    info.principal = call.record().principal();  // whose run tags these are
     Submit(core, call.Answerer(), [&](Done done) {
-      return prepare(call.request(), call.response(), call.info(), std::move(done));
+      return prepare(call.request(), call.response(), info, std::move(done));
     });
   });
 }

@@ -25,6 +25,7 @@ void FillModelInfo(const ModelSummary& s, v1::ModelInfo* info) {
   info->set_weight_version(s.version);
   info->set_staged_tensors(s.staged_tensors);
   info->set_weight_bytes(s.bytes);
+  info->set_quota_bytes(s.quota_bytes);
   info->set_lease_seconds(s.lease_seconds);
   for (const auto& layer : s.layers) {
     v1::LayerInfo* out = info->add_layers();
@@ -98,6 +99,8 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (absl::Status s = record_.CheckModelOwner(model_); !s.ok()) {
         return absl::PermissionDeniedError(absl::StrCat(s.message(), "; nothing was staged"));
       }
+      // Room for the tensors is made in the owner's own cached copies first.
+      model_owner_ = core_.registry->Owner(model_).value_or("");
     } else if (chunk_.model() != model_) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".model: every chunk of a stream must name the same model; expected ",
@@ -123,7 +126,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       const uint64_t elements = TensorElements(spec, key.is_bias);
       MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), elements * sizeof(float),
                                      absl::StrCat("tensor '", TensorName(key), "'"),
-                                     pending.tensor.reservation));
+                                     pending.tensor.reservation, model_owner_));
       pending.tensor.values.resize(elements);
       it = pending_.emplace(key, std::move(pending)).first;
     }
@@ -229,6 +232,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer raw_chunk_;
   v1::WeightChunk chunk_;
   std::string model_;
+  std::string model_owner_;  // whose cached copies make room first
   bool publish_ = false;
   uint64_t chunks_ = 0;
   uint64_t bytes_ = 0;
@@ -389,7 +393,8 @@ absl::Status ModelsService::Load(const v1::LoadSafetensorsRequest& request,
       StoredTensor stored;
       const uint64_t size = TensorElements(layer.spec, bias) * sizeof(float);
       MX_RETURN_IF_ERROR(ReserveInto(core_.registry->budget(), size,
-                                     absl::StrCat("tensor ", Quote(name)), stored.reservation));
+                                     absl::StrCat("tensor ", Quote(name)), stored.reservation,
+                                     model.owner));
       MX_ASSIGN_OR_RETURN(stored.values, file->ReadFloat32(name));
       bytes += t->end - t->begin;
       tensors.emplace_back(StagedTensorKey{layer.spec.name, bias}, std::move(stored));

@@ -47,7 +47,9 @@ grpc::ServerUnaryReactor* PoliciesService::DeletePolicy(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   return ServeNow<v1::DeletePolicyRequest, v1::DeletePolicyResponse>(
       core_, Rpc::kDeletePolicy, context, request, response,
-      [this](const auto& r, auto*, const CallRecord& record) { return Delete(r, record); });
+      [this](const auto& r, auto* out, const CallRecord& record) {
+        return Delete(r, out, record);
+      });
 }
 
 grpc::ServerUnaryReactor* PoliciesService::SetActivePolicy(grpc::CallbackServerContext* context,
@@ -76,7 +78,8 @@ absl::Status PoliciesService::Put(const v1::PutPolicyRequest& request, v1::Polic
                                             return record.MayChangePolicy(existing);
                                           }));
   FillPolicyInfo(stored, response);
-  Log(LogLevel::kInfo, "policy_put", {{"policy", stored.policy->name}, {"owner", stored.owner}});
+  Log(LogLevel::kInfo, "policy_put",
+      {{"policy", stored.policy->name}, {"owner", stored.owner}, {"by", record.principal().name}});
   return absl::OkStatus();
 }
 
@@ -94,15 +97,29 @@ absl::Status PoliciesService::List(v1::ListPoliciesResponse* response) {
 }
 
 absl::Status PoliciesService::Delete(const v1::DeletePolicyRequest& request,
+                                     v1::DeletePolicyResponse* response,
                                      const CallRecord& record) {
+  // Another principal that activated an owned policy does not pin it: its
+  // models go back to --default-policy (issue 32). The owner's own models, and
+  // any model for a policy without an owner, still keep it from going.
+  std::vector<std::string> reset;
   MX_RETURN_IF_ERROR(core_.policies->Delete(
       request.name(),
-      [this](absl::string_view name) {
-        return name == core_.default_policy || core_.registry->PolicyInUse(name);
+      [&](const StoredPolicy& policy) {
+        return policy.policy->name == core_.default_policy ||
+               !core_.registry->ReleasePolicy(policy.policy->name, policy.owner,
+                                              core_.default_policy, reset);
       },
       [&](const StoredPolicy& existing) { return record.MayChangePolicy(existing); }));
+  for (const std::string& model : reset) {
+    response->add_models_reset(model);
+    Log(LogLevel::kInfo, "policy_activated",
+        {{"model", model}, {"policy", core_.default_policy}, {"previous", request.name()},
+         {"reason", "policy_deleted"}});
+  }
   Log(LogLevel::kInfo, "policy_deleted",
-      {{"policy", request.name()}, {"by", record.principal().name}});
+      {{"policy", request.name()}, {"by", record.principal().name},
+       {"models_reset", absl::StrCat(reset.size())}});
   return absl::OkStatus();
 }
 

@@ -43,7 +43,8 @@ class PoliciesService final : public RawPoliciesService {
                    const CallRecord& record);
   absl::Status Get(const v1::GetPolicyRequest& request, v1::PolicyInfo* response);
   absl::Status List(v1::ListPoliciesResponse* response);
-  absl::Status Delete(const v1::DeletePolicyRequest& request, const CallRecord& record);
+  absl::Status Delete(const v1::DeletePolicyRequest& request, v1::DeletePolicyResponse* response,
+                      const CallRecord& record);
   absl::Status SetActive(const v1::SetActivePolicyRequest& request,
                          v1::SetActivePolicyResponse* response, const CallRecord& record);
   absl::Status Resolve(const v1::ResolvePolicyRequest& request,

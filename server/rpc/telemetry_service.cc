@@ -34,12 +34,14 @@ absl::Status CheckTimestamp(double t, double now, absl::string_view field) {
 }
 
 // Source, device and run: they become metric labels and ledger keys, so they
-// are short and plain.
+// are short and plain; and the run is one `who` may book into.
 template <typename Message>
-absl::Status CheckLabels(const Message& m, absl::string_view field) {
+absl::Status CheckLabels(const Core& core, const Message& m, const Principal& who,
+                         absl::string_view field) {
   MX_RETURN_IF_ERROR(CheckPlainLabel(m.source(), absl::StrCat(field, ".source")));
   MX_RETURN_IF_ERROR(CheckPlainLabel(m.device(), absl::StrCat(field, ".device")));
-  return CheckRunTag(m.run(), absl::StrCat(field, ".run"));
+  MX_RETURN_IF_ERROR(CheckRunTag(m.run(), absl::StrCat(field, ".run")));
+  return core.ledger->CheckRun(m.run(), who, absl::StrCat(field, ".run"));
 }
 
 // One client stream of telemetry (ReportPower, ReportEnergy): reads messages
@@ -92,6 +94,9 @@ class ReportReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Finish(ToGrpc(status));
   }
 
+  // The caller: it books into its own runs.
+  const Principal& principal() const { return record_.principal(); }
+
   const Core& core_;
   TelemetryService& service_;
   Response response_;
@@ -124,7 +129,7 @@ class PowerReactor final
   uint64_t accepted() const { return response_.samples_accepted(); }
 
   absl::Status Accept(const v1::PowerSample& sample, const std::string& field) {
-    MX_RETURN_IF_ERROR(CheckLabels(sample, field));
+    MX_RETURN_IF_ERROR(CheckLabels(core_, sample, principal(), field));
     absl::StatusOr<Phase> phase = FromProto(sample.phase(), absl::StrCat(field, ".phase"));
     if (!phase.ok()) return phase.status();
     if (!std::isfinite(sample.watts()) || sample.watts() < 0 ||
@@ -153,7 +158,7 @@ class PowerReactor final
       if (dt <= kMaxPowerGapSeconds) {
         const double joules = dt * (sample.watts() + last->second.watts()) / 2;
         core_.ledger->Add(sample.source(), *phase, sample.run(), t,
-                          {.joules = joules, .busy_seconds = dt, .requests = 0});
+                          {.joules = joules, .busy_seconds = dt, .requests = 0}, 1, principal());
         core_.metrics->AddEnergy(sample.source(), *phase, joules, dt);
         response_.set_joules_added(response_.joules_added() + joules);
       }
@@ -187,7 +192,7 @@ class EnergyReactor final
   uint64_t accepted() const { return response_.intervals_accepted(); }
 
   absl::Status Accept(const v1::EnergyInterval& interval, const std::string& field) {
-    MX_RETURN_IF_ERROR(CheckLabels(interval, field));
+    MX_RETURN_IF_ERROR(CheckLabels(core_, interval, principal(), field));
     absl::StatusOr<Phase> phase = FromProto(interval.phase(), absl::StrCat(field, ".phase"));
     if (!phase.ok()) return phase.status();
     const double now = UnixSeconds();
@@ -226,7 +231,7 @@ class EnergyReactor final
       core_.metrics->DeclareEnergySource(interval.source());
     }
     core_.ledger->Add(interval.source(), *phase, interval.run(), end,
-                      {.joules = joules, .busy_seconds = seconds, .requests = 0});
+                      {.joules = joules, .busy_seconds = seconds, .requests = 0}, 1, principal());
     core_.metrics->AddEnergy(interval.source(), *phase, joules, seconds);
     last_end_[key] = end;
     response_.set_joules_added(response_.joules_added() + joules);
@@ -252,9 +257,10 @@ struct PricedWorkCall {
 // registered; its weights need not be published (a client computing locally
 // registers its specs and never uploads weights).
 absl::StatusOr<PricedWorkCall> PriceWorkCall(const Core& core, const v1::WorkCall& call,
-                                             const std::string& field) {
+                                             const Principal& who, const std::string& field) {
   MX_ASSIGN_OR_RETURN(Phase phase, FromProto(call.phase(), absl::StrCat(field, ".phase")));
   MX_RETURN_IF_ERROR(CheckRunTag(call.run(), absl::StrCat(field, ".run")));
+  MX_RETURN_IF_ERROR(core.ledger->CheckRun(call.run(), who, absl::StrCat(field, ".run")));
   const bool forward = call.call() == v1::WORK_CALL_KIND_FORWARD;
   if (!forward && call.call() != v1::WORK_CALL_KIND_BACKWARD) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -338,7 +344,7 @@ absl::StatusOr<PricedWorkCall> PriceWorkCall(const Core& core, const v1::WorkCal
 // ReportWork: every call checked and priced first (a bad one books nothing),
 // then booked in message order, each `count` times, at one instant.
 absl::Status BookReportedWork(const Core& core, const v1::ReportWorkRequest& request,
-                              v1::ReportWorkResponse* response) {
+                              const Principal& who, v1::ReportWorkResponse* response) {
   if (request.calls().empty() || static_cast<size_t>(request.calls_size()) > kMaxWorkCalls) {
     return absl::InvalidArgumentError(absl::StrCat("calls: expected 1 to ", kMaxWorkCalls,
                                                    " calls per message, got ",
@@ -352,7 +358,7 @@ absl::Status BookReportedWork(const Core& core, const v1::ReportWorkRequest& req
   uint64_t booked = 0;
   for (int i = 0; i < request.calls_size(); ++i) {
     const std::string field = absl::StrCat("calls[", i, "]");
-    MX_ASSIGN_OR_RETURN(PricedWorkCall call, PriceWorkCall(core, request.calls(i), field));
+    MX_ASSIGN_OR_RETURN(PricedWorkCall call, PriceWorkCall(core, request.calls(i), who, field));
     const std::optional<uint64_t> total = mx::CheckedAdd(booked, call.count);
     if (!total || *total > kMaxWorkCallsBooked) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -366,8 +372,8 @@ absl::Status BookReportedWork(const Core& core, const v1::ReportWorkRequest& req
   double joules = 0, seconds = 0;
   for (int i = 0; i < request.calls_size(); ++i) {
     const PricedWorkCall& call = priced[static_cast<size_t>(i)];
-    BookEmulatedCalls(core, call.rpc, call.phase, request.calls(i).run(), call.format, call.cost,
-                      call.count, now);
+    BookEmulatedCalls(core, call.rpc, call.phase, request.calls(i).run(), who, call.format,
+                      call.cost, call.count, now);
     for (uint64_t c = 0; c < call.count; ++c) {
       joules += call.cost.model.joules;
       seconds += call.cost.model.seconds;
@@ -425,12 +431,15 @@ grpc::ServerUnaryReactor* TelemetryService::GetEnergyReport(grpc::CallbackServer
                                                             grpc::ByteBuffer* response) {
   return ServeNow<v1::GetEnergyReportRequest, v1::EnergyReport>(
       core_, Rpc::kGetEnergyReport, context, request, response,
-      [this](const v1::GetEnergyReportRequest& r, v1::EnergyReport* out) -> absl::Status {
+      [this](const v1::GetEnergyReportRequest& r, v1::EnergyReport* out,
+             const CallRecord& record) -> absl::Status {
         if (!std::isfinite(r.since_seconds()) || r.since_seconds() < 0) {
           return absl::InvalidArgumentError(absl::StrCat(
               "since_seconds: expected 0 (since start) or a Unix time, got ", r.since_seconds()));
         }
         MX_RETURN_IF_ERROR(CheckRunTag(r.run(), "run"));
+        // One run's report is its owner's (and admins'); every run summed is anyone's.
+        MX_RETURN_IF_ERROR(core_.ledger->CheckRun(r.run(), record.principal(), "run"));
         for (const EnergyRow& row : core_.ledger->Report(r.since_seconds(), r.run())) {
           v1::EnergyEntry* entry = out->add_entries();
           entry->set_source(row.source);
@@ -454,7 +463,7 @@ grpc::ServerUnaryReactor* TelemetryService::ReportWork(grpc::CallbackServerConte
       core_, Rpc::kReportWork, context, request, response,
       [this](const v1::ReportWorkRequest& r, v1::ReportWorkResponse* out,
              const CallRecord& record) -> absl::Status {
-        absl::Status status = BookReportedWork(core_, r, out);
+        absl::Status status = BookReportedWork(core_, r, record.principal(), out);
         // Who booked what: reported work is attributed to the caller's principal.
         if (!status.ok()) {
           Log(LogLevel::kWarning, "work_rejected",

@@ -4,7 +4,18 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+#include "server/base/quote.h"
+
 namespace mxserve {
+namespace {
+
+const std::string& UntaggedRun() {
+  static const std::string* untagged = new std::string(kUntagged);
+  return *untagged;
+}
+
+}  // namespace
 
 EnergyLedger::EnergyLedger(EnergyLedgerLimits limits) : limits_(limits) {}
 
@@ -37,11 +48,13 @@ EnergyAmount EnergyLedger::AmountSince(const Series& series, double since) {
   return amount;
 }
 
-void EnergyLedger::Add(const std::string& source, Phase phase, const std::string& run, double when,
-                       const EnergyAmount& amount, uint64_t times) {
+void EnergyLedger::Add(const std::string& source, Phase phase, const std::string& tag,
+                       double when, const EnergyAmount& amount, uint64_t times,
+                       const Principal& who) {
   const int64_t second = static_cast<int64_t>(std::floor(when));
   MutexLock lock(&mu_);
-  if (!run.empty()) TouchRun(run);
+  // Never into another principal's run: the untagged series keeps the totals.
+  const std::string& run = tag.empty() || TouchRun(tag, who) ? tag : UntaggedRun();
   Series& series = series_[{run, source, phase}];
   auto [bucket, added] = series.seconds.try_emplace(second);
   for (uint64_t i = 0; i < times; ++i) bucket->second.Add(amount);
@@ -55,14 +68,45 @@ void EnergyLedger::Add(const std::string& source, Phase phase, const std::string
   if (run_seconds_ > limits_.max_run_seconds) FoldLeastRecentRunSeconds();
 }
 
-void EnergyLedger::TouchRun(const std::string& run) {
+absl::Status EnergyLedger::CheckRun(const std::string& run, const Principal& who,
+                                    absl::string_view field) const {
+  if (run.empty() || who.role == Role::kAdmin) return absl::OkStatus();
+  MutexLock lock(&mu_);
+  auto found = runs_.find(run);
+  if (found == runs_.end() || found->second.owner == who.name) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(field, ": run ", Quote(run),
+                   " belongs to another principal (a run tag is bound to the principal that "
+                   "first booked into it); choose a tag of your own"));
+}
+
+bool EnergyLedger::TouchRun(const std::string& run, const Principal& who) {
   if (auto found = runs_.find(run); found != runs_.end()) {
+    if (found->second.owner != who.name && who.role != Role::kAdmin) return false;
     recency_.splice(recency_.begin(), recency_, found->second.recency);
-    return;
+    return true;
   }
-  if (runs_.size() >= std::max<size_t>(limits_.max_runs, 1)) FoldRunIntoUntagged(recency_.back());
+  if (runs_.size() >= std::max<size_t>(limits_.max_runs, 1)) FoldForNewRun(who.name);
   recency_.push_front(run);
-  runs_.emplace(run, RunState{.recency = recency_.begin(), .seconds = 0});
+  runs_.emplace(run, RunState{.recency = recency_.begin(), .seconds = 0, .owner = who.name});
+  ++runs_per_owner_[who.name];
+  return true;
+}
+
+void EnergyLedger::FoldForNewRun(const std::string& creator) {
+  size_t most = 0;
+  for (const auto& [owner, count] : runs_per_owner_) most = std::max(most, count);
+  auto creator_runs = runs_per_owner_.find(creator);
+  const bool creators = creator_runs != runs_per_owner_.end() && creator_runs->second == most;
+  // Least recent first: the first run of a principal holding `most` (the
+  // creator's, when it is one of them).
+  for (auto it = recency_.rbegin(); it != recency_.rend(); ++it) {
+    const std::string& owner = runs_.find(*it)->second.owner;
+    if (creators ? owner == creator : runs_per_owner_.find(owner)->second == most) {
+      FoldRunIntoUntagged(*it);
+      return;
+    }
+  }
 }
 
 void EnergyLedger::FoldRunIntoUntagged(const std::string& run) {
@@ -78,6 +122,9 @@ void EnergyLedger::FoldRunIntoUntagged(const std::string& run) {
     it = series_.erase(it);
   }
   auto state = runs_.find(tag);
+  if (auto owned = runs_per_owner_.find(state->second.owner); --owned->second == 0) {
+    runs_per_owner_.erase(owned);
+  }
   run_seconds_ -= state->second.seconds;
   recency_.erase(state->second.recency);
   runs_.erase(state);
@@ -128,6 +175,12 @@ size_t EnergyLedger::run_count() const {
 size_t EnergyLedger::run_seconds() const {
   MutexLock lock(&mu_);
   return run_seconds_;
+}
+
+size_t EnergyLedger::runs_of(const std::string& principal) const {
+  MutexLock lock(&mu_);
+  auto found = runs_per_owner_.find(principal);
+  return found == runs_per_owner_.end() ? 0 : found->second;
 }
 
 }  // namespace mxserve

@@ -6,13 +6,22 @@
 // Runs are tags clients choose (an experiment's configuration), "" when untagged;
 // a report reads one run, or every run summed per (source, phase).
 //
+// A run has an owner: the principal whose booking created it. Only it may book
+// into the run or read the run's report; admins may book into and read any run
+// (without changing its owner). Without --auth-tokens every caller is the admin
+// "anonymous", so every run is everyone's. A folded run (below) is forgotten
+// with its owner: its tag is free again.
+//
 // Memory stays bounded whatever the clients send:
 // - buckets older than the retention window fold into a per-series total, so a
 //   report since start stays exact;
-// - at most `max_runs` distinct tags are held: a new one past that folds the
-//   least recently accounted run into the untagged series, so the all-runs
-//   totals stay exact while that run's own report becomes empty (a later Add
-//   under its tag starts it anew);
+// - at most `max_runs` distinct tags are held: a new one past that folds a run
+//   into the untagged series, so the all-runs totals stay exact while that
+//   run's own report becomes empty (a later Add under its tag starts it anew).
+//   The run folded is the least recently accounted run of the principal holding
+//   the most runs (the new run's principal when it is one of those): a
+//   principal creating tag after tag folds its own runs, never those of a
+//   principal holding fewer;
 // - the tagged series hold at most `max_run_seconds` one-second buckets
 //   together: past that, the least recently accounted runs' buckets fold into
 //   their series' totals (their totals stay exact; a `since` inside a folded
@@ -28,6 +37,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "server/base/auth_tokens.h"
 #include "server/base/mutex.h"
 #include "server/base/phase.h"
 
@@ -77,16 +89,30 @@ class EnergyLedger {
   // Accounts `amount` at Unix time `when` (seconds) to (source, phase, run);
   // `run` kUntagged ("") for untagged energy. With `times`, that many times over,
   // one addition after another: the same doubles as `times` calls of Add.
+  // `who` books it: a new run becomes its own. A run another principal owns
+  // takes it only from an admin; anyone else's booking goes to the untagged
+  // series (callers check with CheckRun first; this covers the run changing
+  // hands in between, after a fold).
   void Add(const std::string& source, Phase phase, const std::string& run, double when,
-           const EnergyAmount& amount, uint64_t times = 1);
+           const EnergyAmount& amount, uint64_t times = 1,
+           const Principal& who = AnonymousPrincipal());
+  // Whether `who` may book into or read `run`: OK for "", for a run not held
+  // (the first booking binds it), for the run's owner and for an admin; else
+  // PERMISSION_DENIED "<field>: run 'x' belongs to another principal ..." (the
+  // owner is not named).
+  absl::Status CheckRun(const std::string& run, const Principal& who,
+                        absl::string_view field) const;
   // Sums per (source, phase) of everything accounted at or after `since` (0: all),
   // rounded down to the second: of every run together (`run` kAllRuns), or of
   // one run (no rows for a run not held). Rows sorted by source, then phase.
+  // Callers check CheckRun for one run first.
   std::vector<EnergyRow> Report(double since, const std::string& run) const;
 
   // Distinct run tags held now, and one-second buckets their series hold.
   size_t run_count() const;
   size_t run_seconds() const;
+  // Runs held now whose owner is `principal`.
+  size_t runs_of(const std::string& principal) const;
 
  private:
   // Run first, so that one run's series are adjacent.
@@ -99,15 +125,21 @@ class EnergyLedger {
   struct RunState {
     std::list<std::string>::iterator recency;  // its place in recency_
     size_t seconds = 0;                        // one-second buckets its series hold
+    std::string owner;                         // the principal whose booking made it
   };
 
   // Folds `series`' buckets before `horizon` into its total; returns how many.
   static size_t FoldSecondsBefore(Series& series, int64_t horizon);
   // The sum of what `series` holds at or after `since`.
   static EnergyAmount AmountSince(const Series& series, double since);
-  // Makes `run` the most recently accounted, adding it (after folding the least
-  // recent run away when max_runs are held) if it is new.
-  void TouchRun(const std::string& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `run` the most recently accounted, adding it as `who`'s (after
+  // folding a run away when max_runs are held: FoldForNewRun) if it is new.
+  // False, touching nothing, when another principal owns it and `who` is not
+  // an admin.
+  bool TouchRun(const std::string& run, const Principal& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Folds the least recently accounted run of the principal holding the most
+  // runs (`creator`, when it holds as many as any other) into the untagged series.
+  void FoldForNewRun(const std::string& creator) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves every series of `run` into the untagged series of its (source, phase).
   void FoldRunIntoUntagged(const std::string& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Folds the buckets of the least recently accounted runs until the tagged
@@ -120,6 +152,7 @@ class EnergyLedger {
   std::map<Key, Series> series_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> recency_ ABSL_GUARDED_BY(mu_);  // tags, most recently accounted first
   std::map<std::string, RunState> runs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, size_t> runs_per_owner_ ABSL_GUARDED_BY(mu_);  // none at 0
   size_t run_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // buckets of every tagged series
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "mxserve/v1/compute.grpc.pb.h"
 #include "mxserve/v1/models.grpc.pb.h"
 #include "mxserve/v1/policies.grpc.pb.h"
+#include "server/options.h"
 #include "server/rpc/access.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/raw_call.h"
@@ -392,8 +394,9 @@ TEST_F(QuotaTest, WeightBytesAtTheLimit) {
   EXPECT_EQ(Describe("w1").weight_bytes(), 128u);
   // Four bytes more, on another of bob's models: refused, nothing staged.
   EXPECT_STATUS(Upload(channel, "w2", tiny, false, &response, 1000, kBob), RESOURCE_EXHAUSTED,
-                "--quota-weight-bytes: principal 'bob' holds 128 bytes of weights; staging 4 "
-                "more would make 132, the limit is 128; nothing was staged");
+                "--quota-weight-bytes: principal 'bob' holds 128 bytes of weights (FP32, "
+                "staged and published; cached copies are not charged); staging 4 more would "
+                "make 132, the limit is 128; nothing was staged");
   EXPECT_EQ(Describe("w2").staged_tensors(), 0u);
   EXPECT_EQ(Describe("w2").weight_bytes(), 0u);
   // Replacing staged tensors counts the new ones only: still at the limit.
@@ -447,6 +450,317 @@ TEST_F(QuotaTest, InflightAtTheLimit) {
   }
   open[1]->stream->WritesDone();
   EXPECT_TRUE(open[1]->stream->Finish().ok());
+}
+
+// Issue 32, item 3: a compute-role reader's forwards in every format make
+// cached copies of alice's model worth more than her whole weight quota. They
+// are the daemon's cache, not hers: her next upload still fits (it used to fail
+// RESOURCE_EXHAUSTED until she deleted the model), and what she is charged for
+// (ModelInfo.quota_bytes) is her FP32 masters alone.
+TEST(QuotaCopiesTest, AReadersCopiesNeverLockTheOwnerOut) {
+  TokensFile tokens;
+  // A 64x64 FP32 layer is 16384 bytes: a version and the next one's upload fit.
+  DaemonProcess daemon({"--auth-tokens", tokens.path(), "--quota-weight-bytes", "40000"});
+  ASSERT_TRUE(daemon.ok());
+  grpc::Channel* channel = daemon.channel().get();
+  const std::vector<TestLayer> layers = {MakeLayer("fc", 64, 64, false, 7)};
+  constexpr uint64_t kMaster = 64 * 64 * 4;
+  ASSERT_TRUE(Register(channel, "alice-model", layers, "", kAlice).ok());
+  v1::UploadWeightsResponse uploaded;
+  const grpc::Status first = Upload(channel, "alice-model", layers, true, &uploaded, 1000, kAlice);
+  ASSERT_TRUE(first.ok()) << first.error_message();
+  auto describe = [&] {
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DescribeModelRequest request;
+    request.set_name("alice-model");
+    v1::ModelInfo info;
+    EXPECT_TRUE(v1::Models::NewStub(daemon.channel())->DescribeModel(&context, request, &info).ok());
+    return info;
+  };
+  // Carol (compute) runs a forward in every format.
+  for (int f = 0; f < mx::kFormatCount; ++f) {
+    v1::LayerForwardRequest request = ForwardRequest("alice-model", layers[0], v1::PHASE_ROLLOUT,
+                                                     f, TestValues(2 * 64, 8 + f), 2);
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    v1::LayerForwardResponse response;
+    const grpc::Status s =
+        v1::Compute::NewStub(daemon.channel())->LayerForward(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << f << ": " << s.error_message();
+  }
+  const v1::ModelInfo with_copies = describe();
+  EXPECT_EQ(with_copies.layers(0).cached_formats_size(), mx::kFormatCount);
+  EXPECT_GT(with_copies.weight_bytes(), 40000u);  // more than her quota, all held
+  EXPECT_EQ(with_copies.quota_bytes(), kMaster);  // of which she is charged her master
+  // Her next version: charged 16384 published + 16384 staged, within 40000.
+  std::vector<TestLayer> next = layers;
+  next[0].weight = TestValues(64 * 64, 30, 0.05f);
+  const grpc::Status again = Upload(channel, "alice-model", next, true, &uploaded, 1000, kAlice);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(uploaded.weight_version(), 2u);
+  EXPECT_EQ(describe().quota_bytes(), kMaster);
+  // The quota still holds for what she does upload: a second model's staging
+  // would make 32768 + 16384.
+  ASSERT_TRUE(Register(channel, "alice-2", layers, "", kAlice).ok());
+  ASSERT_TRUE(Upload(channel, "alice-2", layers, false, &uploaded, 1000, kAlice).ok());
+  ASSERT_TRUE(Register(channel, "alice-3", layers, "", kAlice).ok());
+  EXPECT_STATUS(Upload(channel, "alice-3", layers, false, &uploaded, 1000, kAlice),
+                RESOURCE_EXHAUSTED,
+                "--quota-weight-bytes: principal 'alice' holds 32768 bytes of weights (FP32, "
+                "staged and published; cached copies are not charged); staging 16384 more would "
+                "make 49152, the limit is 40000; nothing was staged");
+}
+
+// Issue 32, item 5: run tags have owners. Alice's run is hers: another
+// principal's tagged Gemm, ReportEnergy or ReportWork into it is refused naming
+// the run (not her), and reading it is refused too; her report does not move.
+// Carol creating --max-energy-runs new tags folds carol's own runs, not alice's.
+// An admin may book into and read any run.
+class RunOwnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(daemon_.ok()); }
+
+  grpc::Status Gemm(const char* token, const std::string& run, double* joules = nullptr) {
+    v1::GemmRequest request =
+        GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP8_E4M3, TestValues(4 * 64, 120),
+                    TestValues(64 * 8, 121), 4, 64, 8);
+    request.set_run(run);
+    grpc::ClientContext context;
+    Authorize(context, token);
+    v1::GemmResponse response;
+    const grpc::Status s =
+        v1::Compute::NewStub(daemon_.channel())->Gemm(&context, request, &response);
+    if (joules != nullptr) *joules = response.info().model_joules();
+    return s;
+  }
+  grpc::Status Report(const char* token, const std::string& run, v1::EnergyReport* report) {
+    v1::GetEnergyReportRequest request;
+    request.set_run(run);
+    grpc::ClientContext context;
+    Authorize(context, token);
+    return v1::Telemetry::NewStub(daemon_.channel())->GetEnergyReport(&context, request, report);
+  }
+  v1::EnergyReport ReportOf(const std::string& run) {
+    v1::EnergyReport report;
+    const grpc::Status s = Report(kAlice, run, &report);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    report.clear_until_seconds();  // the one field that moves
+    return report;
+  }
+
+  static constexpr char kRefused[] =
+      "run 'alice-exp' belongs to another principal (a run tag is bound to the principal that "
+      "first booked into it); choose a tag of your own";
+  TokensFile tokens_;
+  DaemonProcess daemon_{{"--auth-tokens", tokens_.path(), "--max-energy-runs", "3", "--workers",
+                         "1"}};
+};
+
+TEST_F(RunOwnerTest, AnotherPrincipalCanNeitherBookIntoNorReadMyRun) {
+  double one = 0;
+  ASSERT_TRUE(Gemm(kAlice, "alice-exp", &one).ok());
+  ASSERT_GT(one, 0);
+  const v1::EnergyReport mine = ReportOf("alice-exp");
+  ASSERT_EQ(mine.entries_size(), 1) << mine.DebugString();
+  EXPECT_EQ(mine.entries(0).requests(), 1u);
+
+  // A tagged Gemm (unary and on a stream), as carol (compute).
+  EXPECT_STATUS(Gemm(kCarol, "alice-exp"), PERMISSION_DENIED,
+                std::string("run: ") + kRefused);
+  {
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    auto stream = v1::Compute::NewStub(daemon_.channel())->Stream(&context);
+    v1::StreamRequest request;
+    request.set_request_id(7);
+    *request.mutable_gemm() =
+        GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_MXFP8_E4M3, TestValues(4 * 64, 120),
+                    TestValues(64 * 8, 121), 4, 64, 8);
+    request.mutable_gemm()->set_run("alice-exp");
+    ASSERT_TRUE(stream->Write(request));
+    v1::StreamResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.status_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(response.status_message(), std::string("run: ") + kRefused);
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  // Measured energy, as bob (train): the stream ends at the interval, naming it.
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::ReportEnergyResponse response;
+    auto writer = v1::Telemetry::NewStub(daemon_.channel())->ReportEnergy(&context, &response);
+    const double t = std::floor(UnixNow()) - 10;
+    v1::EnergyInterval interval;
+    interval.set_source("gpu_baseline");
+    interval.set_device("cuda:0");
+    interval.set_phase(v1::PHASE_ROLLOUT);
+    interval.set_start_seconds(t);
+    interval.set_end_seconds(t + 1);
+    interval.set_joules(100);
+    interval.set_run("bob-exp");  // his own: accepted
+    ASSERT_TRUE(writer->Write(interval));
+    interval.set_start_seconds(t + 1);
+    interval.set_end_seconds(t + 2);
+    interval.set_run("alice-exp");
+    writer->Write(interval);
+    writer->WritesDone();
+    EXPECT_STATUS(writer->Finish(), PERMISSION_DENIED,
+                  std::string("intervals[1].run: ") + kRefused);
+    EXPECT_EQ(response.intervals_accepted(), 0u);  // no response message on an error
+  }
+  // Reported work, as carol: nothing of the message is booked.
+  ASSERT_TRUE(Register(daemon_.channel().get(), "alice-model",
+                       {MakeLayer("fc", 8, 64, false, 3)}, "", kAlice)
+                  .ok());
+  {
+    v1::ReportWorkRequest request;
+    for (const char* run : {"carol-exp", "alice-exp"}) {
+      v1::WorkCall* call = request.add_calls();
+      call->set_phase(v1::PHASE_ROLLOUT);
+      call->set_run(run);
+      call->set_model("alice-model");
+      call->set_layer("fc");
+      call->set_call(v1::WORK_CALL_KIND_FORWARD);
+      call->set_format(v1::FORMAT_MXFP8_E4M3);
+      call->set_m(4);
+      call->set_count(1);
+    }
+    grpc::ClientContext context;
+    Authorize(context, kCarol);
+    v1::ReportWorkResponse response;
+    EXPECT_STATUS(v1::Telemetry::NewStub(daemon_.channel())->ReportWork(&context, request, &response),
+                  PERMISSION_DENIED, std::string("calls[1].run: ") + kRefused);
+  }
+  // Reading it.
+  {
+    v1::EnergyReport report;
+    EXPECT_STATUS(Report(kBob, "alice-exp", &report), PERMISSION_DENIED,
+                  std::string("run: ") + kRefused);
+    EXPECT_EQ(report.entries_size(), 0);
+  }
+  // Her report is what it was, to the bit.
+  EXPECT_EQ(ReportOf("alice-exp").SerializeAsString(), mine.SerializeAsString());
+  // Carol's ReportWork booked nothing, not even its own call.
+  {
+    v1::EnergyReport report;
+    ASSERT_TRUE(Report(kCarol, "carol-exp", &report).ok());
+    EXPECT_EQ(report.entries_size(), 0);
+  }
+  // An admin may read it, and book into it; it stays alice's.
+  {
+    v1::EnergyReport report;
+    ASSERT_TRUE(Report(kRoot, "alice-exp", &report).ok());
+    EXPECT_EQ(report.entries_size(), 1);
+  }
+  ASSERT_TRUE(Gemm(kRoot, "alice-exp").ok());
+  EXPECT_EQ(ReportOf("alice-exp").entries(0).requests(), 2u);
+  EXPECT_STATUS(Gemm(kCarol, "alice-exp"), PERMISSION_DENIED, "belongs to another principal");
+}
+
+TEST_F(RunOwnerTest, AnotherPrincipalsNewTagsDoNotFoldMyRun) {
+  ASSERT_TRUE(Gemm(kAlice, "alice-exp").ok());
+  const v1::EnergyReport mine = ReportOf("alice-exp");
+  ASSERT_EQ(mine.entries_size(), 1);
+  // --max-energy-runs 3: carol's ten new tags fold carol's own least recent ones.
+  for (int i = 0; i < 10; ++i) {
+    const grpc::Status s = Gemm(kCarol, "carol-" + std::to_string(i));
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
+  EXPECT_EQ(ReportOf("alice-exp").SerializeAsString(), mine.SerializeAsString());
+  v1::EnergyReport newest, folded;
+  ASSERT_TRUE(Report(kCarol, "carol-9", &newest).ok());
+  EXPECT_EQ(newest.entries_size(), 1);
+  ASSERT_TRUE(Report(kCarol, "carol-8", &newest).ok());
+  EXPECT_EQ(newest.entries_size(), 1);
+  ASSERT_TRUE(Report(kCarol, "carol-7", &folded).ok());
+  EXPECT_EQ(folded.entries_size(), 0);  // folded: two of carol's and alice's are held
+  // Every run together still counts all eleven.
+  v1::EnergyReport all;
+  ASSERT_TRUE(Report(kCarol, "", &all).ok());
+  ASSERT_EQ(all.entries_size(), 1);
+  EXPECT_EQ(all.entries(0).requests(), 11u);
+}
+
+// Also seen in issue 32: an admin's PutPolicy over alice's policy took its
+// ownership (it stays hers now), and bob activating alice's policy on his
+// model pinned it against her DeletePolicy (now bob's model goes back to the
+// default policy; her own models still keep a policy they use from going).
+TEST_F(AuthTest, ReplacingOrActivatingAnothersPolicyDoesNotTakeIt) {
+  auto policies = v1::Policies::NewStub(daemon_->channel());
+  const std::vector<TestLayer> layers = {MakeLayer("fc", 4, 8, false, 1)};
+  const std::string json =
+      R"({"name": "alice-pinned", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})";
+  v1::PolicyInfo info;
+  ASSERT_TRUE(PutPolicyAs(daemon_->channel(), kAlice, json, &info).ok());
+  // Root replaces it: still alice's, and alice may still change it.
+  const std::string replaced =
+      R"({"name": "alice-pinned", "defaults": {"rollout": "BF16", "reward": "BF16", "update": "BF16"}})";
+  ASSERT_TRUE(PutPolicyAs(daemon_->channel(), kRoot, replaced, &info).ok());
+  EXPECT_EQ(info.owner(), "alice");
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::GetPolicyRequest request;
+    request.set_name("alice-pinned");
+    ASSERT_TRUE(policies->GetPolicy(&context, request, &info).ok());
+    EXPECT_EQ(info.owner(), "alice");
+    EXPECT_NE(info.json().find("BF16"), std::string::npos);
+  }
+  EXPECT_STATUS(PutPolicyAs(daemon_->channel(), kBob, json, &info), PERMISSION_DENIED,
+                "PutPolicy: policy 'alice-pinned' belongs to 'alice'");
+  ASSERT_TRUE(PutPolicyAs(daemon_->channel(), kAlice, json, &info).ok());
+  EXPECT_EQ(info.owner(), "alice");
+
+  // Bob activates it on his model, and registers another with it.
+  ASSERT_TRUE(Register(daemon_->channel().get(), "bob-pinner", layers, "", kBob).ok());
+  ASSERT_TRUE(Register(daemon_->channel().get(), "bob-pinner-2", layers, "alice-pinned", kBob).ok());
+  {
+    grpc::ClientContext context;
+    Authorize(context, kBob);
+    v1::SetActivePolicyRequest request;
+    request.set_model("bob-pinner");
+    request.set_policy("alice-pinned");
+    v1::SetActivePolicyResponse response;
+    ASSERT_TRUE(policies->SetActivePolicy(&context, request, &response).ok());
+  }
+  // Her own model using it keeps it from going...
+  ASSERT_TRUE(Register(daemon_->channel().get(), "alice-user", layers, "alice-pinned", kAlice).ok());
+  EXPECT_STATUS(DeletePolicyAs(daemon_->channel(), kAlice, "alice-pinned"), FAILED_PRECONDITION,
+                "name: policy 'alice-pinned' is in use (the active policy of one of its owner's "
+                "models, or the daemon's --default-policy)");
+  auto policy_of = [&](const std::string& model) {
+    grpc::ClientContext context;
+    Authorize(context, kRoot);
+    v1::DescribeModelRequest request;
+    request.set_name(model);
+    v1::ModelInfo described;
+    EXPECT_TRUE(v1::Models::NewStub(daemon_->channel())
+                    ->DescribeModel(&context, request, &described)
+                    .ok());
+    return described.policy();
+  };
+  EXPECT_EQ(policy_of("bob-pinner"), "alice-pinned");  // refused: nothing changed
+  ASSERT_TRUE(DeleteModelAs(daemon_->channel(), kAlice, "alice-user").ok());
+  // ...bob's do not: they go back to the default policy.
+  {
+    grpc::ClientContext context;
+    Authorize(context, kAlice);
+    v1::DeletePolicyRequest request;
+    request.set_name("alice-pinned");
+    v1::DeletePolicyResponse response;
+    const grpc::Status s = policies->DeletePolicy(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(std::vector<std::string>(response.models_reset().begin(),
+                                       response.models_reset().end()),
+              (std::vector<std::string>{"bob-pinner", "bob-pinner-2"}));
+  }
+  EXPECT_EQ(policy_of("bob-pinner"), mxserve::DaemonOptions{}.default_policy);
+  EXPECT_EQ(policy_of("bob-pinner-2"), mxserve::DaemonOptions{}.default_policy);
+  ASSERT_TRUE(DeleteModelAs(daemon_->channel(), kBob, "bob-pinner").ok());
+  ASSERT_TRUE(DeleteModelAs(daemon_->channel(), kBob, "bob-pinner-2").ok());
 }
 
 // A bad tokens file stops the start, naming the file and line.

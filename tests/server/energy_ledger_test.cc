@@ -267,5 +267,103 @@ TEST(EnergyLedgerRuns, PastTheSecondsBudgetTheLeastRecentRunsSecondsFoldAndTotal
   EXPECT_EQ(Rows(ledger, 0), (std::vector<Row>{{"s", Phase::kRollout, 16, 12, 12}}));
 }
 
+// Run ownership (issue 32, item 5): a run is bound to the principal whose
+// booking made it; others may neither book into it nor read it, admins may.
+const Principal kAlice{"alice", Role::kTrain};
+const Principal kBob{"bob", Role::kCompute};
+const Principal kRoot{"root", Role::kAdmin};
+
+TEST(EnergyLedgerOwners, ARunIsItsFirstBookersAndOthersAreRefusedNamingTheRun) {
+  EnergyLedger ledger;
+  EXPECT_TRUE(ledger.CheckRun("exp", kBob, "run").ok());  // not held: anyone may start it
+  ledger.Add("fpga_model", Phase::kRollout, "exp", kT, {1, 1, 1}, 1, kAlice);
+  EXPECT_TRUE(ledger.CheckRun("exp", kAlice, "run").ok());
+  EXPECT_TRUE(ledger.CheckRun("exp", kRoot, "run").ok());
+  EXPECT_TRUE(ledger.CheckRun(kUntagged, kBob, "run").ok());
+  const absl::Status refused = ledger.CheckRun("exp", kBob, "calls[2].run");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.message(),
+            "calls[2].run: run 'exp' belongs to another principal (a run tag is bound to the "
+            "principal that first booked into it); choose a tag of your own");
+  EXPECT_EQ(refused.message().find("alice"), std::string::npos);  // the owner is not named
+  EXPECT_EQ(ledger.runs_of("alice"), 1u);
+  EXPECT_EQ(ledger.runs_of("bob"), 0u);
+}
+
+TEST(EnergyLedgerOwners, AnotherPrincipalsBookingNeverLandsInTheRunButTotalsStay) {
+  EnergyLedger ledger;
+  ledger.Add("fpga_model", Phase::kRollout, "exp", kT, {1, 1, 1}, 1, kAlice);
+  // Past CheckRun (a race): bob's energy goes to the untagged series.
+  ledger.Add("fpga_model", Phase::kRollout, "exp", kT, {2, 1, 1}, 1, kBob);
+  EXPECT_EQ(Rows(ledger, 0, "exp"), (std::vector<Row>{{"fpga_model", Phase::kRollout, 1, 1, 1}}));
+  EXPECT_EQ(Rows(ledger, 0), (std::vector<Row>{{"fpga_model", Phase::kRollout, 3, 2, 2}}));
+  // An admin books into it, and it stays alice's.
+  ledger.Add("fpga_model", Phase::kRollout, "exp", kT, {4, 1, 1}, 1, kRoot);
+  EXPECT_EQ(Rows(ledger, 0, "exp"), (std::vector<Row>{{"fpga_model", Phase::kRollout, 5, 2, 2}}));
+  EXPECT_EQ(ledger.CheckRun("exp", kBob, "run").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ledger.runs_of("alice"), 1u);
+  EXPECT_EQ(ledger.runs_of("root"), 0u);
+}
+
+TEST(EnergyLedgerOwners, AFoldedRunIsForgottenWithItsOwner) {
+  EnergyLedger ledger({.max_runs = 1});
+  ledger.Add("fpga_model", Phase::kRollout, "exp", kT, {1, 1, 1}, 1, kAlice);
+  ledger.Add("fpga_model", Phase::kRollout, "other", kT, {2, 1, 1}, 1, kAlice);  // folds exp
+  EXPECT_TRUE(ledger.CheckRun("exp", kBob, "run").ok());
+  ledger.Add("fpga_model", Phase::kRollout, "exp", kT, {4, 1, 1}, 1, kBob);  // folds alice's other
+  EXPECT_EQ(Rows(ledger, 0, "exp"), (std::vector<Row>{{"fpga_model", Phase::kRollout, 4, 1, 1}}));
+  EXPECT_EQ(ledger.runs_of("bob"), 1u);
+  EXPECT_EQ(ledger.runs_of("alice"), 0u);
+}
+
+// Folding is fair: a principal creating tag after tag folds its own least
+// recent runs, never those of a principal holding fewer.
+TEST(EnergyLedgerOwners, ManyNewTagsOfOnePrincipalFoldItsOwnRunsNotAnothers) {
+  EnergyLedger ledger({.max_runs = 4});
+  // Alice's run is the least recently accounted of all.
+  ledger.Add("fpga_model", Phase::kRollout, "alice-run", kT, {1, 1, 1}, 1, kAlice);
+  for (int i = 0; i < 1000; ++i) {
+    ledger.Add("fpga_model", Phase::kRollout, "bob-" + std::to_string(i), kT + 1, {2, 1, 1}, 1,
+               kBob);
+  }
+  EXPECT_EQ(ledger.run_count(), 4u);
+  EXPECT_EQ(ledger.runs_of("alice"), 1u);
+  EXPECT_EQ(ledger.runs_of("bob"), 3u);
+  EXPECT_EQ(Rows(ledger, 0, "alice-run"),
+            (std::vector<Row>{{"fpga_model", Phase::kRollout, 1, 1, 1}}));
+  // Bob's three newest are held, the rest folded; the totals are exact.
+  EXPECT_EQ(Rows(ledger, 0, "bob-999"), (std::vector<Row>{{"fpga_model", Phase::kRollout, 2, 1, 1}}));
+  EXPECT_EQ(Rows(ledger, 0, "bob-997"), (std::vector<Row>{{"fpga_model", Phase::kRollout, 2, 1, 1}}));
+  EXPECT_TRUE(Rows(ledger, 0, "bob-996").empty());
+  EXPECT_EQ(Rows(ledger, 0), (std::vector<Row>{{"fpga_model", Phase::kRollout, 2001, 1001, 1001}}));
+}
+
+TEST(EnergyLedgerOwners, TheNewcomerFoldsTheLeastRecentRunOfWhoeverHoldsTheMost) {
+  EnergyLedger ledger({.max_runs = 4});
+  ledger.Add("s", Phase::kRollout, "a1", kT, {1, 1, 1}, 1, kAlice);
+  ledger.Add("s", Phase::kRollout, "b1", kT, {1, 1, 1}, 1, kBob);  // the least recent of bob's
+  ledger.Add("s", Phase::kRollout, "b2", kT, {1, 1, 1}, 1, kBob);
+  ledger.Add("s", Phase::kRollout, "a2", kT, {1, 1, 1}, 1, kAlice);
+  ledger.Add("s", Phase::kRollout, "a1", kT, {1, 1, 1}, 1, kAlice);  // a2 is alice's least recent
+  // Root holds none; alice and bob two each, and bob's b1 is the least recent
+  // run of the two.
+  ledger.Add("s", Phase::kRollout, "r1", kT, {1, 1, 1}, 1, kRoot);
+  EXPECT_TRUE(Rows(ledger, 0, "b1").empty());
+  EXPECT_EQ(ledger.runs_of("alice"), 2u);
+  EXPECT_EQ(ledger.runs_of("bob"), 1u);
+  EXPECT_EQ(ledger.runs_of("root"), 1u);
+  // Now alice holds the most: her least recent run, a2, goes for bob's next one.
+  ledger.Add("s", Phase::kRollout, "b3", kT, {1, 1, 1}, 1, kBob);
+  EXPECT_TRUE(Rows(ledger, 0, "a2").empty());
+  EXPECT_FALSE(Rows(ledger, 0, "a1").empty());
+  EXPECT_EQ(ledger.runs_of("alice"), 1u);
+  EXPECT_EQ(ledger.runs_of("bob"), 2u);
+  // Bob at the most, with root and alice at one: bob's own least recent, b2.
+  ledger.Add("s", Phase::kRollout, "b4", kT, {1, 1, 1}, 1, kBob);
+  EXPECT_TRUE(Rows(ledger, 0, "b2").empty());
+  EXPECT_EQ(ledger.runs_of("bob"), 2u);
+  EXPECT_EQ(Rows(ledger, 0), (std::vector<Row>{{"s", Phase::kRollout, 8, 8, 8}}));
+}
+
 }  // namespace
 }  // namespace mxserve

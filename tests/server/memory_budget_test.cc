@@ -96,9 +96,11 @@ TEST(MemoryBudget, TheReclaimerIsAskedOnceToMakeRoom) {
   MemoryBudget budget(100);
   ASSERT_TRUE(budget.Reserve(90, "cached copies").ok());
   std::vector<uint64_t> asked;
+  std::vector<std::string> first;  // whose copies it was told to evict first
   uint64_t frees = 0;  // what the reclaimer frees when asked
-  budget.SetReclaimer([&](uint64_t bytes) {
+  budget.SetReclaimer([&](uint64_t bytes, absl::string_view whose) {
     asked.push_back(bytes);
+    first.emplace_back(whose);
     budget.Release(frees);
   });
   // Fits: the reclaimer is not asked.
@@ -106,13 +108,15 @@ TEST(MemoryBudget, TheReclaimerIsAskedOnceToMakeRoom) {
   EXPECT_TRUE(asked.empty());
   // Does not fit: asked for the bytes needed, and what it frees is used.
   frees = 30;
-  ASSERT_TRUE(budget.Reserve(25, "w").ok());
+  ASSERT_TRUE(budget.Reserve(25, "w", "alice").ok());
   EXPECT_EQ(asked, (std::vector<uint64_t>{25}));
+  EXPECT_EQ(first, (std::vector<std::string>{"alice"}));  // passed on as given
   EXPECT_EQ(budget.used(), 95u);
   // Freeing too little: asked once, then refused with what is in use after it.
   frees = 5;
   const absl::Status refused = budget.Reserve(20, "w");
   EXPECT_EQ(asked, (std::vector<uint64_t>{25, 20}));
+  EXPECT_EQ(first, (std::vector<std::string>{"alice", ""}));
   EXPECT_EQ(refused.message(), Refusal("w", 20, 100, 90));
   EXPECT_EQ(budget.used(), 90u);
   // More than the limit: no reclaiming can help, so it is not asked.
@@ -127,7 +131,7 @@ TEST(MemoryBudget, MakeRoomAsksTheReclaimerOnlyWhenNeeded) {
   ASSERT_TRUE(budget.Reserve(80, "cached copies").ok());
   EXPECT_FALSE(budget.MakeRoom(30));  // no reclaimer, does not fit
   std::vector<uint64_t> asked;
-  budget.SetReclaimer([&](uint64_t bytes) {
+  budget.SetReclaimer([&](uint64_t bytes, absl::string_view) {
     asked.push_back(bytes);
     budget.Release(10);
   });

@@ -305,5 +305,56 @@ TEST(Policy, ShortNamesAreTheBuiltinsOwn) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 32: replacing a policy (an admin may replace anyone's) keeps its
+// owner; it used to pass to whoever put it last.
+TEST(PolicyStore, ReplacingAPolicyKeepsItsOwner) {
+  std::unique_ptr<PolicyStore> store = PolicyStore::Create("").value();
+  const std::string json =
+      R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})";
+  ASSERT_EQ(store->Put(json, "alice").value().owner, "alice");
+  std::vector<std::string> asked;  // whose policy may_change was asked about
+  const StoredPolicy replaced =
+      store
+          ->Put(R"({"name": "p", "defaults": {"rollout": "BF16", "reward": "BF16", "update": "BF16"}})",
+                "root",
+                [&](const StoredPolicy& existing) {
+                  asked.push_back(existing.owner);
+                  return absl::OkStatus();
+                })
+          .value();
+  EXPECT_EQ(replaced.owner, "alice");
+  EXPECT_EQ(asked, (std::vector<std::string>{"alice"}));
+  EXPECT_EQ(store->Get("p")->owner, "alice");
+  EXPECT_EQ(store->Get("p")->policy->defaults[static_cast<int>(Phase::kRollout)], F::kBf16);
+  // A new name is its putter's.
+  EXPECT_EQ(store->Put(R"({"name": "q", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})",
+                       "root")
+                .value()
+                .owner,
+            "root");
+}
+
+// Delete asks `in_use` about the stored policy (its owner with it), and
+// refuses while it says so.
+TEST(PolicyStore, DeleteAsksInUseWithTheStoredPolicy) {
+  std::unique_ptr<PolicyStore> store = PolicyStore::Create("").value();
+  ASSERT_TRUE(store->Put(R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"}})",
+                         "alice")
+                  .ok());
+  std::vector<std::string> owners;
+  const absl::Status refused = store->Delete("p", [&](const StoredPolicy& policy) {
+    owners.push_back(policy.owner);
+    return true;
+  });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(),
+            "name: policy 'p' is in use (the active policy of one of its owner's models, or the "
+            "daemon's --default-policy)");
+  EXPECT_EQ(owners, (std::vector<std::string>{"alice"}));
+  EXPECT_TRUE(store->Get("p").ok());
+  EXPECT_TRUE(store->Delete("p", [](const StoredPolicy&) { return false; }).ok());
+  EXPECT_EQ(store->Get("p").status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace mxserve

@@ -69,6 +69,22 @@ class RegistryTest : public ::testing::Test {
     return registry_.Stage("m", std::move(tensors), publish);
   }
 
+  // Stages (and publishes) layer "fc" of `model` from `seed`, as an upload does:
+  // the master is reserved making room in `first`'s copies first, and staging
+  // checks --quota-weight-bytes `quota`.
+  absl::StatusOr<uint64_t> UploadTo(const std::string& model, uint32_t seed, uint64_t quota = 0,
+                                    const std::string& first = "") {
+    StoredTensor t;
+    t.values = Values(seed);
+    if (absl::Status s = ReserveInto(budget_, kMasterBytes, "master", t.reservation, first);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors;
+    tensors.emplace_back(StagedTensorKey{"fc", false}, std::move(t));
+    return registry_.Stage(model, std::move(tensors), /*publish=*/true, quota);
+  }
+
   void SetUp() override {
     ASSERT_TRUE(registry_.Register("m", {{"fc", kOut, kIn, false}}, "D-phase-adaptive").ok());
   }
@@ -326,6 +342,122 @@ TEST_F(TightRegistryTest, AReservationThatCannotFitEvictsNothing) {
   Reservation fits;
   ASSERT_TRUE(ReserveInto(budget_, kMasterBytes / 2 + 1, "a smaller upload", fits).ok());
   EXPECT_EQ(evicted_.load(), 1);
+}
+
+// Issue 32, item 3: --quota-weight-bytes charges the owner for her staged
+// tensors and FP32 masters, never for the cached copies that other principals'
+// forwards made. The copies are still held and shown (ModelSummary::bytes),
+// but the owner's next upload fits her quota whatever formats were asked for.
+TEST_F(RegistryTest, TheWeightQuotaChargesMastersNotCachedCopies) {
+  ASSERT_TRUE(registry_.Register("q", {{"fc", kOut, kIn, false}}, "D", 0, "alice").ok());
+  const uint64_t quota = 2 * kMasterBytes;  // a version and the next one's upload
+  ASSERT_EQ(UploadTo("q", 1, quota).value(), 1u);
+  {
+    // A reader asks for every format in both layouts.
+    const LayerView view = registry_.Lookup("q", "fc", 0).value();
+    for (int f = 0; f < mx::kFormatCount; ++f) {
+      for (WeightLayout layout : {WeightLayout::kForward, WeightLayout::kTransposed}) {
+        ASSERT_TRUE(view.weights->Get(static_cast<mx::Format>(f), layout, budget_).ok());
+      }
+    }
+  }
+  const ModelSummary held = registry_.Describe("q").value();
+  EXPECT_GT(held.bytes, quota);  // the copies are there, more than the quota
+  EXPECT_EQ(held.quota_bytes, kMasterBytes);
+  EXPECT_EQ(held.layers[0].cached_formats.size(), static_cast<size_t>(mx::kFormatCount));
+  // The owner's next version fits: 1 master published + 1 staged = the quota.
+  const absl::StatusOr<uint64_t> next = UploadTo("q", 2, quota);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, 2u);
+  EXPECT_EQ(registry_.Describe("q")->quota_bytes, kMasterBytes);
+  // Past the quota by one byte, it is refused naming what is charged.
+  const absl::StatusOr<uint64_t> over = UploadTo("q", 3, quota - 1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.status().message(),
+            absl::StrCat("--quota-weight-bytes: principal 'alice' holds ", kMasterBytes,
+                         " bytes of weights (FP32, staged and published; cached copies are not "
+                         "charged); staging ",
+                         kMasterBytes, " more would make ", 2 * kMasterBytes, ", the limit is ",
+                         quota - 1, "; nothing was staged"));
+  EXPECT_EQ(registry_.Describe("q")->staged_tensors, 0u);
+}
+
+class TenantRegistryTest : public RegistryTest {
+ protected:
+  // Alice's and bob's masters and two half-master copies: full.
+  TenantRegistryTest() : RegistryTest(3 * kMasterBytes) {}
+  void SetUp() override {
+    ASSERT_TRUE(registry_.Register("a", {{"fc", kOut, kIn, false}}, "D", 0, "alice").ok());
+    ASSERT_TRUE(registry_.Register("b", {{"fc", kOut, kIn, false}}, "D", 0, "bob").ok());
+    ASSERT_TRUE(UploadTo("a", 1).ok());
+    ASSERT_TRUE(UploadTo("b", 2).ok());
+    // Bob's copy is the least recently used, alice's the most.
+    ASSERT_TRUE(Copy("b").ok());
+    ASSERT_TRUE(Copy("a").ok());
+    ASSERT_EQ(budget_.used(), budget_.limit());
+  }
+  absl::Status Copy(const std::string& model) {
+    return registry_.Lookup(model, "fc", 0)
+        .value()
+        .weights->Get(mx::Format::kBf16, WeightLayout::kForward, budget_)
+        .status();
+  }
+  std::vector<mx::Format> Cached(const std::string& model) {
+    return registry_.Describe(model)->layers[0].cached_formats;
+  }
+  const std::vector<mx::Format> kBf16Only = {mx::Format::kBf16};
+};
+
+// Room for an owner's upload is made in her own models' copies first, even
+// when another tenant's are less recently used; then in everyone's.
+TEST_F(TenantRegistryTest, AnOwnersUploadEvictsHerOwnCopiesFirst) {
+  Reservation half;
+  ASSERT_TRUE(ReserveInto(budget_, kMasterBytes / 2, "alice's upload", half, "alice").ok());
+  EXPECT_EQ(evicted_.load(), 1);
+  EXPECT_TRUE(Cached("a").empty());
+  EXPECT_EQ(Cached("b"), kBf16Only);
+  // Hers are gone: the next room comes from bob's.
+  Reservation more;
+  ASSERT_TRUE(ReserveInto(budget_, kMasterBytes / 2, "alice's upload", more, "alice").ok());
+  EXPECT_EQ(evicted_.load(), 2);
+  EXPECT_TRUE(Cached("b").empty());
+}
+
+TEST_F(TenantRegistryTest, WithoutAPrincipalTheLeastRecentlyUsedGoes) {
+  Reservation half;
+  ASSERT_TRUE(ReserveInto(budget_, kMasterBytes / 2, "an upload", half).ok());
+  EXPECT_EQ(evicted_.load(), 1);
+  EXPECT_TRUE(Cached("b").empty());
+  EXPECT_EQ(Cached("a"), kBf16Only);
+}
+
+TEST_F(TenantRegistryTest, AnOwnerThatNeedsMoreThanHerCopiesTakesOthersToo) {
+  // A whole master: alice's half-master copy, then bob's.
+  ASSERT_TRUE(UploadTo("a", 3, 0, "alice").ok());
+  EXPECT_EQ(evicted_.load(), 2);
+  EXPECT_TRUE(Cached("a").empty());
+  EXPECT_TRUE(Cached("b").empty());
+}
+
+// Deleting an owned policy: a model of its owner that uses it keeps it (and
+// nothing changes); other principals' models that activated it go back to the
+// fallback. A policy without an owner stays while any model uses it.
+TEST_F(RegistryTest, ReleasingAPolicyResetsOnlyOtherPrincipalsModels) {
+  ASSERT_TRUE(registry_.Register("a", {{"fc", kOut, kIn, false}}, "shared", 0, "alice").ok());
+  ASSERT_TRUE(registry_.Register("b1", {{"fc", kOut, kIn, false}}, "shared", 0, "bob").ok());
+  ASSERT_TRUE(registry_.Register("b2", {{"fc", kOut, kIn, false}}, "other", 0, "bob").ok());
+  std::vector<std::string> reset;
+  EXPECT_FALSE(registry_.ReleasePolicy("shared", "alice", "D", reset));
+  EXPECT_TRUE(reset.empty());
+  EXPECT_EQ(registry_.Describe("b1")->policy, "shared");
+  EXPECT_FALSE(registry_.ReleasePolicy("shared", "", "D", reset));  // no owner: any model pins
+  ASSERT_TRUE(registry_.Delete("a").ok());
+  EXPECT_TRUE(registry_.ReleasePolicy("shared", "alice", "D", reset));
+  EXPECT_EQ(reset, (std::vector<std::string>{"b1"}));
+  EXPECT_EQ(registry_.Describe("b1")->policy, "D");
+  EXPECT_EQ(registry_.Describe("b2")->policy, "other");
+  EXPECT_FALSE(registry_.PolicyInUse("shared"));
 }
 
 }  // namespace

@@ -77,6 +77,9 @@ class ModelInfo:
     weight_bytes: int
     lease_seconds: float = 0.0  # 0: no lease
     owner: str = ""  # the principal that registered it ("anonymous" without --auth-tokens)
+    # What --quota-weight-bytes charges the owner: staged and published FP32
+    # weights; the cached copies in weight_bytes are the daemon's, charged to no one.
+    quota_bytes: int = 0
 
     @classmethod
     def from_proto(cls, info) -> "ModelInfo":
@@ -84,7 +87,7 @@ class ModelInfo:
             LayerInfo(LayerSpec(l.spec.name, l.spec.out_features, l.spec.in_features, l.spec.bias),
                       tuple(_wire.format_name(f) for f in l.cached_formats)) for l in info.layers)
         return cls(info.name, layers, info.policy, info.weight_version, info.staged_tensors,
-                   info.weight_bytes, info.lease_seconds, info.owner)
+                   info.weight_bytes, info.lease_seconds, info.owner, info.quota_bytes)
 
 
 @dataclass(frozen=True)
