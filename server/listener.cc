@@ -211,9 +211,9 @@ void Listener::ShedOne(int socket) {
   if (reserve_.valid()) {
     reserve_ = UniqueFd();
     if (int fd = accept4(socket, nullptr, nullptr, SOCK_CLOEXEC); fd >= 0) {
-      close(fd);
       ++shed_since_log_;
       if (options_.on_refused) options_.on_refused("descriptors");
+      close(fd);
     }
     reserve_ = UniqueFd(open("/dev/null", O_RDONLY | O_CLOEXEC));
   }
@@ -234,7 +234,8 @@ void Listener::ShedOne(int socket) {
 void Listener::Admit(int socket, int fd) {
   if (connections_.size() >= static_cast<size_t>(options_.max_connections)) Prune();
   if (connections_.size() >= static_cast<size_t>(options_.max_connections)) {
-    close(fd);
+    // Counted and logged before the close, so a client that sees its
+    // connection end finds it counted.
     ++refused_since_log_;
     if (options_.on_refused) options_.on_refused("max_connections");
     if (NowSeconds() - last_refused_log_ >= kLogEverySeconds) {
@@ -245,6 +246,7 @@ void Listener::Admit(int socket, int fd) {
            {"refused", absl::StrCat(refused_since_log_)}});
       refused_since_log_ = 0;
     }
+    close(fd);
     return;
   }
   const int on = 1;
