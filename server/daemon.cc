@@ -396,12 +396,18 @@ void Daemon::Shutdown() {
     const absl::Status stopped = absl::UnavailableError(absl::StrCat(
         "the daemon is stopping and its --grace-seconds (", grace,
         " s) ran out before this request ran; it was not computed"));
+    const int64_t open = state_->calls.active();
     size_t cancelled = 0;
     for (Scheduler* queue : queues) cancelled += queue->CancelQueued(stopped);
     Log(LogLevel::kWarning, "grace_expired",
         {{"cancelled_queued", absl::StrCat(cancelled)},
-         {"open_calls", absl::StrCat(state_->calls.active())},
+         {"open_calls", absl::StrCat(open)},
          {"message", "queued work cancelled; calls still open are cancelled (UNAVAILABLE)"}});
+    // Let those answers leave before the connections close: gRPC's cancellation
+    // of the calls still open would overtake them, and their clients would read
+    // "Cancelling all calls" instead of why. Bounded, from main's margin.
+    state_->calls.WaitAtMost(open - static_cast<int64_t>(cancelled),
+                             Clock::now() + std::chrono::milliseconds(400));
   }
   // Nothing is in flight (or the grace is over): close every connection now
   // rather than wait for clients that keep idle channels open. gRPC cancels the

@@ -54,12 +54,18 @@ class CallTracker {
   }
   void End() {
     std::lock_guard lock(mu_);
-    if (--active_ == 0) idle_.notify_all();
+    --active_;
+    idle_.notify_all();
   }
   // True when every call ended before `deadline`.
   bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
     std::unique_lock lock(mu_);
     return idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
+  }
+  // True when at most `calls` are open before `deadline`.
+  bool WaitAtMost(int64_t calls, std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    return idle_.wait_until(lock, deadline, [&] { return active_ <= calls; });
   }
   int64_t active() {
     std::lock_guard lock(mu_);

@@ -925,7 +925,7 @@ TEST_F(BigLayerTest, TheGraceBoundsTheShutdownOfALongQueue) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
   EXPECT_EQ(exit_code, 0) << daemon_->Log();
-  EXPECT_LE(seconds, 1 + 1 + 1.0) << "grace 1 s, then at most the 1 s margin (and slack)";
+  EXPECT_LE(seconds, 1 + 1 + 1.5) << "grace 1 s, then at most the 1 s margin (and slack)";
   int ok = 0, cancelled = 0;
   for (int i = 0; i < kCalls; ++i) {
     const grpc::Status s = calls[i]->done.get_future().get();
@@ -940,7 +940,7 @@ TEST_F(BigLayerTest, TheGraceBoundsTheShutdownOfALongQueue) {
       ++cancelled;
     }
   }
-  EXPECT_GE(cancelled, kCalls / 2 - 1) << ok << " answered";
+  EXPECT_GE(cancelled, kCalls / 2 - 1) << ok << " answered; the daemon's log:\n" << daemon_->Log();
   const std::string log = daemon_->Log();
   EXPECT_NE(log.find("event=grace_expired cancelled_queued="), std::string::npos) << log;
 }
