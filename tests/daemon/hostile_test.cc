@@ -750,6 +750,28 @@ class BigLayerTest : public ::testing::Test {
     ASSERT_TRUE(Register(daemon_->channel().get(), "big", {layer_}, "fp16-baseline").ok());
     ASSERT_TRUE(Upload(daemon_->channel().get(), "big", {layer_}, true, &response, 1 << 20).ok());
   }
+  // A LayerForward of 512 rows sent without waiting; `done` has its status.
+  struct AsyncForward {
+    grpc::ClientContext context;
+    v1::LayerForwardRequest request;
+    v1::LayerForwardResponse response;
+    std::promise<grpc::Status> done;
+  };
+  // Sends one forward per input, in `format`, in order.
+  std::vector<std::unique_ptr<AsyncForward>> SendForwards(
+      const std::vector<std::vector<float>>& inputs, mx::Format format) {
+    std::vector<std::unique_ptr<AsyncForward>> calls;
+    auto stub = v1::Compute::NewStub(daemon_->channel());
+    for (const std::vector<float>& x : inputs) {
+      auto call = std::make_unique<AsyncForward>();
+      call->request =
+          ForwardRequest("big", layer_, v1::PHASE_ROLLOUT, static_cast<int>(format), x, 512);
+      stub->async()->LayerForward(&call->context, &call->request, &call->response,
+                                  [c = call.get()](grpc::Status s) { c->done.set_value(s); });
+      calls.push_back(std::move(call));
+    }
+    return calls;
+  }
   std::unique_ptr<DaemonProcess> daemon_;
   TestLayer layer_;
 };
@@ -807,24 +829,9 @@ TEST_F(BigLayerTest, SigtermRunsAQueuedFusedBatchToTheEnd) {
   ASSERT_NO_FATAL_FAILURE(Start({"--workers", "1", "--grace-seconds", "60", "--max-message-bytes",
                                  "256M", "--batch-window-us", "10000000"}));
   constexpr int kCalls = 12;
-  struct Call {
-    grpc::ClientContext context;
-    v1::LayerForwardRequest request;
-    v1::LayerForwardResponse response;
-    std::promise<grpc::Status> done;
-  };
-  std::vector<std::unique_ptr<Call>> calls;
-  auto stub = v1::Compute::NewStub(daemon_->channel());
   std::vector<std::vector<float>> inputs;
   for (int i = 0; i < kCalls; ++i) inputs.push_back(TestValues(512 * kIn, 100 + i));
-  for (int i = 0; i < kCalls; ++i) {
-    auto call = std::make_unique<Call>();
-    call->request = ForwardRequest("big", layer_, v1::PHASE_ROLLOUT,
-                                   static_cast<int>(mx::Format::kMxfp4E2m1), inputs[i], 512);
-    stub->async()->LayerForward(&call->context, &call->request, &call->response,
-                                [c = call.get()](grpc::Status s) { c->done.set_value(s); });
-    calls.push_back(std::move(call));
-  }
+  const auto calls = SendForwards(inputs, mx::Format::kMxfp4E2m1);
   ASSERT_EQ(AwaitMetric(daemon_->metrics_address(), "mxserve_queue_depth", kCalls, 9), kCalls);
   kill(daemon_->pid(), SIGTERM);
   for (int i = 0; i < kCalls; ++i) {
@@ -896,23 +903,8 @@ TEST_F(BigLayerTest, TheGraceBoundsTheShutdownOfALongQueue) {
   ASSERT_NO_FATAL_FAILURE(Start({"--workers", "1", "--grace-seconds", "1", "--max-message-bytes",
                                  "256M", "--queue-size", "4096"}));
   constexpr int kCalls = 80;
-  struct Call {
-    grpc::ClientContext context;
-    v1::LayerForwardRequest request;
-    v1::LayerForwardResponse response;
-    std::promise<grpc::Status> done;
-  };
-  std::vector<std::unique_ptr<Call>> calls;
-  auto stub = v1::Compute::NewStub(daemon_->channel());
-  const std::vector<float> x = TestValues(512 * kIn, 300);
-  for (int i = 0; i < kCalls; ++i) {
-    auto call = std::make_unique<Call>();
-    call->request = ForwardRequest("big", layer_, v1::PHASE_ROLLOUT,
-                                   static_cast<int>(mx::Format::kMxfp8E4m3), x, 512);
-    stub->async()->LayerForward(&call->context, &call->request, &call->response,
-                                [c = call.get()](grpc::Status s) { c->done.set_value(s); });
-    calls.push_back(std::move(call));
-  }
+  const auto calls = SendForwards(
+      std::vector<std::vector<float>>(kCalls, TestValues(512 * kIn, 300)), mx::Format::kMxfp8E4m3);
   // Most of them queued behind the one worker.
   double depth = 0;
   for (int i = 0; i < 400 && depth < kCalls / 2; ++i) {
