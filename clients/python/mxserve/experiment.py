@@ -693,7 +693,7 @@ def _check_policies(client: Client, experiment: Experiment, prefix: str) -> None
                 c.policy_name = client.put_policy(document).name
             except MxserveError as error:
                 raise ConfigError(f"configurations[{index}] ({c.name}).policy: the daemon "
-                                  f"refused it: {error.details}") from None
+                                  f"refused it: {error.message}") from None
 
 
 def _generate_policies(client: Client, experiment: Experiment, task: Task, prefix: str,
@@ -741,7 +741,7 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
                                               description=f"experiment {experiment.name}: {c.name}")
             except MxserveError as error:
                 raise ConfigError(f"configurations[{index}] ({c.name}).generate: the daemon "
-                                  f"refused it: {error.details}") from None
+                                  f"refused it: {error.message}") from None
             except (TypeError, ValueError) as error:
                 raise ConfigError(f"configurations[{index}] ({c.name}).generate: {error}") from None
             c.policy_name = made.policy.name

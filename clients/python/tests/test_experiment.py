@@ -242,6 +242,17 @@ def test_bad_input_is_refused_before_any_training(daemon, tmp_path):
     _refused_before_training(done, "configurations[1] (X).policy: the daemon has no policy "
                                    "'no-such-policy'")
 
+    # An inline policy the daemon refuses: its words, not an AttributeError (the
+    # runner read a `.details` that MxserveError does not have; issue 33).
+    config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "hh", configurations=[
+        {"name": "FP16", "policy": "fp16-baseline"},
+        {"name": "Y", "policy": {"defaults": {"rollout": "MXFP5", "reward": "FP16",
+                                              "update": "FP16"}}}])
+    done = run_experiment(daemon, "--config", str(config), "--out", str(out))
+    _refused_before_training(done, "configurations[1] (Y).policy: the daemon refused it: json: "
+                                   "policy.defaults.rollout: unknown format 'MXFP5'")
+    assert "AttributeError" not in done.stderr
+
     config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "hh", ppo={"stepz": 3})
     done = run_experiment(daemon, "--config", str(config), "--out", str(out))
     _refused_before_training(done, "ppo.stepz: unknown key")
