@@ -318,46 +318,6 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   tile.Store(p, row0, MR);
 }
 
-template <int G, bool kNibbles>
-struct I8 {
-  template <int MR>
-  struct K {
-    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
-      MxI8Tile<MR, G, kNibbles>(p, r, n, c);
-    }
-  };
-};
-template <bool kNibbles>
-struct I8Whole {
-  template <int MR>
-  struct K {
-    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
-      MxI8WholeBlockTile<MR, kNibbles>(p, r, n, c);
-    }
-  };
-};
-template <int MR>
-struct I16K {
-  static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxI16Tile<MR>(p, r, n, c); }
-};
-template <int MR>
-struct Int8K {
-  static void Run(const Problem& p, int64_t r, int n, int64_t c) { Int8Tile<MR>(p, r, n, c); }
-};
-template <int MR>
-struct F64K {
-  static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxF64Tile<MR>(p, r, n, c); }
-};
-template <Format kStore>
-struct F32 {
-  template <int MR>
-  struct K {
-    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
-      F32Tile<MR, kStore>(p, r, n, c);
-    }
-  };
-};
-
 // k-groups that may be summed in int16: each vpmaddubsw lane is at most
 // 2 · (2·offset) · max|x|, and G of them must stay within 32767.
 int I8Groups(const Problem& p) {
@@ -377,23 +337,24 @@ TileFn Avx2Tile(Kind kind, const Problem& p) {
       if (!p.fast_scales) return nullptr;
       if (p.w->nibbles) {
         // FP4 W (offset 12) against |x| <= 127 allows at least G = 4.
-        return I8Groups(p) == 8 ? ByRows<I8Whole<true>::K> : ByRows<I8<4, true>::K>;
+        return I8Groups(p) == 8 ? MX_BY_ROWS(MxI8WholeBlockTile, true)
+                                  : MX_BY_ROWS(MxI8Tile, 4, true);
       }
       switch (I8Groups(p)) {
-        case 8: return ByRows<I8Whole<false>::K>;
-        case 4: return ByRows<I8<4, false>::K>;
-        case 2: return ByRows<I8<2, false>::K>;
-        default: return ByRows<I8<1, false>::K>;
+        case 8: return MX_BY_ROWS(MxI8WholeBlockTile, false);
+        case 4: return MX_BY_ROWS(MxI8Tile, 4, false);
+        case 2: return MX_BY_ROWS(MxI8Tile, 2, false);
+        default: return MX_BY_ROWS(MxI8Tile, 1, false);
       }
     case Kind::kMxI16:
-      return p.fast_scales ? ByRows<I16K> : nullptr;
-    case Kind::kMxF64: return ByRows<F64K>;
-    case Kind::kInt8: return ByRows<Int8K>;
+      return p.fast_scales ? MX_BY_ROWS(MxI16Tile) : nullptr;
+    case Kind::kMxF64: return MX_BY_ROWS(MxF64Tile);
+    case Kind::kInt8: return MX_BY_ROWS(Int8Tile);
     case Kind::kF32:
       switch (p.w->float_store) {
-        case Format::kFp16: return ByRows<F32<Format::kFp16>::K>;
-        case Format::kBf16: return ByRows<F32<Format::kBf16>::K>;
-        default: return ByRows<F32<Format::kFp32>::K>;
+        case Format::kFp16: return MX_BY_ROWS(F32Tile, Format::kFp16);
+        case Format::kBf16: return MX_BY_ROWS(F32Tile, Format::kBf16);
+        default: return MX_BY_ROWS(F32Tile, Format::kFp32);
       }
   }
   return nullptr;

@@ -232,59 +232,28 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   tile.Store(p, row0, MR);
 }
 
-template <bool kNibbles>
-struct I8 {
-  template <int MR>
-  struct K {
-    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
-      MxI8Tile<MR, kNibbles>(p, r, n, c);
-    }
-  };
-};
-template <int MR>
-struct I16K {
-  static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxI16Tile<MR>(p, r, n, c); }
-};
-template <int MR>
-struct Int8K {
-  static void Run(const Problem& p, int64_t r, int n, int64_t c) { Int8Tile<MR>(p, r, n, c); }
-};
-template <int MR>
-struct F64K {
-  static void Run(const Problem& p, int64_t r, int n, int64_t c) { MxF64Tile<MR>(p, r, n, c); }
-};
-template <Format kStore>
-struct F32 {
-  template <int MR>
-  struct K {
-    static void Run(const Problem& p, int64_t r, int n, int64_t c) {
-      F32Tile<MR, kStore>(p, r, n, c);
-    }
-  };
-};
-
 }  // namespace
 
 TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
   switch (kind) {
     case Kind::kMxI8:
       if (!p.fast_scales) return nullptr;
-      return p.w->nibbles ? ByRows<I8<true>::K> : ByRows<I8<false>::K>;
+      return p.w->nibbles ? MX_BY_ROWS(MxI8Tile, true) : MX_BY_ROWS(MxI8Tile, false);
     case Kind::kMxI16:
-      return p.fast_scales ? ByRows<I16K> : nullptr;
+      return p.fast_scales ? MX_BY_ROWS(MxI16Tile) : nullptr;
     case Kind::kF32:
       switch (p.w->float_store) {
         case Format::kFp16:
-          return ByRows<F32<Format::kFp16>::K>;
+          return MX_BY_ROWS(F32Tile, Format::kFp16);
         case Format::kBf16:
-          return ByRows<F32<Format::kBf16>::K>;
+          return MX_BY_ROWS(F32Tile, Format::kBf16);
         default:
-          return ByRows<F32<Format::kFp32>::K>;
+          return MX_BY_ROWS(F32Tile, Format::kFp32);
       }
     case Kind::kMxF64:
-      return ByRows<F64K>;
+      return MX_BY_ROWS(MxF64Tile);
     case Kind::kInt8:
-      return ByRows<Int8K>;
+      return MX_BY_ROWS(Int8Tile);
   }
   return nullptr;
 }

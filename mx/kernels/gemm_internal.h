@@ -173,19 +173,21 @@ struct alignas(32) Tile {
     }
   }
 };
-
-// Row-count dispatch for a level's tile kernels: Kernel<MR>::Run instantiated
-// for each MR in 1..4 (each ISA file gets its own copy, as with Tile).
-template <template <int> class Kernel>
-void ByRows(const Problem& p, int64_t row0, int rows, int64_t panel) {
-  switch (rows) {
-    case 1: return Kernel<1>::Run(p, row0, rows, panel);
-    case 2: return Kernel<2>::Run(p, row0, rows, panel);
-    case 3: return Kernel<3>::Run(p, row0, rows, panel);
-    default: return Kernel<4>::Run(p, row0, rows, panel);
-  }
-}
 }  // namespace
+
+// The TileFn that runs the tile function template `tile<MR, args...>` with MR
+// the row count (1..4): how each ISA file names its kernels, one expression per
+// kernel, instantiated with that file's instructions (a captureless lambda
+// converts to a TileFn, declared below).
+#define MX_BY_ROWS(tile, ...)                                                        \
+  (+[](const Problem& p_, int64_t row0_, int rows_, int64_t panel_) {                 \
+    switch (rows_) {                                                                  \
+      case 1: return tile<1 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 2: return tile<2 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 3: return tile<3 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      default: return tile<4 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);   \
+    }                                                                                 \
+  })
 
 // The kMxI8 bytes (w + offset) of one block of a panel, [k in block][lane], from
 // either storage: for the scalar kernel; the SIMD kernels read whole vectors.

@@ -393,16 +393,7 @@ void Transpose8x8(__m256 r[8]) {
 
 }  // namespace
 
-void QuantizeRowsAvx2(const RowsJob& job) {
-  switch (job.source) {
-    case Format::kBf16:
-      return RowsFromSource<Format::kBf16>(job);
-    case Format::kFp16:
-      return RowsFromSource<Format::kFp16>(job);
-    default:
-      return RowsFromSource<Format::kFp32>(job);
-  }
-}
+void QuantizeRowsAvx2(const RowsJob& job) { RowsOfJob(job); }
 
 void TransposePanelAvx2(const float* values, int64_t k, int64_t n, int64_t j0, int width,
                         float* panel) {

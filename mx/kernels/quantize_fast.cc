@@ -309,16 +309,7 @@ void FloatRows(const RowsJob& job) {
 
 }  // namespace
 
-void QuantizeRowsScalar(const RowsJob& job) {
-  switch (job.source) {
-    case Format::kBf16:
-      return RowsFromSource<Format::kBf16>(job);
-    case Format::kFp16:
-      return RowsFromSource<Format::kFp16>(job);
-    default:
-      return RowsFromSource<Format::kFp32>(job);
-  }
-}
+void QuantizeRowsScalar(const RowsJob& job) { RowsOfJob(job); }
 
 void TransposePanelScalar(const float* values, int64_t k, int64_t n, int64_t j0, int width,
                           float* panel) {
