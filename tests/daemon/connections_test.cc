@@ -57,6 +57,17 @@ double SecondsUntilClosed(int fd, double limit) {
   return -1;
 }
 
+// Whether the daemon's log shows `needle` within `seconds` (the log reaches the
+// test through a pipe, a moment after the daemon wrote it).
+bool LogShows(const DaemonProcess& daemon, const std::string& needle, double seconds = 10) {
+  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  while (daemon.Log().find(needle) == std::string::npos) {
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 // A fresh channel's health check: the port accepts and serves a new connection.
 grpc::Status Health(const std::string& address, double timeout_seconds = 5) {
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -91,12 +102,7 @@ TEST(ConnectionsTest, TheListenerSurvivesTheOpenFileLimitRunningOut) {
   }
   // Every connection beyond the table is closed at once (the kernel accepted
   // them into the backlog), not left to time out.
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (Clock::now() < deadline &&
-         daemon.Log().find("event=descriptors_exhausted") == std::string::npos) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_NE(daemon.Log().find("event=descriptors_exhausted"), std::string::npos) << daemon.Log();
+  EXPECT_TRUE(LogShows(daemon, "event=descriptors_exhausted", 20)) << daemon.Log();
   for (int fd : flood) close(fd);
   // Descriptors free up as gRPC sees the closes; then a new connection is served.
   grpc::Status health;
@@ -131,8 +137,7 @@ TEST(ConnectionsTest, ConnectionsBeyondTheCapAreClosedAndTheDaemonServesAfterwar
   EXPECT_EQ(MetricValue(ScrapeMetrics(daemon.metrics_address()),
                         "mxserve_connections_refused_total{reason=\"max_connections\"}"),
             1);
-  EXPECT_NE(daemon.Log().find("event=connection_refused reason=max_connections max_connections=20"),
-            std::string::npos)
+  EXPECT_TRUE(LogShows(daemon, "event=connection_refused reason=max_connections max_connections=20"))
       << daemon.Log();
   for (int fd : held) close(fd);
   // The slots come back once gRPC has closed its ends.
