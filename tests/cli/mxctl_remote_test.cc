@@ -359,7 +359,9 @@ TEST_F(MxctlRemote, EnergyPrintsATablePerSourceAndPhase) {
   EXPECT_TRUE(Contains(out, R"(\nfpga_model +reward +[0-9.e+-]+ +[0-9.e+-]+ +[1-9])")) << out;
   out = Ok("energy --since 3600");
   EXPECT_NE(out.find("energy from "), std::string::npos) << out;
-  EXPECT_NE(out.find("(3600.0 s)"), std::string::npos) << out;
+  // The window runs to the daemon's clock when it answered: the call's own time
+  // on top (3600.1 s under ASan on a busy machine).
+  EXPECT_TRUE(Contains(out, R"(\(3600\.[0-9] s\))")) << out;
   Ok("models delete watts");
 }
 

@@ -237,11 +237,16 @@ TEST(SchedulingTest, ShutdownFinishesInFlightRequests) {
   const v1::GemmRequest slow = SlowGemm();
   std::vector<std::unique_ptr<GemmCall>> calls;
   for (int i = 0; i < 3; ++i) calls.push_back(StartGemm(stub.get(), slow));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them arrive
+  // Let them arrive: one running, two queued (a fixed 100 ms was not always
+  // enough under ASan on a busy machine, and the late one was refused as new
+  // work after the signal, which is right). If the first ends before the third
+  // arrives the depth never reads 2, and the wait's end still finds all three in.
+  AwaitMetric(daemon.metrics_address(), "mxserve_queue_depth", 2, 10);
   EXPECT_EQ(daemon.Stop(), 0);
   for (auto& call : calls) {
     grpc::Status s = call->done.get_future().get();
-    EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+    ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+    ASSERT_EQ(call->response.c().shape_size(), 2);
     EXPECT_EQ(call->response.c().shape(0), 256);
   }
   const std::string log = daemon.Log();
