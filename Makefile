@@ -110,8 +110,8 @@ test-asan: deps
 	@cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j$(JOBS)
 
-# ThreadSanitizer over the daemon's shared state without gRPC in between: all of
-# server_tests (label server_unit), i.e. the scheduler (queue, batching,
+# ThreadSanitizer over the daemon's shared state without gRPC in between: every
+# server_<room>_tests binary (label server_unit), i.e. the scheduler (queue, batching,
 # deadlines, shutdown) and the registry, copy cache, memory budget and energy
 # ledger under many threads, and the daemon's other parts without a daemon.
 # The gRPC reactors are not among them: Debian's gRPC is not built with TSan, and a TSan daemon reports
@@ -120,7 +120,7 @@ test-asan: deps
 test-tsan: deps
 	@cmake -S . -B $(TSAN_DIR) $(SANITIZER_CMAKE) -DMXSERVE_SANITIZE=thread >/dev/null
 	@cmake --build $(TSAN_DIR) -j$(JOBS) --target server_tests
-	@{ cat tests/tsan.supp; ldd $(TSAN_DIR)/bin/server_tests | \
+	@{ cat tests/tsan.supp; for t in $(TSAN_DIR)/bin/server_*_tests; do ldd $$t; done | \
 	   awk '$$1 ~ /^lib(absl_|grpc|gpr|protobuf|upb|re2|cares|address_sorting|ssl|crypto)/ \
 	        {print "called_from_lib:" $$1}' | sort -u; } > $(TSAN_DIR)/tsan.supp
 	@cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \

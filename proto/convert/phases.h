@@ -1,6 +1,6 @@
 // The name of a wire phase as the daemon's metrics label it and people read it:
 // "rollout", "reward", "update". Shared by the C++ client and the tests;
-// tests/server/wire_test.cc pins it to the daemon's own PhaseName.
+// tests/server/compute/wire_test.cc pins it to the daemon's own PhaseName.
 #pragma once
 
 #include <string>

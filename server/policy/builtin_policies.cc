@@ -3,7 +3,7 @@
 // (layer_sensitivity.h: a measured profile, else the built-in ranking): bare
 // "@sensitive" is its least tolerant quarter. No preset runs any layer of any
 // phase above FP16, so none costs more than fp16-baseline (the FPGA model's
-// cost grows with precision; tests/server/preset_energy_test.cc checks it).
+// cost grows with precision; tests/server/profile/preset_energy_test.cc checks it).
 #include "server/policy/policy.h"
 
 namespace mxserve {

@@ -34,7 +34,7 @@ struct AccessRule {
 };
 
 // The table: the rule of every RPC. server/README.md ("Principals and roles")
-// carries the same table; tests/server/access_test.cc checks they agree.
+// carries the same table; tests/server/rpc/access_test.cc checks they agree.
 AccessRule RuleOf(Rpc rpc);
 
 // The table as the README writes it: "minimum role" and "below admin" columns.
