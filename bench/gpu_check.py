@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU check: mxserve.emulator's CUDA bits against its CPU bits, then the
+"""The GPU check: mxserve.torch.emulator's CUDA bits against its CPU bits, then the
 figures of issue 31's targets, in one command of at most 8 minutes on one GPU.
 
     bench/gpu_check.sh [--bundle build/gpu-bundle] [--budget 450] [--ppo-tokens 64]
@@ -50,7 +50,7 @@ except Exception as error:  # noqa: BLE001  (e.g. stubs a protobuf runtime refus
     _package = types.ModuleType("mxserve")
     _package.__path__ = [str(REPO / "clients" / "python" / "mxserve")]
     sys.modules["mxserve"] = _package
-from mxserve import emulator as em  # noqa: E402
+from mxserve.torch import emulator as em  # noqa: E402
 
 FORMATS = ["MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1", "MXINT8",
            "INT8", "BF16", "FP16", "FP32"]
@@ -86,7 +86,7 @@ def environ(**settings: str):
 def triton_available():
     """(whether the emulator's Triton kernels import, Triton's version or why not)."""
     try:
-        from mxserve import emulator_triton  # noqa: F401
+        from mxserve.torch import emulator_triton  # noqa: F401
         import triton
         return True, triton.__version__
     except Exception as error:  # noqa: BLE001
@@ -209,7 +209,7 @@ def speed(device: str, m: int, fmt: str, layers):
 
 
 def qwen_config():
-    from mxserve.models import ModelConfig
+    from mxserve.rlhf.models import ModelConfig
     return ModelConfig(arch="qwen2", vocab_size=151936, hidden_size=896, num_layers=24,
                        num_heads=14, num_kv_heads=2, intermediate_size=4864,
                        max_positions=32768, norm_eps=1e-6, rope_theta=1e6,
@@ -218,8 +218,8 @@ def qwen_config():
 
 def ppo_step_seconds(client, device: str, tokens: int, policy: str):
     """Seconds of the second of two PPO steps (the first compiles and warms up)."""
-    from mxserve import rlhf
-    from mxserve.models import build_model
+    from mxserve.rlhf import trainer as rlhf
+    from mxserve.rlhf.models import build_model
 
     torch.manual_seed(0)
     config_lm = qwen_config()

@@ -68,8 +68,8 @@ try:
 
     import mxserve
     from daemon_process import DaemonProcess
-    from mxserve.machine import cpu_model
-    from mxserve.models import KVCache, ModelConfig, build_model
+    from mxserve.rlhf.machine import cpu_model
+    from mxserve.rlhf.models import KVCache, ModelConfig, build_model
     from mxserve.torch import OffloadSession, offload
 except ImportError as error:
     sys.exit(f"hot_path.py: cannot import what it needs ({error}).\n"

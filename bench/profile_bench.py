@@ -37,7 +37,7 @@ try:
     import torch
 
     import mxserve
-    from mxserve.machine import cpu_model
+    from mxserve.rlhf.machine import cpu_model
 except ImportError as error:
     sys.exit(f"profile_bench.py: cannot import what it needs ({error}).\n"
              "Run it with /usr/bin/python3 after `make build` (python3-grpcio, -protobuf, "

@@ -28,8 +28,8 @@ packages=(
   clang libclang-rt-14-dev                     # sanitizer builds and libFuzzer (make test-asan, fuzz)
   python3 python3-grpcio python3-protobuf      # the Python client (clients/python) ...
   python3-numpy python3-torch python3-pytest   # ... its arrays, torch offload, tests
-  python3-matplotlib                           # ... sensitivity heatmaps (mxserve.profile)
-  python3-regex                                # ... \p{L} in BPE pre-tokenization (mxserve.tokenizer)
+  python3-matplotlib                           # ... sensitivity heatmaps (mxserve.torch.profile)
+  python3-regex                                # ... \p{L} in BPE pre-tokenization (mxserve.rlhf.tokenizer)
   python3-yaml                                 # tests/deploy: Prometheus, compose, k8s files
   docker-compose                               # tests/deploy: `docker-compose config` (no engine needed)
   openssl                                      # TLS tests: certificates made at test time

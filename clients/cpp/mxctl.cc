@@ -78,7 +78,7 @@ Commands (on the daemon at --server, default 127.0.0.1:50051):
       a format) [--description TEXT] [--version V] [--dry-run]
   profile    a weight-only sensitivity profile of a model's published weights:
              the relative error ||W_F - W|| / ||W|| per layer and format, kept
-             by the daemon (Python's mxserve.profile adds calibration data)
+             by the daemon (Python's mxserve.torch.profile adds calibration data)
       --model M [--formats F,...] [--csv FILE] [--layer L ...]
       [--batch-tokens N] [--fp64]   default formats: every MX format, INT8,
       BF16, FP16; FILE gets the daemon's CSV (one row per layer and format)

@@ -25,7 +25,7 @@ from conftest import Daemon, local_daemon_flags
 from stack import DEPLOY, Prometheus, prometheus_config
 
 import mxserve  # noqa: E402  (stack puts clients/python on the path)
-from mxserve.power import ReplayPower
+from mxserve.rlhf.power import ReplayPower
 
 SCRAPE = 1.0                # seconds, the rewritten scrape and evaluation interval
 RATE_INTERVAL = "4s"        # Grafana's $__rate_interval for it: 4 scrape intervals

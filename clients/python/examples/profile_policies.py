@@ -23,7 +23,7 @@ from torch import nn
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout
 import mxserve  # noqa: E402
-from mxserve import profile as mxprofile  # noqa: E402
+from mxserve.torch import profile as mxprofile  # noqa: E402
 from mxserve.torch import offload  # noqa: E402
 
 VOCAB, WIDTH, HIDDEN, BLOCKS = 96, 64, 128, 4

@@ -4,16 +4,16 @@
     client = mxserve.Client("127.0.0.1:50051")
 
 `mxserve.torch` (needs PyTorch) offloads a model's nn.Linear layers;
-`mxserve.profile` (needs PyTorch) captures calibration data and measures which
+`mxserve.torch.profile` (needs PyTorch) captures calibration data and measures which
 layers tolerate which format;
 `mxserve.energy_model` prices a session's work ledger with the daemon's FPGA
 energy model and gives an energy saving its range over the model's parameter
 estimates;
 `python3 -m mxserve.gpu_baseline` measures the same work on a GPU and streams its
 power to the daemon;
-`python3 -m mxserve.experiment` runs PPO-RLHF (`mxserve.rlhf`) over a policy matrix
+`python3 -m mxserve.experiment` runs PPO-RLHF (`mxserve.rlhf.trainer`) over a policy matrix
 and reports energy per phase and quality against the FP16 baseline, with models,
-tokenizers and data from disk (`mxserve.models`, `.tokenizer`, `.hhrlhf`).
+tokenizers and data from disk (`mxserve.rlhf.models`, `.tokenizer`, `.hhrlhf`).
 """
 
 try:

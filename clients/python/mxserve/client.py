@@ -703,7 +703,7 @@ class Client:
 
         batches: (layer, inputs X [tokens, in_features], output_grads dL/dY
         [tokens, out_features] or None) items from a full-precision pass, e.g. an
-        `mxserve.profile.capture`; None (or nothing) profiles the weights alone.
+        `mxserve.torch.profile.capture`; None (or nothing) profiles the weights alone.
         Send them layer-major (all of one layer's rows, then the next): the daemon
         keeps one layer's quantized weights at hand while its rows arrive. Each
         item's rows travel in messages of at most about `max_message_bytes`.

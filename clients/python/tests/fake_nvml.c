@@ -1,5 +1,5 @@
 /* A stand-in for libnvidia-ml.so.1 that plays a known power trace against the
- * wall clock, for tests of mxserve.power and the GPU baseline's energy meter.
+ * wall clock, for tests of mxserve.rlhf.power and the GPU baseline's energy meter.
  * The tests build it with `cc -shared -fPIC` and point MXSERVE_NVML_LIBRARY at it.
  *
  * $MXSERVE_FAKE_NVML_TRACE names a text file of lines `UNIX_SECONDS WATTS`

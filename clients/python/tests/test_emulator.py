@@ -1,4 +1,4 @@
-"""mxserve.emulator against the daemon's numerics, bit for bit: ../shared/golden/mx,
+"""mxserve.torch.emulator against the daemon's numerics, bit for bit: ../shared/golden/mx,
 mxctl's reference quantizer and GEMM (both roundings, both scale rules), and the
 real daemon (cpu backend) over gRPC for every format pair, ragged K, subnormal and
 extreme scales, NaN/Inf blocks, and a layer's forward, grad_input, grad_weight and
@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mxserve import _wire  # noqa: E402
-from mxserve import emulator as em  # noqa: E402
+from mxserve.torch import emulator as em  # noqa: E402
 from mxserve.types import LayerSpec  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[3]

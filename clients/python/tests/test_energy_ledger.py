@@ -15,9 +15,9 @@ from torch import nn  # noqa: E402
 import mxserve  # noqa: E402
 from conftest import Daemon  # noqa: E402
 from mxserve import energy_model as em  # noqa: E402
-from mxserve import rlhf  # noqa: E402
+from mxserve.rlhf import trainer as rlhf  # noqa: E402
 from mxserve.energy_model import WorkKey  # noqa: E402
-from mxserve.models import ModelConfig, build_model  # noqa: E402
+from mxserve.rlhf.models import ModelConfig, build_model  # noqa: E402
 from mxserve.torch import offload  # noqa: E402
 
 SMALL = 1 << 20  # a client limit under which the vocabulary projection is split

@@ -15,8 +15,8 @@ pytest.importorskip("matplotlib")
 
 from conftest import python_env  # noqa: E402
 from mxserve import experiment  # noqa: E402
-from mxserve.models import ModelConfig, build_model, save_pretrained  # noqa: E402
-from mxserve.tokenizer import bytes_to_unicode  # noqa: E402
+from mxserve.rlhf.models import ModelConfig, build_model, save_pretrained  # noqa: E402
+from mxserve.rlhf.tokenizer import bytes_to_unicode  # noqa: E402
 
 OUTPUTS = ("results.csv", "runs.csv", "summary.json", "pareto.png", "curves.png", "report.md")
 

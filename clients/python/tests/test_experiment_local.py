@@ -1,4 +1,4 @@
-"""The experiment with --compute local (mxserve.emulator in the trainer's process)
+"""The experiment with --compute local (mxserve.torch.emulator in the trainer's process)
 against the daemon path: the same numbers. Its own file, so that ctest runs it
 beside test_experiment.py."""
 
@@ -17,7 +17,7 @@ QUALITY = ("configuration", "seed", "kind", "judge_scores", "reward_scores", "kl
 
 
 def test_the_quick_experiment_computed_locally_equals_the_daemon_path(daemon, tmp_path):
-    """--compute local (mxserve.emulator in the trainer's process) against the daemon
+    """--compute local (mxserve.torch.emulator in the trainer's process) against the daemon
     path on a subset of the quick matrix: every score, KL, curve and GEMM the same,
     and the daemon's FPGA-model energy the same (booked through ReportWork)."""
     subset = "INT8-B,MX-D,reward-MXFP8,update-INT8"

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from mxserve import experiment_report as report  # noqa: E402
+from mxserve.experiment import report  # noqa: E402
 
 PHASES = ("rollout", "reward", "update")
 

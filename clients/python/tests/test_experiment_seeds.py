@@ -14,10 +14,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 from conftest import python_env  # noqa: E402
-from mxserve import checkpoint, experiment, preflight, tasks  # noqa: E402
-from mxserve.experiment_state import ResumeError  # noqa: E402
-from mxserve.models import build_model  # noqa: E402
-from mxserve.safetensors_io import read_safetensors  # noqa: E402
+from mxserve import experiment  # noqa: E402
+from mxserve.experiment import preflight  # noqa: E402
+from mxserve.experiment.state import ResumeError  # noqa: E402
+from mxserve.rlhf import checkpoint, tasks  # noqa: E402
+from mxserve.rlhf.models import build_model  # noqa: E402
+from mxserve.rlhf.safetensors_io import read_safetensors  # noqa: E402
 
 
 def write_hh(directory, pairs=12):

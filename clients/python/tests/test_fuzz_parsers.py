@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mxserve import experiment  # noqa: E402
-from mxserve.hhrlhf import read_hh_rlhf  # noqa: E402
-from mxserve.safetensors_io import read_safetensors, write_safetensors  # noqa: E402
-from mxserve.tokenizer import BPETokenizer, bytes_to_unicode  # noqa: E402
+from mxserve.rlhf.hhrlhf import read_hh_rlhf  # noqa: E402
+from mxserve.rlhf.safetensors_io import read_safetensors, write_safetensors  # noqa: E402
+from mxserve.rlhf.tokenizer import BPETokenizer, bytes_to_unicode  # noqa: E402
 
 CASES = 300
 

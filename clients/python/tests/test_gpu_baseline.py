@@ -1,4 +1,4 @@
-"""mxserve.gpu_baseline without a GPU: replayed power traces, and NVML's ctypes
+"""mxserve.rlhf.gpu_baseline without a GPU: replayed power traces, and NVML's ctypes
 binding against a stand-in libnvidia-ml built by the test. The arithmetic runs on
 the CPU in FP32; what is checked is the streaming and the energy bookkeeping."""
 
@@ -15,8 +15,8 @@ pytest.importorskip("torch")
 
 import mxserve  # noqa: E402
 from conftest import python_env  # noqa: E402
-from mxserve.gpu_baseline import GpuBaseline, LayerShape, load_workload  # noqa: E402
-from mxserve.power import NvmlPower, PowerSourceError, ReplayPower  # noqa: E402
+from mxserve.rlhf.gpu_baseline import GpuBaseline, LayerShape, load_workload  # noqa: E402
+from mxserve.rlhf.power import NvmlPower, PowerSourceError, ReplayPower  # noqa: E402
 
 TINY = [{"phase": "rollout", "m": 8, "n": 64, "k": 64, "repeat": 2},
         {"phase": "reward", "m": 32, "n": 64, "k": 64},

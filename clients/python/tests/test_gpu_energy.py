@@ -1,4 +1,4 @@
-"""GPU energy by counter: mxserve.power's NVML binding and gpu_baseline's EnergyMeter
+"""GPU energy by counter: mxserve.rlhf.power's NVML binding and gpu_baseline's EnergyMeter
 against tests/fake_nvml.c, a stand-in libnvidia-ml that plays a known power trace on
 the wall clock (its energy counter the exact integral, nvmlDeviceGetPowerUsage a
 one-second moving average, the instant field the trace itself), and a real daemon.
@@ -22,9 +22,9 @@ pytest.importorskip("torch")
 
 import mxserve  # noqa: E402
 from conftest import HERE, python_env  # noqa: E402
-from mxserve.gpu_baseline import EnergyMeter, GpuBaseline, summary_table  # noqa: E402
-from mxserve.gpu_baseline import main as gpu_baseline_main  # noqa: E402
-from mxserve.power import NvmlPower  # noqa: E402
+from mxserve.rlhf.gpu_baseline import EnergyMeter, GpuBaseline, summary_table  # noqa: E402
+from mxserve.rlhf.gpu_baseline import main as gpu_baseline_main  # noqa: E402
+from mxserve.rlhf.power import NvmlPower  # noqa: E402
 
 # Idle, then a 0.3 s burst at 400 W (rollout, the short phase), 1 s at 100 W
 # (reward), 0.6 s at 300 W (update), idle again. Offsets from the trace's origin.
@@ -271,7 +271,7 @@ def test_report_energy_refuses_bad_intervals_and_keeps_the_good(client):
 
 
 def test_the_experiments_local_baseline_reads_the_counter_at_the_trainers_phases(client, trace):
-    from mxserve import experiment
+    from mxserve.experiment import run as experiment
     from test_rlhf import PROMPTS, _trainer
 
     trace(-5.0, [(-3600.0, 120.0)])  # flat: each phase's joules are 120 W × its time

@@ -1,4 +1,4 @@
-"""mxserve.hhrlhf: prompt/response splits worked out by hand, the seeded subset, and
+"""mxserve.rlhf.hhrlhf: prompt/response splits worked out by hand, the seeded subset, and
 the errors, on tiny files written here in HH-RLHF's format."""
 
 import gzip
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mxserve.hhrlhf import PreferencePair, load_hh_rlhf, read_hh_rlhf, split_pair
+from mxserve.rlhf.hhrlhf import PreferencePair, load_hh_rlhf, read_hh_rlhf, split_pair
 
 TURN = "\n\nHuman: Hi there\n\nAssistant: Hello! What can I do?\n\nHuman: Tell me a joke"
 

@@ -1,4 +1,4 @@
-"""mxserve.safetensors_io and mxserve.models: the file format against the spec, and
+"""mxserve.rlhf.safetensors_io and mxserve.rlhf.models: the file format against the spec, and
 GPT-2 / Qwen2 against naive float64 implementations written here, on tiny
 checkpoints the tests write themselves in Hugging Face's layout."""
 
@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mxserve import models  # noqa: E402
-from mxserve.models import (KVCache, ModelConfig, apply_rotary, build_model,  # noqa: E402
+from mxserve.rlhf import models  # noqa: E402
+from mxserve.rlhf.models import (KVCache, ModelConfig, apply_rotary, build_model,  # noqa: E402
                             load_pretrained, rotary_embedding, save_pretrained)
-from mxserve.safetensors_io import (read_safetensors, read_safetensors_header,  # noqa: E402
+from mxserve.rlhf.safetensors_io import (read_safetensors, read_safetensors_header,  # noqa: E402
                                     write_safetensors)
 
 VOCAB = 50

@@ -1,4 +1,4 @@
-"""offload(..., compute="local"): the layers run here with mxserve.emulator, and a
+"""offload(..., compute="local"): the layers run here with mxserve.torch.emulator, and a
 PPO step gives the same losses and weights, bit for bit, as the same step through
 the daemon; the daemon's energy report after it is the same too."""
 
@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import mxserve  # noqa: E402
-from mxserve import rlhf  # noqa: E402
-from mxserve.models import ModelConfig, build_model  # noqa: E402
+from mxserve.rlhf import trainer as rlhf  # noqa: E402
+from mxserve.rlhf.models import ModelConfig, build_model  # noqa: E402
 from mxserve.torch import offload  # noqa: E402
 
 TINY = dict(arch="qwen2", vocab_size=24, hidden_size=32, num_layers=2, num_heads=4,

@@ -1,4 +1,4 @@
-"""PPO-RLHF arithmetic (mxserve.ppo) against cases computed by hand."""
+"""PPO-RLHF arithmetic (mxserve.rlhf.ppo) against cases computed by hand."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mxserve import ppo  # noqa: E402
+from mxserve.rlhf import ppo  # noqa: E402
 
 
 def t(*rows):

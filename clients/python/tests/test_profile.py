@@ -1,4 +1,4 @@
-"""Sensitivity profiling (issue 16): mxserve.profile and the Profiles RPCs.
+"""Sensitivity profiling (issue 16): mxserve.torch.profile and the Profiles RPCs.
 
 The centre is a model whose sensitivity is known by construction (PlantedLM): a
 residual MLP language model in which one layer sees activation outliers and one
@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import mxserve  # noqa: E402
-from mxserve.profile import capture, end_to_end, profile, spearman  # noqa: E402
+from mxserve.torch.profile import capture, end_to_end, profile, spearman  # noqa: E402
 from mxserve.torch import OffloadedLinear, offload  # noqa: E402
 from mxserve.types import PROFILE_COLUMNS  # noqa: E402
 from mxserve.v1 import common_pb2, policies_pb2, profiles_pb2, profiles_pb2_grpc  # noqa: E402

@@ -1,4 +1,4 @@
-"""The PPO-RLHF trainer (mxserve.rlhf): generation, the phases its calls run in,
+"""The PPO-RLHF trainer (mxserve.rlhf.trainer): generation, the phases its calls run in,
 and the energy its run tag collects on a real daemon."""
 
 import math
@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mxserve import rlhf  # noqa: E402
-from mxserve.models import ModelConfig, build_model  # noqa: E402
+from mxserve.rlhf import trainer as rlhf  # noqa: E402
+from mxserve.rlhf.models import ModelConfig, build_model  # noqa: E402
 
 TINY = dict(arch="qwen2", vocab_size=24, hidden_size=32, num_layers=2, num_heads=4,
             num_kv_heads=2, intermediate_size=48, max_positions=64, norm_eps=1e-6,

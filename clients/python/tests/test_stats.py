@@ -288,7 +288,7 @@ def test_bonferroni_level_for_nine_configurations():
 
 def test_mismatch_metrics_by_hand():
     torch = pytest.importorskip("torch")
-    from mxserve import ppo
+    from mxserve.rlhf import ppo
 
     # Two sequences of three tokens; the second's last token is padding (its
     # ratio e^5 must not count). Valid ratios w = π_learner/π_rollout:
@@ -340,7 +340,7 @@ def test_mismatch_metrics_by_hand():
 
 def test_mismatch_metrics_identical_policies_and_checks():
     torch = pytest.importorskip("torch")
-    from mxserve import ppo
+    from mxserve.rlhf import ppo
 
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.6, 0.3]]))
     mask = torch.ones(2, 3)
@@ -358,8 +358,8 @@ def test_mismatch_metrics_identical_policies_and_checks():
 
 def test_a_local_ppo_step_reports_the_mismatch_metrics():
     torch = pytest.importorskip("torch")
-    from mxserve import rlhf
-    from mxserve.models import ModelConfig, build_model
+    from mxserve.rlhf import trainer as rlhf
+    from mxserve.rlhf.models import ModelConfig, build_model
 
     tiny = dict(arch="qwen2", vocab_size=24, hidden_size=32, num_layers=2, num_heads=4,
                 num_kv_heads=2, intermediate_size=48, max_positions=64, norm_eps=1e-6,

@@ -1,11 +1,11 @@
-"""mxserve.tokenizer: byte-level BPE on hand-made vocabularies whose tokens are
+"""mxserve.rlhf.tokenizer: byte-level BPE on hand-made vocabularies whose tokens are
 worked out by hand, in both of Hugging Face's file forms."""
 
 import json
 
 import pytest
 
-from mxserve.tokenizer import GPT2_PATTERN, AddedToken, BPETokenizer, bytes_to_unicode
+from mxserve.rlhf.tokenizer import GPT2_PATTERN, AddedToken, BPETokenizer, bytes_to_unicode
 
 B2U = bytes_to_unicode()
 SP = B2U[ord(" ")]  # "Ġ"

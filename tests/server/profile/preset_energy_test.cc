@@ -50,7 +50,7 @@ std::vector<Shape> Qwen25_05B() {
 }
 
 // The quick experiment's policy model as the trainer offloads it:
-// PolicyWithValue (clients/python/mxserve/rlhf.py) around tasks.py's
+// PolicyWithValue (clients/python/mxserve/rlhf/trainer.py) around tasks.py's
 // BUILTIN_CONFIG, a 4-block Qwen2 (hidden 64, 4 heads of 16, 2 KV heads, MLP
 // 128, vocabulary 32): layers "lm.…", then the value head.
 std::vector<Shape> QuickExperiment(bool value_head = true) {

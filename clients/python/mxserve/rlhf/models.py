@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mxserve.safetensors_io import read_safetensors, read_safetensors_header, write_safetensors
+from mxserve.rlhf.safetensors_io import read_safetensors, read_safetensors_header, write_safetensors
 
 INIT_STD = 0.02  # Hugging Face's initializer_range for both architectures
 

@@ -1,12 +1,12 @@
 """Writes a randomly initialized checkpoint directory of an architecture
-`mxserve.models` supports (GPT-2, Qwen2), for tests and benchmarks: no download.
+`mxserve.rlhf.models` supports (GPT-2, Qwen2), for tests and benchmarks: no download.
 
-    python3 -m mxserve.checkpoint --arch qwen2 --preset qwen2.5-0.5b --out models/q05 --seed 0
-    python3 -m mxserve.checkpoint --arch qwen2 --preset tiny --layers 2 --out /tmp/tiny
+    python3 -m mxserve.rlhf.checkpoint --arch qwen2 --preset qwen2.5-0.5b --out models/q05 --seed 0
+    python3 -m mxserve.rlhf.checkpoint --arch qwen2 --preset tiny --layers 2 --out /tmp/tiny
 
 The directory holds what the experiment's HH-RLHF task loads
-(`mxserve.tasks.hh_rlhf_task`): config.json (Hugging Face's keys, read back by
-`mxserve.models.load_pretrained`), model.safetensors (`mxserve.safetensors_io`), and
+(`mxserve.rlhf.tasks.hh_rlhf_task`): config.json (Hugging Face's keys, read back by
+`mxserve.rlhf.models.load_pretrained`), model.safetensors (`mxserve.rlhf.safetensors_io`), and
 a small byte-level BPE tokenizer (vocab.json, merges.txt, tokenizer_config.json):
 every byte, a few English merges and <|endoftext|> as end of text, 262 tokens, which
 encodes any text. The model's vocabulary keeps the preset's size (151,936 rows for
@@ -25,8 +25,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from mxserve.models import ModelConfig, build_model, save_pretrained
-from mxserve.tokenizer import ENDOFTEXT, bytes_to_unicode
+from mxserve.rlhf.models import ModelConfig, build_model, save_pretrained
+from mxserve.rlhf.tokenizer import ENDOFTEXT, bytes_to_unicode
 
 __all__ = ["PRESETS", "preset_config", "write_checkpoint", "write_tokenizer", "main"]
 
@@ -114,10 +114,10 @@ def _positive(text: str) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m mxserve.checkpoint",
+        prog="python3 -m mxserve.rlhf.checkpoint",
         description="Write a randomly initialized checkpoint directory (config.json, "
                     "model.safetensors, a small byte-level BPE tokenizer) that "
-                    "mxserve.models and the experiment's hh-rlhf task load. For tests and "
+                    "mxserve.rlhf.models and the experiment's hh-rlhf task load. For tests and "
                     "benchmarks: the shapes are the preset's, the weights random, and the "
                     f"tokenizer a {TOKENIZER_SIZE}-token stand-in (a real checkpoint "
                     "directory brings its own tokenizer.json).")
@@ -147,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         config = preset_config(args.arch, args.preset, **fields)
         write_checkpoint(args.out, config, args.seed, DTYPES[args.dtype])
     except ValueError as error:
-        print(f"mxserve.checkpoint: {error}", file=sys.stderr)
+        print(f"mxserve.rlhf.checkpoint: {error}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: {args.arch} {config.num_layers} layers, hidden "
           f"{config.hidden_size}, vocab {config.vocab_size}, {args.dtype}")

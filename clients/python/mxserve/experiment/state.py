@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from mxserve.safetensors_io import read_safetensors, write_safetensors
+from mxserve.rlhf.safetensors_io import read_safetensors, write_safetensors
 
 __all__ = ["ResumeError", "RunState", "atomic_write"]
 

@@ -27,7 +27,7 @@ along the rows of W (`weight_rows`). Every piece is bit-identical to the same pa
 of an unsplit call, and each is booked, so the energy ledger holds the whole.
 
 `offload(..., compute="local")` runs every offloaded layer in this process instead,
-on the layer's own device, with `mxserve.emulator` — the daemon's numerics bit for
+on the layer's own device, with `mxserve.torch.emulator` — the daemon's numerics bit for
 bit (MX and INT8 exactly, the float formats as the same FP32 fma chain) — in the
 format the daemon's policy gives (phase, layer), resolved once per session from
 `Policies.ResolvePolicy` and cached (`refresh_policy()` asks again). Nothing is
@@ -69,7 +69,8 @@ COMPUTE_MODES = ("daemon", "local")
 # Buffered work calls (after merging identical neighbours) that trigger a flush.
 WORK_FLUSH_CALLS = 4096
 
-__all__ = ["OffloadSession", "OffloadedLinear", "PhaseTotals", "offload"]
+__all__ = ["COMPUTE_MODES", "OffloadSession", "OffloadedLinear", "PhaseTotals", "offload",
+           "offloadable"]
 
 
 @dataclass
@@ -113,7 +114,9 @@ def _is_conv1d(module: nn.Module) -> bool:
         getattr(module, "weight", None) is not None and module.weight.dim() == 2
 
 
-def _offloadable(module: nn.Module) -> bool:
+def offloadable(module: nn.Module) -> bool:
+    """Whether `offload` replaces this module: an nn.Linear, or transformers' Conv1D
+    (GPT-2's projections). `mxserve.torch.profile` picks the same layers with it."""
     return isinstance(module, nn.Linear) or _is_conv1d(module)
 
 
@@ -248,10 +251,10 @@ class OffloadSession:
         self._quantized: Dict[Tuple[str, str, bool], Tuple[Tuple[int, int], Any]] = {}
         self._pending: List[WorkCall] = []
 
-        if _offloadable(model):
+        if offloadable(model):
             raise ValueError("offload: the model is itself one linear layer; wrap it, e.g. "
                              "nn.Sequential(layer), so there is a parent to swap it in")
-        originals = [(n, m) for n, m in model.named_modules() if _offloadable(m)]
+        originals = [(n, m) for n, m in model.named_modules() if offloadable(m)]
         if not originals:
             raise ValueError("offload: the model has no nn.Linear to offload")
         for layer_name, module in originals:
@@ -486,7 +489,7 @@ class OffloadSession:
     def _weight_operand(self, layer: OffloadedLinear, fmt: str, transposed: bool):
         """W [N, K] (or Wᵀ [K, N]) quantized to `fmt`, cached until the parameter
         changes in place (its version) or is replaced."""
-        from mxserve import emulator
+        from mxserve.torch import emulator
 
         key = (layer.layer_name, fmt, transposed)
         version = (id(layer.weight), layer.weight._version)
@@ -501,7 +504,7 @@ class OffloadSession:
                       phase: str, run: str) -> torch.Tensor:
         """Y = X·Wᵀ + b with the emulator on X's device, FP32; booked as the
         LayerForward calls the daemon would have served."""
-        from mxserve import emulator
+        from mxserve.torch import emulator
 
         started = time.perf_counter()
         bias = None if layer.bias is None else layer.bias.detach()
@@ -526,7 +529,7 @@ class OffloadSession:
         """grad_input, grad_weight and grad_bias as `remote_backward` returns them
         (None for what is not computed here), with the emulator; booked as the
         LayerBackward calls of `_backward_plan`."""
-        from mxserve import emulator
+        from mxserve.torch import emulator
 
         fmt, phase, run = ctx.format, ctx.phase, ctx.run
         emulated_w = need_w and self.grad_weight == "remote"
@@ -648,7 +651,7 @@ def offload(model: nn.Module, client: Client, name: str, policy: str = "",
     OffloadedLinear modules. `format` pins one format for every layer and phase
     instead of the policy's choice; `replace` deletes an existing model of that name
     first. `compute="local"` runs the layers here with the daemon's numerics
-    (`mxserve.emulator`) instead: no upload, the daemon's policy and energy ledger
+    (`mxserve.torch.emulator`) instead: no upload, the daemon's policy and energy ledger
     still in charge (see the module's docstring). Returns the session (also a
     context manager that restores on exit)."""
     return OffloadSession(model, client, name, policy=policy, grad_weight=grad_weight,

@@ -40,7 +40,7 @@ The float path on CUDA defaults to one tensor-core GEMM with FP32 accumulation
 not the daemon's bits); `MXSERVE_EMULATOR_FLOAT=exact` keeps the fma chain there
 too, and is the default on the CPU.
 
-On CUDA, fused Triton kernels (`mxserve.emulator_triton`) take the MX quantizer
+On CUDA, fused Triton kernels (`mxserve.torch.emulator_triton`) take the MX quantizer
 (floor rule), every MX pair but those with E5M2, the float path and grad_bias
 when Triton imports; `MXSERVE_EMULATOR_TRITON=0` keeps the plain path. Both give
 the same bits (bench/gpu_check.py checks them against each other and the CPU).
@@ -122,7 +122,7 @@ def _triton(t: torch.Tensor):
         return None
     if not _TRITON:
         try:
-            from mxserve import emulator_triton
+            from mxserve.torch import emulator_triton
         except Exception:  # no Triton, or one this code cannot use: the plain path
             emulator_triton = None
         _TRITON.append(emulator_triton)

@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
-from mxserve import ppo
+from mxserve.rlhf import ppo
 from mxserve._wire import PHASES
 from mxserve.client import Client
 from mxserve.energy_model import merge_work

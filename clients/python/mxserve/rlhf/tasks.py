@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mxserve.rlhf import RewardModel, left_pad
+from mxserve.rlhf.trainer import RewardModel, left_pad
 
 __all__ = ["Task", "bradley_terry", "hh_rlhf_task", "synthetic_task", "BUILTIN_CONFIG"]
 
@@ -218,7 +218,7 @@ def synthetic_task(seed: int = 0, n_train: int = 256, n_test: int = 32,
                    sft_steps: int = 150, reward_steps: int = 100,
                    progress: Progress = _quiet) -> Task:
     """Builds the built-in model and task (deterministic in `seed`)."""
-    from mxserve.models import ModelConfig, build_model
+    from mxserve.rlhf.models import ModelConfig, build_model
 
     task = _SyntheticPreferences(BUILTIN_CONFIG["vocab_size"], seed)
     rng = random.Random(seed + 1)
@@ -261,9 +261,9 @@ def hh_rlhf_task(checkpoint: str, data: str, *, reward_checkpoint: Optional[str]
                  dtype: torch.dtype = torch.float32, progress: Progress = _quiet) -> Task:
     """The original measurement run's inputs: checkpoint (GPT-2 or Qwen2/2.5),
     HH-RLHF's fixed subset, prompts cut to their last `max_prompt_tokens` tokens."""
-    from mxserve.hhrlhf import load_hh_rlhf
-    from mxserve.models import load_pretrained
-    from mxserve.tokenizer import BPETokenizer
+    from mxserve.rlhf.hhrlhf import load_hh_rlhf
+    from mxserve.rlhf.models import load_pretrained
+    from mxserve.rlhf.tokenizer import BPETokenizer
 
     tokenizer = BPETokenizer.from_pretrained(checkpoint)
     train, test = load_hh_rlhf(data, n_train=n_train, n_test=n_test, seed=seed)
@@ -304,7 +304,7 @@ def hh_rlhf_task(checkpoint: str, data: str, *, reward_checkpoint: Optional[str]
 def _load_reward_checkpoint(path: str, dtype: torch.dtype) -> RewardModel:
     """A Hugging Face sequence-classification checkpoint: the body's tensors and
     `score.weight` [1, hidden] (a multi-label head's first row is not guessed at)."""
-    from mxserve.models import load_pretrained_with_extra
+    from mxserve.rlhf.models import load_pretrained_with_extra
 
     lm, extra = load_pretrained_with_extra(path, extra=("score.weight",), dtype=dtype)
     score = extra["score.weight"]

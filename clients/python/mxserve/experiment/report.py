@@ -17,14 +17,18 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mxserve import stats
 from mxserve._wire import PHASES
 
-__all__ = ["LEVEL", "criteria", "energy_total", "pareto_front", "summarize", "write_outputs"]
+if TYPE_CHECKING:  # a type only: run.py imports this module
+    from mxserve.experiment.run import RunResult
+
+__all__ = ["LEVEL", "criteria", "energy_ranges", "energy_total", "pareto_front", "summarize",
+           "write_outputs"]
 
 LEVEL = 0.95
 RESAMPLES = 2000
@@ -707,3 +711,38 @@ def _report(out, experiment, task, rows, checks: List[Criterion], info, baseline
     lines += ["", "![Pareto](pareto.png)", "", "![Curves](curves.png)", ""]
     with open(os.path.join(out, "report.md"), "w") as handle:
         handle.write("\n".join(lines))
+
+
+def energy_ranges(runs: List[RunResult], baseline: str) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Per configuration, its FPGA-model saving (total and per phase) with its range
+    over the energy model's parameter box (fpga/model/energy_model.json, "ranges"):
+    the GEMMs the configuration's runs booked against those of the baseline's runs,
+    priced under the same parameters at every point (`energy_model.saving_range`),
+    and the parameters the saving is most sensitive to. None when the model file
+    is not found (an installed package without the repository)."""
+    from mxserve import energy_model
+
+    try:
+        params = energy_model.load_energy_model()
+    except (energy_model.EnergyModelError, OSError):
+        return None
+    by_config: Dict[str, List[RunResult]] = {}
+    for run in runs:
+        if run.work:
+            by_config.setdefault(run.configuration, []).append(run)
+    if baseline not in by_config:
+        return None
+    base_work = energy_model.merge_work(*(r.work for r in by_config[baseline]))
+    ranges: Dict[str, Dict[str, Any]] = {}
+    for name, group in by_config.items():
+        report = energy_model.saving_range(energy_model.merge_work(*(r.work for r in group)),
+                                           base_work, params)
+        fields: Dict[str, Any] = {"energy_range_method": report.method}
+        for phase, saving in report.phases.items():
+            key = "energy_saving_pct" if phase == "total" else f"energy_saving_{phase}_pct"
+            if saving.min is not None:
+                fields[f"{key}_min"], fields[f"{key}_max"] = saving.min, saving.max
+        fields["energy_sensitive_parameters"] = ", ".join(
+            report.phases["total"].most_sensitive(3)) if "total" in report.phases else ""
+        ranges[name] = fields
+    return ranges

@@ -1,4 +1,4 @@
-"""Fused CUDA kernels (Triton) behind mxserve.emulator: the same bits, fewer launches.
+"""Fused CUDA kernels (Triton) behind mxserve.torch.emulator: the same bits, fewer launches.
 
 The plain torch formulation in `emulator.py` is the definition; these kernels are a
 second path for CUDA tensors that `emulator` takes when Triton imports and

@@ -47,7 +47,7 @@ import dataclasses
 import math
 from typing import Dict, List, Optional, Tuple
 
-from mxserve.models import ModelConfig
+from mxserve.rlhf.models import ModelConfig
 
 __all__ = ["Available", "Estimate", "Shape", "available_memory", "estimate", "gib",
            "linear_parameters", "parameter_count"]
@@ -74,7 +74,7 @@ def duration(seconds: float) -> str:
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """Parameters of `mxserve.models.build_model(config)` (a tied LM head counted once)."""
+    """Parameters of `mxserve.rlhf.models.build_model(config)` (a tied LM head counted once)."""
     h, i, v, layers = config.hidden_size, config.intermediate_size, config.vocab_size, \
         config.num_layers
     kv = config.num_kv_heads * config.head_dim

@@ -1,6 +1,6 @@
 """Sensitivity profiling: which layers of a model tolerate which format, measured.
 
-    from mxserve import profile as mxprofile
+    from mxserve.torch import profile as mxprofile
     data = mxprofile.capture(session, calibration_batches)       # full precision, here
     prof = mxprofile.profile(client, session, data)               # scored by the daemon
     prof.to_csv("sensitivity_matrix.csv"); prof.heatmap("sensitivity.png")
@@ -32,7 +32,7 @@ from torch import nn
 
 from mxserve import _wire, stats
 from mxserve.client import Client
-from mxserve.torch import OffloadedLinear, OffloadSession, _offloadable
+from mxserve.torch.offloading import OffloadedLinear, OffloadSession, offloadable
 from mxserve.types import Profile
 
 __all__ = ["Capture", "EndToEnd", "EndToEndRow", "capture", "end_to_end", "profile", "spearman"]
@@ -123,7 +123,7 @@ def _linear_layers(model: nn.Module, layers: Optional[Iterable[str]],
         inside = {id(m) for m in model.modules()}
         found = {name: m for name, m in session._originals.items() if id(m) in inside}
     else:
-        found = {name: m for name, m in model.named_modules() if _offloadable(m)}
+        found = {name: m for name, m in model.named_modules() if offloadable(m)}
     if layers is None:
         return found
     wanted = [layers] if isinstance(layers, str) else list(layers)
