@@ -54,3 +54,16 @@ def test_import_torch_inside_the_torch_room_is_pytorch():
         module = importlib.import_module(f"mxserve.torch.{name}")
         assert PACKAGE not in pathlib.Path(module.torch.__file__).resolve().parents
         assert hasattr(module.torch, "nn")
+
+
+def test_the_emulator_imports_without_the_client():
+    # bench/gpu_check.py loads the emulator where the gRPC stubs do not import.
+    import subprocess
+    import sys
+
+    probe = ("import sys, types; sys.modules['mxserve.client'] = None; "
+             "p = types.ModuleType('mxserve'); p.__path__ = [sys.argv[1]]; "
+             "sys.modules['mxserve'] = p; from mxserve.torch import emulator; print('ok')")
+    done = subprocess.run([sys.executable, "-c", probe, str(PACKAGE)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

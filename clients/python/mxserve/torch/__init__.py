@@ -1,14 +1,21 @@
 """mxserve.torch: the PyTorch bridge. See README.md in this folder.
 
-    from mxserve.torch import offload                 # offload.py: nn.Linear → mxserved
+    from mxserve.torch import offload                 # offloading.py: nn.Linear → mxserved
     from mxserve.torch import profile as mxprofile    # profile.py: sensitivity profiling
     from mxserve.torch import emulator                # the daemon's numerics, in-process
 
-Inside this package `import torch` is PyTorch (imports are absolute).
+The offloading names resolve on first use, so that `mxserve.torch.emulator` imports
+without the gRPC client (bench/gpu_check.py loads the emulator where the stubs do
+not import). Inside this package `import torch` is PyTorch (imports are absolute).
 """
-
-from mxserve.torch.offloading import (COMPUTE_MODES, OffloadedLinear, OffloadSession,  # noqa: F401
-                                     PhaseTotals, offload, offloadable)
 
 __all__ = ["COMPUTE_MODES", "OffloadSession", "OffloadedLinear", "PhaseTotals", "offload",
            "offloadable"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from mxserve.torch import offloading
+        value = globals()[name] = getattr(offloading, name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
