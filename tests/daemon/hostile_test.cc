@@ -750,6 +750,23 @@ class BigLayerTest : public ::testing::Test {
     ASSERT_TRUE(Register(daemon_->channel().get(), "big", {layer_}, "fp16-baseline").ok());
     ASSERT_TRUE(Upload(daemon_->channel().get(), "big", {layer_}, true, &response, 1 << 20).ok());
   }
+  // One FP32 update-phase forward of 512 rows of `x`, waited for (about 4.5 GFLOP).
+  grpc::Status ForwardFp32(grpc::ClientContext* context, const std::vector<float>& x) {
+    v1::LayerForwardResponse response;
+    return v1::Compute::NewStub(daemon_->channel())
+        ->LayerForward(context,
+                       ForwardRequest("big", layer_, v1::PHASE_UPDATE,
+                                      static_cast<int>(mx::Format::kFp32), x, 512),
+                       &response);
+  }
+  // How long ForwardFp32 takes in this build, on this CPU, measured without a
+  // deadline; false in `ok` if it failed.
+  std::chrono::nanoseconds TimeForwardFp32(const std::vector<float>& x, bool* ok) {
+    const auto started = std::chrono::steady_clock::now();
+    grpc::ClientContext context;
+    *ok = ForwardFp32(&context, x).ok();
+    return std::chrono::steady_clock::now() - started;
+  }
   // A LayerForward of 512 rows sent without waiting; `done` has its status.
   struct AsyncForward {
     grpc::ClientContext context;
@@ -790,20 +807,9 @@ TEST_F(BigLayerTest, AnAnswerAfterTheDeadlineIsCountedAsDeadlineExceeded) {
   // deadline measures how long the whole forward takes in this build, on this CPU,
   // and the deadline is a fifth of that: after the request is in, before it is done.
   const auto x = TestValues(512 * kIn, 92);
-  auto forward = [&](grpc::ClientContext* context) {
-    v1::LayerForwardResponse response;
-    return v1::Compute::NewStub(daemon_->channel())
-        ->LayerForward(context,
-                       ForwardRequest("big", layer_, v1::PHASE_UPDATE,
-                                      static_cast<int>(mx::Format::kFp32), x, 512),
-                       &response);
-  };
-  const auto started = std::chrono::steady_clock::now();
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(forward(&context).ok());
-  }
-  const auto whole = std::chrono::steady_clock::now() - started;
+  bool measured = false;
+  const auto whole = TimeForwardFp32(x, &measured);
+  ASSERT_TRUE(measured);
   const auto deadline = std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(20),
                                                            whole / 5);
   AwaitMetric(daemon_->metrics_address(), absl::StrReplaceAll(series, {{"%s", "OK"}}), 1, 10);
@@ -811,7 +817,7 @@ TEST_F(BigLayerTest, AnAnswerAfterTheDeadlineIsCountedAsDeadlineExceeded) {
   for (int i = 0; i < calls; ++i) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + deadline);
-    const grpc::Status s = forward(&context);
+    const grpc::Status s = ForwardFp32(&context, x);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   }
   // Wait for the worker to finish them all; then the daemon's books match.
@@ -859,27 +865,16 @@ TEST_F(BigLayerTest, SigtermRunsAQueuedFusedBatchToTheEnd) {
 TEST_F(BigLayerTest, AQuotaSlotFreesWhenTheClientGivesUp) {
   ASSERT_NO_FATAL_FAILURE(Start({"--workers", "1", "--quota-inflight", "1"}));
   const auto x = TestValues(512 * kIn, 93);
-  auto stub = v1::Compute::NewStub(daemon_->channel());
-  auto forward = [&](grpc::ClientContext* context) {
-    v1::LayerForwardResponse response;
-    return stub->LayerForward(context,
-                              ForwardRequest("big", layer_, v1::PHASE_UPDATE,
-                                             static_cast<int>(mx::Format::kFp32), x, 512),
-                              &response);
-  };
   // How long one FP32 forward takes here (see the deadline test above).
-  const auto started = std::chrono::steady_clock::now();
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(forward(&context).ok());
-  }
-  const auto whole = std::chrono::steady_clock::now() - started;
+  bool measured = false;
+  const auto whole = TimeForwardFp32(x, &measured);
+  ASSERT_TRUE(measured);
   const std::string gave_up =
       "mxserve_rpc_completed_total{code=\"DEADLINE_EXCEEDED\",rpc=\"LayerForward\"}";
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(20), whole / 5));
-  ASSERT_EQ(forward(&context).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_EQ(ForwardFp32(&context, x).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // The computation runs on for about 4/5 of `whole`; the slot is free now.
   grpc::Status listed;
   const auto until = std::chrono::steady_clock::now() + whole / 4;

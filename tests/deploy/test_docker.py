@@ -100,7 +100,7 @@ def test_gpu_profile(compose):
     command = services["gpu-baseline"]["command"]
     assert command[:2] == ["--server", "mxserved:50051"]
     # Flags of python -m mxserve.gpu_baseline, read from its argparse calls.
-    source = (REPO / "clients" / "python" / "mxserve" / "gpu_baseline.py").read_text()
+    source = (REPO / "clients" / "python" / "mxserve" / "rlhf" / "gpu_baseline.py").read_text()
     known = set(re.findall(r'add_argument\(\s*"(--[a-z-]+)"', source))
     assert {arg for arg in command if arg.startswith("--")} <= known
 
