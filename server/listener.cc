@@ -252,8 +252,7 @@ void Listener::Admit(int socket, int fd) {
   const int on = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
   connections_[fd] = InodeOf(fd);
-  open_.store(static_cast<int64_t>(connections_.size()), std::memory_order_relaxed);
-  if (options_.on_open) options_.on_open(open_.load());
+  PublishOpen();
   grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;
   connection.listener_fd = socket;
   connection.fd = fd;
@@ -266,10 +265,12 @@ void Listener::Prune() {
     const auto& [fd, inode] = entry;
     return InodeOf(fd) != inode;
   });
-  if (connections_.size() != before) {
-    open_.store(static_cast<int64_t>(connections_.size()), std::memory_order_relaxed);
-    if (options_.on_open) options_.on_open(open_.load());
-  }
+  if (connections_.size() != before) PublishOpen();
+}
+
+void Listener::PublishOpen() {
+  open_.store(static_cast<int64_t>(connections_.size()), std::memory_order_relaxed);
+  if (options_.on_open) options_.on_open(open_.load(std::memory_order_relaxed));
 }
 
 uint64_t OpenFileLimit() {

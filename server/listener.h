@@ -78,6 +78,8 @@ class Listener {
   void ShedOne(int socket);
   // Forgets the connections whose descriptor gRPC has closed.
   void Prune();
+  // Tells open_ and on_open the count of connections_.
+  void PublishOpen();
 
   std::vector<UniqueFd> sockets_;
   const int port_;

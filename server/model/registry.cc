@@ -398,20 +398,15 @@ ModelSummary Registry::Summarize(const Model& model) const {
   return s;
 }
 
-uint64_t Registry::HeldBytes(const Model& model) const {
-  uint64_t bytes = 0;
-  for (const auto& [key, tensor] : model.staged) bytes += tensor->reservation.bytes();
-  for (const auto& weights : model.published) {
-    if (weights) bytes += weights->Bytes();
-  }
-  return bytes;
-}
+uint64_t Registry::HeldBytes(const Model& model) const { return StoredBytes(model, true); }
 
-uint64_t Registry::ChargedBytes(const Model& model) const {
+uint64_t Registry::ChargedBytes(const Model& model) const { return StoredBytes(model, false); }
+
+uint64_t Registry::StoredBytes(const Model& model, bool with_copies) const {
   uint64_t bytes = 0;
   for (const auto& [key, tensor] : model.staged) bytes += tensor->reservation.bytes();
   for (const auto& weights : model.published) {
-    if (weights) bytes += weights->MasterBytes();
+    if (weights) bytes += with_copies ? weights->Bytes() : weights->MasterBytes();
   }
   return bytes;
 }

@@ -301,6 +301,8 @@ class Registry {
   // What its owner is charged for: staged tensors and published masters
   // (ModelSummary::quota_bytes).
   uint64_t ChargedBytes(const Model& model) const;
+  // Staged tensors and published weights: with their copies or masters alone.
+  uint64_t StoredBytes(const Model& model, bool with_copies) const;
 
   MemoryBudget* budget_;
   const WeightPreparer prepare_;

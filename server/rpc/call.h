@@ -58,10 +58,7 @@ class CallTracker {
     idle_.notify_all();
   }
   // True when every call ended before `deadline`.
-  bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock lock(mu_);
-    return idle_.wait_until(lock, deadline, [this] { return active_ == 0; });
-  }
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline) { return WaitAtMost(0, deadline); }
   // True when at most `calls` are open before `deadline`.
   bool WaitAtMost(int64_t calls, std::chrono::steady_clock::time_point deadline) {
     std::unique_lock lock(mu_);
