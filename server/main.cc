@@ -11,11 +11,10 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <mutex>
-#include <thread>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -100,17 +99,12 @@ int main(int argc, char** argv) {
   const auto exit_by = std::chrono::steady_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(options.grace_seconds * 1000)) +
                        kExitMargin;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stopped = false;
-  std::thread stopper([&] {
+  std::promise<void> stopped;
+  std::thread([&] {
     (*daemon)->Shutdown();
-    std::lock_guard lock(mu);
-    stopped = true;
-    cv.notify_all();
-  });
-  std::unique_lock lock(mu);
-  if (cv.wait_until(lock, exit_by, [&] { return stopped; })) {
+    stopped.set_value();
+  }).detach();  // never joined: the process exits below, stopped or not
+  if (stopped.get_future().wait_until(exit_by) == std::future_status::ready) {
     Log(LogLevel::kInfo, "stopped");
   } else {
     Log(LogLevel::kWarning, "stopped",
