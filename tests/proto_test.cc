@@ -12,6 +12,10 @@
 #include "mx/format.h"
 #include "mxserve/v1/common.pb.h"
 #include "mxserve/v1/compute.grpc.pb.h"
+#include "mxserve/v1/models.pb.h"
+#include "mxserve/v1/profiles.pb.h"
+#include "mxserve/v1/telemetry.pb.h"
+#include "proto/convert/enums.h"
 #include "proto/convert/formats.h"
 
 namespace {
@@ -89,3 +93,108 @@ TEST(Proto, TensorBytesRoundTrip) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// The naming rule of every wire enum (proto/convert/enums.h), the one C++ place
+// that names their values; clients/python/tests/test_enums.py pins Python's.
+
+namespace enums {
+
+using mxserve::DescriptorOf;
+using mxserve::EnumMap;
+using mxserve::ParseWireName;
+using mxserve::WireName;
+using mxserve::WireNameList;
+
+TEST(WireEnums, ThePrefixIsTheTypeNameInUpperSnakeCase) {
+  EXPECT_EQ(mxserve::WireEnumPrefix(DescriptorOf<v1::Phase>()), "PHASE_");
+  EXPECT_EQ(mxserve::WireEnumPrefix(DescriptorOf<v1::CostMetric>()), "COST_METRIC_");
+  EXPECT_EQ(mxserve::WireEnumPrefix(DescriptorOf<v1::WorkCallKind>()), "WORK_CALL_KIND_");
+  EXPECT_EQ(mxserve::WireEnumPrefix(DescriptorOf<v1::DType>()), "DTYPE_");  // no word break in "DT"
+}
+
+// Known answers: one per enum, the tricky ones (several words, digits) included.
+TEST(WireEnums, NamesAreTheValueNamesLowerCasedWithoutThePrefix) {
+  EXPECT_EQ(WireName(v1::PHASE_ROLLOUT), "rollout");
+  EXPECT_EQ(WireName(v1::PHASE_UNSPECIFIED), "unspecified");
+  EXPECT_EQ(WireName(v1::SCORE_REL_ERROR), "rel_error");
+  EXPECT_EQ(WireName(v1::COST_METRIC_TIME), "time");
+  EXPECT_EQ(WireName(v1::GENERATION_KIND_TOLERANCE), "tolerance");
+  EXPECT_EQ(WireName(v1::REFERENCE_FP64), "fp64");
+  EXPECT_EQ(WireName(v1::PROFILE_SOURCE_GRADIENTS), "gradients");
+  EXPECT_EQ(WireName(v1::WORK_CALL_KIND_BACKWARD), "backward");
+  EXPECT_EQ(WireName(v1::TENSOR_ROLE_BIAS), "bias");
+  EXPECT_EQ(WireName(v1::ROUNDING_NEAREST_AWAY), "nearest_away");
+  EXPECT_EQ(WireName(v1::FORMAT_MXFP8_E4M3), "mxfp8_e4m3");
+  EXPECT_EQ(WireName(v1::DTYPE_BF16), "bf16");
+  EXPECT_EQ(WireName(static_cast<v1::Phase>(9)), "phase#9");
+  EXPECT_EQ(WireName(static_cast<v1::CostMetric>(-1)), "costmetric#-1");
+}
+
+TEST(WireEnums, ParsingTakesTheShortOrTheFullNameInAnyCase) {
+  for (const char* text : {"rollout", "ROLLOUT", "Rollout", "PHASE_ROLLOUT", "phase_rollout"}) {
+    EXPECT_EQ(ParseWireName<v1::Phase>(text), v1::PHASE_ROLLOUT) << text;
+  }
+  EXPECT_EQ(ParseWireName<v1::Score>("REL_ERROR"), v1::SCORE_REL_ERROR);
+  EXPECT_EQ(ParseWireName<v1::Phase>("unspecified"), v1::PHASE_UNSPECIFIED);
+  for (const char* text : {"", "roll", "rollout ", "PHASE_", "phase#1", "1", "SCORE_AUTO"}) {
+    EXPECT_EQ(ParseWireName<v1::Phase>(text), std::nullopt) << text;
+  }
+}
+
+TEST(WireEnums, EveryValueOfEveryEnumRoundTripsThroughItsName) {
+  const google::protobuf::FileDescriptor* files[] = {
+      v1::Tensor::descriptor()->file(), v1::RegisterModelRequest::descriptor()->file(),
+      v1::ProfileRequest::descriptor()->file(), v1::ReportWorkRequest::descriptor()->file()};
+  int checked = 0;
+  for (const auto* file : files) {
+    for (int i = 0; i < file->enum_type_count(); ++i) {
+      const auto& e = *file->enum_type(i);
+      for (int v = 0; v < e.value_count(); ++v) {
+        const int number = e.value(v)->number();
+        EXPECT_EQ(mxserve::ParseWireName(e, WireName(e, number)), number) << e.value(v)->name();
+        EXPECT_EQ(mxserve::ParseWireName(e, e.value(v)->name()), number);
+        ++checked;
+      }
+    }
+  }
+  // Phase, Format, DType, Rounding; TensorRole; Reference, ProfileSource,
+  // GenerationKind, Score, CostMetric; WorkCallKind.
+  EXPECT_EQ(checked, 4 + 11 + 4 + 2 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
+}
+
+TEST(WireEnums, ListsReadAsAMessagesExpectedValues) {
+  EXPECT_EQ(WireNameList(DescriptorOf<v1::Phase>(), /*full=*/false, /*skip_zero=*/true),
+            "rollout, reward or update");
+  EXPECT_EQ(WireNameList(DescriptorOf<v1::Phase>(), /*full=*/true, /*skip_zero=*/true),
+            "PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE");
+  EXPECT_EQ(WireNameList(DescriptorOf<v1::Reference>(), /*full=*/true, /*skip_zero=*/false),
+            "REFERENCE_FP32 or REFERENCE_FP64");
+  EXPECT_EQ(mxserve::JoinWithOr({"a"}), "a");
+  EXPECT_EQ(mxserve::JoinWithOr({}), "");
+}
+
+enum class Own { kReward, kRollout };
+absl::string_view OwnName(Own own) { return own == Own::kReward ? "reward" : "rollout"; }
+constexpr Own kAllOwn[] = {Own::kReward, Own::kRollout};
+
+TEST(WireEnums, AnEnumMapTiesAnOwnEnumToTheWireByName) {
+  const EnumMap<Own, v1::Phase> map(kAllOwn, OwnName);
+  EXPECT_EQ(map.ToWire(Own::kReward), v1::PHASE_REWARD);
+  EXPECT_EQ(map.ToWire(Own::kRollout), v1::PHASE_ROLLOUT);
+  EXPECT_EQ(map.FromWire(v1::PHASE_REWARD), Own::kReward);
+  EXPECT_EQ(map.FromWire(v1::PHASE_UPDATE), std::nullopt);  // no own name for it
+  EXPECT_EQ(map.FromWire(v1::PHASE_UNSPECIFIED), std::nullopt);
+  EXPECT_EQ(map.FromWire(static_cast<v1::Phase>(42)), std::nullopt);
+  EXPECT_EQ(map.WireNames(), "PHASE_REWARD or PHASE_ROLLOUT");
+}
+
+absl::string_view Misnamed(Own) { return "rolling"; }
+
+TEST(WireEnumsDeathTest, AnOwnNameTheWireLacksStopsTheProgram) {
+  EXPECT_DEATH((EnumMap<Own, v1::Phase>(kAllOwn, Misnamed)),
+               "'rolling' names no value of mxserve.v1.Phase \\(expected one of unspecified, "
+               "rollout, reward or update\\)");
+}
+
+}  // namespace enums

@@ -162,7 +162,7 @@ absl::Status RunBench(const RemoteContext& remote, const Args& args) {
       .k = k,
       .concurrency = load.concurrency,
       .format = mxclient::WireFormatName(format),
-      .phase = mxserve::PhaseName(phase),
+      .phase = mxserve::WireName(phase),
       .stream = stream,
   };
   if (json) {

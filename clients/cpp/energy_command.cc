@@ -45,7 +45,7 @@ absl::Status RunEnergy(const RemoteContext& remote, const Args& args) {
       {"source", "phase", "joules", "busy_s", "requests", "mean_watts"}};
   for (const v1::EnergyEntry& entry : report->entries()) {
     rows.push_back(
-        {entry.source(), mxserve::PhaseName(entry.phase()), absl::StrFormat("%.6g", entry.joules()),
+        {entry.source(), mxserve::WireName(entry.phase()), absl::StrFormat("%.6g", entry.joules()),
          absl::StrFormat("%.4g", entry.busy_seconds()), absl::StrCat(entry.requests()),
          entry.busy_seconds() > 0 ? absl::StrFormat("%.3g", entry.joules() / entry.busy_seconds())
                                   : "-"});

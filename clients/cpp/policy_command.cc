@@ -110,7 +110,7 @@ std::string PhaseLayerTable(const google::protobuf::RepeatedPtrField<v1::Resolve
     cells[{entry.layer(), entry.phase()}] = std::move(cell);
   }
   std::vector<std::vector<std::string>> rows = {{"layer"}};
-  for (const v1::Phase phase : phases) rows[0].push_back(mxserve::PhaseName(phase));
+  for (const v1::Phase phase : phases) rows[0].push_back(mxserve::WireName(phase));
   for (const std::string& layer : layers) {
     std::vector<std::string> row = {layer};
     for (const v1::Phase phase : phases) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -35,6 +36,25 @@ absl::StatusOr<std::vector<v1::Format>> FormatList(const std::string& text,
     formats.push_back(*f);
   }
   return formats;
+}
+
+// "auto, rel_error, fisher or mse": the rule's names of E's values (proto/convert/enums.h),
+// without an UNSPECIFIED.
+template <typename E>
+std::string WireNames() {
+  const auto& e = mxserve::DescriptorOf<E>();
+  return mxserve::WireNameList(e, /*full=*/false,
+                               /*skip_zero=*/absl::EndsWith(e.value(0)->name(), "_UNSPECIFIED"));
+}
+
+// --<flag> NAME, one value of the wire enum E by its rule name: `set` is given it.
+template <typename E, typename Set>
+absl::Status EnumFlag(const Flags& flags, const char* flag, Set set) {
+  if (!flags.Has(flag)) return absl::OkStatus();
+  const std::optional<E> value = mxserve::ParseWireName<E>(*flags.Get(flag));
+  if (!value) return UsageError(absl::StrCat("--", flag, ": expected ", WireNames<E>()));
+  set(*value);
+  return absl::OkStatus();
 }
 
 absl::Status WriteText(const std::string& path, const std::string& text, absl::string_view flag) {
@@ -157,46 +177,34 @@ absl::Status RunPolicyGenerate(mxclient::Client& client, const Args& args) {
     MX_ASSIGN_OR_RETURN(auto formats, FormatList(*flags.Get("candidates"), "candidates"));
     for (v1::Format f : formats) request.add_candidates(f);
   }
-  const std::map<std::string, v1::Score> scores = {{"auto", v1::SCORE_AUTO},
-                                                   {"rel_error", v1::SCORE_REL_ERROR},
-                                                   {"fisher", v1::SCORE_FISHER},
-                                                   {"mse", v1::SCORE_MSE}};
-  if (flags.Has("score")) {
-    auto it = scores.find(*flags.Get("score"));
-    if (it == scores.end()) {
-      return UsageError("--score: expected auto, rel_error, fisher or mse");
-    }
-    request.set_score(it->second);
-  }
-  const std::map<std::string, v1::CostMetric> metrics = {{"energy", v1::COST_METRIC_ENERGY},
-                                                         {"time", v1::COST_METRIC_TIME},
-                                                         {"bits", v1::COST_METRIC_BITS}};
-  if (flags.Has("metric")) {
-    auto it = metrics.find(*flags.Get("metric"));
-    if (it == metrics.end()) return UsageError("--metric: expected energy, time or bits");
-    request.set_metric(it->second);
-  }
+  MX_RETURN_IF_ERROR(EnumFlag<v1::Score>(flags, "score", [&](v1::Score s) { request.set_score(s); }));
+  MX_RETURN_IF_ERROR(
+      EnumFlag<v1::CostMetric>(flags, "metric", [&](v1::CostMetric m) { request.set_metric(m); }));
   // The kind and the flag that carries its per-phase values.
   const char* value_flag = nullptr;
   google::protobuf::RepeatedPtrField<v1::PhaseValue>* values = nullptr;
-  if (kind == "fraction") {
-    request.set_kind(v1::GENERATION_KIND_FRACTION);
-    value_flag = "fraction";
-    values = request.mutable_fractions();
-  } else if (kind == "budget") {
-    request.set_kind(v1::GENERATION_KIND_BUDGET);
-    if (flags.Has("relative-budget") == flags.Has("budget")) {
-      return UsageError("policy generate --kind budget: give --budget or --relative-budget");
-    }
-    value_flag = flags.Has("budget") ? "budget" : "relative-budget";
-    values = flags.Has("budget") ? request.mutable_budgets() : request.mutable_relative_budgets();
-  } else if (kind == "tolerance") {
-    request.set_kind(v1::GENERATION_KIND_TOLERANCE);
-    value_flag = "tolerance";
-    values = request.mutable_budgets();
-  } else {
-    return UsageError(
-        absl::StrCat("--kind: expected fraction, budget or tolerance, got '", kind, "'"));
+  const std::optional<v1::GenerationKind> wire_kind = mxserve::ParseWireName<v1::GenerationKind>(kind);
+  if (!wire_kind || *wire_kind == v1::GENERATION_KIND_UNSPECIFIED) {
+    return UsageError(absl::StrCat("--kind: expected ", WireNames<v1::GenerationKind>(), ", got '",
+                                   kind, "'"));
+  }
+  request.set_kind(*wire_kind);
+  switch (*wire_kind) {
+    case v1::GENERATION_KIND_BUDGET:
+      if (flags.Has("relative-budget") == flags.Has("budget")) {
+        return UsageError("policy generate --kind budget: give --budget or --relative-budget");
+      }
+      value_flag = flags.Has("budget") ? "budget" : "relative-budget";
+      values = flags.Has("budget") ? request.mutable_budgets() : request.mutable_relative_budgets();
+      break;
+    case v1::GENERATION_KIND_TOLERANCE:
+      value_flag = "tolerance";
+      values = request.mutable_budgets();
+      break;
+    default:
+      value_flag = "fraction";
+      values = request.mutable_fractions();
+      break;
   }
   for (const char* flag : {"fraction", "budget", "relative-budget", "tolerance"}) {
     if (flags.Has(flag) && std::string(flag) != value_flag) {
@@ -218,7 +226,7 @@ absl::Status RunPolicyGenerate(mxclient::Client& client, const Args& args) {
       {"phase", "J/token", "FP16 J/token", "vs FP16", "s/token", "score", "low layers"}};
   for (const v1::PhaseSummary& p : response->phases()) {
     costs.push_back(
-        {std::string(mxserve::PhaseName(p.phase())), absl::StrFormat("%.4g", p.joules_per_token()),
+        {std::string(mxserve::WireName(p.phase())), absl::StrFormat("%.4g", p.joules_per_token()),
          absl::StrFormat("%.4g", p.fp16_joules_per_token()),
          p.fp16_joules_per_token() > 0
              ? absl::StrFormat("%.1f%%", 100 * p.joules_per_token() / p.fp16_joules_per_token())

@@ -9,13 +9,12 @@
 namespace mxclient {
 
 absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name) {
-  std::string lower = absl::AsciiStrToLower(name);
-  if (absl::StartsWith(lower, "phase_")) lower.erase(0, 6);
-  if (lower == "rollout") return v1::PHASE_ROLLOUT;
-  if (lower == "reward") return v1::PHASE_REWARD;
-  if (lower == "update") return v1::PHASE_UPDATE;
+  const std::optional<v1::Phase> phase = ::mxserve::ParseWireName<v1::Phase>(name);
+  if (phase && *phase != v1::PHASE_UNSPECIFIED) return *phase;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown phase '", name, "'; expected rollout, reward or update"));
+      absl::StrCat("unknown phase '", name, "'; expected ",
+                   ::mxserve::WireNameList(::mxserve::DescriptorOf<v1::Phase>(), /*full=*/false,
+                                           /*skip_zero=*/true)));
 }
 
 absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name) {

@@ -1,6 +1,6 @@
 // Names of the wire enums (Phase, Format) as people type and read them. The
 // mapping between the wire Format and mx::Format is proto/convert/formats.h, the
-// phase names proto/convert/phases.h.
+// phase names proto/convert/enums.h.
 #pragma once
 
 #include <string>
@@ -10,7 +10,7 @@
 #include "mx/format.h"
 #include "mxserve/v1/common.pb.h"
 #include "proto/convert/formats.h"
-#include "proto/convert/phases.h"
+#include "proto/convert/enums.h"
 
 namespace mxclient {
 
@@ -18,7 +18,7 @@ namespace v1 = ::mxserve::v1;
 
 // "rollout", "reward", "update" (any case), or the wire names "PHASE_ROLLOUT", ….
 absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name);
-// Phase names: mxserve::PhaseName (proto/convert/phases.h).
+// Phase names: mxserve::PhaseName (proto/convert/enums.h).
 
 // A format name as mxctl accepts it (mx::ParseFormat), or "policy"/"auto" for
 // FORMAT_UNSPECIFIED (let the model's active policy choose).

@@ -7,6 +7,7 @@
 #include "mx/element.h"
 #include "mx/kernels/quantize_fast.h"
 #include "mx/status_macros.h"
+#include "proto/convert/enums.h"
 
 namespace mxserve {
 namespace {
@@ -33,21 +34,30 @@ absl::Status CheckDim(absl::string_view field, int64_t got, int64_t want, absl::
 
 bool DimensionOk(int64_t value) { return value >= 1 && value <= mx::kMaxDimension; }
 
+// The daemon's phases tied to the wire's by name (proto/convert/enums.h).
+const EnumMap<Phase, v1::Phase>& PhaseMap() {
+  static const EnumMap<Phase, v1::Phase> map(kAllPhases, PhaseName);
+  return map;
+}
+
+// "PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE": what a field of E expects.
+template <typename E>
+std::string Expected(bool skip_zero) {
+  return WireNameList(DescriptorOf<E>(), /*full=*/true, skip_zero);
+}
+
 }  // namespace
 
-v1::Phase ToProto(Phase phase) { return static_cast<v1::Phase>(static_cast<int>(phase) + 1); }
+v1::Phase ToProto(Phase phase) { return PhaseMap().ToWire(phase); }
 
 absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field) {
-  const int value = static_cast<int>(phase);
-  if (value == 0) {
-    return FieldError(field, "required; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE");
+  if (std::optional<Phase> own = PhaseMap().FromWire(phase)) return *own;
+  const std::string expected = PhaseMap().WireNames();
+  if (phase == v1::PHASE_UNSPECIFIED) {
+    return FieldError(field, absl::StrCat("required; expected ", expected));
   }
-  if (value < 0 || value > 3) {
-    return FieldError(field,
-                      absl::StrCat("unknown phase value ", value,
-                                   "; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE"));
-  }
-  return static_cast<Phase>(value - 1);
+  return FieldError(field, absl::StrCat("unknown phase value ", static_cast<int>(phase),
+                                        "; expected ", expected));
 }
 
 absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view field) {
@@ -58,8 +68,7 @@ absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view 
       return mx::Rounding::kNearestAway;
     default:
       return FieldError(field, absl::StrCat("unknown rounding value ", static_cast<int>(rounding),
-                                            "; expected ROUNDING_NEAREST_EVEN or "
-                                            "ROUNDING_NEAREST_AWAY"));
+                                            "; expected ", Expected<v1::Rounding>(false)));
   }
 }
 
@@ -73,8 +82,8 @@ absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
       return mx::Format::kFp16;
     default: {
       const std::string name = v1::DType_Name(dtype);
-      return FieldError(field, absl::StrCat("expected DTYPE_FP32, DTYPE_BF16 or DTYPE_FP16, got ",
-                                            name.empty() ? absl::StrCat(int{dtype}) : name));
+      return FieldError(field, absl::StrCat("expected ", Expected<v1::DType>(/*skip_zero=*/true),
+                                            ", got ", name.empty() ? absl::StrCat(int{dtype}) : name));
     }
   }
 }

@@ -18,6 +18,45 @@
 #include "server/profile/knapsack.h"
 
 namespace mxserve {
+
+const char* MetricName(CostMetric metric) {
+  switch (metric) {
+    case CostMetric::kEnergy:
+      return "energy";
+    case CostMetric::kTime:
+      return "time";
+    case CostMetric::kBits:
+      return "bits";
+  }
+  return "?";
+}
+
+const char* KindName(GenerationKind kind) {
+  switch (kind) {
+    case GenerationKind::kFraction:
+      return "fraction";
+    case GenerationKind::kBudget:
+      return "budget";
+    case GenerationKind::kTolerance:
+      return "tolerance";
+  }
+  return "?";
+}
+
+const char* ScoreName(ScoreKind score) {
+  switch (score) {
+    case ScoreKind::kAuto:
+      return "auto";
+    case ScoreKind::kRelError:
+      return "rel_error";
+    case ScoreKind::kFisher:
+      return "fisher";
+    case ScoreKind::kMse:
+      return "mse";
+  }
+  return "?";
+}
+
 namespace {
 
 // A bound to print in an error that suggests it: six significant digits, rounded
@@ -48,32 +87,6 @@ const char* MetricUnit(CostMetric metric) {
       return "bits";
   }
   return "";
-}
-
-const char* KindName(GenerationKind kind) {
-  switch (kind) {
-    case GenerationKind::kFraction:
-      return "fraction";
-    case GenerationKind::kBudget:
-      return "budget";
-    case GenerationKind::kTolerance:
-      return "tolerance";
-  }
-  return "?";
-}
-
-const char* ScoreName(ScoreKind score) {
-  switch (score) {
-    case ScoreKind::kAuto:
-      return "auto";
-    case ScoreKind::kRelError:
-      return "rel_error";
-    case ScoreKind::kFisher:
-      return "fisher";
-    case ScoreKind::kMse:
-      return "mse";
-  }
-  return "?";
 }
 
 // The phase's cost of one layer in one format under `metric`.

@@ -30,9 +30,23 @@
 
 namespace mxserve {
 
+// Each with every value and its name, the wire's name of it (rpc/profile_wire.h
+// ties them to mxserve.v1's GenerationKind, Score and CostMetric by it).
 enum class GenerationKind { kFraction, kBudget, kTolerance };
 enum class ScoreKind { kAuto, kRelError, kFisher, kMse };
 enum class CostMetric { kEnergy, kTime, kBits };
+inline constexpr GenerationKind kAllGenerationKinds[] = {
+    GenerationKind::kFraction, GenerationKind::kBudget, GenerationKind::kTolerance};
+inline constexpr ScoreKind kAllScoreKinds[] = {ScoreKind::kAuto, ScoreKind::kRelError,
+                                               ScoreKind::kFisher, ScoreKind::kMse};
+inline constexpr CostMetric kAllCostMetrics[] = {CostMetric::kEnergy, CostMetric::kTime,
+                                                 CostMetric::kBits};
+// "fraction", "budget", "tolerance".
+const char* KindName(GenerationKind kind);
+// "auto", "rel_error", "fisher", "mse".
+const char* ScoreName(ScoreKind score);
+// "energy", "time", "bits".
+const char* MetricName(CostMetric metric);
 
 // At most this many group globs in one request.
 inline constexpr size_t kMaxGenerationGroups = 64;

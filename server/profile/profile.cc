@@ -58,6 +58,10 @@ const char* SourceName(ProfileSource source) {
   return "?";
 }
 
+const char* ReferenceName(Reference reference) {
+  return reference == Reference::kFp64 ? "fp64" : "fp32";
+}
+
 namespace {
 
 // Shortest text that reads back as the same double ("inf" for +inf).

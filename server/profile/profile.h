@@ -13,8 +13,13 @@
 
 namespace mxserve {
 
+// Each with every value; SourceName and ReferenceName are the wire's names
+// (rpc/profile_wire.h ties them to mxserve.v1's ProfileSource and Reference).
 enum class ProfileSource { kWeights, kActivations, kGradients };
 enum class Reference { kFp32, kFp64 };
+inline constexpr ProfileSource kAllProfileSources[] = {
+    ProfileSource::kWeights, ProfileSource::kActivations, ProfileSource::kGradients};
+inline constexpr Reference kAllReferences[] = {Reference::kFp32, Reference::kFp64};
 
 // Every MX format, INT8, BF16 and FP16: what a profile measures unless told.
 std::vector<mx::Format> DefaultProfileFormats();
@@ -70,6 +75,8 @@ LayerCost CostOf(const fpga_model::EnergyModelParams& params, mx::Format format,
 
 // "weights", "activations", "gradients".
 const char* SourceName(ProfileSource source);
+// "fp32", "fp64".
+const char* ReferenceName(Reference reference);
 
 // The ExportProfile CSV: a header row, then one row per layer and format.
 inline constexpr const char* kProfileCsvHeader =

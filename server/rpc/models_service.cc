@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "mx/element.h"
 #include "mx/status_macros.h"
+#include "proto/convert/enums.h"
 #include "server/base/quote.h"
 #include "server/compute/wire.h"
 #include "server/model/safetensors.h"
@@ -109,7 +110,10 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     publish_ = publish_ || chunk_.publish();
     if (chunk_.role() != v1::TENSOR_ROLE_WEIGHT && chunk_.role() != v1::TENSOR_ROLE_BIAS) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, ".role: expected TENSOR_ROLE_WEIGHT or TENSOR_ROLE_BIAS, got ",
+          absl::StrCat(field, ".role: expected ",
+                       WireNameList(DescriptorOf<v1::TensorRole>(), /*full=*/true,
+                                    /*skip_zero=*/false),
+                       ", got ",
                        static_cast<int>(chunk_.role())));
     }
     const StagedTensorKey key{chunk_.layer(), chunk_.role() == v1::TENSOR_ROLE_BIAS};

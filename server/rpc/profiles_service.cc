@@ -12,6 +12,7 @@
 #include "server/profile/generate.h"
 #include "server/profile/profiler.h"
 #include "server/rpc/call.h"
+#include "server/rpc/profile_wire.h"
 #include "server/telemetry/log.h"
 
 namespace mxserve {
@@ -33,23 +34,11 @@ void RankByNewestProfile(const Core& core, const std::string& model) {
       model, newest.ok() ? ProfileToleranceOrder(**newest) : std::vector<std::string>{});
 }
 
-v1::ProfileSource SourceToProto(ProfileSource source) {
-  switch (source) {
-    case ProfileSource::kWeights:
-      return v1::PROFILE_SOURCE_WEIGHTS;
-    case ProfileSource::kActivations:
-      return v1::PROFILE_SOURCE_ACTIVATIONS;
-    case ProfileSource::kGradients:
-      return v1::PROFILE_SOURCE_GRADIENTS;
-  }
-  return v1::PROFILE_SOURCE_UNSPECIFIED;
-}
-
 void FillProfile(const Profile& p, bool with_layers, v1::Profile* out) {
   out->set_model(p.model);
   out->set_weight_version(p.weight_version);
-  out->set_source(SourceToProto(p.source));
-  out->set_reference(p.reference == Reference::kFp64 ? v1::REFERENCE_FP64 : v1::REFERENCE_FP32);
+  out->set_source(ToProto(p.source));
+  out->set_reference(ToProto(p.reference));
   out->set_batch_tokens(p.batch_tokens);
   for (mx::Format f : p.formats) out->add_formats(ToProto(f));
   out->set_tokens(p.tokens);
@@ -224,18 +213,7 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     MX_RETURN_IF_ERROR(record_.CheckModelOwner(config.model()));
     ProfileBuilder::Options options;
     MX_ASSIGN_OR_RETURN(options.formats, ConfigFormats(config));
-    switch (config.reference()) {
-      case v1::REFERENCE_FP32:
-        options.reference = Reference::kFp32;
-        break;
-      case v1::REFERENCE_FP64:
-        options.reference = Reference::kFp64;
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            absl::StrCat("config.reference: expected REFERENCE_FP32 or REFERENCE_FP64, got ",
-                         static_cast<int>(config.reference())));
-    }
+    MX_ASSIGN_OR_RETURN(options.reference, FromProto(config.reference(), "config.reference"));
     options.batch_tokens = config.batch_tokens() == 0 ? 128 : config.batch_tokens();
     if (options.batch_tokens < 1 || options.batch_tokens > kMaxProfileBatchTokens) {
       return absl::InvalidArgumentError(absl::StrCat("config.batch_tokens: expected 1 to ",
@@ -382,56 +360,13 @@ absl::StatusOr<GenerationSpec> SpecOf(const v1::GeneratePolicyRequest& r) {
   GenerationSpec spec;
   spec.name = r.name();
   spec.description = r.description();
-  switch (r.kind()) {
-    case v1::GENERATION_KIND_FRACTION:
-      spec.kind = GenerationKind::kFraction;
-      break;
-    case v1::GENERATION_KIND_BUDGET:
-      spec.kind = GenerationKind::kBudget;
-      break;
-    case v1::GENERATION_KIND_TOLERANCE:
-      spec.kind = GenerationKind::kTolerance;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("kind: expected GENERATION_KIND_FRACTION, _BUDGET or _TOLERANCE, got ",
-                       static_cast<int>(r.kind())));
-  }
+  MX_ASSIGN_OR_RETURN(spec.kind, FromProto(r.kind(), "kind"));
   for (int i = 0; i < r.phases_size(); ++i) {
     MX_ASSIGN_OR_RETURN(Phase phase, FromProto(r.phases(i), absl::StrCat("phases[", i, "]")));
     spec.phases.push_back(phase);
   }
-  switch (r.score()) {
-    case v1::SCORE_AUTO:
-      spec.score = ScoreKind::kAuto;
-      break;
-    case v1::SCORE_REL_ERROR:
-      spec.score = ScoreKind::kRelError;
-      break;
-    case v1::SCORE_FISHER:
-      spec.score = ScoreKind::kFisher;
-      break;
-    case v1::SCORE_MSE:
-      spec.score = ScoreKind::kMse;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("score: expected a Score value, got ", static_cast<int>(r.score())));
-  }
-  switch (r.metric()) {
-    case v1::COST_METRIC_ENERGY:
-      spec.metric = CostMetric::kEnergy;
-      break;
-    case v1::COST_METRIC_TIME:
-      spec.metric = CostMetric::kTime;
-      break;
-    case v1::COST_METRIC_BITS:
-      spec.metric = CostMetric::kBits;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("metric: expected a CostMetric value, got ", static_cast<int>(r.metric())));
-  }
+  MX_ASSIGN_OR_RETURN(spec.score, FromProto(r.score(), "score"));
+  MX_ASSIGN_OR_RETURN(spec.metric, FromProto(r.metric(), "metric"));
   // Which list carries the values depends on the kind; the others must be empty.
   const bool fraction = spec.kind == GenerationKind::kFraction;
   if (!fraction && !r.fractions().empty()) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "mx/checked_math.h"
 #include "mx/status_macros.h"
+#include "proto/convert/enums.h"
 #include "server/base/label.h"
 #include "server/compute/compute_work.h"
 #include "server/compute/wire.h"
@@ -264,7 +265,8 @@ absl::StatusOr<PricedWorkCall> PriceWorkCall(const Core& core, const v1::WorkCal
   const bool forward = call.call() == v1::WORK_CALL_KIND_FORWARD;
   if (!forward && call.call() != v1::WORK_CALL_KIND_BACKWARD) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".call: expected WORK_CALL_KIND_FORWARD or WORK_CALL_KIND_BACKWARD, got ",
+        field, ".call: expected ",
+        WireNameList(DescriptorOf<v1::WorkCallKind>(), /*full=*/true, /*skip_zero=*/true), ", got ",
         call.call() == v1::WORK_CALL_KIND_UNSPECIFIED ? std::string("unspecified")
                                                       : absl::StrCat(call.call())));
   }

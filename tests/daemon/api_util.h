@@ -27,7 +27,7 @@
 #include "mxserve/v1/policies.grpc.pb.h"
 #include "mxserve/v1/telemetry.grpc.pb.h"
 #include "proto/convert/formats.h"
-#include "proto/convert/phases.h"
+#include "proto/convert/enums.h"
 #include "tests/daemon/daemon_process.h"
 #include "tests/same_bits.h"
 
@@ -339,8 +339,8 @@ inline ModelBooks ReadModelBooks(const DaemonProcess& daemon, v1::Phase phase, m
     return value < 0 ? 0 : value;
   };
   const std::string work = "{format=\"" + std::string(mx::FormatName(format)) + "\",phase=\"" +
-                           mxserve::PhaseName(phase) + "\"}";
-  const std::string energy = "{phase=\"" + mxserve::PhaseName(phase) + "\",source=\"fpga_model\"}";
+                           mxserve::WireName(phase) + "\"}";
+  const std::string energy = "{phase=\"" + mxserve::WireName(phase) + "\",source=\"fpga_model\"}";
   books.metric_joules = counter("mxserve_energy_joules_total" + energy);
   books.metric_seconds = counter("mxserve_busy_seconds_total" + energy);
   books.metric_bytes = counter("mxserve_bytes_moved_total" + work);

@@ -11,7 +11,7 @@
 
 #include "mx/element.h"
 #include "mx/kernels/quantize_fast.h"
-#include "proto/convert/phases.h"
+#include "proto/convert/enums.h"
 
 namespace mxserve {
 namespace {
@@ -166,10 +166,10 @@ TEST(Wire, EnumsOutsideTheirRangeAreRefusedByName) {
 // tests read them through proto/convert's names of the wire phases.
 TEST(Wire, WirePhaseNamesAreTheDaemonsLabels) {
   for (Phase phase : kAllPhases) {
-    EXPECT_EQ(PhaseName(ToProto(phase)), std::string(PhaseName(phase)));
+    EXPECT_EQ(WireName(ToProto(phase)), std::string(PhaseName(phase)));
   }
-  EXPECT_EQ(PhaseName(v1::PHASE_UNSPECIFIED), "unspecified");
-  EXPECT_EQ(PhaseName(static_cast<v1::Phase>(9)), "phase#9");
+  EXPECT_EQ(WireName(v1::PHASE_UNSPECIFIED), "unspecified");
+  EXPECT_EQ(WireName(static_cast<v1::Phase>(9)), "phase#9");
 }
 
 }  // namespace
