@@ -5,10 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
-#include "mx/kernels/quantize_fast.h"
-#include "mx/reference_gemm.h"
 #include "mx/status_macros.h"
 #include "server/base/label.h"
+#include "server/compute/operands.h"
 #include "server/compute/wire.h"
 #include "server/telemetry/clock.h"
 
@@ -16,20 +15,6 @@ namespace mxserve {
 namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// An activation as it arrived: dense (quantized on the worker) or packed.
-struct Activation {
-  std::optional<DenseMatrix> dense;
-  std::optional<mx::QuantizedMatrix> packed;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  mx::Format format = mx::Format::kFp32;  // its compute format
-
-  absl::StatusOr<mx::QuantizedMatrix> Take(const mx::QuantizeOptions& options) {
-    if (packed) return *std::move(packed);
-    return QuantizeDense(*dense, format, options);
-  }
-};
 
 absl::StatusOr<Activation> DecodeActivation(const ComputeContext& core, const v1::Operand& operand,
                                             absl::string_view field, const ExpectedShape& expected,
@@ -129,7 +114,7 @@ void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string
   }
 }
 
-// An FP32 [rows, cols] tensor of zeros: the null backend's answer.
+// An FP32 [rows, cols] tensor of zeros, for a GEMM to write into.
 void ZeroMatrix(int64_t rows, int64_t cols, v1::Tensor* tensor) {
   tensor->clear_shape();
   tensor->add_shape(rows);
@@ -191,62 +176,6 @@ CopyUse CopyUseOf(const ComputeContext& core, bool update_phase) {
   return update_phase && !core.cache_update_copies ? CopyUse::kUpdate : CopyUse::kRequest;
 }
 
-// The most weight elements a slice of an update call's copy holds (LinearOnCopy):
-// 32 MiB of FP32 source, 64 MiB of copy at most.
-constexpr int64_t kSliceElements = int64_t{8} << 20;
-
-// y (M × R) = x · Cᵀ + bias, with C the layer's weight in `format` and `layout`
-// (R rows: N forward, K transposed). C comes from the cache, or, for an
-// update-phase use (CopyUse::kUpdate in registry.h) of a copy not cached, is
-// made for this call in slices of rows, each freed once its columns of y are
-// written: a column of y reads its own row of C only, so the bits are the same.
-// `compute_seconds` gets the kernels' time.
-absl::StatusOr<std::string> LinearOnCopy(const ComputeContext& core, const LayerWeights& weights,
-                                         mx::Format format, WeightLayout layout, CopyUse use,
-                                         const mx::QuantizedMatrix& x, std::span<const float> bias,
-                                         std::span<float> y, double& compute_seconds) {
-  MX_ASSIGN_OR_RETURN(LayerWeights::Quantized copy,
-                      weights.Get(format, layout, core.registry->budget(), use));
-  if (copy.created) {
-    core.metrics->RecordQuantization(format);
-    core.UpdateMemoryGauges();
-  }
-  if (copy.weight) {
-    const auto start = Clock::now();
-    absl::StatusOr<std::string> kernel = core.backend->Linear(x, *copy.weight, bias, y);
-    compute_seconds += Seconds(Clock::now() - start);
-    return kernel;
-  }
-  const int64_t m = x.rows;
-  const int64_t rows =
-      layout == WeightLayout::kForward ? weights.spec().out_features : weights.spec().in_features;
-  const int64_t cols =
-      layout == WeightLayout::kForward ? weights.spec().in_features : weights.spec().out_features;
-  // Whole panels of 64 rows per slice, unless one slice holds them all.
-  const int64_t step = std::max<int64_t>(64, kSliceElements / cols / 64 * 64);
-  std::string kernel;
-  std::vector<float> part;
-  for (int64_t begin = 0; begin < rows; begin += step) {
-    const int64_t end = std::min(rows, begin + step);
-    MX_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedWeight> slice,
-                        weights.Slice(format, layout, begin, end, core.registry->budget()));
-    const bool whole = begin == 0 && end == rows;
-    if (!whole) part.resize(static_cast<size_t>(m * (end - begin)));
-    const auto start = Clock::now();
-    MX_ASSIGN_OR_RETURN(
-        kernel,
-        core.backend->Linear(x, *slice, bias.empty() ? bias : bias.subspan(begin, end - begin),
-                             whole ? y : std::span<float>(part)));
-    compute_seconds += Seconds(Clock::now() - start);
-    for (int64_t row = 0; !whole && row < m; ++row) {
-      std::copy_n(part.data() + row * (end - begin), end - begin, y.data() + row * rows + begin);
-    }
-  }
-  core.metrics->RecordQuantization(format);
-  core.UpdateMemoryGauges();
-  return kernel;
-}
-
 class ComputeItem : public WorkItem {
  public:
   ComputeItem(const ComputeContext& core, CallInfo call, Done done, std::string run)
@@ -278,20 +207,10 @@ class GemmItem final : public ComputeItem {
         options_(options),
         response_(response) {}
 
-  void Run(std::span<WorkItem* const>) override {
+  void Run() override {
     const double queue_seconds = Seconds(Clock::now() - arrival);
-    if (!core_.backend->computes()) {
-      const int64_t n = b_.packed ? b_.rows : b_.cols;
-      ZeroMatrix(a_.rows, n, response_->mutable_c());
-      const auto model =
-          fpga_model::EstimateGemm(core_.energy_model, a_.format, b_.format, a_.rows, n, a_.cols);
-      FillInfo(core_, a_.format, b_.format, 0, 1, queue_seconds, 0, model, "",
-               response_->mutable_info());
-      Account(core_, Rpc::kGemm, phase_, run_, call_.principal, a_.format, arrival, queue_seconds,
-              2.0 * a_.rows * n * a_.cols, model, 0);
-      return done_(absl::OkStatus());
-    }
-    absl::StatusOr<mx::QuantizedMatrix> qa = a_.Take(options_);
+    const Operands operands(core_);
+    absl::StatusOr<mx::QuantizedMatrix> qa = operands.Rows(a_, options_);
     if (!qa.ok())
       return Fail(absl::InvalidArgumentError(absl::StrCat("a: ", qa.status().message())));
     absl::StatusOr<mx::QuantizedMatrix> qb;
@@ -299,23 +218,22 @@ class GemmItem final : public ComputeItem {
       qb = *std::move(b_.packed);
     } else {
       // B arrives K×N; the backend wants its N columns as rows of K.
-      qb = mx::kernels::QuantizeColumns(ToFloat(*b_.dense), b_.rows, b_.cols, b_.format, options_);
+      qb = operands.Columns(operands.Floats(*b_.dense), b_.rows, b_.cols, b_.format, options_);
     }
     if (!qb.ok())
       return Fail(absl::InvalidArgumentError(absl::StrCat("b: ", qb.status().message())));
     const int64_t m = qa->rows, k = qa->cols, n = qb->rows;
     std::vector<float> c(static_cast<size_t>(m * n));
-    const auto start = Clock::now();
-    absl::StatusOr<std::string> kernel = core_.backend->Linear(*qa, *qb, {}, c);
+    double compute_seconds = 0;
+    absl::StatusOr<std::string> kernel = operands.Linear(*qa, *qb, {}, c, compute_seconds);
     if (!kernel.ok()) return Fail(kernel.status());
-    const double compute_seconds = Seconds(Clock::now() - start);
     EncodeMatrix(c, m, n, response_->mutable_c());
     const auto model =
         fpga_model::EstimateGemm(core_.energy_model, qa->format, qb->format, m, n, k);
     FillInfo(core_, qa->format, qb->format, 0, 1, queue_seconds, compute_seconds, model, *kernel,
              response_->mutable_info());
-    Account(core_, Rpc::kGemm, phase_, run_, call_.principal, qa->format, arrival, queue_seconds, 2.0 * m * n * k,
-            model, compute_seconds);
+    Account(core_, Rpc::kGemm, phase_, run_, call_.principal, qa->format, arrival, queue_seconds,
+            2.0 * m * n * k, model, compute_seconds);
     done_(absl::OkStatus());
   }
 
@@ -343,47 +261,44 @@ class ForwardItem final : public ComputeItem {
     // One GEMM serves a batch only when everything but the rows of X agrees. The
     // LayerWeights address pins model, layer and weight version (it is alive while
     // this item holds it).
-    batch_key = absl::StrCat("forward/", reinterpret_cast<uintptr_t>(view_.weights.get()), "/",
+    runner = &kRunner;
+    batch_key = absl::StrCat(reinterpret_cast<uintptr_t>(view_.weights.get()), "/",
                              static_cast<int>(x_.format), "/", static_cast<int>(weight_format_));
   }
 
-  // The scheduler hands over the batch as work items of one key; they are
-  // checked to be this kind, once, and run as one GEMM by RunBatch.
-  void Run(std::span<WorkItem* const> batch) override {
-    std::vector<ForwardItem*> members;
-    members.reserve(batch.size());
-    for (WorkItem* item : batch) {
-      auto* member = dynamic_cast<ForwardItem*>(item);
-      if (member == nullptr || member->batch_key != batch_key) {
-        item->Fail(absl::InternalError("scheduler: a LayerForward batch held another request"));
-        continue;
-      }
-      members.push_back(member);
-    }
-    if (!members.empty()) RunBatch(members);
+  // Never called by the scheduler (the item has a runner); a batch of one.
+  void Run() override {
+    WorkItem* self = this;
+    kRunner.Run({&self, 1});
   }
 
  private:
-  // One GEMM for every member: the inputs' rows stacked, the outputs split.
+  // One GEMM for every member of a batch: the inputs' rows stacked, the
+  // outputs split.
+  class Runner final : public BatchRunner {
+   public:
+    void Run(std::span<WorkItem* const> batch) const override {
+      std::vector<ForwardItem*> members;
+      members.reserve(batch.size());
+      // Only ForwardItems carry this runner, and the scheduler hands it only
+      // items that do.
+      for (WorkItem* item : batch) members.push_back(static_cast<ForwardItem*>(item));
+      RunBatch(members);
+    }
+  };
+  static const Runner kRunner;
+
   static void RunBatch(std::span<ForwardItem* const> batch) {
     const auto started = Clock::now();
     const ForwardItem& first = *batch.front();
     const ComputeContext& core = first.core_;
+    const Operands operands(core);
     const LayerWeights& weights = *first.view_.weights;
     const int64_t n = weights.spec().out_features, k = weights.spec().in_features;
-    if (!core.backend->computes()) {
-      core.metrics->RecordBatch(static_cast<int>(batch.size()));
-      for (ForwardItem* member : batch) {
-        ZeroMatrix(member->x_.rows, n, member->response_->mutable_output());
-        member->Answer({}, member->x_.rows, n, k, batch.size(), Seconds(started - member->arrival),
-                       0, "");
-      }
-      return;
-    }
     std::vector<ForwardItem*> members;
     std::vector<mx::QuantizedMatrix> xs;
     for (ForwardItem* member : batch) {
-      absl::StatusOr<mx::QuantizedMatrix> x = member->x_.Take({});
+      absl::StatusOr<mx::QuantizedMatrix> x = operands.Rows(member->x_, {});
       if (!x.ok()) {
         member->Fail(absl::InvalidArgumentError(absl::StrCat("input: ", x.status().message())));
         continue;
@@ -423,8 +338,8 @@ class ForwardItem final : public ComputeItem {
     });
     double compute_seconds = 0;
     absl::StatusOr<std::string> kernel =
-        LinearOnCopy(core, weights, first.weight_format_, WeightLayout::kForward,
-                     CopyUseOf(core, update), x, weights.bias(), y, compute_seconds);
+        operands.LinearOnCopy(weights, first.weight_format_, WeightLayout::kForward,
+                              CopyUseOf(core, update), x, weights.bias(), y, compute_seconds);
     core.metrics->RecordBatch(static_cast<int>(members.size()));
     int64_t row = 0;
     for (ForwardItem* member : members) {
@@ -459,6 +374,8 @@ class ForwardItem final : public ComputeItem {
   v1::LayerForwardResponse* response_;
 };
 
+const ForwardItem::Runner ForwardItem::kRunner;
+
 // ---------------------------------------------------------------------------
 // LayerBackward: grad_input = dY·W, grad_weight = dYᵀ·X, grad_bias = Σ_rows dY;
 // with a weight_rows range, only the last two, for those rows of W.
@@ -478,8 +395,9 @@ class BackwardItem final : public ComputeItem {
         weight_rows_only_(weight_rows_only),
         response_(response) {}
 
-  void Run(std::span<WorkItem* const>) override {
+  void Run() override {
     const double queue_seconds = Seconds(Clock::now() - arrival);
+    const Operands operands(core_);
     const LayerWeights& weights = *view_.weights;
     // n: the rows of W this request is about (all, or its weight_rows range).
     const int64_t m = grad_output_.rows, n = grad_output_.cols, k = weights.spec().in_features;
@@ -487,57 +405,44 @@ class BackwardItem final : public ComputeItem {
     const bool want_input_grad = !weight_rows_only_;
     const auto [model, flops] =
         PriceBackward(core_, format_, m, n, k, want_input_grad, input_.has_value());
-    if (!core_.backend->computes()) {
-      if (want_input_grad) ZeroMatrix(m, k, response_->mutable_grad_input());
-      if (input_) ZeroMatrix(n, k, response_->mutable_grad_weight());
-      if (weights.spec().bias) {
-        EncodeVector(std::vector<float>(static_cast<size_t>(n), 0.0f),
-                     response_->mutable_grad_bias());
-      }
-      FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, 0, model, "",
-               response_->mutable_info());
-      Account(core_, Rpc::kLayerBackward, phase_, run_, call_.principal, format_, arrival, queue_seconds, flops,
-              model, 0);
-      return done_(absl::OkStatus());
-    }
     double compute_seconds = 0;
     std::string kernel;
     if (want_input_grad) {
-      absl::StatusOr<std::string> ran = GradInput(compute_seconds);
+      absl::StatusOr<std::string> ran = GradInput(operands, compute_seconds);
       if (!ran.ok()) return Fail(ran.status());
       kernel = *std::move(ran);
     }
-    const std::vector<float> dy = ToFloat(grad_output_);
+    const std::vector<float> dy = operands.Floats(grad_output_);
     if (input_) {
-      absl::StatusOr<std::string> ran = GradWeight(dy, compute_seconds);
+      absl::StatusOr<std::string> ran = GradWeight(operands, dy, compute_seconds);
       if (!ran.ok()) return Fail(ran.status());
       if (kernel.empty()) kernel = *std::move(ran);
     }
     if (weights.spec().bias) {
-      EncodeVector(mx::ColumnSums(dy, m, n), response_->mutable_grad_bias());
+      EncodeVector(operands.ColumnSums(dy, m, n), response_->mutable_grad_bias());
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
              kernel, response_->mutable_info());
-    Account(core_, Rpc::kLayerBackward, phase_, run_, call_.principal, format_, arrival, queue_seconds, flops, model,
-            compute_seconds);
+    Account(core_, Rpc::kLayerBackward, phase_, run_, call_.principal, format_, arrival,
+            queue_seconds, flops, model, compute_seconds);
     done_(absl::OkStatus());
   }
 
  private:
   // grad_input [M, K] = dY (M×N, blocked along N) · W (N×K), W held as K rows
   // of N (the transposed layout). Returns the kernel that ran.
-  absl::StatusOr<std::string> GradInput(double& compute_seconds) {
+  absl::StatusOr<std::string> GradInput(const Operands& operands, double& compute_seconds) {
     const LayerWeights& weights = *view_.weights;
     const int64_t m = grad_output_.rows, k = weights.spec().in_features;
-    absl::StatusOr<mx::QuantizedMatrix> dy = QuantizeDense(grad_output_, format_, {});
+    absl::StatusOr<mx::QuantizedMatrix> dy = operands.Rows(grad_output_, format_);
     if (!dy.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message()));
     }
     std::vector<float> grad_input(static_cast<size_t>(m * k));
     MX_ASSIGN_OR_RETURN(std::string kernel,
-                        LinearOnCopy(core_, weights, format_, WeightLayout::kTransposed,
-                                     CopyUseOf(core_, phase_ == Phase::kUpdate), *dy, {},
-                                     grad_input, compute_seconds));
+                        operands.LinearOnCopy(weights, format_, WeightLayout::kTransposed,
+                                              CopyUseOf(core_, phase_ == Phase::kUpdate), *dy, {},
+                                              grad_input, compute_seconds));
     EncodeMatrix(grad_input, m, k, response_->mutable_grad_input());
     return kernel;
   }
@@ -545,20 +450,20 @@ class BackwardItem final : public ComputeItem {
   // grad_weight [N, K] = dYᵀ (N×M) · X (M×K): dY and X quantized per column,
   // i.e. along M, held as N and K rows. Each row of it depends on its column of dY
   // alone, which is why a weight_rows slice is exact. Returns the kernel that ran.
-  absl::StatusOr<std::string> GradWeight(std::span<const float> dy, double& compute_seconds) {
+  absl::StatusOr<std::string> GradWeight(const Operands& operands, std::span<const float> dy,
+                                         double& compute_seconds) {
     const int64_t m = grad_output_.rows, n = grad_output_.cols;
     const int64_t k = view_.weights->spec().in_features;
-    absl::StatusOr<mx::QuantizedMatrix> dyt = mx::kernels::QuantizeColumns(dy, m, n, format_);
+    absl::StatusOr<mx::QuantizedMatrix> dyt = operands.Columns(dy, m, n, format_);
     absl::StatusOr<mx::QuantizedMatrix> xt =
-        mx::kernels::QuantizeColumns(ToFloat(*input_), m, k, format_);
+        operands.Columns(operands.Floats(*input_), m, k, format_);
     if (!dyt.ok() || !xt.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message()));
     }
     std::vector<float> grad_weight(static_cast<size_t>(n * k));
-    const auto start = Clock::now();
-    MX_ASSIGN_OR_RETURN(std::string kernel, core_.backend->Linear(*dyt, *xt, {}, grad_weight));
-    compute_seconds += Seconds(Clock::now() - start);
+    MX_ASSIGN_OR_RETURN(std::string kernel,
+                        operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds));
     EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
     return kernel;
   }

@@ -33,6 +33,9 @@ struct ComputeContext {
   int64_t max_message_bytes = 0;
   // mxserved --update-copies cache: update-phase copies are cached, not sliced.
   bool cache_update_copies = false;
+  // The most weight elements one slice of an update call's copy holds
+  // (LayerWeights::WithCopy): 32 MiB of FP32 source, 64 MiB of copy at most.
+  int64_t update_slice_elements = int64_t{8} << 20;
 
   void UpdateMemoryGauges() const {
     metrics->SetWeightBytes(static_cast<double>(registry->budget().used()));

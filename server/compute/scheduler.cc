@@ -34,8 +34,9 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
     // changed (outside it, a late report could leave an idle queue reading 1).
     if (on_depth_) on_depth_(waiting_);
 
-    const bool batched = !item->batch_key.empty() && max_batch_ > 1;
-    auto joinable = batched ? joinable_.find(item->batch_key) : joinable_.end();
+    const bool batched = item->runner != nullptr && !item->batch_key.empty() && max_batch_ > 1;
+    const BatchKey key{item->runner, item->batch_key};
+    auto joinable = batched ? joinable_.find(key) : joinable_.end();
     if (joinable != joinable_.end()) {
       Batch* batch = joinable->second;
       batch->items.push_back(std::move(item));
@@ -49,8 +50,9 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
     } else {
       auto owned = std::make_unique<Batch>();
       Batch* batch = owned.get();
+      batch->runner = item->runner;
       batch->close_at = item->arrival + options_.batch_window;
-      if (batched) joinable_.emplace(item->batch_key, batch);
+      if (batched) joinable_.emplace(key, batch);
       batch->items.push_back(std::move(item));
       if (!batched || batch->close_at <= Clock::now()) {
         batch->runnable = true;
@@ -78,7 +80,7 @@ void Scheduler::MakeRunnable(Batch* batch) {
   runnable_.push_back(std::move(node.mapped()));
 }
 
-std::vector<std::unique_ptr<WorkItem>> Scheduler::Take() {
+std::unique_ptr<Scheduler::Batch> Scheduler::Take() {
   while (true) {
     // Windows that ended, earliest first.
     const auto now = Clock::now();
@@ -88,15 +90,16 @@ std::vector<std::unique_ptr<WorkItem>> Scheduler::Take() {
     if (!runnable_.empty()) {
       std::unique_ptr<Batch> batch = std::move(runnable_.front());
       runnable_.pop_front();
-      const std::string& key = batch->items.front()->batch_key;
-      if (auto it = joinable_.find(key); it != joinable_.end() && it->second == batch.get()) {
+      const WorkItem& first = *batch->items.front();
+      if (auto it = joinable_.find({first.runner, first.batch_key});
+          it != joinable_.end() && it->second == batch.get()) {
         joinable_.erase(it);
       }
       waiting_ -= batch->items.size();
       if (on_depth_) on_depth_(waiting_);
-      return std::move(batch->items);
+      return batch;
     }
-    if (stopping_) return {};  // Shutdown made every open batch runnable
+    if (stopping_) return nullptr;  // Shutdown made every open batch runnable
     // mu_ as the BasicLockable the wait releases and retakes.
     struct Lockable {
       Mutex& mu;
@@ -115,20 +118,20 @@ std::vector<std::unique_ptr<WorkItem>> Scheduler::Take() {
 
 void Scheduler::WorkerLoop() {
   while (true) {
-    std::vector<std::unique_ptr<WorkItem>> batch;
+    std::unique_ptr<Batch> batch;
     {
       MutexLock lock(&mu_);
       batch = Take();
     }
-    if (batch.empty()) return;  // stopping and drained
-    Execute(std::move(batch));
+    if (batch == nullptr) return;  // stopping and drained
+    Execute(*batch);
   }
 }
 
-void Scheduler::Execute(std::vector<std::unique_ptr<WorkItem>> batch) {
+void Scheduler::Execute(Batch& batch) {
   const auto now = Clock::now();
   std::vector<WorkItem*> runnable;
-  for (auto& item : batch) {
+  for (auto& item : batch.items) {
     const bool cancelled = item->Cancelled();
     if (item->deadline <= now ||
         (cancelled && GaveUpCode(now, item->deadline) == absl::StatusCode::kDeadlineExceeded)) {
@@ -140,7 +143,12 @@ void Scheduler::Execute(std::vector<std::unique_ptr<WorkItem>> batch) {
       runnable.push_back(item.get());
     }
   }
-  if (!runnable.empty()) runnable.front()->Run(runnable);
+  if (runnable.empty()) return;
+  if (batch.runner != nullptr) {
+    batch.runner->Run(runnable);
+  } else {
+    runnable.front()->Run();  // alone: a batch without a runner holds one item
+  }
 }
 
 void Scheduler::Stop() {

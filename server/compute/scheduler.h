@@ -4,8 +4,9 @@
 //             open batches included), UNAVAILABLE once stopping
 //   worker  → drops cancelled work (CANCELLED) and work past its deadline
 //             (DEADLINE_EXCEEDED) without computing it; otherwise runs it
-//   batches → items with the same non-empty batch key (model, layer, formats,
-//             weight version) are fused, up to the maximum batch size. The first
+//   batches → items with the same runner and non-empty batch key (model,
+//             layer, formats, weight version) are fused, up to the maximum
+//             batch size, and handed to that runner (BatchRunner). The first
 //             item of a key opens a batch; items of that key submitted later join
 //             it. The batch is runnable once its window (from the first item's
 //             arrival) has ended or it is full, and it keeps taking items of its
@@ -33,6 +34,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,19 +59,34 @@ inline absl::StatusCode GaveUpCode(Clock::time_point when, Clock::time_point dea
              : absl::StatusCode::kCancelled;
 }
 
+class WorkItem;
+
+// Runs a batch: items that share a runner and a batch key, fused into one
+// computation. One runner serves every batch of its kind (LayerForward's), so
+// it holds no state of its own.
+class BatchRunner {
+ public:
+  virtual ~BatchRunner() = default;
+  // Runs `batch`, items that carry this runner and one key, in arrival order.
+  // Must answer every item.
+  virtual void Run(std::span<WorkItem* const> batch) const = 0;
+};
+
 class WorkItem {
  public:
   virtual ~WorkItem() = default;
 
-  // Runs `batch` (this item first, then the others of its key). Must answer every
-  // item of the batch.
-  virtual void Run(std::span<WorkItem* const> batch) = 0;
+  // Runs this item alone: an item without a runner, never batched.
+  virtual void Run() = 0;
   // Answers this item with an error; it will not run.
   virtual void Fail(absl::Status status) = 0;
   // True once the client gave up on the request.
   virtual bool Cancelled() const { return false; }
 
-  std::string batch_key;                     // empty: never batched
+  // Set both to be batched: items with the same runner and the same non-empty
+  // key are fused and handed to the runner together (a batch of one included).
+  const BatchRunner* runner = nullptr;
+  std::string batch_key;
   Clock::time_point arrival = Clock::now();  // when the request arrived
   Clock::time_point deadline = Clock::time_point::max();
 };
@@ -103,7 +120,10 @@ class Scheduler {
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Items that may join one batch: the same runner and key.
+  using BatchKey = std::pair<const BatchRunner*, std::string>;
   struct Batch {
+    const BatchRunner* runner = nullptr;  // null: one item, run alone
     std::vector<std::unique_ptr<WorkItem>> items;
     Clock::time_point close_at;  // runnable from then on, if not full before
     bool runnable = false;       // in runnable_; else in collecting_, at `collecting`
@@ -111,11 +131,13 @@ class Scheduler {
   };
 
   void WorkerLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Waits for a runnable batch and takes it; empty once stopping and drained.
-  std::vector<std::unique_ptr<WorkItem>> Take() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for a runnable batch and takes it; null once stopping and drained.
+  std::unique_ptr<Batch> Take() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves a collecting batch to the runnable queue.
   void MakeRunnable(Batch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Execute(std::vector<std::unique_ptr<WorkItem>> batch);
+  // Fails the items whose client gave up or whose deadline passed, then hands
+  // the rest to the batch's runner (or runs the one item).
+  void Execute(Batch& batch);
 
   const Options options_;
   const size_t max_batch_;  // options_.max_batch, at least 1
@@ -130,7 +152,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Batch>> runnable_ ABSL_GUARDED_BY(mu_);
   // Key → the batch that items of that key join: collecting, or runnable and not
   // yet taken, and not full.
-  std::map<std::string, Batch*> joinable_ ABSL_GUARDED_BY(mu_);
+  std::map<BatchKey, Batch*> joinable_ ABSL_GUARDED_BY(mu_);
   size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;  // items in collecting_ and runnable_
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);  // handed to the first Shutdown

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
@@ -63,8 +64,8 @@ using CopyKey = std::pair<mx::Format, WeightLayout>;
 //   default). A trainer changes its weights after every step, so each update
 //   copy of a version is read about once (the forward layout by the forward, the
 //   transposed one by grad_input; a few times when the client splits a large
-//   call). So nothing is cached for it: Get returns no weight, and the caller
-//   makes the rows it needs with Slice, for that call alone. A copy a kRequest
+//   call). So nothing is cached for it: Get returns no weight, and WithCopy
+//   makes the rows the call needs with Slice, for that call alone. A copy a kRequest
 //   use cached (the same format in the rollout) is shared, and not marked used.
 // - kWarmUp: the warm-up after a publish; cached, not marked used.
 enum class CopyUse { kRequest, kUpdate, kWarmUp };
@@ -102,7 +103,7 @@ class LayerWeights {
   }
 
   struct Quantized {
-    // Null for a CopyUse::kUpdate use of a copy not cached: make it with Slice.
+    // Null for a CopyUse::kUpdate use of a copy not cached: WithCopy slices it.
     std::shared_ptr<const PreparedWeight> weight;
     bool created = false;  // false: served from the cache
   };
@@ -121,6 +122,27 @@ class LayerWeights {
                                                               WeightLayout layout, int64_t begin,
                                                               int64_t end,
                                                               MemoryBudget& budget) const;
+
+  // One part of a copy that WithCopy hands over: rows [begin, end) of the
+  // copy's `rows` (N in the forward layout, K in the transposed one), prepared.
+  struct CopyPart {
+    int64_t begin = 0;
+    int64_t end = 0;
+    int64_t rows = 0;
+    const PreparedWeight& weight;
+  };
+  // The copy in `format` and `layout` for one call, part by part, in row order:
+  // the cached copy as one part (made first where needed, as Get makes it), or,
+  // for a CopyUse::kUpdate use of a copy not cached, slices of whole 64-row
+  // panels of at most `slice_elements` elements each (one slice if that is all
+  // the rows), made with Slice one at a time and each freed before the next.
+  // The first error of `use` ends the walk and is returned. `*created` says
+  // whether a copy was quantized for this call (the cached one made, or every
+  // slice made and used).
+  absl::Status WithCopy(mx::Format format, WeightLayout layout, MemoryBudget& budget, CopyUse use,
+                        int64_t slice_elements,
+                        absl::FunctionRef<absl::Status(const CopyPart&)> use_part,
+                        bool* created) const;
 
   const std::shared_ptr<const StoredTensor>& weight_tensor() const { return weight_; }
   const std::shared_ptr<const StoredTensor>& bias_tensor() const { return bias_; }

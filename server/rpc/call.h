@@ -244,7 +244,7 @@ class FunctionItem final : public WorkItem {
     arrival = call_.arrival;
     deadline = call_.deadline;
   }
-  void Run(std::span<WorkItem* const>) override { run_(); }
+  void Run() override { run_(); }
   void Fail(absl::Status status) override { fail_(std::move(status)); }
   bool Cancelled() const override { return call_.Cancelled(); }
 

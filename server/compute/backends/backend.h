@@ -34,9 +34,10 @@ class Backend {
   virtual ~Backend() = default;
   // "cpu", "null", ...; the `backend` label of metrics and ExecutionInfo.
   virtual absl::string_view name() const = 0;
-  // False for `null`: the daemon then skips quantizing operands as well, so what
-  // is left to measure is its own overhead (validation, scheduling, batching,
-  // serialization), and answers zeros of the right shape.
+  // False for `null`: the daemon then skips quantizing operands as well (it
+  // hands such a backend shape-only operands and weights: compute/operands.h),
+  // so what is left to measure is its own overhead (validation, scheduling,
+  // batching, serialization), and answers zeros of the right shape.
   virtual bool computes() const { return true; }
   // A layer's quantized weight (N rows of K) in this backend's own form, made
   // once per (layer version, format, layout) and shared by every request.

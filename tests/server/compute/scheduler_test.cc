@@ -25,9 +25,7 @@ class Probe final : public WorkItem {
  public:
   explicit Probe(std::atomic<int>* ran, std::function<void()> body = {})
       : ran_(ran), body_(std::move(body)) {}
-  void Run(std::span<WorkItem* const> batch) override {
-    for (WorkItem* item : batch) static_cast<Probe*>(item)->Ran();
-  }
+  void Run() override { Ran(); }
   void Fail(absl::Status status) override { failed.set_value(status.code()); }
   bool Cancelled() const override { return cancelled; }
 
@@ -182,14 +180,12 @@ class Tagged final : public WorkItem {
  public:
   Tagged(std::string name, std::string key, RunLog* log, std::function<void()> body = {})
       : name_(std::move(name)), log_(log), body_(std::move(body)) {
+    runner = &kRunner;
     batch_key = std::move(key);
   }
-  void Run(std::span<WorkItem* const> batch) override {
-    std::vector<std::string> names;
-    for (WorkItem* item : batch) names.push_back(static_cast<Tagged*>(item)->name_);
-    log_->Add(std::move(names));
-    if (body_) body_();
-    for (WorkItem* item : batch) static_cast<Tagged*>(item)->ran.set_value(Clock::now());
+  void Run() override {
+    WorkItem* self = this;
+    kRunner.Run({&self, 1});
   }
   void Fail(absl::Status status) override { failed.set_value(std::move(status)); }
   bool Cancelled() const override { return cancelled; }
@@ -199,10 +195,26 @@ class Tagged final : public WorkItem {
   std::atomic<bool> cancelled = false;
 
  private:
+  // The batch's runner: writes the names down, runs the first item's body,
+  // then marks every item run.
+  class Runner final : public BatchRunner {
+   public:
+    void Run(std::span<WorkItem* const> batch) const override {
+      std::vector<std::string> names;
+      for (WorkItem* item : batch) names.push_back(static_cast<Tagged*>(item)->name_);
+      Tagged& first = *static_cast<Tagged*>(batch.front());
+      first.log_->Add(std::move(names));
+      if (first.body_) first.body_();
+      for (WorkItem* item : batch) static_cast<Tagged*>(item)->ran.set_value(Clock::now());
+    }
+  };
+  static const Runner kRunner;
+
   std::string name_;
   RunLog* log_;
   std::function<void()> body_;
 };
+const Tagged::Runner Tagged::kRunner;
 
 // Guards the waits a bug would turn into a hang (a batch that never closes):
 // the test then fails instead of stalling. Correct code is ready at once.
