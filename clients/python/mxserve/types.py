@@ -52,6 +52,11 @@ class ComputeResult:
     output: Any
     info: ExecutionInfo
 
+    @classmethod
+    def from_proto(cls, tensor, info, like: Any = None) -> "ComputeResult":
+        """An output tensor and its ExecutionInfo; a torch tensor when `like` is one."""
+        return cls(_wire.from_tensor(tensor, like), ExecutionInfo.from_proto(info))
+
 
 @dataclass
 class BackwardResult:
@@ -59,6 +64,14 @@ class BackwardResult:
     grad_weight: Optional[Any]      # [out_features or a slice's rows, in_features]; None without X
     grad_bias: Optional[Any]        # [out_features]; None for a layer without bias
     info: ExecutionInfo
+
+    @classmethod
+    def from_proto(cls, response, like: Any = None) -> "BackwardResult":
+        """A LayerBackwardResponse; a gradient it leaves out (no shape) is None."""
+        def optional(tensor):
+            return _wire.from_tensor(tensor, like) if len(tensor.shape) else None
+        return cls(optional(response.grad_input), optional(response.grad_weight),
+                   optional(response.grad_bias), ExecutionInfo.from_proto(response.info))
 
 
 @dataclass(frozen=True)
