@@ -147,7 +147,9 @@ class StreamSession:
     def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even",
              run=None) -> Future:
         op = self._client._gemm_request(a, b, format, format_b, phase, rounding, run)
-        return self._submit("gemm", op, lambda r, like: ComputeResult.from_proto(r.gemm.c, r.gemm.info, like), a)
+        return self._submit("gemm", op,
+                            lambda r, like: ComputeResult.from_proto(r.gemm.c, r.gemm.info, like),
+                            a)
 
     def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0,
                 run=None) -> Future:
@@ -162,7 +164,8 @@ class StreamSession:
         op = self._client._backward_request(model, layer, grad_output, input, format, phase,
                                             min_weight_version, run)
         return self._submit("backward", op,
-                            lambda r, like: BackwardResult.from_proto(r.backward, like), grad_output)
+                            lambda r, like: BackwardResult.from_proto(r.backward, like),
+                            grad_output)
 
     def close(self) -> None:
         """Half-closes the stream and waits for every outstanding answer."""

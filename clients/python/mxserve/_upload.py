@@ -20,7 +20,7 @@ def _split_weights(value: Any):
 
 def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
             ) -> Iterator[models_pb2.WeightChunk]:
-    tensor = _wire.to_tensor(value, f"{layer}.{'bias' if role else 'weight'}")
+    tensor = _wire.to_tensor(value, f"{layer}.{_wire.enum_name(models_pb2.TensorRole, role)}")
     itemsize = 4 if tensor.dtype == common_pb2.DTYPE_FP32 else 2
     step = max(1, chunk_bytes // itemsize) * itemsize
     data = memoryview(tensor.data)
@@ -43,9 +43,10 @@ def _upload_stream(model: str, weights: Mapping[str, Any], publish: bool, chunk_
     tensors = []
     for layer, value in weights.items():
         weight, bias = _split_weights(value)
-        for role, name, tensor in ((models_pb2.TENSOR_ROLE_WEIGHT, "weight", weight),
-                                   (models_pb2.TENSOR_ROLE_BIAS, "bias", bias)):
+        for role, tensor in ((models_pb2.TENSOR_ROLE_WEIGHT, weight),
+                             (models_pb2.TENSOR_ROLE_BIAS, bias)):
             if tensor is not None:
+                name = _wire.enum_name(models_pb2.TensorRole, role)  # "weight", "bias"
                 _wire.check_numeric(tensor, f"{layer}.{name}")
                 tensors.append((layer, role, tensor))
 

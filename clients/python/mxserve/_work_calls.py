@@ -17,8 +17,6 @@ MAX_WORK_CALLS = 1 << 16
 MAX_WORK_CALL_COUNT = 1 << 20
 MAX_WORK_CALLS_BOOKED = 1 << 22
 MAX_WORK_ROWS = 1 << 32
-_WORK_CALL_KINDS = {"forward": telemetry_pb2.WORK_CALL_KIND_FORWARD,
-                    "backward": telemetry_pb2.WORK_CALL_KIND_BACKWARD}
 
 
 def _work_requests(calls: Iterable[WorkCall], scope_run: str, budget: int
@@ -59,11 +57,13 @@ def _work_call_to_wire(call: WorkCall, scope_run: str, field: str):
 
     phase = named(_wire.phase_to_wire, call.phase)
     if phase == common_pb2.PHASE_UNSPECIFIED:
-        raise ValueError(f"{field}.phase: required; expected rollout, reward or update")
+        raise ValueError(f"{field}.phase: required; expected {_wire.either(_wire.PHASES)}")
     run = _wire.run_to_wire(call.run if call.run is not None else scope_run, f"{field}.run")
-    kind = _WORK_CALL_KINDS.get(call.call)
-    if kind is None:
-        raise ValueError(f"{field}.call: expected 'forward' or 'backward', got {call.call!r}")
+    try:
+        kind = _wire.enum_value(telemetry_pb2.WorkCallKind, call.call, "call")
+    except ValueError:
+        kinds = " or ".join(repr(name) for name in _wire.enum_names(telemetry_pb2.WorkCallKind))
+        raise ValueError(f"{field}.call: expected {kinds}, got {call.call!r}") from None
     fmt = named(_wire.format_to_wire, call.format)
     if fmt == common_pb2.FORMAT_UNSPECIFIED:
         raise ValueError(f"{field}.format: required (the format the call ran in), got "
@@ -84,10 +84,10 @@ def _work_call_to_wire(call: WorkCall, scope_run: str, field: str):
     m = integer("m", 1, MAX_WORK_ROWS)
     n = integer("n", 0, MAX_WORK_ROWS)
     count = integer("count", 1, MAX_WORK_CALL_COUNT)
-    if call.call == "forward" and (call.grad_input or call.grad_weight):
+    if kind == telemetry_pb2.WORK_CALL_KIND_FORWARD and (call.grad_input or call.grad_weight):
         raise ValueError(f"{field}.grad_input: expected grad_input and grad_weight False for a "
                          "forward call")
-    if call.call == "backward" and not (call.grad_input or call.grad_weight):
+    if kind == telemetry_pb2.WORK_CALL_KIND_BACKWARD and not (call.grad_input or call.grad_weight):
         raise ValueError(f"{field}.grad_weight: a backward call runs grad_input, grad_weight or "
                          "both; got neither")
     return telemetry_pb2.WorkCall(phase=phase, run=run, model=call.model, layer=call.layer,

@@ -71,26 +71,14 @@ def _layer_spec(layer: Any) -> LayerSpec:
     return LayerSpec(name, int(out_features), int(in_features), bool(rest[0]) if rest else False)
 
 
-_REFERENCES = {"fp32": profiles_pb2.REFERENCE_FP32, "fp64": profiles_pb2.REFERENCE_FP64}
-_GENERATION_KINDS = {"fraction": profiles_pb2.GENERATION_KIND_FRACTION,
-                     "budget": profiles_pb2.GENERATION_KIND_BUDGET,
-                     "tolerance": profiles_pb2.GENERATION_KIND_TOLERANCE}
-_SCORES = {"auto": profiles_pb2.SCORE_AUTO, "rel_error": profiles_pb2.SCORE_REL_ERROR,
-           "fisher": profiles_pb2.SCORE_FISHER, "mse": profiles_pb2.SCORE_MSE}
-_COST_METRICS = {"energy": profiles_pb2.COST_METRIC_ENERGY, "time": profiles_pb2.COST_METRIC_TIME,
-                 "bits": profiles_pb2.COST_METRIC_BITS}
-# The generate_policy arguments each kind takes, of those that are kind-specific.
+# The generate_policy arguments each kind (GenerationKind's names) takes, of those
+# that are kind-specific.
 _KIND_VALUES = {"fraction": {"fraction"}, "budget": {"budget", "relative_budget"},
                 "tolerance": {"tolerance"}}
+# gemm's rounding: Rounding's names, and the words mxctl's --rounding takes.
+_ROUNDING_ALIASES = {"even": "nearest_even", "away": "nearest_away"}
 
 PhaseValues = Union[None, float, Mapping[Optional[str], float]]
-
-
-def _choice(value: str, choices: Mapping[str, int], field: str) -> int:
-    try:
-        return choices[str(value).lower()]
-    except KeyError:
-        raise ValueError(f"{field}: expected one of {', '.join(choices)}, got {value!r}") from None
 
 
 def _concrete_formats(formats: Union[None, _wire.FormatLike, Iterable[_wire.FormatLike]],
@@ -310,16 +298,14 @@ class Client:
 
     def _gemm_request(self, a, b, format, format_b, phase, rounding,
                       run) -> compute_pb2.GemmRequest:
-        if rounding not in ("even", "away"):
-            raise ValueError(f"rounding: expected 'even' or 'away', got {rounding!r}")
+        rounding = _wire.enum_value(common_pb2.Rounding, rounding, "rounding",
+                                    aliases=_ROUNDING_ALIASES)
         return compute_pb2.GemmRequest(
             phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             format_b=_wire.format_to_wire(format_b),
             a=common_pb2.Operand(tensor=_wire.to_tensor(a, "a")),
-            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")),
-            rounding=(common_pb2.ROUNDING_NEAREST_EVEN if rounding == "even"
-                      else common_pb2.ROUNDING_NEAREST_AWAY))
+            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")), rounding=rounding)
 
     def _forward_request(self, model, layer, x, format, phase, min_weight_version, run):
         return compute_pb2.LayerForwardRequest(
@@ -512,7 +498,8 @@ class Client:
         config = profiles_pb2.ProfileConfig(
             model=model, formats=_concrete_formats(formats, "formats"),
             layers=[layers] if isinstance(layers, str) else list(layers or ()),
-            reference=_choice(reference, _REFERENCES, "reference"), batch_tokens=batch_tokens)
+            reference=_wire.enum_value(profiles_pb2.Reference, reference, "reference"),
+            batch_tokens=batch_tokens)
 
         def stream():
             yield profiles_pb2.ProfileRequest(config=config)
@@ -585,8 +572,8 @@ class Client:
         groups: globs whose matches within one block share a format. An infeasible
         budget or bound is INVALID_ARGUMENT naming the least feasible one.
         """
-        kind_name = str(kind).lower()
-        wire_kind = _choice(kind_name, _GENERATION_KINDS, "kind")
+        wire_kind = _wire.enum_value(profiles_pb2.GenerationKind, kind, "kind")
+        kind_name = _wire.enum_name(profiles_pb2.GenerationKind, wire_kind)
         given = {field for field, value in (("fraction", fraction), ("budget", budget),
                                             ("relative_budget", relative_budget),
                                             ("tolerance", tolerance)) if value is not None}
@@ -598,11 +585,11 @@ class Client:
         request = profiles_pb2.GeneratePolicyRequest(
             model=model, weight_version=weight_version, name=name, kind=wire_kind,
             phases=[_wire.phase_to_wire(p) for p in (phases or ())],
-            score=_choice(score, _SCORES, "score"),
+            score=_wire.enum_value(profiles_pb2.Score, score, "score"),
             fractions=_phase_values(fraction, "fraction"),
             low=_wire.format_to_wire(low), high=_wire.format_to_wire(high),
             candidates=_concrete_formats(candidates, "candidates"),
-            metric=_choice(metric, _COST_METRICS, "metric"),
+            metric=_wire.enum_value(profiles_pb2.CostMetric, metric, "metric"),
             budgets=_phase_values(budget if kind_name == "budget" else tolerance,
                                   "budget" if kind_name == "budget" else "tolerance"),
             relative_budgets=_phase_values(relative_budget, "relative_budget"),

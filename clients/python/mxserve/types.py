@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from mxserve import _wire
+from mxserve.v1 import profiles_pb2
 
 
 @dataclass(frozen=True)
@@ -266,9 +267,8 @@ class EnergyReport:
 PROFILE_COLUMNS = ("layer", "format", "out_features", "in_features", "tokens", "rel_error",
                    "sqnr_db", "fisher", "seconds_per_token", "joules_per_token",
                    "train_seconds_per_token", "train_joules_per_token", "weight_bits")
-PROFILE_SCORES = ("auto", "rel_error", "fisher", "mse")
-_PROFILE_SOURCES = {0: "unspecified", 1: "weights", 2: "activations", 3: "gradients"}
-_REFERENCES = {0: "fp32", 1: "fp64"}
+# The scores a profile ranks by: Score's names ("auto", "rel_error", "fisher", "mse").
+PROFILE_SCORES = _wire.enum_names(profiles_pb2.Score)
 
 
 @dataclass(frozen=True)
@@ -319,8 +319,8 @@ class Profile:
                        train_joules_per_token=s.train_joules_per_token, weight_bits=s.weight_bits)
             for l in profile.layers for s in l.scores)
         return cls(model=profile.model, weight_version=profile.weight_version,
-                   source=_PROFILE_SOURCES.get(profile.source, f"source#{profile.source}"),
-                   reference=_REFERENCES.get(profile.reference, f"reference#{profile.reference}"),
+                   source=_wire.enum_name(profiles_pb2.ProfileSource, profile.source),
+                   reference=_wire.enum_name(profiles_pb2.Reference, profile.reference),
                    batch_tokens=profile.batch_tokens,
                    formats=tuple(_wire.format_name(f) for f in profile.formats), rows=rows,
                    tokens=profile.tokens, created_unix_seconds=profile.created_unix_seconds,
