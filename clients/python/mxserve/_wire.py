@@ -30,6 +30,7 @@ EnumType = Any
 
 
 class _Enum(NamedTuple):
+    type_name: str                # "CostMetric"
     prefix: str                   # "COST_METRIC_"
     noun: str                     # "cost metric", for messages
     names: Dict[int, str]         # number → name, in declaration order
@@ -56,16 +57,16 @@ def _enum(enum_type: EnumType) -> _Enum:
                  for v in descriptor.values}
         unspecified = descriptor.values_by_name.get(prefix + "UNSPECIFIED")
         known = _ENUMS[descriptor.full_name] = _Enum(
-            prefix, prefix[:-1].lower().replace("_", " "), names,
+            descriptor.name, prefix, prefix[:-1].lower().replace("_", " "), names,
             None if unspecified is None else unspecified.number)
     return known
 
 
 def enum_name(enum_type: EnumType, number: int) -> str:
     """A wire value's name by the rule ("rollout", "unspecified"); one outside the
-    enum is "<type name, lower snake case>#N" ("phase#7", "profile_source#9")."""
+    enum is "<type name lower-cased>#N" ("phase#7", "profilesource#9"), as in C++."""
     e = _enum(enum_type)
-    return e.names.get(number, f"{e.prefix[:-1].lower()}#{number}")
+    return e.names.get(number, f"{e.type_name.lower()}#{number}")
 
 
 def enum_numbers(enum_type: EnumType, *, skip_unspecified: bool = True) -> Dict[str, int]:
