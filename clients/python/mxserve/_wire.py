@@ -1,4 +1,13 @@
-"""Names and tensors on the wire: phases, formats, run tags, and arrays ↔ mxserve.v1.Tensor.
+"""Names and tensors on the wire: enum names, phases, formats, run tags, and arrays ↔
+mxserve.v1.Tensor.
+
+Every enum of mxserve.v1 has names by one rule, the C++ side's too (proto/convert;
+tests/test_enums.py compares them): a value's name is its proto name lower-cased
+without the enum's prefix, which is the enum's type name in UPPER_SNAKE_CASE and
+"_" (Phase: PHASE_ROLLOUT → "rollout"; Score: SCORE_REL_ERROR → "rel_error";
+CostMetric: COST_METRIC_ENERGY → "energy"; DType: DTYPE_FP32 → "fp32"). Formats
+are the one exception in spelling: upper case ("MXFP8_E4M3"), as mx/ and mxctl
+write them.
 
 Arrays cross as raw little-endian bytes through the buffer protocol: one copy into
 the request, one copy out of the response, no Python loop over elements.
@@ -8,19 +17,112 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Optional, Union
+from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
 from mxserve.v1 import common_pb2 as pb
 
-PHASES = ("rollout", "reward", "update")
-_PHASE_TO_WIRE = {"rollout": pb.PHASE_ROLLOUT, "reward": pb.PHASE_REWARD, "update": pb.PHASE_UPDATE}
+# --- enums ---------------------------------------------------------------------------
+
+# A generated enum (common_pb2.Phase) or its EnumDescriptor.
+EnumType = Any
+
+
+class _Enum(NamedTuple):
+    type_name: str                # "CostMetric"
+    prefix: str                   # "COST_METRIC_"
+    noun: str                     # "cost metric", for messages
+    names: Dict[int, str]         # number → name, in declaration order
+    unspecified: Optional[int]    # the number of <prefix>UNSPECIFIED, if declared
+
+
+_ENUMS: Dict[str, _Enum] = {}
+
+
+def enum_prefix(enum_type: EnumType) -> str:
+    """The enum's type name in UPPER_SNAKE_CASE and "_": an underscore before each
+    capital that follows a lower-case letter or a digit (CostMetric → COST_METRIC_,
+    DType → DTYPE_)."""
+    name = getattr(enum_type, "DESCRIPTOR", enum_type).name
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).upper() + "_"
+
+
+def _enum(enum_type: EnumType) -> _Enum:
+    descriptor = getattr(enum_type, "DESCRIPTOR", enum_type)
+    known = _ENUMS.get(descriptor.full_name)
+    if known is None:
+        prefix = enum_prefix(descriptor)
+        names = {v.number: (v.name[len(prefix):] if v.name.startswith(prefix) else v.name).lower()
+                 for v in descriptor.values}
+        unspecified = descriptor.values_by_name.get(prefix + "UNSPECIFIED")
+        known = _ENUMS[descriptor.full_name] = _Enum(
+            descriptor.name, prefix, prefix[:-1].lower().replace("_", " "), names,
+            None if unspecified is None else unspecified.number)
+    return known
+
+
+def enum_name(enum_type: EnumType, number: int) -> str:
+    """A wire value's name by the rule ("rollout", "unspecified"); one outside the
+    enum is "<type name lower-cased>#N" ("phase#7", "profilesource#9"), as in C++."""
+    e = _enum(enum_type)
+    return e.names.get(number, f"{e.type_name.lower()}#{number}")
+
+
+def enum_numbers(enum_type: EnumType, *, skip_unspecified: bool = True) -> Dict[str, int]:
+    """{name: number} in declaration order, without <PREFIX>UNSPECIFIED unless asked."""
+    e = _enum(enum_type)
+    return {name: number for number, name in e.names.items()
+            if not (skip_unspecified and number == e.unspecified)}
+
+
+def enum_names(enum_type: EnumType, *, skip_unspecified: bool = True) -> Tuple[str, ...]:
+    """The names, in declaration order: enum_names(common_pb2.Phase) is
+    ("rollout", "reward", "update")."""
+    return tuple(enum_numbers(enum_type, skip_unspecified=skip_unspecified))
+
+
+def either(words: Iterable[Any]) -> str:
+    """"a", "a or b", "a, b or c": the names a message says it expected."""
+    words = [str(w) for w in words]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def enum_value(enum_type: EnumType, value: Union[str, int], field: str, *,
+               unspecified: bool = False, aliases: Optional[Mapping[str, str]] = None) -> int:
+    """A name (short or full, any case: "rel_error", "SCORE_REL_ERROR"), an alias
+    (aliases maps lower-case alias → name) or a wire value → the wire value.
+    <PREFIX>UNSPECIFIED is refused unless `unspecified`. Anything else raises
+    ValueError naming `field` and the names it takes: "phase: unknown phase
+    'warmup'; expected rollout, reward or update", "phase: unknown wire value 7;
+    expected 1, 2 or 3"."""
+    e = _enum(enum_type)
+    choices = enum_numbers(enum_type, skip_unspecified=not unspecified)
+    if isinstance(value, (int, np.integer)):
+        if value in choices.values():
+            return int(value)
+        raise ValueError(f"{field}: unknown wire value {value}; expected "
+                         f"{either(choices.values())}")
+    aliases = aliases or {}
+    name = str(value).lower()
+    name = aliases.get(name, name)
+    if name not in choices and name.startswith(e.prefix.lower()):
+        name = name[len(e.prefix):]
+    if name in choices:
+        return choices[name]
+    raise ValueError(f"{field}: unknown {e.noun} {value!r}; expected "
+                     f"{either([*choices, *aliases])}")
+
+
+# --- phases, formats, runs ----------------------------------------------------------
+
+PHASES = enum_names(pb.Phase)  # ("rollout", "reward", "update")
+_PHASE_TO_WIRE = enum_numbers(pb.Phase)
 _WIRE_TO_PHASE = {v: k for k, v in _PHASE_TO_WIRE.items()}
 
-# Canonical names, as mx/ and mxctl spell them, in wire order (FORMAT_* = index + 1).
-FORMATS = ("MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1", "MXINT8",
-           "INT8", "BF16", "FP16", "FP32")
+# Canonical names, as mx/ and mxctl spell them (the rule's, upper case), in wire
+# order (FORMAT_* = index + 1).
+FORMATS = tuple(name.upper() for name in enum_names(pb.Format))
 _FORMAT_ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 _POLICY_WORDS = ("", "POLICY", "AUTO")
 
@@ -39,18 +141,7 @@ def phase_to_wire(phase: Optional[PhaseLike]) -> int:
     """
     if phase is None:
         return pb.PHASE_UNSPECIFIED
-    if isinstance(phase, int):
-        if phase not in _WIRE_TO_PHASE:
-            raise ValueError(f"phase: unknown wire value {phase}; expected 1, 2 or 3")
-        return phase
-    name = str(phase).lower()
-    if name.startswith("phase_"):
-        name = name[len("phase_"):]
-    try:
-        return _PHASE_TO_WIRE[name]
-    except KeyError:
-        raise ValueError(f"phase: unknown phase {phase!r}; expected rollout, reward or update") \
-            from None
+    return enum_value(pb.Phase, phase, "phase")
 
 
 def run_to_wire(run: Optional[str], field: str = "run") -> str:
@@ -65,7 +156,7 @@ def run_to_wire(run: Optional[str], field: str = "run") -> str:
 
 
 def phase_name(wire: int) -> str:
-    return _WIRE_TO_PHASE.get(wire, "unspecified" if wire == 0 else f"phase#{wire}")
+    return enum_name(pb.Phase, wire)
 
 
 def format_to_wire(fmt: FormatLike) -> int:

@@ -14,22 +14,21 @@ code and the daemon's message, which names the offending field.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import inspect
-import itertools
 import json
-import queue
-import threading
-from concurrent.futures import Future
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
-import numpy as np
 
 from mxserve import _health_pb2, _wire, security
-from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport, ExecutionInfo,
+from mxserve._calibration import DEFAULT_CALIBRATION_BYTES, _calibration_requests
+from mxserve._errors import MxserveError
+from mxserve._scope import _Scope
+from mxserve._stream import StreamSession, _Requests
+from mxserve._upload import _upload_stream
+from mxserve._work_calls import (MAX_WORK_CALL_COUNT, MAX_WORK_CALLS, MAX_WORK_CALLS_BOOKED,
+                                 MAX_WORK_ROWS, _work_requests)
+from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport,
                            EnergyInterval, EnergyResult, GeneratedPolicy, LayerSpec, ModelInfo,
                            PolicyInfo, PowerResult, PowerSample, Profile, ReportWorkResult,
                            ResolvedFormat, ResolvedPolicy, UploadResult, WorkCall)
@@ -37,25 +36,19 @@ from mxserve.v1 import (common_pb2, compute_pb2, compute_pb2_grpc, models_pb2, m
                         policies_pb2, policies_pb2_grpc, profiles_pb2, profiles_pb2_grpc,
                         telemetry_pb2, telemetry_pb2_grpc)
 
+# The public names, some kept here for `from mxserve.client import ...` from where
+# they now live: StreamSession (_stream), MxserveError (_errors), the calibration
+# and ReportWork bounds (_calibration, _work_calls).
+__all__ = ["CLIENT_TIMEOUT", "DEFAULT_ADDRESS", "DEFAULT_CALIBRATION_BYTES", "DEFAULT_CHUNK_BYTES",
+           "DEFAULT_MAX_MESSAGE_BYTES", "ENVELOPE_BYTES", "MAX_WORK_CALL_COUNT", "MAX_WORK_CALLS",
+           "MAX_WORK_CALLS_BOOKED", "MAX_WORK_ROWS", "Client", "MxserveError", "StreamSession"]
+
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the daemon's default --max-message-bytes
 DEFAULT_CHUNK_BYTES = 1 << 20         # UploadWeights chunk size
 # Room in a message for what is not tensor data (names, shapes, ExecutionInfo): a
 # message carries at most max_message_bytes - ENVELOPE_BYTES of tensors.
 ENVELOPE_BYTES = 64 << 10
-# ProfileModel calibration messages: well under the daemon's message limit, so one
-# message never holds much of a layer's rows in memory on either side.
-DEFAULT_CALIBRATION_BYTES = 16 << 20
-# Telemetry.ReportWork's bounds (server/rpc/telemetry_service.h): calls per message,
-# a call's count, the counts of one message together, and a call's rows.
-MAX_WORK_CALLS = 1 << 16
-MAX_WORK_CALL_COUNT = 1 << 20
-MAX_WORK_CALLS_BOOKED = 1 << 22
-MAX_WORK_ROWS = 1 << 32
-_WORK_CALL_KINDS = {"forward": telemetry_pb2.WORK_CALL_KIND_FORWARD,
-                    "backward": telemetry_pb2.WORK_CALL_KIND_BACKWARD}
-
-_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _ClientTimeout:
@@ -68,56 +61,6 @@ class _ClientTimeout:
 CLIENT_TIMEOUT: Any = _ClientTimeout()
 
 
-class MxserveError(Exception):
-    """A call failed. `code` is a grpc.StatusCode, `message` the daemon's words."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, rpc: str = ""):
-        super().__init__(f"{rpc + ': ' if rpc else ''}{code.name}: {message}")
-        self.code = code
-        self.message = message
-        self.rpc = rpc
-
-
-def _status_code(value: int) -> grpc.StatusCode:
-    return _STATUS_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
-
-
-class _Scope(contextlib.ContextDecorator):
-    """`with client.phase("rollout"):` or `@client.phase("rollout")`, and the same
-    for `client.run(...)`: `name` says which ("phase" or "run").
-
-    The value lives in a ContextVar, so each thread (and each asyncio task) has its
-    own; a scope restores whatever was current when it was entered. One scope object
-    may be entered by several threads at once; within one thread, asyncio tasks
-    should each use their own `with client.phase(...)`. Decorating a coroutine
-    function is refused: the scope would end before its body runs.
-    """
-
-    def __init__(self, var: contextvars.ContextVar, value: str, name: str):
-        self._var = var
-        self._value = value
-        self._name = name
-        self._tokens = threading.local()
-
-    def __enter__(self):
-        stack = self._tokens.__dict__.setdefault("stack", [])
-        stack.append(self._var.set(self._value))
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self._var.reset(self._tokens.stack.pop())
-        return False
-
-    def _recreate_cm(self):  # each decorated call gets its own scope
-        return _Scope(self._var, self._value, self._name)
-
-    def __call__(self, function):
-        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
-            raise TypeError(f"client.{self._name}(...) cannot decorate a coroutine function; "
-                            f"use `with client.{self._name}(...)` inside it")
-        return super().__call__(function)
-
-
 def _layer_spec(layer: Any) -> LayerSpec:
     if isinstance(layer, LayerSpec):
         return layer
@@ -128,94 +71,14 @@ def _layer_spec(layer: Any) -> LayerSpec:
     return LayerSpec(name, int(out_features), int(in_features), bool(rest[0]) if rest else False)
 
 
-def _split_weights(value: Any):
-    """{layer: W} | {layer: (W, b)} | {layer: {"weight": W, "bias": b}} → (W, b or None)."""
-    if isinstance(value, Mapping):
-        return value["weight"], value.get("bias")
-    if isinstance(value, tuple):
-        weight, bias = value
-        return weight, bias
-    return value, None
-
-
-class _Requests:
-    """Wraps a request generator so an exception raised while producing a request
-    (a bad tensor, a bad sample) reaches the caller as itself: gRPC would swallow it
-    into UNKNOWN "Exception iterating requests!". The stream ends where it failed:
-    half-closed, so the daemon answers what it got, or with `cancel_on_error`
-    cancelled first (once `bind` gave the call), so it keeps nothing of a stream
-    cut short (a profile of some of the calibration data)."""
-
-    def __init__(self, generator: Iterable, cancel_on_error: bool = False):
-        self._generator = iter(generator)
-        self._cancel_on_error = cancel_on_error
-        self._bound = threading.Event()
-        self._call: Any = None
-        self.error: Optional[BaseException] = None
-
-    def bind(self, call: Any) -> None:
-        """The call consuming these requests, which an error cancels."""
-        self._call = call
-        self._bound.set()
-
-    def __iter__(self) -> "_Requests":
-        return self
-
-    def __next__(self):
-        if self.error is not None:
-            raise StopIteration
-        try:
-            return next(self._generator)
-        except StopIteration:
-            raise
-        except Exception as error:
-            self.error = error
-            if self._cancel_on_error:
-                self._bound.wait()  # bind() follows the call's creation at once
-                self._call.cancel()
-            raise StopIteration from None
-
-    def reraise(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
-            ) -> Iterator[models_pb2.WeightChunk]:
-    tensor = _wire.to_tensor(value, f"{layer}.{'bias' if role else 'weight'}")
-    itemsize = 4 if tensor.dtype == common_pb2.DTYPE_FP32 else 2
-    step = max(1, chunk_bytes // itemsize) * itemsize
-    data = memoryview(tensor.data)
-    offset = 0
-    while True:  # an empty tensor still sends one chunk, so the daemon sees it
-        piece = data[offset:offset + step]
-        yield models_pb2.WeightChunk(model=model, layer=layer, role=role, dtype=tensor.dtype,
-                                     offset_elements=offset // itemsize, data=bytes(piece))
-        offset += step
-        if offset >= len(data):
-            return
-
-
-_REFERENCES = {"fp32": profiles_pb2.REFERENCE_FP32, "fp64": profiles_pb2.REFERENCE_FP64}
-_GENERATION_KINDS = {"fraction": profiles_pb2.GENERATION_KIND_FRACTION,
-                     "budget": profiles_pb2.GENERATION_KIND_BUDGET,
-                     "tolerance": profiles_pb2.GENERATION_KIND_TOLERANCE}
-_SCORES = {"auto": profiles_pb2.SCORE_AUTO, "rel_error": profiles_pb2.SCORE_REL_ERROR,
-           "fisher": profiles_pb2.SCORE_FISHER, "mse": profiles_pb2.SCORE_MSE}
-_COST_METRICS = {"energy": profiles_pb2.COST_METRIC_ENERGY, "time": profiles_pb2.COST_METRIC_TIME,
-                 "bits": profiles_pb2.COST_METRIC_BITS}
-# The generate_policy arguments each kind takes, of those that are kind-specific.
+# The generate_policy arguments each kind (GenerationKind's names) takes, of those
+# that are kind-specific.
 _KIND_VALUES = {"fraction": {"fraction"}, "budget": {"budget", "relative_budget"},
                 "tolerance": {"tolerance"}}
+# gemm's rounding: Rounding's names, and the words mxctl's --rounding takes.
+_ROUNDING_ALIASES = {"even": "nearest_even", "away": "nearest_away"}
 
 PhaseValues = Union[None, float, Mapping[Optional[str], float]]
-
-
-def _choice(value: str, choices: Mapping[str, int], field: str) -> int:
-    try:
-        return choices[str(value).lower()]
-    except KeyError:
-        raise ValueError(f"{field}: expected one of {', '.join(choices)}, got {value!r}") from None
 
 
 def _concrete_formats(formats: Union[None, _wire.FormatLike, Iterable[_wire.FormatLike]],
@@ -260,53 +123,6 @@ def _phase_values(values: PhaseValues, field: str) -> List[profiles_pb2.PhaseVal
         result.append(profiles_pb2.PhaseValue(phase=wire, value=number))
     return result
 
-
-def _calibration_matrix(value: Any) -> Any:
-    """A calibration tensor as rows: torch tensors stay torch (any device), the rest
-    become numpy; more than two dimensions flatten into rows of the last one."""
-    matrix = value if _wire.is_torch(value) else np.asarray(value)
-    if matrix.ndim > 2:
-        matrix = matrix.reshape(-1, matrix.shape[-1])
-    return matrix
-
-
-def _row_bytes(matrix: Any) -> int:
-    """Bytes one row takes on the wire: 16-bit floats travel as they are, the rest
-    as float32 (as _wire.to_tensor sends them)."""
-    if _wire.is_torch(matrix):
-        half = matrix.dtype.is_floating_point and matrix.element_size() == 2
-    else:
-        half = matrix.dtype == np.float16
-    return (2 if half else 4) * matrix.shape[-1]
-
-
-def _calibration_request(index: int, layer: Any, x: Any, g: Any) -> profiles_pb2.ProfileRequest:
-    batch = profiles_pb2.CalibrationBatch(
-        layer=str(layer), inputs=_wire.to_tensor(x, f"batches[{index}].inputs"))
-    if g is not None:
-        batch.output_grads.CopyFrom(_wire.to_tensor(g, f"batches[{index}].output_grads"))
-    return profiles_pb2.ProfileRequest(batch=batch)
-
-
-def _calibration_requests(batches: Iterable[Any], max_bytes: int
-                          ) -> Iterator[profiles_pb2.ProfileRequest]:
-    """(layer, inputs, output_grads or None) items → CalibrationBatch messages, each
-    item's rows split so that a message carries at most about `max_bytes`. An item
-    whose shapes do not line up goes whole: the daemon names what is wrong."""
-    for index, item in enumerate(batches):
-        layer, inputs, *rest = item
-        grads = rest[0] if rest else None
-        x = _calibration_matrix(inputs)
-        g = None if grads is None else _calibration_matrix(grads)
-        aligned = x.ndim == 2 and x.shape[0] > 0 and \
-            (g is None or (g.ndim == 2 and g.shape[0] == x.shape[0]))
-        if not aligned:
-            yield _calibration_request(index, layer, x, g)
-            continue
-        step = max(1, max_bytes // max(1, _row_bytes(x) + (0 if g is None else _row_bytes(g))))
-        for start in range(0, x.shape[0], step):
-            yield _calibration_request(index, layer, x[start:start + step],
-                                       None if g is None else g[start:start + step])
 
 class Client:
     """A connection to mxserved.
@@ -482,16 +298,14 @@ class Client:
 
     def _gemm_request(self, a, b, format, format_b, phase, rounding,
                       run) -> compute_pb2.GemmRequest:
-        if rounding not in ("even", "away"):
-            raise ValueError(f"rounding: expected 'even' or 'away', got {rounding!r}")
+        rounding = _wire.enum_value(common_pb2.Rounding, rounding, "rounding",
+                                    aliases=_ROUNDING_ALIASES)
         return compute_pb2.GemmRequest(
             phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             format_b=_wire.format_to_wire(format_b),
             a=common_pb2.Operand(tensor=_wire.to_tensor(a, "a")),
-            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")),
-            rounding=(common_pb2.ROUNDING_NEAREST_EVEN if rounding == "even"
-                      else common_pb2.ROUNDING_NEAREST_AWAY))
+            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")), rounding=rounding)
 
     def _forward_request(self, model, layer, x, format, phase, min_weight_version, run):
         return compute_pb2.LayerForwardRequest(
@@ -514,18 +328,6 @@ class Client:
             request.weight_rows.begin, request.weight_rows.end = begin, end
         return request
 
-    @staticmethod
-    def _compute_result(tensor, info, like) -> ComputeResult:
-        return ComputeResult(_wire.from_tensor(tensor, like), ExecutionInfo.from_proto(info))
-
-    @staticmethod
-    def _backward_result(response, like) -> BackwardResult:
-        def optional(tensor):
-            return _wire.from_tensor(tensor, like) if len(tensor.shape) else None
-        return BackwardResult(optional(response.grad_input),
-                              optional(response.grad_weight), optional(response.grad_bias),
-                              ExecutionInfo.from_proto(response.info))
-
     def gemm(self, a, b, format: _wire.FormatLike, format_b: _wire.FormatLike = None, *,
              phase: Optional[_wire.PhaseLike] = None, rounding: str = "even",
              run: Optional[str] = None,
@@ -536,7 +338,7 @@ class Client:
         `client.run(...)` scopes; so do those of the calls below."""
         request = self._gemm_request(a, b, format, format_b, phase, rounding, run)
         response = self._call("Gemm", self._compute.Gemm, request, timeout)
-        return self._compute_result(response.c, response.info, a)
+        return ComputeResult.from_proto(response.c, response.info, a)
 
     def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
@@ -546,7 +348,7 @@ class Client:
         is explicit or the model's policy's choice for (phase, layer)."""
         request = self._forward_request(model, layer, x, format, phase, min_weight_version, run)
         response = self._call("LayerForward", self._compute.LayerForward, request, timeout)
-        return self._compute_result(response.output, response.info, x)
+        return ComputeResult.from_proto(response.output, response.info, x)
 
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
@@ -562,7 +364,7 @@ class Client:
         Slices are bit-identical to the same rows of an unsplit call."""
         request = self._backward_request(model, layer, grad_output, input, format, phase,
                                          min_weight_version, run, weight_rows)
-        return self._backward_result(
+        return BackwardResult.from_proto(
             self._call("LayerBackward", self._compute.LayerBackward, request, timeout),
             grad_output)
 
@@ -595,31 +397,9 @@ class Client:
         makes the staged tensors the next weight version. Chunks are cut to fit the
         client's max_message_bytes."""
         chunk_bytes = max(1, min(chunk_bytes, self.max_message_bytes - ENVELOPE_BYTES))
-        # Checked before the stream opens: a stream that ended early on the client's
-        # side would still complete, and stage what it had carried.
-        tensors = []
-        for layer, value in weights.items():
-            weight, bias = _split_weights(value)
-            for role, name, tensor in ((models_pb2.TENSOR_ROLE_WEIGHT, "weight", weight),
-                                       (models_pb2.TENSOR_ROLE_BIAS, "bias", bias)):
-                if tensor is not None:
-                    _wire.check_numeric(tensor, f"{layer}.{name}")
-                    tensors.append((layer, role, tensor))
-
-        def stream():
-            last = None
-            for layer, role, tensor in tensors:
-                for chunk in _chunks(model, layer, role, tensor, chunk_bytes):
-                    if last is not None:
-                        yield last
-                    last = chunk
-            if last is None:  # nothing to upload: one empty chunk names the model
-                last = models_pb2.WeightChunk(model=model)
-            last.publish = publish
-            yield last
-
+        stream = _upload_stream(model, weights, publish, chunk_bytes)
         return UploadResult.from_proto(
-            self._stream_call("UploadWeights", self._models.UploadWeights, stream(), timeout))
+            self._stream_call("UploadWeights", self._models.UploadWeights, stream, timeout))
 
     def load_safetensors(self, model: str, path: str, *, prefix: str = "", publish: bool = False,
                          timeout: Optional[float] = CLIENT_TIMEOUT) -> UploadResult:
@@ -718,7 +498,8 @@ class Client:
         config = profiles_pb2.ProfileConfig(
             model=model, formats=_concrete_formats(formats, "formats"),
             layers=[layers] if isinstance(layers, str) else list(layers or ()),
-            reference=_choice(reference, _REFERENCES, "reference"), batch_tokens=batch_tokens)
+            reference=_wire.enum_value(profiles_pb2.Reference, reference, "reference"),
+            batch_tokens=batch_tokens)
 
         def stream():
             yield profiles_pb2.ProfileRequest(config=config)
@@ -791,8 +572,8 @@ class Client:
         groups: globs whose matches within one block share a format. An infeasible
         budget or bound is INVALID_ARGUMENT naming the least feasible one.
         """
-        kind_name = str(kind).lower()
-        wire_kind = _choice(kind_name, _GENERATION_KINDS, "kind")
+        wire_kind = _wire.enum_value(profiles_pb2.GenerationKind, kind, "kind")
+        kind_name = _wire.enum_name(profiles_pb2.GenerationKind, wire_kind)
         given = {field for field, value in (("fraction", fraction), ("budget", budget),
                                             ("relative_budget", relative_budget),
                                             ("tolerance", tolerance)) if value is not None}
@@ -804,11 +585,11 @@ class Client:
         request = profiles_pb2.GeneratePolicyRequest(
             model=model, weight_version=weight_version, name=name, kind=wire_kind,
             phases=[_wire.phase_to_wire(p) for p in (phases or ())],
-            score=_choice(score, _SCORES, "score"),
+            score=_wire.enum_value(profiles_pb2.Score, score, "score"),
             fractions=_phase_values(fraction, "fraction"),
             low=_wire.format_to_wire(low), high=_wire.format_to_wire(high),
             candidates=_concrete_formats(candidates, "candidates"),
-            metric=_choice(metric, _COST_METRICS, "metric"),
+            metric=_wire.enum_value(profiles_pb2.CostMetric, metric, "metric"),
             budgets=_phase_values(budget if kind_name == "budget" else tolerance,
                                   "budget" if kind_name == "budget" else "tolerance"),
             relative_budgets=_phase_values(relative_budget, "relative_budget"),
@@ -891,23 +672,8 @@ class Client:
         all (MxserveError naming the field), and the messages sent before a refused
         one stay booked. The model's layers must be registered; its weights need not
         be uploaded."""
-        scope_run = self._run.get()
-        requests: List[Any] = []
-        calls_pb: List[Any] = []
-        booked = size = 0
-        budget = self.max_message_bytes - ENVELOPE_BYTES
-        for index, call in enumerate(calls):
-            pb = _work_call_to_wire(call, scope_run, f"calls[{index}]")
-            entry_bytes = pb.ByteSize() + 8  # the field's tag and length
-            if calls_pb and (len(calls_pb) == MAX_WORK_CALLS or size + entry_bytes > budget
-                             or booked + pb.count > MAX_WORK_CALLS_BOOKED):
-                requests.append(telemetry_pb2.ReportWorkRequest(calls=calls_pb))
-                calls_pb, booked, size = [], 0, 0
-            calls_pb.append(pb)
-            booked += pb.count
-            size += entry_bytes
-        if calls_pb:
-            requests.append(telemetry_pb2.ReportWorkRequest(calls=calls_pb))
+        requests = _work_requests(calls, self._run.get(),
+                                  self.max_message_bytes - ENVELOPE_BYTES)
         if not requests:
             raise ValueError("calls: expected at least one WorkCall")
         total_calls, joules, seconds = 0, 0.0, 0.0
@@ -936,185 +702,3 @@ class Client:
                 for e in response.entries),
             since_seconds=response.since_seconds, until_seconds=response.until_seconds,
             run=response.run)
-
-
-def _work_call_to_wire(call: WorkCall, scope_run: str, field: str):
-    """One WorkCall as the daemon's message, checked for what is obviously wrong
-    (ValueError naming `field`.<name>); the daemon checks the rest (the layer's
-    out_features, that the model and layer exist)."""
-    if not isinstance(call, WorkCall):
-        raise ValueError(f"{field}: expected an mxserve.WorkCall, got {type(call).__name__}")
-
-    def named(convert, value):
-        try:
-            return convert(value)
-        except ValueError as error:  # the converters' messages start with the field's name
-            raise ValueError(f"{field}.{error}") from None
-
-    phase = named(_wire.phase_to_wire, call.phase)
-    if phase == common_pb2.PHASE_UNSPECIFIED:
-        raise ValueError(f"{field}.phase: required; expected rollout, reward or update")
-    run = _wire.run_to_wire(call.run if call.run is not None else scope_run, f"{field}.run")
-    kind = _WORK_CALL_KINDS.get(call.call)
-    if kind is None:
-        raise ValueError(f"{field}.call: expected 'forward' or 'backward', got {call.call!r}")
-    fmt = named(_wire.format_to_wire, call.format)
-    if fmt == common_pb2.FORMAT_UNSPECIFIED:
-        raise ValueError(f"{field}.format: required (the format the call ran in), got "
-                         f"{call.format!r}")
-    for name in ("model", "layer"):
-        if not isinstance(getattr(call, name), str) or not getattr(call, name):
-            raise ValueError(f"{field}.{name}: expected a non-empty string, got "
-                             f"{getattr(call, name)!r}")
-
-    def integer(name, low, high):
-        value = getattr(call, name)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                or not low <= value <= high:
-            raise ValueError(f"{field}.{name}: expected an integer in [{low}, {high}], "
-                             f"got {value!r}")
-        return int(value)
-
-    m = integer("m", 1, MAX_WORK_ROWS)
-    n = integer("n", 0, MAX_WORK_ROWS)
-    count = integer("count", 1, MAX_WORK_CALL_COUNT)
-    if call.call == "forward" and (call.grad_input or call.grad_weight):
-        raise ValueError(f"{field}.grad_input: expected grad_input and grad_weight False for a "
-                         "forward call")
-    if call.call == "backward" and not (call.grad_input or call.grad_weight):
-        raise ValueError(f"{field}.grad_weight: a backward call runs grad_input, grad_weight or "
-                         "both; got neither")
-    return telemetry_pb2.WorkCall(phase=phase, run=run, model=call.model, layer=call.layer,
-                                  call=kind, format=fmt, m=m, n=n,
-                                  grad_input=bool(call.grad_input),
-                                  grad_weight=bool(call.grad_weight), count=count)
-
-
-_CLOSE = object()
-
-
-class StreamSession:
-    """Many compute calls pipelined on one Compute.Stream.
-
-        with client.session() as s:
-            futures = [s.forward("m", "fc1", x) for x in batches]
-            outputs = [f.result().output for f in futures]
-
-    Each call returns a concurrent.futures.Future right away; at most
-    `max_in_flight` wait for answers (submitting more blocks). A failed request
-    fails its own future with MxserveError; the stream goes on. Phases and runs are
-    taken from the submitting thread's `client.phase(...)` and `client.run(...)`
-    scopes at submit time (an explicit `phase=` or `run=` wins). Futures
-    run their done-callbacks on the session's reader thread: a callback must not
-    submit to the same session (it could wait for a slot only it would free).
-    """
-
-    def __init__(self, client: Client, max_in_flight: int = 64, timeout: Optional[float] = None):
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight: expected >= 1, got {max_in_flight}")
-        self._client = client
-        self._outbox: "queue.Queue" = queue.Queue()
-        self._slots = threading.BoundedSemaphore(max_in_flight)
-        self._pending: Dict[int, tuple] = {}
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
-        self._broken: Optional[MxserveError] = None
-        self._closed = False
-        self._responses = client._compute.Stream(self._requests(), timeout=timeout)
-        self._reader = threading.Thread(target=self._read, name="mxserve-stream", daemon=True)
-        self._reader.start()
-
-    def _requests(self):
-        while True:
-            item = self._outbox.get()
-            if item is _CLOSE:
-                return
-            yield item
-
-    def _read(self) -> None:
-        error = MxserveError(grpc.StatusCode.CANCELLED, "the stream ended", "Stream")
-        try:
-            for response in self._responses:
-                with self._lock:
-                    future, decode, like = self._pending.pop(response.request_id, (None,) * 3)
-                if future is None:
-                    continue
-                self._slots.release()
-                if response.status_code != 0:
-                    future.set_exception(MxserveError(_status_code(response.status_code),
-                                                      response.status_message, "Stream"))
-                    continue
-                try:
-                    future.set_result(decode(response, like))
-                except Exception as decode_error:  # a malformed answer fails its own request
-                    future.set_exception(decode_error)
-        except grpc.RpcError as rpc_error:
-            error = MxserveError(rpc_error.code(), rpc_error.details() or "", "Stream")
-        except Exception as unexpected:  # never leave futures hanging
-            error = MxserveError(grpc.StatusCode.INTERNAL, f"stream reader failed: {unexpected!r}",
-                                 "Stream")
-        finally:
-            with self._lock:
-                self._broken = error
-                pending, self._pending = self._pending, {}
-            for future, _, _ in pending.values():
-                future.set_exception(error)
-                self._slots.release()
-
-    def _submit(self, field: str, op: Any, decode: Callable, like: Any) -> Future:
-        if self._closed:
-            raise RuntimeError("the session is closed")
-        self._slots.acquire()
-        future: Future = Future()
-        future.set_running_or_notify_cancel()  # sent at once: it can no longer be cancelled
-        with self._lock:
-            if self._broken is not None:
-                self._slots.release()
-                raise self._broken
-            request_id = next(self._ids)
-            self._pending[request_id] = (future, decode, like)
-        self._outbox.put(compute_pb2.StreamRequest(request_id=request_id, **{field: op}))
-        return future
-
-    def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even",
-             run=None) -> Future:
-        op = self._client._gemm_request(a, b, format, format_b, phase, rounding, run)
-        return self._submit("gemm", op, lambda r, like: Client._compute_result(r.gemm.c, r.gemm.info, like), a)
-
-    def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0,
-                run=None) -> Future:
-        op = self._client._forward_request(model, layer, x, format, phase, min_weight_version,
-                                           run)
-        return self._submit("forward", op,
-                            lambda r, like: Client._compute_result(r.forward.output, r.forward.info,
-                                                                  like), x)
-
-    def backward(self, model, layer, grad_output, input=None, *, format=None, phase=None,
-                 min_weight_version=0, run=None) -> Future:
-        op = self._client._backward_request(model, layer, grad_output, input, format, phase,
-                                            min_weight_version, run)
-        return self._submit("backward", op,
-                            lambda r, like: Client._backward_result(r.backward, like), grad_output)
-
-    def close(self) -> None:
-        """Half-closes the stream and waits for every outstanding answer."""
-        if not self._closed:
-            self._closed = True
-            self._outbox.put(_CLOSE)
-        self._reader.join()
-
-    def cancel(self) -> None:
-        """Ends the stream now; outstanding futures fail with CANCELLED."""
-        self._closed = True
-        self._responses.cancel()
-        self._outbox.put(_CLOSE)
-        self._reader.join()
-
-    def __enter__(self) -> "StreamSession":
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.cancel()

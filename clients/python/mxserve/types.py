@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from mxserve import _wire
+from mxserve.v1 import profiles_pb2
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class ComputeResult:
     output: Any
     info: ExecutionInfo
 
+    @classmethod
+    def from_proto(cls, tensor, info, like: Any = None) -> "ComputeResult":
+        """An output tensor and its ExecutionInfo; a torch tensor when `like` is one."""
+        return cls(_wire.from_tensor(tensor, like), ExecutionInfo.from_proto(info))
+
 
 @dataclass
 class BackwardResult:
@@ -59,6 +65,14 @@ class BackwardResult:
     grad_weight: Optional[Any]      # [out_features or a slice's rows, in_features]; None without X
     grad_bias: Optional[Any]        # [out_features]; None for a layer without bias
     info: ExecutionInfo
+
+    @classmethod
+    def from_proto(cls, response, like: Any = None) -> "BackwardResult":
+        """A LayerBackwardResponse; a gradient it leaves out (no shape) is None."""
+        def optional(tensor):
+            return _wire.from_tensor(tensor, like) if len(tensor.shape) else None
+        return cls(optional(response.grad_input), optional(response.grad_weight),
+                   optional(response.grad_bias), ExecutionInfo.from_proto(response.info))
 
 
 @dataclass(frozen=True)
@@ -253,9 +267,8 @@ class EnergyReport:
 PROFILE_COLUMNS = ("layer", "format", "out_features", "in_features", "tokens", "rel_error",
                    "sqnr_db", "fisher", "seconds_per_token", "joules_per_token",
                    "train_seconds_per_token", "train_joules_per_token", "weight_bits")
-PROFILE_SCORES = ("auto", "rel_error", "fisher", "mse")
-_PROFILE_SOURCES = {0: "unspecified", 1: "weights", 2: "activations", 3: "gradients"}
-_REFERENCES = {0: "fp32", 1: "fp64"}
+# The scores a profile ranks by: Score's names ("auto", "rel_error", "fisher", "mse").
+PROFILE_SCORES = _wire.enum_names(profiles_pb2.Score)
 
 
 @dataclass(frozen=True)
@@ -306,8 +319,8 @@ class Profile:
                        train_joules_per_token=s.train_joules_per_token, weight_bits=s.weight_bits)
             for l in profile.layers for s in l.scores)
         return cls(model=profile.model, weight_version=profile.weight_version,
-                   source=_PROFILE_SOURCES.get(profile.source, f"source#{profile.source}"),
-                   reference=_REFERENCES.get(profile.reference, f"reference#{profile.reference}"),
+                   source=_wire.enum_name(profiles_pb2.ProfileSource, profile.source),
+                   reference=_wire.enum_name(profiles_pb2.Reference, profile.reference),
                    batch_tokens=profile.batch_tokens,
                    formats=tuple(_wire.format_name(f) for f in profile.formats), rows=rows,
                    tokens=profile.tokens, created_unix_seconds=profile.created_unix_seconds,

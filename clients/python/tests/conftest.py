@@ -4,9 +4,11 @@ The daemon binary comes from $MXSERVED (CMake sets it) or build/bin/mxserved.
 """
 
 import itertools
+import json
 import os
 import pathlib
 import re
+import subprocess
 import sys
 
 import pytest
@@ -26,6 +28,17 @@ def python_env(**extra):
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **extra}
 
 MXSERVED = os.environ.get("MXSERVED", str(REPO / "build" / "bin" / "mxserved"))
+# The C++ side's names (proto/convert) as JSON: formats, aliases, every enum's names.
+FORMAT_TABLE = os.environ.get("MXSERVE_FORMAT_TABLE",
+                              str(REPO / "build" / "bin" / "mxserve_format_table"))
+
+
+@pytest.fixture(scope="module")
+def cpp_table():
+    """What mxserve_format_table prints, for test_wire.py and test_enums.py."""
+    done = subprocess.run([FORMAT_TABLE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 class Daemon(DaemonProcess):

@@ -1,26 +1,12 @@
 """The Python client's format table (mxserve._wire) is the C++ one: both follow the
 proto enum mxserve.v1.Format, and mxserve_format_table prints the C++ table
-(proto/convert, which tests/proto_test.cc pins to the same enum) for comparison."""
-
-import json
-import os
-import subprocess
+(proto/convert, which tests/proto_test.cc pins to the same enum) for comparison
+(the conftest's `cpp_table`). test_enums.py does the same for every other enum."""
 
 import pytest
 
-from conftest import REPO
 from mxserve import _wire
 from mxserve.v1 import common_pb2 as pb
-
-FORMAT_TABLE = os.environ.get("MXSERVE_FORMAT_TABLE",
-                              str(REPO / "build" / "bin" / "mxserve_format_table"))
-
-
-@pytest.fixture(scope="module")
-def cpp_table():
-    done = subprocess.run([FORMAT_TABLE], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def test_every_wire_format_has_the_name_the_proto_enum_gives_it():

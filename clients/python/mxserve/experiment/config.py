@@ -20,6 +20,7 @@ from mxserve._wire import PHASES
 from mxserve.experiment.report import NOISE_FLOOR, UNTRAINED
 from mxserve.rlhf.trainer import PPOConfig
 from mxserve.types import PROFILE_SCORES
+from mxserve.v1 import profiles_pb2
 
 __all__ = ["BASELINE_POLICY", "DEFAULT_MATRIX", "QUICK", "ConfigError", "Configuration",
            "Experiment", "check_seeds", "load_config", "shipped_config"]
@@ -172,6 +173,10 @@ def _check_value(where: str, value: Any, kind: type, least: Optional[float] = No
     return value
 
 
+# What a generated policy's recipe may name: the wire enums' names (mxserve._wire).
+_GENERATION_KINDS = _wire.enum_names(profiles_pb2.GenerationKind)  # fraction, budget, tolerance
+_COST_METRICS = _wire.enum_names(profiles_pb2.CostMetric)          # energy, time, bits
+
 _KIND_NAMES = {int: "an integer", float: "a finite number", bool: "true or false",
                str: "a string", list: "a list"}
 
@@ -181,8 +186,8 @@ def _check_generate(where: str, spec: Any) -> Dict[str, Any]:
     daemon checks the numbers against the profile later."""
     spec = _check_keys(where, spec, _GENERATE_KEYS)
     kind = spec.get("kind", "fraction")
-    if kind not in ("fraction", "budget", "tolerance"):
-        raise ConfigError(f"{where}.kind: expected fraction, budget or tolerance, got {kind!r}")
+    if kind not in _GENERATION_KINDS:
+        raise ConfigError(f"{where}.kind: expected {_wire.either(_GENERATION_KINDS)}, got {kind!r}")
     for key in ("fraction", "budget", "relative_budget", "tolerance"):
         if key in spec:
             values = spec[key]
@@ -204,8 +209,9 @@ def _check_generate(where: str, spec: Any) -> Dict[str, Any]:
         _check_phase(f"{where}.phases[{i}]", phase)
     for i, glob in enumerate(_check_value(f"{where}.groups", spec.get("groups", []), list)):
         _check_value(f"{where}.groups[{i}]", glob, str)
-    if spec.get("metric", "energy") not in ("energy", "time", "bits"):
-        raise ConfigError(f"{where}.metric: expected energy, time or bits, got {spec['metric']!r}")
+    if spec.get("metric", "energy") not in _COST_METRICS:
+        raise ConfigError(f"{where}.metric: expected {_wire.either(_COST_METRICS)}, got "
+                          f"{spec['metric']!r}")
     if spec.get("score", "auto") not in PROFILE_SCORES:
         raise ConfigError(f"{where}.score: expected one of {', '.join(PROFILE_SCORES)}, "
                           f"got {spec['score']!r}")
