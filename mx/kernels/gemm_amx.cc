@@ -19,13 +19,7 @@
 #ifdef MX_KERNELS_EMULATED
 #define MX_AMX_ENTRY AmxTileEmulated
 #else
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#ifndef __clang__  // a GCC-only warning group
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "mx/kernels/avx512_intrinsics.h"
 #define MX_AMX_ENTRY AmxTile
 #endif
 

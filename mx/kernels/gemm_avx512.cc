@@ -20,15 +20,7 @@
 #ifdef MX_KERNELS_EMULATED
 #define MX_AVX512_ENTRY Avx512TileEmulated
 #else
-// GCC 12's avx512fintrin.h trips its own -Wuninitialized (the _mm512_undefined_*
-// helpers behind _mm512_set1_*); the warnings point into the header.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#ifndef __clang__  // a GCC-only warning group
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "mx/kernels/avx512_intrinsics.h"
 #define MX_AVX512_ENTRY Avx512Tile
 #endif
 
@@ -93,6 +85,21 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   tile.Store(p, row0, MR);
 }
 
+// acc[r] += Σ over k-pairs [first, last) of row r's int16 pair · the panel's, per
+// lane (vpdpwssd): the inner loop of kMxI16 (one block's 16 pairs) and INT8 (all).
+template <int MR>
+void I16Pairs(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t first, int64_t last,
+              __m512i* acc) {
+  const int64_t kp = x.k_padded;
+  for (int64_t pair = first; pair < last; ++pair) {
+    const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      acc[r] =
+          _mm512_dpwssd_epi32(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
+    }
+  }
+}
+
 // kMxI16: int16 pairs, vpdpwssd: one k-pair of the 16 lanes per instruction.
 template <int MR>
 void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
@@ -106,13 +113,7 @@ void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int64_t b = 0; b < x.blocks; ++b) {
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-    for (int64_t pair = b * 16; pair < b * 16 + 16; ++pair) {
-      const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
-      for (int r = 0; r < MR; ++r) {
-        acc[r] =
-            _mm512_dpwssd_epi32(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
-      }
-    }
+    I16Pairs<MR>(x, wp, row0, b * 16, b * 16 + 16, acc);
     const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
     for (int r = 0; r < MR; ++r) {
       y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
@@ -134,13 +135,7 @@ void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   Tile tile(p, panel, false);
   __m512i acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-  for (int64_t pair = 0; pair < kp / 2; ++pair) {
-    const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
-    for (int r = 0; r < MR; ++r) {
-      acc[r] =
-          _mm512_dpwssd_epi32(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
-    }
-  }
+  I16Pairs<MR>(x, wp, row0, 0, kp / 2, acc);
   const __m512 ws = _mm512_loadu_ps(w.scale.data() + panel * kPanel);
   for (int r = 0; r < MR; ++r) {
     __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x.scale[row0 + r]));
