@@ -20,6 +20,7 @@
 #include "server/compute/context.h"
 #include "server/compute/wire.h"
 #include "server/model/memory_budget.h"
+#include "tests/same_bits.h"
 
 namespace mxserve {
 namespace {
@@ -99,17 +100,14 @@ std::vector<float> Floats(const v1::Tensor& t) {
   return v;
 }
 
+// Every bit the same (tests/same_bits.h), with the first difference.
 ::testing::AssertionResult SameBits(const std::vector<float>& got,
                                     const std::vector<float>& want) {
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << got.size() << " values, expected " << want.size();
   }
-  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
-        return ::testing::AssertionFailure() << "value " << i << ": " << got[i] << " vs " << want[i];
-      }
-    }
+  if (const std::optional<size_t> i = mx_test::FirstDifference(got, want)) {
+    return ::testing::AssertionFailure() << "value " << *i << ": " << got[*i] << " vs " << want[*i];
   }
   return ::testing::AssertionSuccess();
 }
