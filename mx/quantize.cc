@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace mx {
 
@@ -14,10 +18,63 @@ int FloorLog2(float v) {
   return (31 - std::countl_zero(magnitude)) - 149;
 }
 
+namespace {
+
+// ceil(log2(|v|)) for a finite non-zero v, exactly: floor, plus one unless v is a
+// power of two (one significant bit).
+int CeilLog2(float v) {
+  const uint32_t magnitude = std::bit_cast<uint32_t>(v) & 0x7FFFFFFF;
+  const bool normal = (magnitude >> 23) != 0;
+  const uint32_t significand = normal ? (magnitude & 0x7FFFFF) : magnitude;
+  const bool power_of_two = normal ? significand == 0 : std::has_single_bit(significand);
+  return FloorLog2(v) + (power_of_two ? 0 : 1);
+}
+
+}  // namespace
+
+absl::string_view ScaleRuleName(ScaleRule rule) {
+  switch (rule) {
+    case ScaleRule::kFloor:
+      return "floor";
+    case ScaleRule::kNoSaturation:
+      return "no_saturation";
+    case ScaleRule::kCeil:
+      return "ceil";
+    case ScaleRule::kRceil:
+      return "rceil";
+  }
+  return "?";
+}
+
+absl::StatusOr<ScaleRule> ParseScaleRule(absl::string_view name) {
+  for (const ScaleRule rule : kAllScaleRules) {
+    if (absl::EqualsIgnoreCase(name, ScaleRuleName(rule))) return rule;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown scale rule '", name, "'; expected floor, no_saturation, ceil or rceil"));
+}
+
 int SharedExponent(Format format, float amax, const QuantizeOptions& options) {
   if (amax == 0.0f) return -kScaleBias;
-  const int emax = Traits(format).emax;
-  int exponent = std::clamp(FloorLog2(amax) - emax, -kScaleBias, kScaleBias);
+  const FormatTraits& traits = Traits(format);
+  int unclamped = 0;
+  switch (options.scale_rule) {
+    case ScaleRule::kFloor:
+    case ScaleRule::kNoSaturation:
+      unclamped = FloorLog2(amax) - traits.emax;
+      break;
+    case ScaleRule::kCeil:
+      unclamped = CeilLog2(amax) - traits.emax;
+      break;
+    case ScaleRule::kRceil: {
+      // One IEEE FP32 division, as the rule is defined (the quotient's rounding
+      // decides the edge cases, exactly as in cuBLAS and torchao).
+      const float q = std::fabs(amax) / static_cast<float>(traits.max_normal);
+      unclamped = q == 0.0f ? -kScaleBias : CeilLog2(q);
+      break;
+    }
+  }
+  int exponent = std::clamp(unclamped, -kScaleBias, kScaleBias);
   if (options.scale_rule == ScaleRule::kNoSaturation && exponent < kScaleBias &&
       EncodeElementDetailed(format, amax, options.rounding, exponent).overflowed) {
     ++exponent;

@@ -4,20 +4,42 @@
 #include <cstdint>
 #include <span>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "mx/element.h"
 #include "mx/format.h"
 
 namespace mx {
 
+// How a block's shared exponent e (scale 2^e) follows from its largest
+// magnitude amax. Every rule gives an all-zero block e = -127 and clamps e to
+// the E8M0 range [-127, 127]; a block holding NaN or Inf is NaN whatever the
+// rule. emax is the format's emax_elem, max_normal its largest element.
 enum class ScaleRule : uint8_t {
-  // The spec's rule: e = floor(log2(amax)) - emax_elem. Elements in the top
-  // binade may saturate to ±max normal.
+  // The spec's rule: e = floor(log2(amax)) - emax. Elements in the top binade
+  // may saturate to ±max normal.
   kFloor,
   // The floor rule, raised by one where the block maximum would otherwise round
   // past max normal: no element is ever clamped, at the price of one bit of
   // resolution for the block.
   kNoSaturation,
+  // e = ceil(log2(amax)) - emax: never saturates, and loses a bit wherever amax
+  // is not a power of two (torchao's CEIL, Brevitas' power-of-two scale rounded
+  // up).
+  kCeil,
+  // e = ceil(log2(q)) with q = amax / max_normal rounded to FP32 (nearest even):
+  // the smallest power of two that brings amax within max normal, as cuBLAS
+  // computes it for UE8M0 scales (torchao's and TransformerEngine's RCEIL). A q
+  // that underflows to 0 gives e = -127.
+  kRceil,
 };
+inline constexpr ScaleRule kAllScaleRules[] = {ScaleRule::kFloor, ScaleRule::kNoSaturation,
+                                               ScaleRule::kCeil, ScaleRule::kRceil};
+
+// "floor", "no_saturation", "ceil", "rceil".
+absl::string_view ScaleRuleName(ScaleRule rule);
+// A name above, case-insensitive; INVALID_ARGUMENT listing them otherwise.
+absl::StatusOr<ScaleRule> ParseScaleRule(absl::string_view name);
 
 struct QuantizeOptions {
   Rounding rounding = Rounding::kNearestEven;

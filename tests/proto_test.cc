@@ -158,9 +158,9 @@ TEST(WireEnums, EveryValueOfEveryEnumRoundTripsThroughItsName) {
       }
     }
   }
-  // Phase, Format, DType, Rounding; TensorRole; Reference, ProfileSource,
-  // GenerationKind, Score, CostMetric; WorkCallKind.
-  EXPECT_EQ(checked, 4 + 11 + 4 + 2 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
+  // Phase, Format, DType, Rounding, ScaleRule; TensorRole; Reference,
+  // ProfileSource, GenerationKind, Score, CostMetric; WorkCallKind.
+  EXPECT_EQ(checked, 4 + 11 + 4 + 2 + 4 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
 }
 
 TEST(WireEnums, ListsReadAsAMessagesExpectedValues) {
@@ -172,6 +172,16 @@ TEST(WireEnums, ListsReadAsAMessagesExpectedValues) {
             "REFERENCE_FP32 or REFERENCE_FP64");
   EXPECT_EQ(mxserve::JoinWithOr({"a"}), "a");
   EXPECT_EQ(mxserve::JoinWithOr({}), "");
+}
+
+TEST(WireEnums, EveryScaleRuleIsTheWireValueOfItsName) {
+  for (const mx::ScaleRule rule : mx::kAllScaleRules) {
+    EXPECT_EQ(WireName(mxserve::ToProto(rule)), mx::ScaleRuleName(rule));
+    EXPECT_EQ(mxserve::ToMx(mxserve::ToProto(rule)), rule);
+  }
+  EXPECT_EQ(mxserve::ToProto(mx::ScaleRule::kFloor), v1::SCALE_RULE_FLOOR);  // the default
+  EXPECT_EQ(mxserve::ToMx(static_cast<v1::ScaleRule>(4)), std::nullopt);
+  EXPECT_EQ(v1::ScaleRule_descriptor()->value_count(), std::size(mx::kAllScaleRules));
 }
 
 enum class Own { kReward, kRollout };

@@ -14,12 +14,11 @@ absl::StatusOr<mx::QuantizeOptions> QuantizeOptionsFromFlags(const Flags& flags)
   } else if (rounding != "even") {
     return UsageError(absl::StrCat("--rounding: expected 'even' or 'away', got '", rounding, "'"));
   }
+  // "nosat": the spelling mxctl took before the rules had their wire names.
   const std::string rule = flags.Get("scale-rule").value_or("floor");
-  if (rule == "nosat") {
-    options.scale_rule = mx::ScaleRule::kNoSaturation;
-  } else if (rule != "floor") {
-    return UsageError(absl::StrCat("--scale-rule: expected 'floor' or 'nosat', got '", rule, "'"));
-  }
+  absl::StatusOr<mx::ScaleRule> parsed = mx::ParseScaleRule(rule == "nosat" ? "no_saturation" : rule);
+  if (!parsed.ok()) return UsageError(absl::StrCat("--scale-rule: ", parsed.status().message()));
+  options.scale_rule = *parsed;
   return options;
 }
 

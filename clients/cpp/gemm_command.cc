@@ -68,9 +68,6 @@ absl::StatusOr<GemmInputs> ReadInputs(const Args& args) {
 }
 
 absl::Status RemoteGemm(const RemoteContext& remote, const GemmInputs& in) {
-  if (in.options.scale_rule != mx::ScaleRule::kFloor) {
-    return UsageError("--scale-rule: the daemon quantizes with the floor rule only");
-  }
   v1::GemmRequest request;
   request.set_phase(in.phase);
   request.set_run(in.run);
@@ -79,6 +76,7 @@ absl::Status RemoteGemm(const RemoteContext& remote, const GemmInputs& in) {
   request.set_rounding(in.options.rounding == mx::Rounding::kNearestAway
                            ? v1::ROUNDING_NEAREST_AWAY
                            : v1::ROUNDING_NEAREST_EVEN);
+  request.set_scale_rule(mxserve::ToProto(in.options.scale_rule));
   MX_ASSIGN_OR_RETURN(*request.mutable_a()->mutable_tensor(),
                       mxclient::MakeFloat32Tensor(in.a, {in.m, in.k}));
   MX_ASSIGN_OR_RETURN(*request.mutable_b()->mutable_tensor(),

@@ -28,7 +28,7 @@ constexpr char kUsage[] = R"(usage: mxctl <command> [flags] [--server ADDR] [--t
 
 Commands (local, no server):
   quantize   quantize a raw float32 file to a format and back
-      --format F [--rounding even|away] [--scale-rule floor|nosat]
+      --format F [--rounding even|away] [--scale-rule floor|nosat|ceil|rceil]
       --input IN.f32 --output OUT.f32 [--scales SCALES.u8] [--codes CODES.u8]
       Blocks are 32 consecutive values; a short last block is padded with zeros.
       OUT is the dequantized result; SCALES one E8M0 byte per block (MX formats);
@@ -37,13 +37,17 @@ Commands (local, no server):
              daemon (Compute.Gemm) when --server is given; the same C either
              way, whatever the daemon's backend (mxserved --backend hls-sim
              runs the FPGA kernel's C++)
-      --format F [--format-b F2] [--rounding even|away] [--scale-rule floor|nosat]
+      --format F [--format-b F2] [--rounding even|away]
+      [--scale-rule floor|nosat|ceil|rceil]
       --a A.f32 --b B.f32 --m M --k K --n N --output C.f32 [--phase P]
       [--run TAG]
       A is MxK and B is KxN, row-major float32; both are quantized along K
       (A per row, B per column), A to F and B to F2 (default F). --phase
-      (default rollout) and --run (default none) tag the daemon's request; the
-      daemon has no nosat rule.
+      (default rollout) and --run (default none) tag the daemon's request.
+      Scale rules (an MX block's scale from its largest magnitude amax):
+      floor 2^(floor(log2 amax) - emax), the OCP rule; nosat the same, one
+      up where amax would round past max normal; ceil 2^(ceil(log2 amax) -
+      emax); rceil 2^ceil(log2(amax / max normal)), cuBLAS's.
   demo       quantize a tensor and run a GEMM in every format; print the errors
   formats    list the formats and their traits
   help       this text

@@ -4,6 +4,7 @@
 #include <cstddef>
 
 #include "absl/strings/str_cat.h"
+#include "proto/convert/enums.h"
 
 namespace mxserve {
 namespace {
@@ -60,5 +61,18 @@ absl::StatusOr<std::optional<mx::Format>> FromProto(v1::Format format, absl::str
   }
   return mx_format;
 }
+
+namespace {
+
+const EnumMap<mx::ScaleRule, v1::ScaleRule>& ScaleRules() {
+  static const EnumMap<mx::ScaleRule, v1::ScaleRule> map(mx::kAllScaleRules, mx::ScaleRuleName);
+  return map;
+}
+
+}  // namespace
+
+v1::ScaleRule ToProto(mx::ScaleRule rule) { return ScaleRules().ToWire(rule); }
+
+std::optional<mx::ScaleRule> ToMx(v1::ScaleRule rule) { return ScaleRules().FromWire(rule); }
 
 }  // namespace mxserve

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
+#include "mx/quantize.h"
 #include "mxserve/v1/common.pb.h"
 
 namespace mxserve {
@@ -23,5 +24,11 @@ std::optional<mx::Format> ToMx(v1::Format format);
 // For a request field: nullopt for FORMAT_UNSPECIFIED; INVALID_ARGUMENT naming
 // `field` for a value outside the enum.
 absl::StatusOr<std::optional<mx::Format>> FromProto(v1::Format format, absl::string_view field);
+
+// mx's scale rules (mx/quantize.h) on the wire's ScaleRule, tied by name
+// (enums.h: SCALE_RULE_RCEIL is "rceil", mx::ScaleRuleName(kRceil)).
+v1::ScaleRule ToProto(mx::ScaleRule rule);
+// The mx rule a wire value names; nullopt for values outside the enum.
+std::optional<mx::ScaleRule> ToMx(v1::ScaleRule rule);
 
 }  // namespace mxserve

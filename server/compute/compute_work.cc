@@ -251,12 +251,13 @@ class ForwardItem final : public ComputeItem {
  public:
   ForwardItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
               LayerView view, mx::Format weight_format, Activation x,
-              v1::LayerForwardResponse* response)
+              mx::QuantizeOptions options, v1::LayerForwardResponse* response)
       : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
         view_(std::move(view)),
         weight_format_(weight_format),
         x_(std::move(x)),
+        options_(options),
         response_(response) {
     // One GEMM serves a batch only when everything but the rows of X agrees. The
     // LayerWeights address pins model, layer and weight version (it is alive while
@@ -298,7 +299,7 @@ class ForwardItem final : public ComputeItem {
     std::vector<ForwardItem*> members;
     std::vector<mx::QuantizedMatrix> xs;
     for (ForwardItem* member : batch) {
-      absl::StatusOr<mx::QuantizedMatrix> x = operands.Rows(member->x_, {});
+      absl::StatusOr<mx::QuantizedMatrix> x = operands.Rows(member->x_, member->options_);
       if (!x.ok()) {
         member->Fail(absl::InvalidArgumentError(absl::StrCat("input: ", x.status().message())));
         continue;
@@ -371,6 +372,7 @@ class ForwardItem final : public ComputeItem {
   LayerView view_;
   mx::Format weight_format_;
   Activation x_;
+  mx::QuantizeOptions options_;  // for X (its scale rule; each member's own)
   v1::LayerForwardResponse* response_;
 };
 
@@ -385,7 +387,7 @@ class BackwardItem final : public ComputeItem {
   BackwardItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
                LayerView view, mx::Format format, DenseMatrix grad_output,
                std::optional<DenseMatrix> input, bool weight_rows_only,
-               v1::LayerBackwardResponse* response)
+               mx::QuantizeOptions options, v1::LayerBackwardResponse* response)
       : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
         view_(std::move(view)),
@@ -393,6 +395,7 @@ class BackwardItem final : public ComputeItem {
         grad_output_(grad_output),
         input_(input),
         weight_rows_only_(weight_rows_only),
+        options_(options),
         response_(response) {}
 
   void Run() override {
@@ -434,7 +437,7 @@ class BackwardItem final : public ComputeItem {
   absl::StatusOr<std::string> GradInput(const Operands& operands, double& compute_seconds) {
     const LayerWeights& weights = *view_.weights;
     const int64_t m = grad_output_.rows, k = weights.spec().in_features;
-    absl::StatusOr<mx::QuantizedMatrix> dy = operands.Rows(grad_output_, format_);
+    absl::StatusOr<mx::QuantizedMatrix> dy = operands.Rows(grad_output_, format_, options_);
     if (!dy.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message()));
     }
@@ -454,9 +457,9 @@ class BackwardItem final : public ComputeItem {
                                          double& compute_seconds) {
     const int64_t m = grad_output_.rows, n = grad_output_.cols;
     const int64_t k = view_.weights->spec().in_features;
-    absl::StatusOr<mx::QuantizedMatrix> dyt = operands.Columns(dy, m, n, format_);
+    absl::StatusOr<mx::QuantizedMatrix> dyt = operands.Columns(dy, m, n, format_, options_);
     absl::StatusOr<mx::QuantizedMatrix> xt =
-        operands.Columns(operands.Floats(*input_), m, k, format_);
+        operands.Columns(operands.Floats(*input_), m, k, format_, options_);
     if (!dyt.ok() || !xt.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message()));
@@ -474,6 +477,7 @@ class BackwardItem final : public ComputeItem {
   DenseMatrix grad_output_;
   std::optional<DenseMatrix> input_;
   bool weight_rows_only_;  // a weight_rows request: no grad_input
+  mx::QuantizeOptions options_;  // for dY and X (their scale rule)
   v1::LayerBackwardResponse* response_;
 };
 
@@ -509,6 +513,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
   }
   mx::QuantizeOptions options;
   MX_ASSIGN_OR_RETURN(options.rounding, FromProto(request.rounding(), "rounding"));
+  MX_ASSIGN_OR_RETURN(options.scale_rule, FromProto(request.scale_rule(), "scale_rule"));
   MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(core, request.a(), "a", {}, format_a));
   if (!format_b) format_b = a.format;
   // B is K × N dense, or packed transposed as N rows of K.
@@ -566,8 +571,11 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
                        request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
   MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output",
                                      "split the input's rows (M) over several requests"));
+  mx::QuantizeOptions options;
+  MX_ASSIGN_OR_RETURN(options.scale_rule, FromProto(request.scale_rule(), "scale_rule"));
   return std::make_unique<ForwardItem>(core, call, std::move(done), request.run(), layer.phase,
-                                       std::move(layer.view), layer.format, std::move(x), response);
+                                       std::move(layer.view), layer.format, std::move(x), options,
+                                       response);
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& core,
@@ -611,9 +619,11 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
         CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input",
                         "split grad_output's rows (M) over several requests"));
   }
+  mx::QuantizeOptions options;
+  MX_ASSIGN_OR_RETURN(options.scale_rule, FromProto(request.scale_rule(), "scale_rule"));
   return std::make_unique<BackwardItem>(core, call, std::move(done), request.run(), layer.phase,
                                         std::move(layer.view), layer.format, grad_output, input,
-                                        ranged, response);
+                                        ranged, options, response);
 }
 
 }  // namespace mxserve

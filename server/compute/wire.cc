@@ -72,6 +72,12 @@ absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view 
   }
 }
 
+absl::StatusOr<mx::ScaleRule> FromProto(v1::ScaleRule rule, absl::string_view field) {
+  if (std::optional<mx::ScaleRule> own = ToMx(rule)) return *own;
+  return FieldError(field, absl::StrCat("unknown scale rule value ", static_cast<int>(rule),
+                                        "; expected ", Expected<v1::ScaleRule>(false)));
+}
+
 absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
   switch (dtype) {
     case v1::DTYPE_FP32:

@@ -331,7 +331,8 @@ TEST_F(MxctlRemote, RemoteGemmEqualsLocalGemm) {
   const std::string io = " --a " + Path("A.f32") + " --b " + Path("B.f32") + " --m 3 --k 70 --n 9";
   for (const char* formats :
        {"--format mxfp4", "--format MXFP8_E5M2 --format-b mxfp6", "--format mxint8 --rounding away",
-        "--format fp16 --phase reward", "--format int8"}) {
+        "--format fp16 --phase reward", "--format int8", "--format mxfp4 --scale-rule nosat",
+        "--format mxfp8 --scale-rule ceil", "--format mxfp6 --scale-rule rceil --rounding away"}) {
     SCOPED_TRACE(formats);
     const Result local =
         Run(std::string("gemm ") + formats + io + " --output " + Path("local.f32"), false);
@@ -342,9 +343,9 @@ TEST_F(MxctlRemote, RemoteGemmEqualsLocalGemm) {
     ASSERT_EQ(got.size(), 27u);
     EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * 4), 0);
   }
-  // The daemon has no "nosat" scale rule: refused before sending.
+  // An unknown rule is refused before anything is sent.
   ExpectOneErrorLine(
-      Run("gemm --format mxfp4 --scale-rule nosat" + io + " --output " + Path("c.f32")), 2,
+      Run("gemm --format mxfp4 --scale-rule round" + io + " --output " + Path("c.f32")), 2,
       "--scale-rule");
 }
 

@@ -117,6 +117,62 @@ TEST_P(EveryMxFormat, TopBinadeSaturatesUnderFloorRuleOnly) {
   EXPECT_EQ(mx::QuantizeBlock(format, block, codes, no_saturation), 127);
 }
 
+// The rules other libraries use, by known answers: amax = 1.5 and amax = 1 (a
+// power of two, where CEIL and FLOOR agree) in MXFP8_E4M3 (emax 8, max normal
+// 448), and the rules' edges in every MX format.
+TEST(ScaleRules, KnownAnswersInMxfp8E4m3) {
+  const auto e = [](float amax, mx::ScaleRule rule) {
+    return mx::SharedExponent(Format::kMxfp8E4m3, amax, {mx::Rounding::kNearestEven, rule});
+  };
+  EXPECT_EQ(e(1.5f, mx::ScaleRule::kFloor), -8);  // floor(0.58) - 8
+  EXPECT_EQ(e(1.5f, mx::ScaleRule::kCeil), -7);   // ceil(0.58) - 8
+  EXPECT_EQ(e(1.5f, mx::ScaleRule::kRceil), -8);  // ceil(log2(1.5 / 448)) = ceil(-8.22)
+  EXPECT_EQ(e(1.0f, mx::ScaleRule::kFloor), -8);
+  EXPECT_EQ(e(1.0f, mx::ScaleRule::kCeil), -8);
+  EXPECT_EQ(e(1.0f, mx::ScaleRule::kRceil), -8);  // ceil(log2(1 / 448)) = ceil(-8.81)
+  // 449 · 2^k: FLOOR saturates it to 448 · 2^k, RCEIL takes the next scale.
+  EXPECT_EQ(e(449.0f, mx::ScaleRule::kFloor), 0);
+  EXPECT_EQ(e(449.0f, mx::ScaleRule::kRceil), 1);  // 449/448 > 1
+  EXPECT_EQ(e(448.0f, mx::ScaleRule::kRceil), 0);  // exactly 1
+  EXPECT_EQ(e(448.0f, mx::ScaleRule::kCeil), 1);   // ceil(8.81) - 8
+  // The smallest subnormal: 2^-149 / 448 underflows to 0 in FP32.
+  EXPECT_EQ(e(std::numeric_limits<float>::denorm_min(), mx::ScaleRule::kRceil), -127);
+  EXPECT_EQ(e(std::numeric_limits<float>::denorm_min(), mx::ScaleRule::kCeil), -127);
+  EXPECT_EQ(e(3 * std::numeric_limits<float>::denorm_min(), mx::ScaleRule::kFloor), -127);
+}
+
+TEST_P(EveryMxFormat, CeilAndRceilNeverSaturate) {
+  const Format format = GetParam();
+  const mx::FormatTraits& t = mx::Traits(format);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  for (int i = 0; i < 2000; ++i) {
+    const float amax = std::ldexp(mantissa(rng), static_cast<int>(rng() % 60) - 30);
+    for (const mx::ScaleRule rule : {mx::ScaleRule::kCeil, mx::ScaleRule::kRceil}) {
+      const mx::QuantizeOptions options{mx::Rounding::kNearestEven, rule};
+      const int e = mx::SharedExponent(format, amax, options);
+      // amax / 2^e <= max normal, and one scale less would not be (the smallest
+      // such scale for RCEIL; CEIL may be one more).
+      // (RCEIL's FP32 quotient may round down onto a power of two: a hair over.)
+      EXPECT_LE(std::ldexp(static_cast<double>(amax), -e), t.max_normal * (1 + 1e-6)) << amax;
+      if (rule == mx::ScaleRule::kRceil) {
+        EXPECT_GT(std::ldexp(static_cast<double>(amax), 1 - e), t.max_normal * (1 - 1e-6)) << amax;
+      }
+      EXPECT_GE(e, mx::SharedExponent(format, amax, {}));  // never below FLOOR
+      EXPECT_LE(e, mx::SharedExponent(format, amax, {}) + 1);
+    }
+  }
+}
+
+TEST(ScaleRules, NamesParseBackAndUnknownOnesAreRefused) {
+  for (const mx::ScaleRule rule : mx::kAllScaleRules) {
+    EXPECT_EQ(mx::ParseScaleRule(mx::ScaleRuleName(rule)).value(), rule);
+  }
+  EXPECT_EQ(mx::ParseScaleRule("RCEIL").value(), mx::ScaleRule::kRceil);
+  EXPECT_EQ(mx::ParseScaleRule("nosat").status().message(),
+            "unknown scale rule 'nosat'; expected floor, no_saturation, ceil or rceil");
+}
+
 TEST_P(EveryMxFormat, ScaleClampsAtTheExtremesOfFp32) {
   const Format format = GetParam();
   const int emax = mx::Traits(format).emax;

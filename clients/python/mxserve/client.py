@@ -77,6 +77,12 @@ _KIND_VALUES = {"fraction": {"fraction"}, "budget": {"budget", "relative_budget"
                 "tolerance": {"tolerance"}}
 # gemm's rounding: Rounding's names, and the words mxctl's --rounding takes.
 _ROUNDING_ALIASES = {"even": "nearest_even", "away": "nearest_away"}
+# The scale rules: ScaleRule's names, and mxctl's "nosat".
+_SCALE_RULE_ALIASES = {"nosat": "no_saturation"}
+
+
+def _scale_rule(rule) -> int:
+    return _wire.enum_value(common_pb2.ScaleRule, rule, "scale_rule", aliases=_SCALE_RULE_ALIASES)
 
 PhaseValues = Union[None, float, Mapping[Optional[str], float]]
 
@@ -297,7 +303,7 @@ class Client:
     # --- compute -------------------------------------------------------------------------
 
     def _gemm_request(self, a, b, format, format_b, phase, rounding,
-                      run) -> compute_pb2.GemmRequest:
+                      run, scale_rule="floor") -> compute_pb2.GemmRequest:
         rounding = _wire.enum_value(common_pb2.Rounding, rounding, "rounding",
                                     aliases=_ROUNDING_ALIASES)
         return compute_pb2.GemmRequest(
@@ -305,22 +311,24 @@ class Client:
             format=_wire.format_to_wire(format),
             format_b=_wire.format_to_wire(format_b),
             a=common_pb2.Operand(tensor=_wire.to_tensor(a, "a")),
-            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")), rounding=rounding)
+            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")), rounding=rounding,
+            scale_rule=_scale_rule(scale_rule))
 
-    def _forward_request(self, model, layer, x, format, phase, min_weight_version, run):
+    def _forward_request(self, model, layer, x, format, phase, min_weight_version, run,
+                         scale_rule="floor"):
         return compute_pb2.LayerForwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             input=common_pb2.Operand(tensor=_wire.to_tensor(x, "input")),
-            min_weight_version=min_weight_version)
+            min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule))
 
     def _backward_request(self, model, layer, grad_output, input, format, phase,
-                          min_weight_version, run, weight_rows=None):
+                          min_weight_version, run, weight_rows=None, scale_rule="floor"):
         request = compute_pb2.LayerBackwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             grad_output=_wire.to_tensor(grad_output, "grad_output"),
-            min_weight_version=min_weight_version)
+            min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule))
         if input is not None:
             request.input.CopyFrom(_wire.to_tensor(input, "input"))
         if weight_rows is not None:
@@ -330,30 +338,34 @@ class Client:
 
     def gemm(self, a, b, format: _wire.FormatLike, format_b: _wire.FormatLike = None, *,
              phase: Optional[_wire.PhaseLike] = None, rounding: str = "even",
-             run: Optional[str] = None,
+             run: Optional[str] = None, scale_rule: str = "floor",
              timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """C = A·B, A [M, K] quantized to `format`, B [K, N] to `format_b` (default:
         `format`), both along K. No model needed; the format is required. `phase`
         and `run` ("" for untagged) default to the `client.phase(...)` and
-        `client.run(...)` scopes; so do those of the calls below."""
-        request = self._gemm_request(a, b, format, format_b, phase, rounding, run)
+        `client.run(...)` scopes; so do those of the calls below. `scale_rule`
+        ("floor", "no_saturation", "ceil", "rceil"; mxserve.v1.ScaleRule) sets how
+        the MX block scales of the operands the call brings are chosen; a layer's
+        weight copies keep "floor"."""
+        request = self._gemm_request(a, b, format, format_b, phase, rounding, run, scale_rule)
         response = self._call("Gemm", self._compute.Gemm, request, timeout)
         return ComputeResult.from_proto(response.c, response.info, a)
 
     def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
-                run: Optional[str] = None,
+                run: Optional[str] = None, scale_rule: str = "floor",
                 timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
         is explicit or the model's policy's choice for (phase, layer)."""
-        request = self._forward_request(model, layer, x, format, phase, min_weight_version, run)
+        request = self._forward_request(model, layer, x, format, phase, min_weight_version, run,
+                                        scale_rule)
         response = self._call("LayerForward", self._compute.LayerForward, request, timeout)
         return ComputeResult.from_proto(response.output, response.info, x)
 
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
                  min_weight_version: int = 0, run: Optional[str] = None,
-                 weight_rows: Optional[Tuple[int, int]] = None,
+                 weight_rows: Optional[Tuple[int, int]] = None, scale_rule: str = "floor",
                  timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
         """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
         grad_bias (column sums of dY) comes back for layers with a bias.
@@ -363,7 +375,7 @@ class Client:
         then dY's columns [begin, end), `input` is required, and grad_input is None.
         Slices are bit-identical to the same rows of an unsplit call."""
         request = self._backward_request(model, layer, grad_output, input, format, phase,
-                                         min_weight_version, run, weight_rows)
+                                         min_weight_version, run, weight_rows, scale_rule)
         return BackwardResult.from_proto(
             self._call("LayerBackward", self._compute.LayerBackward, request, timeout),
             grad_output)

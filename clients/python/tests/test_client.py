@@ -130,6 +130,29 @@ def test_gemm(client):
     assert away.output.shape == (7, 9)
 
 
+def test_gemm_scale_rules_reach_the_daemon(client):
+    # A block maximum the floor rule saturates in MXFP4 (emax 2, max normal 6):
+    # floor gives scale 2^(2-2) and 7.9 clamps to 6; ceil (2^(3-2)), rceil
+    # (ceil(log2(7.9 / 6)) = 1) and no_saturation take scale 2: 3.95 -> 4.
+    a = np.zeros((1, 32), np.float32)
+    a[0, 0], a[0, 1] = 7.9, 1.0
+    b = np.eye(32, 2, dtype=np.float32)
+    floor = client.gemm(a, b, "MXFP4", phase="rollout").output
+    assert floor[0].tolist() == [6.0, 1.0]  # 7.9 saturated to max normal
+    ceil = client.gemm(a, b, "MXFP4", phase="rollout", scale_rule="ceil").output
+    assert ceil[0].tolist() == [8.0, 1.0]  # scale 2: 3.95 -> 4
+    rceil = client.gemm(a, b, "MXFP4", phase="rollout", scale_rule="RCEIL").output
+    assert rceil[0].tolist() == [8.0, 1.0]  # 7.9 / 6 -> 2^1
+    nosat = client.gemm(a, b, "MXFP4", phase="rollout", scale_rule="nosat").output
+    assert nosat[0].tolist() == [8.0, 1.0]
+    with client.session() as session:
+        assert session.gemm(a, b, "MXFP4", phase="rollout",
+                            scale_rule="ceil").result().output[0].tolist() == [8.0, 1.0]
+    with pytest.raises(ValueError, match="scale_rule: unknown scale rule 'round'; expected "
+                                         "floor, no_saturation, ceil, rceil"):
+        client.gemm(a, b, "MXFP4", phase="rollout", scale_rule="round")
+
+
 def test_backward_in_fp32_is_the_plain_gradient(client, model_name):
     w, _ = make_layer(client, model_name)
     x = RNG.standard_normal((6, 80)).astype(np.float32)

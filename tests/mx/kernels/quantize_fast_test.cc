@@ -39,9 +39,7 @@ constexpr Format kAllFormats[] = {
 std::vector<QuantizeOptions> AllOptions() {
   std::vector<QuantizeOptions> all;
   for (mx::Rounding rounding : {mx::Rounding::kNearestEven, mx::Rounding::kNearestAway}) {
-    for (mx::ScaleRule rule : {mx::ScaleRule::kFloor, mx::ScaleRule::kNoSaturation}) {
-      all.push_back({rounding, rule});
-    }
+    for (mx::ScaleRule rule : mx::kAllScaleRules) all.push_back({rounding, rule});
   }
   return all;
 }
@@ -50,7 +48,7 @@ std::string Describe(Format format, Isa isa, const QuantizeOptions& options) {
   return absl::StrCat(
       mx::FormatName(format), " at ", mx::kernels::IsaName(isa), ", ",
       options.rounding == mx::Rounding::kNearestEven ? "ties to even" : "ties away", ", ",
-      options.scale_rule == mx::ScaleRule::kFloor ? "floor scale" : "no-saturation scale");
+      mx::ScaleRuleName(options.scale_rule), " scale");
 }
 
 uint32_t Bits(float v) { return std::bit_cast<uint32_t>(v); }

@@ -208,9 +208,11 @@ class ComputeWorkTest : public ::testing::Test {
     return p.response;
   }
 
-  // Y = X·Wᵀ + b in kFormat, as mx/'s reference computes it.
-  std::vector<float> Reference(const std::vector<float>& x, int64_t m) const {
-    const auto qx = mx::kernels::QuantizeRows(x, m, kK, kFormat).value();
+  // Y = X·Wᵀ + b in kFormat, as mx/'s reference computes it: X's scales by
+  // `rule`, W's by the floor rule.
+  std::vector<float> Reference(const std::vector<float>& x, int64_t m,
+                               mx::ScaleRule rule = mx::ScaleRule::kFloor) const {
+    const auto qx = mx::kernels::QuantizeRows(x, m, kK, kFormat, {.scale_rule = rule}).value();
     const auto qw = mx::kernels::QuantizeRows(weight_, kN, kK, kFormat).value();
     return mx::ReferenceLinear(qx, qw, bias_).value();
   }
@@ -346,6 +348,66 @@ TEST_F(ComputeWorkTest, WeightRowsAnswerThoseRowsOfTheWholeLayersGradients) {
                                           all_weight.begin() + end * kK)));
   EXPECT_TRUE(SameBits(Floats(part->grad_bias()),
                        std::vector<float>(all_bias.begin() + begin, all_bias.begin() + end)));
+}
+
+// A request's scale rule is for the operands it brings; members of one batch
+// with different rules still share the GEMM (each one's rows are quantized on
+// their own), and the weight copy keeps the floor rule.
+TEST_F(ComputeWorkTest, EachMemberIsQuantizedWithItsOwnScaleRule) {
+  const mx::ScaleRule rules[] = {mx::ScaleRule::kCeil, mx::ScaleRule::kFloor,
+                                 mx::ScaleRule::kRceil};
+  PendingForward pending[3];
+  std::vector<float> inputs[3];
+  for (int i = 0; i < 3; ++i) {
+    inputs[i] = Random(4 * kK, 90 + i);
+    // A block maximum the floor rule saturates (15.92 · 2^-(3-8) = 509 > 448):
+    // an FP element's rounding does not change with a power-of-two scale
+    // otherwise, so this is where the rules part.
+    inputs[i][0] = 15.92f;
+    v1::LayerForwardRequest r = Forward(inputs[i], 4, v1::PHASE_ROLLOUT);
+    r.set_scale_rule(ToProto(rules[i]));
+    SubmitForward(std::move(r), pending[i]);
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pending[i].status.get().ok());
+    EXPECT_TRUE(SameBits(Floats(pending[i].response.output()), Reference(inputs[i], 4, rules[i])))
+        << mx::ScaleRuleName(rules[i]);
+  }
+  EXPECT_EQ(backend_.calls(), (std::vector<Call>{{12, kN, kK, true}}));
+  // Not the floor answer: the rule made a difference for these inputs.
+  EXPECT_FALSE(SameBits(Reference(inputs[0], 4, rules[0]), Reference(inputs[0], 4)));
+  EXPECT_FALSE(SameBits(Reference(inputs[2], 4, rules[2]), Reference(inputs[2], 4)));
+
+  // Backward: dY and X by the rule, the transposed weight copy by floor.
+  const int64_t m = 3;
+  std::vector<float> x = Random(m * kK, 95), dy = Random(m * kN, 96);
+  x[0] = dy[0] = 15.92f;  // saturated by the floor rule, as above
+  v1::LayerBackwardRequest r = Backward(dy, x, m, v1::PHASE_UPDATE);
+  r.set_scale_rule(v1::SCALE_RULE_RCEIL);
+  const auto floor = RunBackward(Backward(dy, x, m, v1::PHASE_UPDATE));
+  ASSERT_TRUE(floor.ok()) << floor.status();
+  const auto g = RunBackward(r);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const mx::QuantizeOptions rceil{.scale_rule = mx::ScaleRule::kRceil};
+  const auto qdy = mx::kernels::QuantizeRows(dy, m, kN, kFormat, rceil).value();
+  const auto qwt = mx::kernels::QuantizeColumns(weight_, kN, kK, kFormat).value();
+  EXPECT_TRUE(SameBits(Floats(g->grad_input()), mx::ReferenceLinear(qdy, qwt, {}).value()));
+  const auto qdyt = mx::kernels::QuantizeColumns(dy, m, kN, kFormat, rceil).value();
+  const auto qxt = mx::kernels::QuantizeColumns(x, m, kK, kFormat, rceil).value();
+  EXPECT_TRUE(SameBits(Floats(g->grad_weight()), mx::ReferenceLinear(qdyt, qxt, {}).value()));
+  EXPECT_FALSE(SameBits(Floats(g->grad_input()), Floats(floor->grad_input())));
+  EXPECT_FALSE(SameBits(Floats(g->grad_weight()), Floats(floor->grad_weight())));
+}
+
+TEST_F(ComputeWorkTest, AnUnknownScaleRuleIsRefusedNamingTheField) {
+  v1::LayerForwardRequest r = Forward(Random(kK, 1), 1, v1::PHASE_ROLLOUT);
+  r.set_scale_rule(static_cast<v1::ScaleRule>(9));
+  v1::LayerForwardResponse response;
+  const auto item = PrepareForward(core_, r, &response, {}, [](absl::Status) {});
+  EXPECT_EQ(item.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(item.status().message(),
+            "scale_rule: unknown scale rule value 9; expected SCALE_RULE_FLOOR, "
+            "SCALE_RULE_NO_SATURATION, SCALE_RULE_CEIL or SCALE_RULE_RCEIL");
 }
 
 // The null backend takes the same path with shape-only operands: zeros of every
