@@ -199,7 +199,8 @@ def _round_elements(spec: FormatSpec, t: torch.Tensor, rounding: str) -> torch.T
     and clamped to max normal: the magnitude the element code stands for."""
     a = t.abs()
     if spec.kind == "mx_int":
-        return torch.clamp(_round(a * 64.0, rounding), max=127.0) / 64.0
+        # max_normal·64 = 127 (infinite for no_saturation's unclamped rounding).
+        return torch.clamp(_round(a * 64.0, rounding), max=spec.max_normal * 64.0) / 64.0
     emin = 1 - spec.bias
     safe = torch.where(a > 0, a, torch.ones_like(a))
     step = torch.clamp(_floor_log2(safe), min=emin) - spec.mantissa_bits
@@ -308,13 +309,15 @@ def scale_bytes(op: MxOperand) -> torch.Tensor:
 def element_codes(op: MxOperand, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The element codes, one per byte, [rows, cols] uint8. `signs` (the input, or
     anything with its signs) sets the sign bit of codes that rounded to zero;
-    without it they are +0."""
+    without it they are +0. A block whose scale is NaN has codes 0, as
+    mx::QuantizeBlock writes them, whatever the signs."""
     spec = op.spec
     fixed = op.fixed.double().reshape(op.fixed.shape[0], -1)[:, :op.cols]
     magnitude = fixed.abs()
     negative = fixed < 0
     if signs is not None:
-        negative = negative | ((fixed == 0) & torch.signbit(signs.float()))
+        live = ~op.nan.repeat_interleave(BLOCK, dim=1)[:, :op.cols]
+        negative = negative | ((fixed == 0) & torch.signbit(signs.float()) & live)
     if spec.kind == "mx_int":
         k = torch.where(negative, -magnitude, magnitude).to(torch.int64)
         return (k & 0xFF).to(torch.uint8)
