@@ -300,7 +300,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="rounding: expected one of"):
         em.quantize(torch.zeros(1, 32), "MXFP4", rounding="up")
     with pytest.raises(ValueError, match="scale_rule: expected one of"):
-        em.quantize(torch.zeros(1, 32), "MXFP4", scale_rule="ceil")
+        em.quantize(torch.zeros(1, 32), "MXFP4", scale_rule="round")
     with pytest.raises(TypeError, match="x: expected a float32, float16 or bfloat16"):
         em.quantize(torch.zeros(1, 32, dtype=torch.int32), "MXFP4")
     with pytest.raises(ValueError, match=r"x: expected a 2-D tensor \[rows, K\]"):
