@@ -176,6 +176,23 @@ def test_no_saturation_known_answer():
     # 462 rounds to 448 under the floor rule: no bump.
     x[0, 0] = 462.0
     assert em.scale_bytes(em.quantize(x, "MXFP8_E4M3", scale_rule="no_saturation")).item() == 127
+    # MXINT8 amax 127.5/64: k = 127.5 ties to 128, past 127, so the block takes scale
+    # 2^1 (k = 63.75 rounds to 64: 2.0), as mxctl --scale-rule nosat does.
+    x[0, 0] = 127.5 / 64
+    nosat = em.quantize(x, "MXINT8", scale_rule="no_saturation")
+    assert em.scale_bytes(nosat).item() == 128 and em.dequantize(nosat)[0, 0].item() == 2.0
+
+
+def test_nan_block_codes_are_zero_whatever_the_signs():
+    # mx::QuantizeBlock writes 32 codes 0 for a block holding NaN or Inf; the signs
+    # of its values (a negative NaN included) do not reach the codes.
+    x = -torch.arange(1.0, 65.0).reshape(1, 64)
+    x[0, 3] = float("nan")
+    x[0, 40] = -float("inf")
+    for fmt in MX:
+        q = em.quantize(x, fmt)
+        assert em.scale_bytes(q).reshape(-1).tolist() == [255, 255]
+        assert em.element_codes(q, x).reshape(-1).tolist() == [0] * 64, fmt
 
 
 def test_gemm_matches_mxctl_reference_both_rules(tmp_path):
@@ -283,7 +300,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="rounding: expected one of"):
         em.quantize(torch.zeros(1, 32), "MXFP4", rounding="up")
     with pytest.raises(ValueError, match="scale_rule: expected one of"):
-        em.quantize(torch.zeros(1, 32), "MXFP4", scale_rule="ceil")
+        em.quantize(torch.zeros(1, 32), "MXFP4", scale_rule="round")
     with pytest.raises(TypeError, match="x: expected a float32, float16 or bfloat16"):
         em.quantize(torch.zeros(1, 32, dtype=torch.int32), "MXFP4")
     with pytest.raises(ValueError, match=r"x: expected a 2-D tensor \[rows, K\]"):

@@ -45,8 +45,9 @@ On CUDA, fused Triton kernels (`mxserve.torch.emulator_triton`) take the MX quan
 when Triton imports; `MXSERVE_EMULATOR_TRITON=0` keeps the plain path. Both give
 the same bits (bench/gpu_check.py checks them against each other and the CPU).
 
-Quantizers: MX blocks of 32 with round-to-nearest-even or ties-away and the floor
-or no-saturation scale rule (mx/README.md "Quantizing a block"), INT8 per row
+Quantizers: MX blocks of 32 with round-to-nearest-even or ties-away and the floor,
+no-saturation, ceil or rceil scale rule (mx/README.md "Quantizing a block";
+tests/golden/scale_rules.json holds vectors for all four), INT8 per row
 (scale = amax/127), BF16/FP16 by IEEE conversion, FP32 as is.
 """
 
@@ -109,7 +110,7 @@ _SPECS = {s.name: s for s in (
 )}
 _ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 ROUNDINGS = ("even", "away")
-SCALE_RULES = ("floor", "no_saturation")
+SCALE_RULES = ("floor", "no_saturation", "ceil", "rceil")
 
 
 _TRITON: list = []
@@ -189,6 +190,13 @@ def _floor_log2(magnitude: torch.Tensor) -> torch.Tensor:
     return torch.frexp(magnitude)[1].to(torch.int32) - 1
 
 
+def _ceil_log2(magnitude: torch.Tensor) -> torch.Tensor:
+    """ceil(log2 |v|) of positive FP64 values, exactly: the floor, plus one unless
+    the value is a power of two (frexp's mantissa exactly 1/2)."""
+    mantissa, exponent = torch.frexp(magnitude)
+    return exponent.to(torch.int32) - (mantissa == 0.5).to(torch.int32)
+
+
 def _round(u: torch.Tensor, rounding: str) -> torch.Tensor:
     """Non-negative FP64 values to integers: ties to even or away from zero."""
     return torch.round(u) if rounding == "even" else torch.floor(u + 0.5)
@@ -199,7 +207,8 @@ def _round_elements(spec: FormatSpec, t: torch.Tensor, rounding: str) -> torch.T
     and clamped to max normal: the magnitude the element code stands for."""
     a = t.abs()
     if spec.kind == "mx_int":
-        return torch.clamp(_round(a * 64.0, rounding), max=127.0) / 64.0
+        # max_normal·64 = 127 (infinite for no_saturation's unclamped rounding).
+        return torch.clamp(_round(a * 64.0, rounding), max=spec.max_normal * 64.0) / 64.0
     emin = 1 - spec.bias
     safe = torch.where(a > 0, a, torch.ones_like(a))
     step = torch.clamp(_floor_log2(safe), min=emin) - spec.mantissa_bits
@@ -218,8 +227,9 @@ def _as_float32(x: torch.Tensor, what: str) -> torch.Tensor:
 def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even",
              scale_rule: str = "floor") -> Operand:
     """x [rows, K] (FP32, BF16 or FP16) quantized along K as the daemon does
-    (mx::QuantizeRows). `rounding` "even" or "away", `scale_rule` "floor" or
-    "no_saturation" (MX formats; INT8 rounds with `rounding` too)."""
+    (mx::QuantizeRows). `rounding` "even" or "away", `scale_rule` "floor",
+    "no_saturation", "ceil" or "rceil" (MX formats; INT8 rounds with `rounding`
+    too)."""
     spec = format_spec(fmt)
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
@@ -269,8 +279,25 @@ def _quantize_mx(spec: FormatSpec, x: torch.Tensor, rounding: str, scale_rule: s
     nan = max_bits >= 0x7F800000
     amax = torch.where(nan, torch.zeros_like(max_bits), max_bits).view(torch.float32).double()
     positive = amax > 0
-    exponent = torch.clamp(_floor_log2(torch.where(positive, amax, torch.ones_like(amax)))
-                           - spec.emax, -SCALE_BIAS, SCALE_BIAS)
+    safe = torch.where(positive, amax, torch.ones_like(amax))
+    if scale_rule == "ceil":
+        # ceil(log2(amax)) - emax: the floor's, plus one unless amax is a power of two.
+        exponent = _ceil_log2(safe) - spec.emax
+    elif scale_rule == "rceil":
+        # ceil(log2(q)), q = amax / max_normal rounded once to FP32 (nearest even,
+        # subnormals kept; 0 gives -127). The FP64 quotient rounds to FP32 as the FP32
+        # division would: max_normal is 7, 15, 3 or 127 times a power of two, so an
+        # inexact quotient's binary expansion repeats a 2-, 3-, 4- or 7-bit pattern
+        # that is neither all 0s nor all 1s, and its FP64 rounding can never land on
+        # an FP32 rounding boundary (a midpoint or a value) it was not already on
+        # (checked against numpy's FP32 division for every positive FP32 amax).
+        # Divided by a tensor: CUDA divides by a scalar as a multiply by its reciprocal.
+        q = (safe / torch.full_like(safe, spec.max_normal)).float().double()
+        positive = positive & (q > 0)
+        exponent = _ceil_log2(torch.where(positive, q, torch.ones_like(q)))
+    else:
+        exponent = _floor_log2(safe) - spec.emax
+    exponent = torch.clamp(exponent, -SCALE_BIAS, SCALE_BIAS)
     exponent = torch.where(positive, exponent, torch.full_like(exponent, -SCALE_BIAS))
     if scale_rule == "no_saturation":
         # One more where amax/2^e would round past max normal (no element clamped).
@@ -308,13 +335,15 @@ def scale_bytes(op: MxOperand) -> torch.Tensor:
 def element_codes(op: MxOperand, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The element codes, one per byte, [rows, cols] uint8. `signs` (the input, or
     anything with its signs) sets the sign bit of codes that rounded to zero;
-    without it they are +0."""
+    without it they are +0. A block whose scale is NaN has codes 0, as
+    mx::QuantizeBlock writes them, whatever the signs."""
     spec = op.spec
     fixed = op.fixed.double().reshape(op.fixed.shape[0], -1)[:, :op.cols]
     magnitude = fixed.abs()
     negative = fixed < 0
     if signs is not None:
-        negative = negative | ((fixed == 0) & torch.signbit(signs.float()))
+        live = ~op.nan.repeat_interleave(BLOCK, dim=1)[:, :op.cols]
+        negative = negative | ((fixed == 0) & torch.signbit(signs.float()) & live)
     if spec.kind == "mx_int":
         k = torch.where(negative, -magnitude, magnitude).to(torch.int64)
         return (k & 0xFF).to(torch.uint8)
