@@ -63,6 +63,30 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
   }
 }
 
+// The scale rules are the host's (it quantizes, the kernel decodes E8M0 scales
+// whatever rule chose them): every rule's Gemm is the reference's on the card's
+// C++ too. A row with a saturating block maximum makes the rules differ.
+TEST_F(HlsSimTest, EveryScaleRuleGivesTheReferenceBits) {
+  const int64_t m = 2, k = 64, n = 33;
+  auto a = TestValues(m * k, 26);
+  const auto b = TestValues(k * n, 27);
+  a[0] = 7.9f;  // MXFP4: floor clamps it to 6, the other rules take scale 2
+  for (const mx::ScaleRule rule : mx::kAllScaleRules) {
+    SCOPED_TRACE(mx::ScaleRuleName(rule));
+    v1::GemmRequest request =
+        GemmRequest(v1::PHASE_UPDATE, v1::FORMAT_MXFP4_E2M1, a, b, m, k, n, v1::FORMAT_MXFP4_E2M1);
+    request.set_scale_rule(mxserve::ToProto(rule));
+    grpc::ClientContext context;
+    v1::GemmResponse response;
+    ASSERT_TRUE(Stub()->Gemm(&context, request, &response).ok());
+    const mx::QuantizeOptions options{.scale_rule = rule};
+    EXPECT_TRUE(SameBits(Floats(response.c()),
+                         *mx::ReferenceGemm(a, mx::Format::kMxfp4E2m1, b, mx::Format::kMxfp4E2m1,
+                                            m, k, n, options)));
+    EXPECT_EQ(response.info().backend(), "hls-sim");
+  }
+}
+
 TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {
   const int64_t m = 2, k = 45, n = 129;
   const auto a = TestValues(m * k, 22), b = TestValues(k * n, 23);
