@@ -160,7 +160,7 @@ TEST(WireEnums, EveryValueOfEveryEnumRoundTripsThroughItsName) {
   }
   // Phase, Format, DType, Rounding, ScaleRule; TensorRole; Reference,
   // ProfileSource, GenerationKind, Score, CostMetric; WorkCallKind.
-  EXPECT_EQ(checked, 4 + 11 + 4 + 2 + 4 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
+  EXPECT_EQ(checked, 4 + 11 + 4 + 2 + 5 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
 }
 
 TEST(WireEnums, ListsReadAsAMessagesExpectedValues) {
@@ -180,8 +180,9 @@ TEST(WireEnums, EveryScaleRuleIsTheWireValueOfItsName) {
     EXPECT_EQ(mxserve::ToMx(mxserve::ToProto(rule)), rule);
   }
   EXPECT_EQ(mxserve::ToProto(mx::ScaleRule::kFloor), v1::SCALE_RULE_FLOOR);  // the default
-  EXPECT_EQ(mxserve::ToMx(static_cast<v1::ScaleRule>(4)), std::nullopt);
-  EXPECT_EQ(v1::ScaleRule_descriptor()->value_count(), std::size(mx::kAllScaleRules));
+  EXPECT_EQ(mxserve::ToMx(v1::SCALE_RULE_UNSPECIFIED), std::nullopt);  // the policy's
+  EXPECT_EQ(mxserve::ToMx(static_cast<v1::ScaleRule>(5)), std::nullopt);
+  EXPECT_EQ(v1::ScaleRule_descriptor()->value_count(), std::size(mx::kAllScaleRules) + 1);
 }
 
 enum class Own { kReward, kRollout };

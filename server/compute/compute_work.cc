@@ -513,7 +513,9 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
   }
   mx::QuantizeOptions options;
   MX_ASSIGN_OR_RETURN(options.rounding, FromProto(request.rounding(), "rounding"));
-  MX_ASSIGN_OR_RETURN(options.scale_rule, FromProto(request.scale_rule(), "scale_rule"));
+  MX_ASSIGN_OR_RETURN(std::optional<mx::ScaleRule> rule,
+                      FromProto(request.scale_rule(), "scale_rule"));
+  options.scale_rule = rule.value_or(mx::ScaleRule::kFloor);  // a Gemm has no policy
   MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(core, request.a(), "a", {}, format_a));
   if (!format_b) format_b = a.format;
   // B is K × N dense, or packed transposed as N rows of K.
@@ -543,6 +545,7 @@ struct LayerRequest {
   Phase phase;
   LayerView view;
   mx::Format format;
+  mx::QuantizeOptions options;  // the scale rule of the operands it brings
 };
 
 template <typename Request>
@@ -554,7 +557,19 @@ absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, con
   MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
                                                             request.min_weight_version()));
   MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
-  return LayerRequest{phase, std::move(view), format};
+  MX_ASSIGN_OR_RETURN(std::optional<mx::ScaleRule> rule,
+                      FromProto(request.scale_rule(), "scale_rule"));
+  mx::QuantizeOptions options;
+  if (rule) {
+    options.scale_rule = *rule;
+  } else if (absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
+             policy.ok()) {
+    // The policy's rule for the phase. A policy that cannot be read leaves floor:
+    // an explicit format did not need it, and ResolveLayerFormat has refused
+    // the request already where the format did.
+    options.scale_rule = policy->policy->scale_rules[static_cast<size_t>(phase)];
+  }
+  return LayerRequest{phase, std::move(view), format, options};
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& core,
@@ -571,11 +586,9 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
                        request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
   MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output",
                                      "split the input's rows (M) over several requests"));
-  mx::QuantizeOptions options;
-  MX_ASSIGN_OR_RETURN(options.scale_rule, FromProto(request.scale_rule(), "scale_rule"));
   return std::make_unique<ForwardItem>(core, call, std::move(done), request.run(), layer.phase,
-                                       std::move(layer.view), layer.format, std::move(x), options,
-                                       response);
+                                       std::move(layer.view), layer.format, std::move(x),
+                                       layer.options, response);
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& core,
@@ -619,11 +632,9 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
         CheckOutputSize(core, grad_output.rows, spec.in_features, "grad_output", "grad_input",
                         "split grad_output's rows (M) over several requests"));
   }
-  mx::QuantizeOptions options;
-  MX_ASSIGN_OR_RETURN(options.scale_rule, FromProto(request.scale_rule(), "scale_rule"));
   return std::make_unique<BackwardItem>(core, call, std::move(done), request.run(), layer.phase,
                                         std::move(layer.view), layer.format, grad_output, input,
-                                        ranged, options, response);
+                                        ranged, layer.options, response);
 }
 
 }  // namespace mxserve

@@ -72,10 +72,12 @@ absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view 
   }
 }
 
-absl::StatusOr<mx::ScaleRule> FromProto(v1::ScaleRule rule, absl::string_view field) {
-  if (std::optional<mx::ScaleRule> own = ToMx(rule)) return *own;
+absl::StatusOr<std::optional<mx::ScaleRule>> FromProto(v1::ScaleRule rule,
+                                                       absl::string_view field) {
+  if (rule == v1::SCALE_RULE_UNSPECIFIED) return std::optional<mx::ScaleRule>();
+  if (std::optional<mx::ScaleRule> own = ToMx(rule)) return own;
   return FieldError(field, absl::StrCat("unknown scale rule value ", static_cast<int>(rule),
-                                        "; expected ", Expected<v1::ScaleRule>(false)));
+                                        "; expected ", Expected<v1::ScaleRule>(true)));
 }
 
 absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {

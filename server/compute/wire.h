@@ -31,8 +31,10 @@ absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field);
 // INVALID_ARGUMENT naming `field` for a value outside the enum.
 absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view field);
 
-// INVALID_ARGUMENT naming `field` for a value outside the enum.
-absl::StatusOr<mx::ScaleRule> FromProto(v1::ScaleRule rule, absl::string_view field);
+// nullopt for SCALE_RULE_UNSPECIFIED; INVALID_ARGUMENT naming `field` for a
+// value outside the enum.
+absl::StatusOr<std::optional<mx::ScaleRule>> FromProto(v1::ScaleRule rule,
+                                                       absl::string_view field);
 
 // DTYPE_FP32/BF16/FP16 as mx::Format::kFp32/kBf16/kFp16; anything else is
 // INVALID_ARGUMENT naming `field`.

@@ -160,7 +160,8 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
   if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
-  MX_RETURN_IF_ERROR(CheckKeys(json, {"name", "description", "defaults", "rules"}, ""));
+  MX_RETURN_IF_ERROR(
+      CheckKeys(json, {"name", "description", "defaults", "rules", "scale_rules"}, ""));
 
   Policy policy;
   MX_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
@@ -184,6 +185,21 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   for (Phase phase : kAllPhases) {
     if (!seen[static_cast<size_t>(phase)]) {
       return FieldError(absl::StrCat("defaults.", PhaseName(phase)), "missing");
+    }
+  }
+
+  if (const auto rules = json.find("scale_rules"); rules != json.end()) {
+    if (!rules->is_object()) {
+      return FieldError("scale_rules", "expected an object of phase: scale rule");
+    }
+    for (const auto& [key, value] : rules->items()) {
+      const std::string field = "scale_rules." + Shorten(key);
+      absl::StatusOr<Phase> phase = ParsePhase(key);
+      if (!phase.ok()) return FieldError(field, phase.status().message());
+      if (!value.is_string()) return FieldError(field, "expected a scale rule name (a string)");
+      absl::StatusOr<mx::ScaleRule> rule = mx::ParseScaleRule(value.get<std::string>());
+      if (!rule.ok()) return FieldError(field, rule.status().message());
+      policy.scale_rules[static_cast<size_t>(*phase)] = *rule;
     }
   }
 
@@ -214,6 +230,12 @@ std::string PolicyToJson(const Policy& policy) {
     json["rules"].push_back({{"phase", rule.phase ? std::string(PhaseName(*rule.phase)) : "*"},
                              {"layers", rule.layers},
                              {"format", std::string(mx::FormatName(rule.format))}});
+  }
+  for (Phase phase : kAllPhases) {
+    const mx::ScaleRule rule = policy.scale_rules[static_cast<size_t>(phase)];
+    if (rule != mx::ScaleRule::kFloor) {
+      json["scale_rules"][std::string(PhaseName(phase))] = std::string(mx::ScaleRuleName(rule));
+    }
   }
   return json.dump(2);
 }

@@ -3,7 +3,8 @@
 // A policy is data. Its JSON form:
 //   {"name": "B-balanced", "description": "...",
 //    "defaults": {"rollout": "MXFP4", "reward": "MXFP4", "update": "FP16"},
-//    "rules": [{"phase": "rollout", "layers": "@sensitive", "format": "MXFP8"}]}
+//    "rules": [{"phase": "rollout", "layers": "@sensitive", "format": "MXFP8"}],
+//    "scale_rules": {"update": "rceil"}}   (optional; every phase floor without it)
 // Rules are tried in order and the first match wins; no match means the phase's
 // default. A rule's "phase" is a phase or "*"; its "layers" is a glob over layer
 // names (server/policy/glob.h) or a layer class that selects by the model's
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
+#include "mx/quantize.h"
 #include "server/base/phase.h"
 
 namespace mxserve {
@@ -77,6 +79,11 @@ struct Policy {
   std::string description;
   std::array<mx::Format, 3> defaults;  // indexed by Phase
   std::vector<PolicyRule> rules;
+  // The MX scale rule, by phase, of the operands a request brings when it leaves
+  // its scale_rule unspecified; the document's optional "scale_rules" object
+  // ({"update": "rceil"}) names the phases that do not use floor.
+  std::array<mx::ScaleRule, 3> scale_rules = {mx::ScaleRule::kFloor, mx::ScaleRule::kFloor,
+                                              mx::ScaleRule::kFloor};
 };
 
 // Bounds on a policy document (server/README.md documents them): resolving
@@ -89,7 +96,9 @@ inline constexpr size_t kMaxPolicyGlobChars = 256;
 // field: "policy.rules[1].format: unknown format 'MXFP5'; expected one of ...".
 absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json);
 
-// The normalized document: canonical format names, every field present.
+// The normalized document: canonical format names, every field present but
+// "scale_rules", which names only the phases whose rule is not floor (absent
+// when none is, so a document written before it reads the same).
 std::string PolicyToJson(const Policy& policy);
 
 struct ResolvedFormat {

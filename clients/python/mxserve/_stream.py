@@ -145,14 +145,14 @@ class StreamSession:
         return future
 
     def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even",
-             run=None, scale_rule="floor") -> Future:
+             run=None, scale_rule=None) -> Future:
         op = self._client._gemm_request(a, b, format, format_b, phase, rounding, run, scale_rule)
         return self._submit("gemm", op,
                             lambda r, like: ComputeResult.from_proto(r.gemm.c, r.gemm.info, like),
                             a)
 
     def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0,
-                run=None, scale_rule="floor") -> Future:
+                run=None, scale_rule=None) -> Future:
         op = self._client._forward_request(model, layer, x, format, phase, min_weight_version,
                                            run, scale_rule)
         return self._submit("forward", op,
@@ -160,7 +160,7 @@ class StreamSession:
                                                                      r.forward.info, like), x)
 
     def backward(self, model, layer, grad_output, input=None, *, format=None, phase=None,
-                 min_weight_version=0, run=None, scale_rule="floor") -> Future:
+                 min_weight_version=0, run=None, scale_rule=None) -> Future:
         op = self._client._backward_request(model, layer, grad_output, input, format, phase,
                                             min_weight_version, run, scale_rule=scale_rule)
         return self._submit("backward", op,

@@ -82,6 +82,10 @@ _SCALE_RULE_ALIASES = {"nosat": "no_saturation"}
 
 
 def _scale_rule(rule) -> int:
+    """None: SCALE_RULE_UNSPECIFIED (a layer call: the model's policy's rule for the
+    phase, floor unless it names one; a Gemm: floor)."""
+    if rule is None:
+        return common_pb2.SCALE_RULE_UNSPECIFIED
     return _wire.enum_value(common_pb2.ScaleRule, rule, "scale_rule", aliases=_SCALE_RULE_ALIASES)
 
 PhaseValues = Union[None, float, Mapping[Optional[str], float]]
@@ -303,7 +307,7 @@ class Client:
     # --- compute -------------------------------------------------------------------------
 
     def _gemm_request(self, a, b, format, format_b, phase, rounding,
-                      run, scale_rule="floor") -> compute_pb2.GemmRequest:
+                      run, scale_rule=None) -> compute_pb2.GemmRequest:
         rounding = _wire.enum_value(common_pb2.Rounding, rounding, "rounding",
                                     aliases=_ROUNDING_ALIASES)
         return compute_pb2.GemmRequest(
@@ -315,7 +319,7 @@ class Client:
             scale_rule=_scale_rule(scale_rule))
 
     def _forward_request(self, model, layer, x, format, phase, min_weight_version, run,
-                         scale_rule="floor"):
+                         scale_rule=None):
         return compute_pb2.LayerForwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
@@ -323,7 +327,7 @@ class Client:
             min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule))
 
     def _backward_request(self, model, layer, grad_output, input, format, phase,
-                          min_weight_version, run, weight_rows=None, scale_rule="floor"):
+                          min_weight_version, run, weight_rows=None, scale_rule=None):
         request = compute_pb2.LayerBackwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
@@ -338,22 +342,23 @@ class Client:
 
     def gemm(self, a, b, format: _wire.FormatLike, format_b: _wire.FormatLike = None, *,
              phase: Optional[_wire.PhaseLike] = None, rounding: str = "even",
-             run: Optional[str] = None, scale_rule: str = "floor",
+             run: Optional[str] = None, scale_rule: Optional[str] = None,
              timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """C = A·B, A [M, K] quantized to `format`, B [K, N] to `format_b` (default:
         `format`), both along K. No model needed; the format is required. `phase`
         and `run` ("" for untagged) default to the `client.phase(...)` and
         `client.run(...)` scopes; so do those of the calls below. `scale_rule`
         ("floor", "no_saturation", "ceil", "rceil"; mxserve.v1.ScaleRule) sets how
-        the MX block scales of the operands the call brings are chosen; a layer's
-        weight copies keep "floor"."""
+        the MX block scales of the operands the call brings are chosen (None: floor
+        for a Gemm, the model's policy's rule for the phase for a layer call); a
+        layer's weight copies keep "floor"."""
         request = self._gemm_request(a, b, format, format_b, phase, rounding, run, scale_rule)
         response = self._call("Gemm", self._compute.Gemm, request, timeout)
         return ComputeResult.from_proto(response.c, response.info, a)
 
     def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
-                run: Optional[str] = None, scale_rule: str = "floor",
+                run: Optional[str] = None, scale_rule: Optional[str] = None,
                 timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
         is explicit or the model's policy's choice for (phase, layer)."""
@@ -365,7 +370,7 @@ class Client:
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
                  min_weight_version: int = 0, run: Optional[str] = None,
-                 weight_rows: Optional[Tuple[int, int]] = None, scale_rule: str = "floor",
+                 weight_rows: Optional[Tuple[int, int]] = None, scale_rule: Optional[str] = None,
                  timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
         """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
         grad_bias (column sums of dY) comes back for layers with a bias.

@@ -399,6 +399,34 @@ TEST_F(ComputeWorkTest, EachMemberIsQuantizedWithItsOwnScaleRule) {
   EXPECT_FALSE(SameBits(Floats(g->grad_weight()), Floats(floor->grad_weight())));
 }
 
+// A request that leaves its scale rule unspecified gets the model's policy's
+// rule for the phase; one that names a rule keeps it; a Gemm's is floor.
+TEST_F(ComputeWorkTest, AnUnspecifiedScaleRuleIsThePolicysForThePhase) {
+  ASSERT_TRUE(policies_
+                  ->Put(R"({"name": "ceil-rollout", "defaults": {"rollout": "MXFP8",
+                            "reward": "MXFP8", "update": "MXFP8"},
+                            "scale_rules": {"rollout": "ceil"}})")
+                  .ok());
+  ASSERT_TRUE(registry_.SetPolicy("m", "ceil-rollout").ok());
+  std::vector<float> x = Random(2 * kK, 97);
+  x[0] = 15.92f;  // saturated by floor, as above
+  auto run = [&](v1::Phase phase, v1::ScaleRule rule) {
+    PendingForward p[3];
+    for (auto& each : p) {
+      v1::LayerForwardRequest r = Forward(x, 2, phase);
+      r.clear_format();  // the policy's too
+      r.set_scale_rule(rule);
+      SubmitForward(std::move(r), each);
+    }
+    for (auto& each : p) EXPECT_TRUE(each.status.get().ok());
+    return Floats(p[0].response.output());
+  };
+  EXPECT_TRUE(SameBits(run(v1::PHASE_ROLLOUT, v1::SCALE_RULE_UNSPECIFIED),
+                       Reference(x, 2, mx::ScaleRule::kCeil)));
+  EXPECT_TRUE(SameBits(run(v1::PHASE_REWARD, v1::SCALE_RULE_UNSPECIFIED), Reference(x, 2)));
+  EXPECT_TRUE(SameBits(run(v1::PHASE_ROLLOUT, v1::SCALE_RULE_FLOOR), Reference(x, 2)));
+}
+
 TEST_F(ComputeWorkTest, AnUnknownScaleRuleIsRefusedNamingTheField) {
   v1::LayerForwardRequest r = Forward(Random(kK, 1), 1, v1::PHASE_ROLLOUT);
   r.set_scale_rule(static_cast<v1::ScaleRule>(9));

@@ -176,6 +176,45 @@ TEST(Policy, ParsesNormalizesAndRoundTrips) {
   EXPECT_EQ(PolicyToJson(ParsePolicyJson(json).value()), json);
 }
 
+// "scale_rules" names the phases whose operands a request leaves to the policy
+// are not scaled by floor; a document without it reads, and writes, as before.
+TEST(Policy, ScaleRulesByPhaseAreOptionalAndRoundTrip) {
+  const std::string base = R"("name": "p", "defaults": {"rollout": "FP16", "reward": "FP16",
+                               "update": "MXFP4"})";
+  const Policy plain = ParsePolicyJson("{" + base + "}").value();
+  for (const mx::ScaleRule rule : plain.scale_rules) EXPECT_EQ(rule, mx::ScaleRule::kFloor);
+  EXPECT_EQ(PolicyToJson(plain).find("scale_rules"), std::string::npos);
+
+  const Policy ruled =
+      ParsePolicyJson("{" + base + R"(, "scale_rules": {"update": "RCEIL", "reward": "floor"}})")
+          .value();
+  EXPECT_EQ(ruled.scale_rules[static_cast<size_t>(Phase::kRollout)], mx::ScaleRule::kFloor);
+  EXPECT_EQ(ruled.scale_rules[static_cast<size_t>(Phase::kReward)], mx::ScaleRule::kFloor);
+  EXPECT_EQ(ruled.scale_rules[static_cast<size_t>(Phase::kUpdate)], mx::ScaleRule::kRceil);
+  const std::string json = PolicyToJson(ruled);
+  EXPECT_NE(json.find(R"("scale_rules": {
+    "update": "rceil"
+  })"), std::string::npos) << json;
+  EXPECT_EQ(PolicyToJson(ParsePolicyJson(json).value()), json);
+
+  const std::pair<std::string, std::string> errors[] = {
+      {R"("scale_rules": ["ceil"])", "policy.scale_rules: expected an object of phase: scale rule"},
+      {R"("scale_rules": {"train": "ceil"})",
+       "policy.scale_rules.train: unknown phase 'train'; expected rollout, reward or update"},
+      {R"("scale_rules": {"update": "round"})",
+       "policy.scale_rules.update: unknown scale rule 'round'; expected floor, no_saturation, "
+       "ceil or rceil"},
+      {R"("scale_rules": {"update": 3})",
+       "policy.scale_rules.update: expected a scale rule name (a string)"},
+  };
+  for (const auto& [extra, message] : errors) {
+    const absl::StatusOr<Policy> parsed = ParsePolicyJson("{" + base + ", " + extra + "}");
+    ASSERT_FALSE(parsed.ok()) << extra;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(parsed.status().message(), message);
+  }
+}
+
 TEST(Policy, ErrorsNameTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {"{", "policy: not valid JSON"},
