@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "clients/cpp/cli_status.h"
 #include "clients/cpp/commands.h"
@@ -49,7 +50,8 @@ Commands (local, no server):
       up where amax would round past max normal; ceil 2^(ceil(log2 amax) -
       emax); rceil 2^ceil(log2(amax / max normal)), cuBLAS's.
   demo       quantize a tensor and run a GEMM in every format; print the errors
-  formats    list the formats and their traits
+  formats    list the formats and their traits, with the bits an element costs
+             stored (its share of the scales included)
   help       this text
 
 Commands (on the daemon at --server, default 127.0.0.1:50051):
@@ -183,14 +185,24 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
   return context;
 }
 
+// Bits one element costs stored, its share of the scales included: an MX block's
+// E8M0 byte over its 32 elements, INT8's FP32 per-row scale over the row's K.
+std::string StoredBits(const mx::FormatTraits& t) {
+  if (t.is_mx()) return absl::StrFormat("%.2f", t.element_bits + 8.0 / mx::kBlockSize);
+  if (t.kind == mx::FormatKind::kInt8) return absl::StrCat(t.element_bits, "+32/K");
+  return absl::StrCat(t.element_bits);
+}
+
 void PrintFormats() {
-  std::printf("%-11s %4s %8s %5s %13s %13s  %s\n", "format", "bits", "exp/man", "emax",
-              "max normal", "min subnorm", "specials");
+  std::printf("%-11s %4s %7s %8s %5s %13s %13s  %s\n", "format", "bits", "stored", "exp/man",
+              "emax", "max normal", "min subnorm", "specials");
   for (const mx::FormatTraits& t : mx::AllFormats()) {
-    std::printf("%-11s %4d %4d/%-3d %5d %13.6g %13.6g  %s\n", std::string(t.name).c_str(),
-                t.element_bits, t.exponent_bits, t.mantissa_bits, t.emax, t.max_normal,
-                t.min_subnormal, std::string(t.special_encodings).c_str());
+    std::printf("%-11s %4d %7s %4d/%-3d %5d %13.6g %13.6g  %s\n", std::string(t.name).c_str(),
+                t.element_bits, StoredBits(t).c_str(), t.exponent_bits, t.mantissa_bits, t.emax,
+                t.max_normal, t.min_subnormal, std::string(t.special_encodings).c_str());
   }
+  std::printf("\nbits: one element; stored: with its share of the scales (an MX block's E8M0\n"
+              "byte per 32 elements; INT8's FP32 scale per row of K).\n");
 }
 
 absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& remote,

@@ -169,8 +169,15 @@ TEST_F(Mxctl, HelpFormatsAndDemo) {
   }
   const Result formats = Run("formats");
   EXPECT_EQ(formats.exit_code, 0);
-  EXPECT_NE(formats.out.find("MXFP6_E3M2     6    3/2       4            28"), std::string::npos)
+  EXPECT_NE(formats.out.find("MXFP6_E3M2     6    6.25    3/2       4            28"),
+            std::string::npos)
       << formats.out;
+  // Stored bits per element, scales included: 4.25 for MXFP4 (the figure NVFP4's
+  // 4.5 is read against), a per-row scale for INT8, none for the floats.
+  EXPECT_NE(formats.out.find("MXFP4_E2M1     4    4.25"), std::string::npos) << formats.out;
+  EXPECT_NE(formats.out.find("MXINT8         8    8.25"), std::string::npos) << formats.out;
+  EXPECT_NE(formats.out.find("INT8           8  8+32/K"), std::string::npos) << formats.out;
+  EXPECT_NE(formats.out.find("BF16          16      16"), std::string::npos) << formats.out;
   const Result demo = Run("demo");
   EXPECT_EQ(demo.exit_code, 0);
   for (const mx::FormatTraits& t : mx::AllFormats()) {
