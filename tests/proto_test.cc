@@ -164,11 +164,11 @@ TEST(WireEnums, EveryValueOfEveryEnumRoundTripsThroughItsName) {
 }
 
 TEST(WireEnums, ListsReadAsAMessagesExpectedValues) {
-  EXPECT_EQ(WireNameList(DescriptorOf<v1::Phase>(), /*full=*/false, /*skip_zero=*/true),
+  EXPECT_EQ(WireNameList(DescriptorOf<v1::Phase>(), /*full=*/false),
             "rollout, reward or update");
-  EXPECT_EQ(WireNameList(DescriptorOf<v1::Phase>(), /*full=*/true, /*skip_zero=*/true),
+  EXPECT_EQ(WireNameList(DescriptorOf<v1::Phase>(), /*full=*/true),
             "PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE");
-  EXPECT_EQ(WireNameList(DescriptorOf<v1::Reference>(), /*full=*/true, /*skip_zero=*/false),
+  EXPECT_EQ(WireNameList(DescriptorOf<v1::Reference>(), /*full=*/true),
             "REFERENCE_FP32 or REFERENCE_FP64");
   EXPECT_EQ(mxserve::JoinWithOr({"a"}), "a");
   EXPECT_EQ(mxserve::JoinWithOr({}), "");

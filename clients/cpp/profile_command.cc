@@ -6,7 +6,6 @@
 #include <fstream>
 #include <map>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -38,13 +37,10 @@ absl::StatusOr<std::vector<v1::Format>> FormatList(const std::string& text,
   return formats;
 }
 
-// "auto, rel_error, fisher or mse": the rule's names of E's values (proto/convert/enums.h),
-// without an UNSPECIFIED.
+// "auto, rel_error, fisher or mse": the rule's names of E's values (proto/convert/enums.h).
 template <typename E>
 std::string WireNames() {
-  const auto& e = mxserve::DescriptorOf<E>();
-  return mxserve::WireNameList(e, /*full=*/false,
-                               /*skip_zero=*/absl::EndsWith(e.value(0)->name(), "_UNSPECIFIED"));
+  return mxserve::WireNameList(mxserve::DescriptorOf<E>(), /*full=*/false);
 }
 
 // --<flag> NAME, one value of the wire enum E by its rule name: `set` is given it.

@@ -13,8 +13,7 @@ absl::StatusOr<v1::Phase> ParsePhase(absl::string_view name) {
   if (phase && *phase != v1::PHASE_UNSPECIFIED) return *phase;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown phase '", name, "'; expected ",
-                   ::mxserve::WireNameList(::mxserve::DescriptorOf<v1::Phase>(), /*full=*/false,
-                                           /*skip_zero=*/true)));
+                   ::mxserve::WireNameList(::mxserve::DescriptorOf<v1::Phase>(), /*full=*/false)));
 }
 
 absl::StatusOr<v1::Format> ParseWireFormat(absl::string_view name) {

@@ -45,11 +45,12 @@ std::optional<int> ParseWireName(const EnumDescriptor& e, absl::string_view text
   return std::nullopt;
 }
 
-std::string WireNameList(const EnumDescriptor& e, bool full, bool skip_zero) {
+std::string WireNameList(const EnumDescriptor& e, bool full, bool with_unspecified) {
+  const std::string unspecified = WireEnumPrefix(e) + "UNSPECIFIED";
   std::vector<std::string> names;
   for (int i = 0; i < e.value_count(); ++i) {
     const google::protobuf::EnumValueDescriptor& value = *e.value(i);
-    if (skip_zero && value.number() == 0) continue;
+    if (!with_unspecified && value.name() == unspecified) continue;
     names.push_back(full ? value.name() : WireName(e, value.number()));
   }
   return JoinWithOr(names);
@@ -67,7 +68,7 @@ std::string JoinWithOr(const std::vector<std::string>& names) {
 void AbortUnknownWireName(const EnumDescriptor& e, absl::string_view name) {
   std::fprintf(stderr, "EnumMap: '%.*s' names no value of %s (expected one of %s)\n",
                static_cast<int>(name.size()), name.data(), e.full_name().c_str(),
-               WireNameList(e, /*full=*/false, /*skip_zero=*/false).c_str());
+               WireNameList(e, /*full=*/false, /*with_unspecified=*/true).c_str());
   std::abort();
 }
 

@@ -38,9 +38,10 @@ std::string WireName(const EnumDescriptor& e, int number);
 std::optional<int> ParseWireName(const EnumDescriptor& e, absl::string_view text);
 
 // The values for a message's "expected …": "rollout, reward or update" (short)
-// or "PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE" (full), in declaration order (number order in mxserve.v1),
-// without value 0 when `skip_zero` (the UNSPECIFIED of enums that have one).
-std::string WireNameList(const EnumDescriptor& e, bool full, bool skip_zero);
+// or "PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE" (full), in declaration order
+// (number order in mxserve.v1), without the enum's <PREFIX>UNSPECIFIED (which
+// no field accepts as a choice) unless `with_unspecified`.
+std::string WireNameList(const EnumDescriptor& e, bool full, bool with_unspecified = false);
 
 // "a, b or c".
 std::string JoinWithOr(const std::vector<std::string>& names);

@@ -42,8 +42,8 @@ const EnumMap<Phase, v1::Phase>& PhaseMap() {
 
 // "PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE": what a field of E expects.
 template <typename E>
-std::string Expected(bool skip_zero) {
-  return WireNameList(DescriptorOf<E>(), /*full=*/true, skip_zero);
+std::string Expected() {
+  return WireNameList(DescriptorOf<E>(), /*full=*/true);
 }
 
 }  // namespace
@@ -68,7 +68,7 @@ absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view 
       return mx::Rounding::kNearestAway;
     default:
       return FieldError(field, absl::StrCat("unknown rounding value ", static_cast<int>(rounding),
-                                            "; expected ", Expected<v1::Rounding>(false)));
+                                            "; expected ", Expected<v1::Rounding>()));
   }
 }
 
@@ -77,7 +77,7 @@ absl::StatusOr<std::optional<mx::ScaleRule>> FromProto(v1::ScaleRule rule,
   if (rule == v1::SCALE_RULE_UNSPECIFIED) return std::optional<mx::ScaleRule>();
   if (std::optional<mx::ScaleRule> own = ToMx(rule)) return own;
   return FieldError(field, absl::StrCat("unknown scale rule value ", static_cast<int>(rule),
-                                        "; expected ", Expected<v1::ScaleRule>(true)));
+                                        "; expected ", Expected<v1::ScaleRule>()));
 }
 
 absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
@@ -90,7 +90,7 @@ absl::StatusOr<mx::Format> FromProto(v1::DType dtype, absl::string_view field) {
       return mx::Format::kFp16;
     default: {
       const std::string name = v1::DType_Name(dtype);
-      return FieldError(field, absl::StrCat("expected ", Expected<v1::DType>(/*skip_zero=*/true),
+      return FieldError(field, absl::StrCat("expected ", Expected<v1::DType>(),
                                             ", got ", name.empty() ? absl::StrCat(int{dtype}) : name));
     }
   }

@@ -111,8 +111,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (chunk_.role() != v1::TENSOR_ROLE_WEIGHT && chunk_.role() != v1::TENSOR_ROLE_BIAS) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".role: expected ",
-                       WireNameList(DescriptorOf<v1::TensorRole>(), /*full=*/true,
-                                    /*skip_zero=*/false),
+                       WireNameList(DescriptorOf<v1::TensorRole>(), /*full=*/true),
                        ", got ",
                        static_cast<int>(chunk_.role())));
     }

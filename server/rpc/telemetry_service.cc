@@ -266,7 +266,7 @@ absl::StatusOr<PricedWorkCall> PriceWorkCall(const Core& core, const v1::WorkCal
   if (!forward && call.call() != v1::WORK_CALL_KIND_BACKWARD) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".call: expected ",
-        WireNameList(DescriptorOf<v1::WorkCallKind>(), /*full=*/true, /*skip_zero=*/true), ", got ",
+        WireNameList(DescriptorOf<v1::WorkCallKind>(), /*full=*/true), ", got ",
         call.call() == v1::WORK_CALL_KIND_UNSPECIFIED ? std::string("unspecified")
                                                       : absl::StrCat(call.call())));
   }
