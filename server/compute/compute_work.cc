@@ -14,8 +14,6 @@
 namespace mxserve {
 namespace {
 
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 absl::StatusOr<Activation> DecodeActivation(const ComputeContext& core, const v1::Operand& operand,
                                             absl::string_view field, const ExpectedShape& expected,
                                             std::optional<mx::Format> format) {
@@ -267,12 +265,6 @@ class ForwardItem final : public ComputeItem {
                              static_cast<int>(x_.format), "/", static_cast<int>(weight_format_));
   }
 
-  // Never called by the scheduler (the item has a runner); a batch of one.
-  void Run() override {
-    WorkItem* self = this;
-    kRunner.Run({&self, 1});
-  }
-
  private:
   // One GEMM for every member of a batch: the inputs' rows stacked, the
   // outputs split.
@@ -483,17 +475,29 @@ class BackwardItem final : public ComputeItem {
 
 }  // namespace
 
-absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view,
-                                              Phase phase, v1::Format requested) {
-  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> explicit_format, FromProto(requested, "format"));
-  if (explicit_format) return *explicit_format;
+absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const LayerView& view,
+                                               Phase phase, v1::Format format,
+                                               v1::ScaleRule scale_rule) {
+  MX_ASSIGN_OR_RETURN(std::optional<mx::Format> explicit_format, FromProto(format, "format"));
+  MX_ASSIGN_OR_RETURN(std::optional<mx::ScaleRule> explicit_rule,
+                      FromProto(scale_rule, "scale_rule"));
+  if (explicit_format && explicit_rule) return LayerChoice{*explicit_format, *explicit_rule};
   absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
-  if (!policy.ok()) {
+  if (!explicit_format && !policy.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("format: unspecified, and the model's active policy cannot be used: ",
                      policy.status().message()));
   }
-  return Resolve(*policy->policy, phase, view.weights->spec().name, view.tolerance).format;
+  LayerChoice choice{.format = explicit_format.value_or(mx::Format::kFp32),
+                     .scale_rule = explicit_rule.value_or(mx::ScaleRule::kFloor)};
+  if (!explicit_format) {
+    choice.format =
+        Resolve(*policy->policy, phase, view.weights->spec().name, view.tolerance).format;
+  }
+  if (!explicit_rule && policy.ok()) {
+    choice.scale_rule = policy->policy->scale_rules[static_cast<size_t>(phase)];
+  }
+  return choice;
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core,
@@ -556,20 +560,11 @@ absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, con
   MX_RETURN_IF_ERROR(core.ledger->CheckRun(request.run(), call.principal, "run"));
   MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
                                                             request.min_weight_version()));
-  MX_ASSIGN_OR_RETURN(mx::Format format, ResolveLayerFormat(core, view, phase, request.format()));
-  MX_ASSIGN_OR_RETURN(std::optional<mx::ScaleRule> rule,
-                      FromProto(request.scale_rule(), "scale_rule"));
+  MX_ASSIGN_OR_RETURN(LayerChoice choice, ResolveLayerChoice(core, view, phase, request.format(),
+                                                             request.scale_rule()));
   mx::QuantizeOptions options;
-  if (rule) {
-    options.scale_rule = *rule;
-  } else if (absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
-             policy.ok()) {
-    // The policy's rule for the phase. A policy that cannot be read leaves floor:
-    // an explicit format did not need it, and ResolveLayerFormat has refused
-    // the request already where the format did.
-    options.scale_rule = policy->policy->scale_rules[static_cast<size_t>(phase)];
-  }
-  return LayerRequest{phase, std::move(view), format, options};
+  options.scale_rule = choice.scale_rule;
+  return LayerRequest{phase, std::move(view), choice.format, options};
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& core,

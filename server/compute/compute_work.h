@@ -56,8 +56,17 @@ void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const s
                        const Principal& who, mx::Format format, const LayerCallCost& cost,
                        uint64_t times, double when);
 
-// The format the model's active policy gives (phase, layer), or the explicit one.
-absl::StatusOr<mx::Format> ResolveLayerFormat(const ComputeContext& core, const LayerView& view,
-                                              Phase phase, v1::Format requested);
+// What a layer call computes in: its format and the scale rule of the operands
+// it brings, each the request's or, where it leaves one unspecified, the model's
+// active policy's for (phase, layer). The policy is read once, and only then. A
+// policy that cannot be read refuses an unspecified format (FAILED_PRECONDITION)
+// and leaves an unspecified rule at floor.
+struct LayerChoice {
+  mx::Format format;
+  mx::ScaleRule scale_rule;
+};
+absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const LayerView& view,
+                                               Phase phase, v1::Format format,
+                                               v1::ScaleRule scale_rule);
 
 }  // namespace mxserve

@@ -5,6 +5,7 @@
 #include "mx/kernels/quantize_fast.h"
 #include "mx/reference_gemm.h"
 #include "mx/status_macros.h"
+#include "server/telemetry/clock.h"
 
 namespace mxserve {
 namespace {
@@ -16,8 +17,6 @@ mx::QuantizedMatrix ShapeOnly(mx::Format format, int64_t rows, int64_t cols) {
   shape.cols = cols;
   return shape;
 }
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
 

@@ -50,7 +50,6 @@ absl::Status Scheduler::Submit(std::unique_ptr<WorkItem> item) {
     } else {
       auto owned = std::make_unique<Batch>();
       Batch* batch = owned.get();
-      batch->runner = item->runner;
       batch->close_at = item->arrival + options_.batch_window;
       if (batched) joinable_.emplace(key, batch);
       batch->items.push_back(std::move(item));
@@ -144,10 +143,11 @@ void Scheduler::Execute(Batch& batch) {
     }
   }
   if (runnable.empty()) return;
-  if (batch.runner != nullptr) {
-    batch.runner->Run(runnable);
+  // Every item of a batch carries its runner; an item without one is alone.
+  if (const BatchRunner* runner = runnable.front()->runner) {
+    runner->Run(runnable);
   } else {
-    runnable.front()->Run();  // alone: a batch without a runner holds one item
+    runnable.front()->Run();
   }
 }
 

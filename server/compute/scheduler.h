@@ -76,8 +76,12 @@ class WorkItem {
  public:
   virtual ~WorkItem() = default;
 
-  // Runs this item alone: an item without a runner, never batched.
-  virtual void Run() = 0;
+  // Runs this item alone. An item with a runner is a batch of one (the
+  // scheduler never calls this for it); one without must override it.
+  virtual void Run() {
+    WorkItem* self = this;
+    runner->Run({&self, 1});
+  }
   // Answers this item with an error; it will not run.
   virtual void Fail(absl::Status status) = 0;
   // True once the client gave up on the request.
@@ -123,8 +127,7 @@ class Scheduler {
   // Items that may join one batch: the same runner and key.
   using BatchKey = std::pair<const BatchRunner*, std::string>;
   struct Batch {
-    const BatchRunner* runner = nullptr;  // null: one item, run alone
-    std::vector<std::unique_ptr<WorkItem>> items;
+    std::vector<std::unique_ptr<WorkItem>> items;  // one runner and key (or one item alone)
     Clock::time_point close_at;  // runnable from then on, if not full before
     bool runnable = false;       // in runnable_; else in collecting_, at `collecting`
     std::multimap<Clock::time_point, std::unique_ptr<Batch>>::iterator collecting;

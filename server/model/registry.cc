@@ -96,14 +96,14 @@ absl::Status LayerWeights::WithCopy(mx::Format format, WeightLayout layout, Memo
   const int64_t cols = forward ? spec_.in_features : spec_.out_features;
   MX_ASSIGN_OR_RETURN(Quantized copy, Get(format, layout, budget, use));
   *created = copy.created;
-  if (copy.weight) return use_part({.begin = 0, .end = rows, .rows = rows, .weight = *copy.weight});
+  if (copy.weight) return use_part({.begin = 0, .end = rows, .weight = *copy.weight});
   // Whole panels of 64 rows per slice, unless one slice holds them all.
   const int64_t step = std::max<int64_t>(64, slice_elements / cols / 64 * 64);
   for (int64_t begin = 0; begin < rows; begin += step) {
     const int64_t end = std::min(rows, begin + step);
     MX_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedWeight> slice,
                         Slice(format, layout, begin, end, budget));
-    MX_RETURN_IF_ERROR(use_part({.begin = begin, .end = end, .rows = rows, .weight = *slice}));
+    MX_RETURN_IF_ERROR(use_part({.begin = begin, .end = end, .weight = *slice}));
   }
   *created = true;
   return absl::OkStatus();

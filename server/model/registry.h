@@ -124,11 +124,10 @@ class LayerWeights {
                                                               MemoryBudget& budget) const;
 
   // One part of a copy that WithCopy hands over: rows [begin, end) of the
-  // copy's `rows` (N in the forward layout, K in the transposed one), prepared.
+  // copy's rows (N in the forward layout, K in the transposed one), prepared.
   struct CopyPart {
     int64_t begin = 0;
     int64_t end = 0;
-    int64_t rows = 0;
     const PreparedWeight& weight;
   };
   // The copy in `format` and `layout` for one call, part by part, in row order:

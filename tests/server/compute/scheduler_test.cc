@@ -183,10 +183,6 @@ class Tagged final : public WorkItem {
     runner = &kRunner;
     batch_key = std::move(key);
   }
-  void Run() override {
-    WorkItem* self = this;
-    kRunner.Run({&self, 1});
-  }
   void Fail(absl::Status status) override { failed.set_value(std::move(status)); }
   bool Cancelled() const override { return cancelled; }
 
