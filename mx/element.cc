@@ -47,12 +47,29 @@ FloatParts Split(uint32_t bits) {
   return {fraction | 0x800000, biased - 127};
 }
 
-// m / 2^shift rounded to an integer, shift >= 0.
-uint64_t ShiftRightRounded(uint64_t m, int shift, Rounding rounding) {
+// Whether a remainder r of a step 2^shift (0 <= r < 2^shift, shift >= 1) rounds
+// up stochastically with random bits u: r / 2^shift · 2^32 > u, compared exactly.
+bool StochasticUp(uint64_t remainder, int shift, uint32_t u) {
+  if (remainder == 0) return false;
+  if (shift <= 32) return (remainder << (32 - shift)) > u;
+  // r > u · 2^(shift - 32); r < 2^25 wherever this is called, so a non-zero u
+  // shifted by 32 or more always wins.
+  if (u == 0) return true;
+  if (shift - 32 >= 32) return false;
+  return remainder > (uint64_t{u} << (shift - 32));
+}
+
+// m / 2^shift rounded to an integer, shift >= 0 (m < 2^25).
+uint64_t ShiftRightRounded(uint64_t m, int shift, Rounding rounding, uint32_t random_bits) {
   if (shift == 0) return m;
-  if (shift >= 63) return 0;  // m < 2^25 here, so the quotient is far below 1/2
+  if (shift >= 63) {  // the quotient is far below 1/2
+    return rounding == Rounding::kStochastic && StochasticUp(m, shift, random_bits) ? 1 : 0;
+  }
   const uint64_t quotient = m >> shift;
   const uint64_t remainder = m & ((uint64_t{1} << shift) - 1);
+  if (rounding == Rounding::kStochastic) {
+    return quotient + (StochasticUp(remainder, shift, random_bits) ? 1 : 0);
+  }
   const uint64_t half = uint64_t{1} << (shift - 1);
   const bool round_up =
       remainder > half ||
@@ -60,7 +77,8 @@ uint64_t ShiftRightRounded(uint64_t m, int shift, Rounding rounding) {
   return quotient + (round_up ? 1 : 0);
 }
 
-EncodeResult EncodeMinifloat(const Minifloat& f, float v, Rounding rounding, int scale_exponent) {
+EncodeResult EncodeMinifloat(const Minifloat& f, float v, Rounding rounding, int scale_exponent,
+                             uint32_t random_bits = 0) {
   const uint32_t bits = std::bit_cast<uint32_t>(v);
   const int p = f.mantissa_bits;
   const uint32_t sign_code = (bits >> 31) << (f.exponent_bits + p);
@@ -94,7 +112,7 @@ EncodeResult EncodeMinifloat(const Minifloat& f, float v, Rounding rounding, int
   int step_exponent = exponent < f.emin() ? f.emin() : exponent;
   // Significand in units of 2^(step_exponent - p): |v|/2^scale / 2^(step_exponent - p).
   const int shift = step_exponent - p - (parts.exponent - scale_exponent - 23);
-  uint64_t q = shift >= 0 ? ShiftRightRounded(parts.significand, shift, rounding)
+  uint64_t q = shift >= 0 ? ShiftRightRounded(parts.significand, shift, rounding, random_bits)
                           : parts.significand << -shift;  // exact: only FP32 subnormals
   if (q >> (p + 1)) {                                     // rounded up into the next binade
     q >>= 1;
@@ -112,7 +130,8 @@ EncodeResult EncodeMinifloat(const Minifloat& f, float v, Rounding rounding, int
 
 // Two's-complement byte holding round(v / 2^scale_exponent · 2^fraction_bits),
 // clamped to ±127. NaN gives 0 (the caller records NaN elsewhere).
-EncodeResult EncodeClampedInt8(float v, Rounding rounding, int scale_exponent, int fraction_bits) {
+EncodeResult EncodeClampedInt8(float v, Rounding rounding, int scale_exponent, int fraction_bits,
+                               uint32_t random_bits) {
   const uint32_t bits = std::bit_cast<uint32_t>(v);
   const uint32_t magnitude = bits & 0x7FFFFFFF;
   if (magnitude > 0x7F800000 || magnitude == 0) return {0, false};
@@ -121,7 +140,7 @@ EncodeResult EncodeClampedInt8(float v, Rounding rounding, int scale_exponent, i
   if (magnitude < 0x7F800000) {
     const FloatParts parts = Split(bits);
     const int shift = 23 - fraction_bits + scale_exponent - parts.exponent;
-    if (shift >= 0) q = ShiftRightRounded(parts.significand, shift, rounding);
+    if (shift >= 0) q = ShiftRightRounded(parts.significand, shift, rounding, random_bits);
   }
   const bool overflowed = q > 127;
   const int k = overflowed ? 127 : static_cast<int>(q);
@@ -149,18 +168,19 @@ float DecodeMinifloat(const Minifloat& f, uint32_t code) {
 
 }  // namespace
 
-EncodeResult EncodeElementDetailed(Format format, float v, Rounding rounding, int scale_exponent) {
+EncodeResult EncodeElementDetailed(Format format, float v, Rounding rounding, int scale_exponent,
+                                   uint32_t random_bits) {
   switch (Traits(format).kind) {
     case FormatKind::kMxInt:
-      return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/6);
+      return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/6, random_bits);
     case FormatKind::kInt8:
-      return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/0);
+      return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/0, random_bits);
     case FormatKind::kMxFloat:
     case FormatKind::kFloat:
       if (format == Format::kFp32) {
         return {std::bit_cast<uint32_t>(std::ldexp(v, -scale_exponent)), false};
       }
-      return EncodeMinifloat(MinifloatOf(format), v, rounding, scale_exponent);
+      return EncodeMinifloat(MinifloatOf(format), v, rounding, scale_exponent, random_bits);
   }
   return {0, false};
 }

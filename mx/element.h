@@ -14,6 +14,12 @@ namespace mx {
 enum class Rounding : uint8_t {
   kNearestEven,  // IEEE roundTiesToEven, the spec's rule and the default
   kNearestAway,  // ties away from zero, for comparison with tools that use it
+  // Up with probability equal to the discarded fraction of a step, decided by 32
+  // random bits per element (mx/stochastic.h): unbiased in expectation, so that
+  // small gradient updates survive requantization. The quantizers apply it to MX
+  // and INT8 operands; BF16/FP16 operands are converted to nearest even whatever
+  // the rounding.
+  kStochastic,
 };
 
 struct EncodeResult {
@@ -30,12 +36,15 @@ struct EncodeResult {
 // otherwise; NaN encodes as the format's NaN, or as +0 where the format has none
 // (an MX block holding NaN records it in its scale instead). MXINT8 clamps to
 // ±127; INT8 encodes the value itself, rounded and clamped to ±127.
+// `random_bits` is u of kStochastic: the magnitude rounds up iff the fraction of
+// a step it lies above the grid point below, times 2^32, exceeds u (ignored by
+// the other roundings). A value past max normal still saturates.
 EncodeResult EncodeElementDetailed(Format format, float v, Rounding rounding,
-                                   int scale_exponent = 0);
+                                   int scale_exponent = 0, uint32_t random_bits = 0);
 
 inline uint32_t EncodeElement(Format format, float v, Rounding rounding = Rounding::kNearestEven,
-                              int scale_exponent = 0) {
-  return EncodeElementDetailed(format, v, rounding, scale_exponent).code;
+                              int scale_exponent = 0, uint32_t random_bits = 0) {
+  return EncodeElementDetailed(format, v, rounding, scale_exponent, random_bits).code;
 }
 
 // The value of an element code, without any block scale. Exact for every format.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
 #include "mx/element.h"
+#include "mx/stochastic.h"
 
 namespace mx {
 namespace {
@@ -24,22 +25,38 @@ uint32_t ReadBits(const uint8_t* data, int64_t position, int bits) {
   return (word >> offset) & ((1u << bits) - 1);
 }
 
+// Where one row's elements draw their stochastic-rounding bits: element c draws
+// index first + c · step (QuantizeOptions). Inactive for the other roundings.
+struct RowDraws {
+  const StochasticBits* bits = nullptr;  // null: not stochastic
+  uint64_t first = 0;
+  uint64_t step = 1;
+
+  uint32_t operator()(size_t c) const { return (*bits)(first + c * step); }
+};
+
 void QuantizeRowMx(std::span<const float> row, Format format, const QuantizeOptions& options,
-                   uint8_t* elements, uint8_t* scales) {
+                   const RowDraws& draws, uint8_t* elements, uint8_t* scales) {
   const int64_t blocks = BlocksPerRow(static_cast<int64_t>(row.size()));
+  std::array<uint32_t, kBlockSize> random{};
   for (int64_t b = 0; b < blocks; ++b) {
     const size_t begin = static_cast<size_t>(b) * kBlockSize;
     const size_t count = std::min<size_t>(kBlockSize, row.size() - begin);
     std::array<uint8_t, kBlockSize> codes{};  // the padding of a short block stays code 0
+    std::span<const uint32_t> block_random;
+    if (draws.bits != nullptr) {
+      for (size_t i = 0; i < count; ++i) random[i] = draws(begin + i);
+      block_random = std::span<const uint32_t>(random.data(), count);
+    }
     scales[b] = QuantizeBlock(format, row.subspan(begin, count),
-                              std::span<uint8_t>(codes.data(), count), options);
+                              std::span<uint8_t>(codes.data(), count), options, block_random);
     PackBlock(format, codes, elements + b * BlockBytes(format));
   }
 }
 
 // INT8: scale = amax / 127 in FP32, code = round(v / scale) clamped to ±127.
 float QuantizeRowInt8(std::span<const float> row, const QuantizeOptions& options,
-                      uint8_t* elements) {
+                      const RowDraws& draws, uint8_t* elements) {
   float amax = 0.0f;
   for (float v : row) {
     if (!std::isfinite(v)) {
@@ -54,8 +71,9 @@ float QuantizeRowInt8(std::span<const float> row, const QuantizeOptions& options
   }
   const float scale = amax / 127.0f;
   for (size_t i = 0; i < row.size(); ++i) {
-    elements[i] =
-        static_cast<uint8_t>(EncodeElement(Format::kInt8, row[i] / scale, options.rounding));
+    elements[i] = static_cast<uint8_t>(EncodeElement(Format::kInt8, row[i] / scale,
+                                                     options.rounding, 0,
+                                                     draws.bits != nullptr ? draws(i) : 0));
   }
   return scale;
 }
@@ -149,24 +167,44 @@ void UnpackBlock(Format format, const uint8_t* block, std::span<uint8_t, kBlockS
     codes[i] = static_cast<uint8_t>(ReadBits(block, i * bits, bits));
 }
 
-absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
-                                             int64_t cols, Format format,
-                                             const QuantizeOptions& options) {
+absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> values, int64_t rows,
+                                                    int64_t cols, Format format,
+                                                    const QuantizeOptions& options,
+                                                    uint64_t row_step, uint64_t col_step) {
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, rows, cols);
   const int64_t row_bytes = RowBytes(format, cols);
+  const bool stochastic = options.rounding == Rounding::kStochastic;
+  const StochasticBits bits(options.seed, options.stream);
   for (int64_t r = 0; r < rows; ++r) {
     const std::span<const float> row = values.subspan(r * cols, cols);
     uint8_t* elements = m.elements.data() + r * row_bytes;
+    const RowDraws draws{stochastic ? &bits : nullptr,
+                         static_cast<uint64_t>(options.index_offset) + r * row_step, col_step};
     if (IsMx(format)) {
-      QuantizeRowMx(row, format, options, elements, m.block_scales.data() + r * BlocksPerRow(cols));
+      QuantizeRowMx(row, format, options, draws, elements,
+                    m.block_scales.data() + r * BlocksPerRow(cols));
     } else if (format == Format::kInt8) {
-      m.row_scales[r] = QuantizeRowInt8(row, options, elements);
+      m.row_scales[r] = QuantizeRowInt8(row, options, draws, elements);
     } else {
       StoreFloats(row, format, elements);
     }
   }
   return m;
+}
+
+namespace {
+
+uint64_t SourceStride(const QuantizeOptions& options, int64_t width) {
+  return static_cast<uint64_t>(options.index_row_stride != 0 ? options.index_row_stride : width);
+}
+
+}  // namespace
+
+absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
+                                             int64_t cols, Format format,
+                                             const QuantizeOptions& options) {
+  return QuantizeRowsDrawing(values, rows, cols, format, options, SourceStride(options, cols), 1);
 }
 
 absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, Format source,
@@ -188,7 +226,7 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
   for (int64_t i = 0; i < k; ++i) {
     for (int64_t j = 0; j < n; ++j) transposed[j * k + i] = values[i * n + j];
   }
-  return QuantizeRows(transposed, n, k, format, options);
+  return QuantizeRowsDrawing(transposed, n, k, format, options, 1, SourceStride(options, n));
 }
 
 uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col) {

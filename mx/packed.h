@@ -85,13 +85,22 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
 absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, int64_t k, int64_t n,
                                                 Format format, const QuantizeOptions& options = {});
 
-// The element code at (row, col) and the value it stands for (scale applied).
+// QuantizeRows whose element (r, c) draws its stochastic-rounding bits at index
+// options.index_offset + r · row_step + c · col_step (options.index_row_stride
+// is not read): for kernels that hand the reference a part of a matrix, or its
+// transpose (col_step = the source's width, row_step = 1).
+absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> values, int64_t rows,
+                                                    int64_t cols, Format format,
+                                                    const QuantizeOptions& options,
+                                                    uint64_t row_step, uint64_t col_step);
+
 // The rows of `parts`, in order, as one matrix: several requests' inputs to one
 // weight as a single operand. Quantization is per row (per block along K), so
 // each row's bits are those it had alone. INVALID_ARGUMENT unless every part
 // has the first one's format and column count; `parts` must not be empty.
 absl::StatusOr<QuantizedMatrix> StackRows(std::span<const QuantizedMatrix> parts);
 
+// The element code at (row, col) and the value it stands for (scale applied).
 uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col);
 float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col);
 

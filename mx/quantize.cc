@@ -54,6 +54,30 @@ absl::StatusOr<ScaleRule> ParseScaleRule(absl::string_view name) {
       "unknown scale rule '", name, "'; expected floor, no_saturation, ceil or rceil"));
 }
 
+absl::string_view RoundingName(Rounding rounding) {
+  switch (rounding) {
+    case Rounding::kNearestEven:
+      return "nearest_even";
+    case Rounding::kNearestAway:
+      return "nearest_away";
+    case Rounding::kStochastic:
+      return "stochastic";
+  }
+  return "?";
+}
+
+absl::StatusOr<Rounding> ParseRounding(absl::string_view name) {
+  for (const Rounding rounding :
+       {Rounding::kNearestEven, Rounding::kNearestAway, Rounding::kStochastic}) {
+    if (absl::EqualsIgnoreCase(name, RoundingName(rounding))) return rounding;
+  }
+  if (absl::EqualsIgnoreCase(name, "even")) return Rounding::kNearestEven;
+  if (absl::EqualsIgnoreCase(name, "away")) return Rounding::kNearestAway;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown rounding '", name,
+                   "'; expected nearest_even (even), nearest_away (away) or stochastic"));
+}
+
 int SharedExponent(Format format, float amax, const QuantizeOptions& options) {
   if (amax == 0.0f) return -kScaleBias;
   const FormatTraits& traits = Traits(format);
@@ -75,16 +99,22 @@ int SharedExponent(Format format, float amax, const QuantizeOptions& options) {
     }
   }
   int exponent = std::clamp(unclamped, -kScaleBias, kScaleBias);
+  // Stochastic rounding decides the scale as nearest even does: the scale is the
+  // block's, not any one element's draw.
+  const Rounding decide =
+      options.rounding == Rounding::kStochastic ? Rounding::kNearestEven : options.rounding;
   if (options.scale_rule == ScaleRule::kNoSaturation && exponent < kScaleBias &&
-      EncodeElementDetailed(format, amax, options.rounding, exponent).overflowed) {
+      EncodeElementDetailed(format, amax, decide, exponent).overflowed) {
     ++exponent;
   }
   return exponent;
 }
 
 uint8_t QuantizeBlock(Format format, std::span<const float> values, std::span<uint8_t> codes,
-                      const QuantizeOptions& options) {
+                      const QuantizeOptions& options, std::span<const uint32_t> random_bits) {
   assert(IsMx(format) && values.size() <= kBlockSize && codes.size() == values.size());
+  const bool stochastic = options.rounding == Rounding::kStochastic;
+  assert(!stochastic || random_bits.size() == values.size());
   // The largest magnitude, compared as bits: for non-negative floats the integer
   // order is the numeric order, and any NaN or Inf compares at or above Inf.
   uint32_t max_magnitude = 0;
@@ -97,7 +127,8 @@ uint8_t QuantizeBlock(Format format, std::span<const float> values, std::span<ui
   }
   const int exponent = SharedExponent(format, std::bit_cast<float>(max_magnitude), options);
   for (size_t i = 0; i < values.size(); ++i) {
-    codes[i] = static_cast<uint8_t>(EncodeElement(format, values[i], options.rounding, exponent));
+    codes[i] = static_cast<uint8_t>(EncodeElement(format, values[i], options.rounding, exponent,
+                                                  stochastic ? random_bits[i] : 0));
   }
   return static_cast<uint8_t>(exponent + kScaleBias);
 }

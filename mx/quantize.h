@@ -41,10 +41,44 @@ absl::string_view ScaleRuleName(ScaleRule rule);
 // A name above, case-insensitive; INVALID_ARGUMENT listing them otherwise.
 absl::StatusOr<ScaleRule> ParseScaleRule(absl::string_view name);
 
+// "nearest_even", "nearest_away", "stochastic".
+absl::string_view RoundingName(Rounding rounding);
+// A name above or its short form (even, away), case-insensitive; INVALID_ARGUMENT
+// listing them otherwise.
+absl::StatusOr<Rounding> ParseRounding(absl::string_view name);
+
 struct QuantizeOptions {
   Rounding rounding = Rounding::kNearestEven;
   ScaleRule scale_rule = ScaleRule::kFloor;
+  // kStochastic only: the key of the random bits (mx/stochastic.h), and which
+  // index each element draws. Element (i, j) of the source matrix — the
+  // row-major values QuantizeRows is given, or the K × N matrix QuantizeColumns
+  // is given — draws index index_offset + i · index_row_stride + j, the stride
+  // being the source's width where it is 0. So an operand's bits do not depend
+  // on its orientation's storage, and a slice of a wider tensor (offset, stride)
+  // draws what the whole tensor would have drawn there.
+  uint64_t seed = 0;
+  uint32_t stream = 0;
+  int64_t index_offset = 0;
+  int64_t index_row_stride = 0;
 };
+
+// The stochastic-rounding streams of the operands a request brings: the "tensor
+// identity" of the key, so that no two quantizations of one request share draws.
+// Part of the contract: the trainer-side emulator draws the same.
+enum class OperandStream : uint32_t {
+  kGemmA = 0,              // Gemm's A, by rows
+  kGemmB = 1,              // Gemm's B, by columns
+  kForwardInput = 2,       // LayerForward's X, by rows
+  kGradOutputRows = 3,     // LayerBackward's dY by rows, for grad_input
+  kGradOutputColumns = 4,  // LayerBackward's dY by columns, for grad_weight
+  kInputColumns = 5,       // LayerBackward's X by columns, for grad_weight
+};
+// options with `stream` set to the operand's.
+inline QuantizeOptions ForStream(QuantizeOptions options, OperandStream stream) {
+  options.stream = static_cast<uint32_t>(stream);
+  return options;
+}
 
 // floor(log2(|v|)) taken exactly from the FP32 bits (a subnormal's from its leading
 // one). v must be finite and non-zero.
@@ -58,8 +92,11 @@ int SharedExponent(Format format, float amax, const QuantizeOptions& options);
 // Quantizes up to 32 values (fewer: a short last block, as if padded with zeros)
 // to the MX format `format`. Writes one code per value into `codes` (same length
 // as `values`, element code in the low bits) and returns the E8M0 scale byte. A
-// block holding NaN or ±Inf returns kScaleNan and zero codes.
+// block holding NaN or ±Inf returns kScaleNan and zero codes. With stochastic
+// rounding `random_bits` holds each value's 32 bits (same length as `values`);
+// the scale is chosen as with nearest even (the no-saturation rule's test too).
 uint8_t QuantizeBlock(Format format, std::span<const float> values, std::span<uint8_t> codes,
-                      const QuantizeOptions& options = {});
+                      const QuantizeOptions& options = {},
+                      std::span<const uint32_t> random_bits = {});
 
 }  // namespace mx

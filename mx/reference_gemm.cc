@@ -192,9 +192,11 @@ absl::StatusOr<std::vector<float>> ReferenceGemm(std::span<const float> a, Forma
                                                  std::span<const float> b, Format format_b,
                                                  int64_t m, int64_t k, int64_t n,
                                                  const QuantizeOptions& options) {
-  absl::StatusOr<QuantizedMatrix> qa = QuantizeRows(a, m, k, format_a, options);
+  absl::StatusOr<QuantizedMatrix> qa =
+      QuantizeRows(a, m, k, format_a, ForStream(options, OperandStream::kGemmA));
   if (!qa.ok()) return absl::InvalidArgumentError(absl::StrCat("a ", qa.status().message()));
-  absl::StatusOr<QuantizedMatrix> qb = QuantizeColumns(b, k, n, format_b, options);
+  absl::StatusOr<QuantizedMatrix> qb =
+      QuantizeColumns(b, k, n, format_b, ForStream(options, OperandStream::kGemmB));
   if (!qb.ok()) return absl::InvalidArgumentError(absl::StrCat("b ", qb.status().message()));
   return ReferenceLinear(*qa, *qb);
 }

@@ -37,7 +37,9 @@ absl::StatusOr<std::vector<float>> ReferenceLinear(const QuantizedMatrix& x,
                                                    std::span<const float> bias = {});
 
 // C = A·B from FP32: A is M×K row-major quantized per row to format_a, B is K×N
-// row-major quantized per column to format_b; C is M×N row-major.
+// row-major quantized per column to format_b; C is M×N row-major. With
+// stochastic rounding A and B draw the streams of Gemm's (kGemmA, kGemmB), as
+// the daemon's Gemm does; options.stream is not read.
 absl::StatusOr<std::vector<float>> ReferenceGemm(std::span<const float> a, Format format_a,
                                                  std::span<const float> b, Format format_b,
                                                  int64_t m, int64_t k, int64_t n,

@@ -380,6 +380,41 @@ void RunRows(QuantizedMatrix& m, Format source, const void* values, const Quanti
   }
 }
 
+// Copies part's rows into rows [first, first + part.rows) of `m` (same format
+// and columns).
+void PlaceRows(const QuantizedMatrix& part, int64_t first, QuantizedMatrix& m) {
+  std::copy(part.elements.begin(), part.elements.end(),
+            m.elements.begin() + first * RowBytes(m.format, m.cols));
+  std::copy(part.block_scales.begin(), part.block_scales.end(),
+            m.block_scales.begin() + first * BlocksPerRow(m.cols));
+  std::copy(part.row_scales.begin(), part.row_scales.end(), m.row_scales.begin() + first);
+}
+
+// Stochastic rounding: the reference's per-element encoder (each element draws
+// its own bits, which the branch-free kernels have no room for), split in tasks
+// of whole rows, each told where its rows sit in the source so that it draws
+// what the whole matrix would (QuantizeOptions::index_offset).
+void StochasticRows(QuantizedMatrix& m, std::span<const float> values,
+                    const QuantizeOptions& options, ThreadPool* pool) {
+  const int64_t rows_per_task = std::max<int64_t>(1, kValuesPerTask / std::max<int64_t>(1, m.cols));
+  const int64_t tasks = (m.rows + rows_per_task - 1) / rows_per_task;
+  const int64_t stride = options.index_row_stride != 0 ? options.index_row_stride : m.cols;
+  const auto task = [&](int64_t t) {
+    const int64_t first = t * rows_per_task, count = std::min(rows_per_task, m.rows - first);
+    QuantizeOptions part = options;
+    part.index_offset = static_cast<int64_t>(static_cast<uint64_t>(options.index_offset) +
+                                             static_cast<uint64_t>(first * stride));
+    PlaceRows(*QuantizeRowsDrawing(values.subspan(first * m.cols, count * m.cols), count, m.cols,
+                                   m.format, part, stride, 1),
+              first, m);
+  };
+  if (pool != nullptr && tasks > 1) {
+    pool->ParallelFor(tasks, task);
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int64_t rows,
@@ -388,7 +423,11 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int6
                                              ThreadPool* pool) {
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, rows, cols);
-  RunRows(m, Format::kFp32, values.data(), options, isa, pool);
+  if (options.rounding == Rounding::kStochastic) {
+    StochasticRows(m, values, options, pool);
+  } else {
+    RunRows(m, Format::kFp32, values.data(), options, isa, pool);
+  }
   return m;
 }
 
@@ -401,6 +440,11 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
         absl::StrCat("source: expected BF16 or FP16, got ", FormatName(source)));
   }
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
+  if (options.rounding == Rounding::kStochastic) {
+    std::vector<float> widened(values.size());
+    WidenToFloat(source, values.data(), values.size(), widened.data());
+    return QuantizeRows(widened, rows, cols, format, options, isa, pool);
+  }
   QuantizedMatrix m = AllocateQuantized(format, rows, cols);
   RunRows(m, source, values.data(), options, isa, pool);
   return m;
@@ -430,7 +474,18 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
       } else {
         internal::TransposePanelScalar(values.data(), k, n, j0, width, panel.data());
       }
-      Run(JobFor(m, j0, width, Format::kFp32, panel.data(), options), isa);
+      if (options.rounding == Rounding::kStochastic) {
+        // Panel element (j, i) is source (i, j0 + j): index offset + j0 + j + i · stride.
+        QuantizeOptions part = options;
+        part.index_offset = static_cast<int64_t>(static_cast<uint64_t>(options.index_offset) +
+                                                 static_cast<uint64_t>(j0));
+        const int64_t stride = options.index_row_stride != 0 ? options.index_row_stride : n;
+        PlaceRows(*QuantizeRowsDrawing(std::span<const float>(panel.data(), width * k), width, k,
+                                       format, part, 1, static_cast<uint64_t>(stride)),
+                  j0, m);
+      } else {
+        Run(JobFor(m, j0, width, Format::kFp32, panel.data(), options), isa);
+      }
     }
   };
   if (pool != nullptr && tasks > 1) {
