@@ -169,6 +169,21 @@ def check_bits(device: str, use_triton: bool, golden: pathlib.Path):
             em.quantize(x.to(d), fmt, rounding="away")))
     compare("MXFP8_E4M3 no_saturation", lambda d: operand_bits(
         em.quantize(x.to(d), "MXFP8_E4M3", scale_rule="no_saturation")))
+    # Seeded stochastic rounding: the random bits and every use of them, on
+    # Qwen's down_proj reduction (K = 4864) with the daemon's streams.
+    index = torch.arange(1 << 20, dtype=torch.int64) * 4099 + (1 << 33)
+    compare("stochastic bits", lambda d: em.stochastic_bits(2024, 4, index.to(d)).double())
+    (n, k), m = BITS_LAYERS["down_proj"], 16
+    w = torch.randn(n, k, generator=g) * 0.02
+    x = torch.randn(m, k, generator=g)
+    dy = torch.randn(m, n, generator=g) * 1e-3
+    for fmt in ("MXFP4_E2M1", "MXFP6_E3M2", "MXFP8_E4M3", "MXINT8", "INT8"):
+        compare(f"{fmt} stochastic X", lambda d: operand_bits(em.quantize(
+            x.to(d), fmt, "stochastic", seed=7, stream=em.STREAMS["forward_input"])))
+        compare(f"{fmt} stochastic grad_input", lambda d: em.grad_input(
+            dy.to(d), w.to(d), fmt, "stochastic", seed=8))
+        compare(f"{fmt} stochastic grad_weight", lambda d: em.grad_weight(
+            dy.to(d), x.to(d), fmt, "stochastic", seed=8))
     return results
 
 

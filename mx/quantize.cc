@@ -67,8 +67,7 @@ absl::string_view RoundingName(Rounding rounding) {
 }
 
 absl::StatusOr<Rounding> ParseRounding(absl::string_view name) {
-  for (const Rounding rounding :
-       {Rounding::kNearestEven, Rounding::kNearestAway, Rounding::kStochastic}) {
+  for (const Rounding rounding : kAllRoundings) {
     if (absl::EqualsIgnoreCase(name, RoundingName(rounding))) return rounding;
   }
   if (absl::EqualsIgnoreCase(name, "even")) return Rounding::kNearestEven;

@@ -41,7 +41,9 @@ absl::string_view ScaleRuleName(ScaleRule rule);
 // A name above, case-insensitive; INVALID_ARGUMENT listing them otherwise.
 absl::StatusOr<ScaleRule> ParseScaleRule(absl::string_view name);
 
-// "nearest_even", "nearest_away", "stochastic".
+inline constexpr Rounding kAllRoundings[] = {Rounding::kNearestEven, Rounding::kNearestAway,
+                                             Rounding::kStochastic};
+// "nearest_even", "nearest_away", "stochastic" (the wire's ROUNDING_<NAME>).
 absl::string_view RoundingName(Rounding rounding);
 // A name above or its short form (even, away), case-insensitive; INVALID_ARGUMENT
 // listing them otherwise.

@@ -160,7 +160,7 @@ TEST(WireEnums, EveryValueOfEveryEnumRoundTripsThroughItsName) {
   }
   // Phase, Format, DType, Rounding, ScaleRule; TensorRole; Reference,
   // ProfileSource, GenerationKind, Score, CostMetric; WorkCallKind.
-  EXPECT_EQ(checked, 4 + 11 + 4 + 2 + 5 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
+  EXPECT_EQ(checked, 4 + 11 + 4 + 3 + 5 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
 }
 
 TEST(WireEnums, ListsReadAsAMessagesExpectedValues) {
@@ -183,6 +183,17 @@ TEST(WireEnums, EveryScaleRuleIsTheWireValueOfItsName) {
   EXPECT_EQ(mxserve::ToMx(v1::SCALE_RULE_UNSPECIFIED), std::nullopt);  // the policy's
   EXPECT_EQ(mxserve::ToMx(static_cast<v1::ScaleRule>(5)), std::nullopt);
   EXPECT_EQ(v1::ScaleRule_descriptor()->value_count(), std::size(mx::kAllScaleRules) + 1);
+}
+
+TEST(WireEnums, EveryRoundingIsTheWireValueOfItsName) {
+  for (const mx::Rounding rounding : mx::kAllRoundings) {
+    EXPECT_EQ(WireName(mxserve::ToProto(rounding)), mx::RoundingName(rounding));
+    EXPECT_EQ(mxserve::ToMx(mxserve::ToProto(rounding)), rounding);
+  }
+  EXPECT_EQ(mxserve::ToProto(mx::Rounding::kNearestEven), v1::ROUNDING_NEAREST_EVEN);  // 0
+  EXPECT_EQ(mxserve::ToProto(mx::Rounding::kStochastic), v1::ROUNDING_STOCHASTIC);
+  EXPECT_EQ(mxserve::ToMx(static_cast<v1::Rounding>(3)), std::nullopt);
+  EXPECT_EQ(v1::Rounding_descriptor()->value_count(), std::size(mx::kAllRoundings));
 }
 
 enum class Own { kReward, kRollout };

@@ -1,5 +1,7 @@
 #include "clients/cpp/common_flags.h"
 
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/cli_status.h"
 #include "clients/cpp/wire_names.h"
@@ -9,10 +11,20 @@ namespace mxctl {
 absl::StatusOr<mx::QuantizeOptions> QuantizeOptionsFromFlags(const Flags& flags) {
   mx::QuantizeOptions options;
   const std::string rounding = flags.Get("rounding").value_or("even");
-  if (rounding == "away") {
-    options.rounding = mx::Rounding::kNearestAway;
-  } else if (rounding != "even") {
-    return UsageError(absl::StrCat("--rounding: expected 'even' or 'away', got '", rounding, "'"));
+  absl::StatusOr<mx::Rounding> parsed_rounding = mx::ParseRounding(rounding);
+  if (!parsed_rounding.ok()) {
+    return UsageError(absl::StrCat("--rounding: ", parsed_rounding.status().message()));
+  }
+  options.rounding = *parsed_rounding;
+  if (options.rounding == mx::Rounding::kStochastic) {
+    if (!flags.Has("seed")) {
+      return UsageError("--seed: required with --rounding stochastic (the random bits' key)");
+    }
+    const absl::StatusOr<int64_t> seed = flags.RequireInt("seed", 0, INT64_MAX);
+    if (!seed.ok()) return seed.status();
+    options.seed = static_cast<uint64_t>(*seed);
+  } else if (flags.Has("seed")) {
+    return UsageError("--seed: only read with --rounding stochastic");
   }
   // "nosat": the spelling mxctl took before the rules had their wire names.
   const std::string rule = flags.Get("scale-rule").value_or("floor");

@@ -12,8 +12,8 @@
 
 namespace mxctl {
 
-// --rounding even|away and --scale-rule floor|nosat|ceil|rceil (both optional;
-// no_saturation is nosat's long name).
+// --rounding even|away|stochastic (with --seed S) and --scale-rule
+// floor|nosat|ceil|rceil (all optional; no_saturation is nosat's long name).
 absl::StatusOr<mx::QuantizeOptions> QuantizeOptionsFromFlags(const Flags& flags);
 // A required format flag, e.g. --format MXFP4.
 absl::StatusOr<mx::Format> FormatFlag(const Flags& flags, const std::string& name);

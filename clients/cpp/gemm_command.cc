@@ -33,7 +33,7 @@ struct GemmInputs {
 
 absl::StatusOr<GemmInputs> ReadInputs(const Args& args) {
   MX_ASSIGN_OR_RETURN(
-      auto flags, Flags::Parse(args, {"format", "format-b", "rounding", "scale-rule", "a", "b", "m",
+      auto flags, Flags::Parse(args, {"format", "format-b", "rounding", "seed", "scale-rule", "a", "b", "m",
                                       "k", "n", "output", "phase", "run"}));
   GemmInputs in;
   MX_ASSIGN_OR_RETURN(in.format_a, FormatFlag(flags, "format"));
@@ -73,9 +73,8 @@ absl::Status RemoteGemm(const RemoteContext& remote, const GemmInputs& in) {
   request.set_run(in.run);
   request.set_format(mxserve::ToProto(in.format_a));
   request.set_format_b(mxserve::ToProto(in.format_b));
-  request.set_rounding(in.options.rounding == mx::Rounding::kNearestAway
-                           ? v1::ROUNDING_NEAREST_AWAY
-                           : v1::ROUNDING_NEAREST_EVEN);
+  request.set_rounding(mxserve::ToProto(in.options.rounding));
+  if (in.options.rounding == mx::Rounding::kStochastic) request.set_seed(in.options.seed);
   request.set_scale_rule(mxserve::ToProto(in.options.scale_rule));
   MX_ASSIGN_OR_RETURN(*request.mutable_a()->mutable_tensor(),
                       mxclient::MakeFloat32Tensor(in.a, {in.m, in.k}));

@@ -29,8 +29,8 @@ constexpr char kUsage[] = R"(usage: mxctl <command> [flags] [--server ADDR] [--t
 
 Commands (local, no server):
   quantize   quantize a raw float32 file to a format and back
-      --format F [--rounding even|away] [--scale-rule floor|nosat|ceil|rceil]
-      --input IN.f32 --output OUT.f32 [--scales SCALES.u8] [--codes CODES.u8]
+      --format F [--rounding even|away|stochastic --seed S]
+      [--scale-rule floor|nosat|ceil|rceil] --input IN.f32 --output OUT.f32 [--scales SCALES.u8] [--codes CODES.u8]
       Blocks are 32 consecutive values; a short last block is padded with zeros.
       OUT is the dequantized result; SCALES one E8M0 byte per block (MX formats);
       CODES one element code per byte, in the low bits (formats of <= 8 bits).
@@ -38,7 +38,7 @@ Commands (local, no server):
              daemon (Compute.Gemm) when --server is given; the same C either
              way, whatever the daemon's backend (mxserved --backend hls-sim
              runs the FPGA kernel's C++)
-      --format F [--format-b F2] [--rounding even|away]
+      --format F [--format-b F2] [--rounding even|away|stochastic --seed S]
       [--scale-rule floor|nosat|ceil|rceil]
       --a A.f32 --b B.f32 --m M --k K --n N --output C.f32 [--phase P]
       [--run TAG]
@@ -48,7 +48,11 @@ Commands (local, no server):
       Scale rules (an MX block's scale from its largest magnitude amax):
       floor 2^(floor(log2 amax) - emax), the OCP rule; nosat the same, one
       up where amax would round past max normal; ceil 2^(ceil(log2 amax) -
-      emax); rceil 2^ceil(log2(amax / max normal)), cuBLAS's.
+      emax); rceil 2^ceil(log2(amax / max normal)), cuBLAS's. Rounding
+      stochastic rounds an element up with probability equal to the fraction
+      of a step it lies above the grid, drawing bits from the key (S, the
+      operand, its index in the tensor): the same S gives the same bits here
+      and on the daemon.
   demo       quantize a tensor and run a GEMM in every format; print the errors
   formats    list the formats and their traits, with the bits an element costs
              stored (its share of the scales included)

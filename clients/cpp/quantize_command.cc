@@ -11,7 +11,7 @@
 namespace mxctl {
 
 absl::Status RunQuantize(const Args& args) {
-  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"format", "rounding", "scale-rule", "input",
+  MX_ASSIGN_OR_RETURN(auto flags, Flags::Parse(args, {"format", "rounding", "seed", "scale-rule", "input",
                                                       "output", "scales", "codes"}));
   MX_ASSIGN_OR_RETURN(auto format, FormatFlag(flags, "format"));
   MX_ASSIGN_OR_RETURN(auto options, QuantizeOptionsFromFlags(flags));

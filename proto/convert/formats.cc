@@ -69,7 +69,16 @@ const EnumMap<mx::ScaleRule, v1::ScaleRule>& ScaleRules() {
   return map;
 }
 
+const EnumMap<mx::Rounding, v1::Rounding>& Roundings() {
+  static const EnumMap<mx::Rounding, v1::Rounding> map(mx::kAllRoundings, mx::RoundingName);
+  return map;
+}
+
 }  // namespace
+
+v1::Rounding ToProto(mx::Rounding rounding) { return Roundings().ToWire(rounding); }
+
+std::optional<mx::Rounding> ToMx(v1::Rounding rounding) { return Roundings().FromWire(rounding); }
 
 v1::ScaleRule ToProto(mx::ScaleRule rule) { return ScaleRules().ToWire(rule); }
 

@@ -31,4 +31,10 @@ v1::ScaleRule ToProto(mx::ScaleRule rule);
 // The mx rule a wire value names; nullopt for values outside the enum.
 std::optional<mx::ScaleRule> ToMx(v1::ScaleRule rule);
 
+// mx's roundings (mx/element.h) on the wire's Rounding, tied by name
+// (ROUNDING_STOCHASTIC is "stochastic", mx::RoundingName(kStochastic)).
+v1::Rounding ToProto(mx::Rounding rounding);
+// The mx rounding a wire value names; nullopt for values outside the enum.
+std::optional<mx::Rounding> ToMx(v1::Rounding rounding);
+
 }  // namespace mxserve

@@ -208,7 +208,8 @@ class GemmItem final : public ComputeItem {
   void Run() override {
     const double queue_seconds = Seconds(Clock::now() - arrival);
     const Operands operands(core_);
-    absl::StatusOr<mx::QuantizedMatrix> qa = operands.Rows(a_, options_);
+    absl::StatusOr<mx::QuantizedMatrix> qa =
+        operands.Rows(a_, mx::ForStream(options_, mx::OperandStream::kGemmA));
     if (!qa.ok())
       return Fail(absl::InvalidArgumentError(absl::StrCat("a: ", qa.status().message())));
     absl::StatusOr<mx::QuantizedMatrix> qb;
@@ -216,7 +217,8 @@ class GemmItem final : public ComputeItem {
       qb = *std::move(b_.packed);
     } else {
       // B arrives K×N; the backend wants its N columns as rows of K.
-      qb = operands.Columns(operands.Floats(*b_.dense), b_.rows, b_.cols, b_.format, options_);
+      qb = operands.Columns(operands.Floats(*b_.dense), b_.rows, b_.cols, b_.format,
+                            mx::ForStream(options_, mx::OperandStream::kGemmB));
     }
     if (!qb.ok())
       return Fail(absl::InvalidArgumentError(absl::StrCat("b: ", qb.status().message())));
@@ -291,7 +293,8 @@ class ForwardItem final : public ComputeItem {
     std::vector<ForwardItem*> members;
     std::vector<mx::QuantizedMatrix> xs;
     for (ForwardItem* member : batch) {
-      absl::StatusOr<mx::QuantizedMatrix> x = operands.Rows(member->x_, member->options_);
+      absl::StatusOr<mx::QuantizedMatrix> x = operands.Rows(
+          member->x_, mx::ForStream(member->options_, mx::OperandStream::kForwardInput));
       if (!x.ok()) {
         member->Fail(absl::InvalidArgumentError(absl::StrCat("input: ", x.status().message())));
         continue;
@@ -378,7 +381,7 @@ class BackwardItem final : public ComputeItem {
  public:
   BackwardItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
                LayerView view, mx::Format format, DenseMatrix grad_output,
-               std::optional<DenseMatrix> input, bool weight_rows_only,
+               std::optional<DenseMatrix> input, std::optional<int64_t> first_weight_row,
                mx::QuantizeOptions options, v1::LayerBackwardResponse* response)
       : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
@@ -386,7 +389,8 @@ class BackwardItem final : public ComputeItem {
         format_(format),
         grad_output_(grad_output),
         input_(input),
-        weight_rows_only_(weight_rows_only),
+        weight_rows_only_(first_weight_row.has_value()),
+        first_weight_row_(first_weight_row.value_or(0)),
         options_(options),
         response_(response) {}
 
@@ -429,7 +433,8 @@ class BackwardItem final : public ComputeItem {
   absl::StatusOr<std::string> GradInput(const Operands& operands, double& compute_seconds) {
     const LayerWeights& weights = *view_.weights;
     const int64_t m = grad_output_.rows, k = weights.spec().in_features;
-    absl::StatusOr<mx::QuantizedMatrix> dy = operands.Rows(grad_output_, format_, options_);
+    absl::StatusOr<mx::QuantizedMatrix> dy = operands.Rows(
+        grad_output_, format_, mx::ForStream(options_, mx::OperandStream::kGradOutputRows));
     if (!dy.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dy.status().message()));
     }
@@ -449,9 +454,15 @@ class BackwardItem final : public ComputeItem {
                                          double& compute_seconds) {
     const int64_t m = grad_output_.rows, n = grad_output_.cols;
     const int64_t k = view_.weights->spec().in_features;
-    absl::StatusOr<mx::QuantizedMatrix> dyt = operands.Columns(dy, m, n, format_, options_);
+    // A weight_rows slice holds columns [first_row, first_row + n) of the whole
+    // dY: its draws are the whole's there.
+    mx::QuantizeOptions dy_options = mx::ForStream(options_, mx::OperandStream::kGradOutputColumns);
+    dy_options.index_offset = first_weight_row_;
+    dy_options.index_row_stride = view_.weights->spec().out_features;
+    absl::StatusOr<mx::QuantizedMatrix> dyt = operands.Columns(dy, m, n, format_, dy_options);
     absl::StatusOr<mx::QuantizedMatrix> xt =
-        operands.Columns(operands.Floats(*input_), m, k, format_, options_);
+        operands.Columns(operands.Floats(*input_), m, k, format_,
+                         mx::ForStream(options_, mx::OperandStream::kInputColumns));
     if (!dyt.ok() || !xt.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message()));
@@ -469,7 +480,8 @@ class BackwardItem final : public ComputeItem {
   DenseMatrix grad_output_;
   std::optional<DenseMatrix> input_;
   bool weight_rows_only_;  // a weight_rows request: no grad_input
-  mx::QuantizeOptions options_;  // for dY and X (their scale rule)
+  int64_t first_weight_row_;  // its first row (0 without a range)
+  mx::QuantizeOptions options_;  // for dY and X (their scale rule, rounding and seed)
   v1::LayerBackwardResponse* response_;
 };
 
@@ -477,11 +489,18 @@ class BackwardItem final : public ComputeItem {
 
 absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const LayerView& view,
                                                Phase phase, v1::Format format,
-                                               v1::ScaleRule scale_rule) {
+                                               v1::ScaleRule scale_rule,
+                                               std::optional<v1::Rounding> rounding) {
   MX_ASSIGN_OR_RETURN(std::optional<mx::Format> explicit_format, FromProto(format, "format"));
   MX_ASSIGN_OR_RETURN(std::optional<mx::ScaleRule> explicit_rule,
                       FromProto(scale_rule, "scale_rule"));
-  if (explicit_format && explicit_rule) return LayerChoice{*explicit_format, *explicit_rule};
+  std::optional<mx::Rounding> explicit_rounding;
+  if (rounding) {
+    MX_ASSIGN_OR_RETURN(explicit_rounding, FromProto(*rounding, "rounding"));
+  }
+  if (explicit_format && explicit_rule && explicit_rounding) {
+    return LayerChoice{*explicit_format, *explicit_rule, *explicit_rounding};
+  }
   absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy, "policy");
   if (!explicit_format && !policy.ok()) {
     return absl::FailedPreconditionError(
@@ -489,16 +508,41 @@ absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const
                      policy.status().message()));
   }
   LayerChoice choice{.format = explicit_format.value_or(mx::Format::kFp32),
-                     .scale_rule = explicit_rule.value_or(mx::ScaleRule::kFloor)};
+                     .scale_rule = explicit_rule.value_or(mx::ScaleRule::kFloor),
+                     .rounding = explicit_rounding.value_or(mx::Rounding::kNearestEven)};
   if (!explicit_format) {
     choice.format =
         Resolve(*policy->policy, phase, view.weights->spec().name, view.tolerance).format;
   }
-  if (!explicit_rule && policy.ok()) {
-    choice.scale_rule = policy->policy->scale_rules[static_cast<size_t>(phase)];
+  if (policy.ok()) {
+    const size_t index = static_cast<size_t>(phase);
+    if (!explicit_rule) choice.scale_rule = policy->policy->scale_rules[index];
+    if (!explicit_rounding) {
+      choice.rounding = policy->policy->roundings[index];
+      choice.rounding_from_policy = true;
+    }
   }
   return choice;
 }
+
+namespace {
+
+// Stochastic rounding needs the request's seed (the bits must be the same every
+// time the request is made); `whose` says where the rounding came from.
+absl::Status TakeSeed(mx::QuantizeOptions& options, bool has_seed, uint64_t seed,
+                      absl::string_view whose) {
+  if (options.rounding != mx::Rounding::kStochastic) return absl::OkStatus();
+  if (!has_seed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seed: required where the rounding is stochastic (", whose,
+        "); send one per call, e.g. from the step and the layer, so that the same request "
+        "gives the same bits"));
+  }
+  options.seed = seed;
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core,
                                                       const v1::GemmRequest& request,
@@ -520,6 +564,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
   MX_ASSIGN_OR_RETURN(std::optional<mx::ScaleRule> rule,
                       FromProto(request.scale_rule(), "scale_rule"));
   options.scale_rule = rule.value_or(mx::ScaleRule::kFloor);  // a Gemm has no policy
+  MX_RETURN_IF_ERROR(
+      TakeSeed(options, request.has_seed(), request.seed(), "the request's rounding"));
   MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(core, request.a(), "a", {}, format_a));
   if (!format_b) format_b = a.format;
   // B is K × N dense, or packed transposed as N rows of K.
@@ -549,7 +595,7 @@ struct LayerRequest {
   Phase phase;
   LayerView view;
   mx::Format format;
-  mx::QuantizeOptions options;  // the scale rule of the operands it brings
+  mx::QuantizeOptions options;  // the scale rule, rounding and seed of the operands it brings
 };
 
 template <typename Request>
@@ -560,10 +606,17 @@ absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, con
   MX_RETURN_IF_ERROR(core.ledger->CheckRun(request.run(), call.principal, "run"));
   MX_ASSIGN_OR_RETURN(LayerView view, core.registry->Lookup(request.model(), request.layer(),
                                                             request.min_weight_version()));
-  MX_ASSIGN_OR_RETURN(LayerChoice choice, ResolveLayerChoice(core, view, phase, request.format(),
-                                                             request.scale_rule()));
+  MX_ASSIGN_OR_RETURN(
+      LayerChoice choice,
+      ResolveLayerChoice(core, view, phase, request.format(), request.scale_rule(),
+                         request.has_rounding() ? std::optional(request.rounding()) : std::nullopt));
   mx::QuantizeOptions options;
   options.scale_rule = choice.scale_rule;
+  options.rounding = choice.rounding;
+  MX_RETURN_IF_ERROR(TakeSeed(options, request.has_seed(), request.seed(),
+                              choice.rounding_from_policy
+                                  ? absl::StrCat("the active policy's for phase ", PhaseName(phase))
+                                  : std::string("the request's rounding")));
   return LayerRequest{phase, std::move(view), choice.format, options};
 }
 
@@ -629,7 +682,9 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
   }
   return std::make_unique<BackwardItem>(core, call, std::move(done), request.run(), layer.phase,
                                         std::move(layer.view), layer.format, grad_output, input,
-                                        ranged, layer.options, response);
+                                        ranged ? std::optional(request.weight_rows().begin())
+                                               : std::nullopt,
+                                        layer.options, response);
 }
 
 }  // namespace mxserve

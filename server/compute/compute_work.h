@@ -56,17 +56,21 @@ void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const s
                        const Principal& who, mx::Format format, const LayerCallCost& cost,
                        uint64_t times, double when);
 
-// What a layer call computes in: its format and the scale rule of the operands
-// it brings, each the request's or, where it leaves one unspecified, the model's
-// active policy's for (phase, layer). The policy is read once, and only then. A
-// policy that cannot be read refuses an unspecified format (FAILED_PRECONDITION)
-// and leaves an unspecified rule at floor.
+// What a layer call computes in: its format, and the scale rule and rounding of
+// the operands it brings, each the request's or, where it leaves one
+// unspecified, the model's active policy's for (phase, layer). The policy is
+// read once, and only then. A policy that cannot be read refuses an unspecified
+// format (FAILED_PRECONDITION) and leaves an unspecified rule at floor and an
+// unspecified rounding at nearest even.
 struct LayerChoice {
   mx::Format format;
   mx::ScaleRule scale_rule;
+  mx::Rounding rounding = mx::Rounding::kNearestEven;
+  bool rounding_from_policy = false;  // for the message when a seed is missing
 };
 absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const LayerView& view,
                                                Phase phase, v1::Format format,
-                                               v1::ScaleRule scale_rule);
+                                               v1::ScaleRule scale_rule,
+                                               std::optional<v1::Rounding> rounding = {});
 
 }  // namespace mxserve

@@ -61,15 +61,9 @@ absl::StatusOr<Phase> FromProto(v1::Phase phase, absl::string_view field) {
 }
 
 absl::StatusOr<mx::Rounding> FromProto(v1::Rounding rounding, absl::string_view field) {
-  switch (rounding) {
-    case v1::ROUNDING_NEAREST_EVEN:
-      return mx::Rounding::kNearestEven;
-    case v1::ROUNDING_NEAREST_AWAY:
-      return mx::Rounding::kNearestAway;
-    default:
-      return FieldError(field, absl::StrCat("unknown rounding value ", static_cast<int>(rounding),
-                                            "; expected ", Expected<v1::Rounding>()));
-  }
+  if (std::optional<mx::Rounding> own = ToMx(rounding)) return *own;
+  return FieldError(field, absl::StrCat("unknown rounding value ", static_cast<int>(rounding),
+                                        "; expected ", Expected<v1::Rounding>()));
 }
 
 absl::StatusOr<std::optional<mx::ScaleRule>> FromProto(v1::ScaleRule rule,

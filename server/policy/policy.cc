@@ -151,6 +151,30 @@ bool InLayerClass(const LayerClass& layer_class, LayerTolerance tolerance) {
   return layer_class.tolerant ? tolerance.rank < selected : in_sensitive_tail;
 }
 
+// An optional object of phase: value (the document's "scale_rules" and
+// "roundings"), each value a name `parse` reads, into `out` by phase.
+template <typename T, typename Parse>
+absl::Status PerPhaseField(const Json& json, const std::string& name, absl::string_view what,
+                           Parse parse, std::array<T, 3>& out) {
+  const auto object = json.find(name);
+  if (object == json.end()) return absl::OkStatus();
+  if (!object->is_object()) {
+    return FieldError(name, absl::StrCat("expected an object of phase: ", what));
+  }
+  for (const auto& [key, value] : object->items()) {
+    const std::string field = name + "." + Shorten(key);
+    absl::StatusOr<Phase> phase = ParsePhase(key);
+    if (!phase.ok()) return FieldError(field, phase.status().message());
+    if (!value.is_string()) {
+      return FieldError(field, absl::StrCat("expected a ", what, " name (a string)"));
+    }
+    absl::StatusOr<T> parsed = parse(value.template get<std::string>());
+    if (!parsed.ok()) return FieldError(field, parsed.status().message());
+    out[static_cast<size_t>(*phase)] = *parsed;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   if (text.size() > kMaxPolicyBytes) {
     return absl::InvalidArgumentError(absl::StrCat("policy: the document has ", text.size(),
@@ -161,7 +185,8 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
   if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
   if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
   MX_RETURN_IF_ERROR(
-      CheckKeys(json, {"name", "description", "defaults", "rules", "scale_rules"}, ""));
+      CheckKeys(json, {"name", "description", "defaults", "rules", "scale_rules", "roundings"},
+                ""));
 
   Policy policy;
   MX_ASSIGN_OR_RETURN(policy.name, StringField(json, "name", "name", true));
@@ -188,20 +213,10 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
     }
   }
 
-  if (const auto rules = json.find("scale_rules"); rules != json.end()) {
-    if (!rules->is_object()) {
-      return FieldError("scale_rules", "expected an object of phase: scale rule");
-    }
-    for (const auto& [key, value] : rules->items()) {
-      const std::string field = "scale_rules." + Shorten(key);
-      absl::StatusOr<Phase> phase = ParsePhase(key);
-      if (!phase.ok()) return FieldError(field, phase.status().message());
-      if (!value.is_string()) return FieldError(field, "expected a scale rule name (a string)");
-      absl::StatusOr<mx::ScaleRule> rule = mx::ParseScaleRule(value.get<std::string>());
-      if (!rule.ok()) return FieldError(field, rule.status().message());
-      policy.scale_rules[static_cast<size_t>(*phase)] = *rule;
-    }
-  }
+  MX_RETURN_IF_ERROR(PerPhaseField(json, "scale_rules", "scale rule", mx::ParseScaleRule,
+                                   policy.scale_rules));
+  MX_RETURN_IF_ERROR(
+      PerPhaseField(json, "roundings", "rounding", mx::ParseRounding, policy.roundings));
 
   if (const auto rules = json.find("rules"); rules != json.end()) {
     if (!rules->is_array()) return FieldError("rules", "expected an array");
@@ -232,9 +247,14 @@ std::string PolicyToJson(const Policy& policy) {
                              {"format", std::string(mx::FormatName(rule.format))}});
   }
   for (Phase phase : kAllPhases) {
-    const mx::ScaleRule rule = policy.scale_rules[static_cast<size_t>(phase)];
-    if (rule != mx::ScaleRule::kFloor) {
-      json["scale_rules"][std::string(PhaseName(phase))] = std::string(mx::ScaleRuleName(rule));
+    const size_t index = static_cast<size_t>(phase);
+    if (policy.scale_rules[index] != mx::ScaleRule::kFloor) {
+      json["scale_rules"][std::string(PhaseName(phase))] =
+          std::string(mx::ScaleRuleName(policy.scale_rules[index]));
+    }
+    if (policy.roundings[index] != mx::Rounding::kNearestEven) {
+      json["roundings"][std::string(PhaseName(phase))] =
+          std::string(mx::RoundingName(policy.roundings[index]));
     }
   }
   return json.dump(2);

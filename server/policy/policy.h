@@ -4,7 +4,8 @@
 //   {"name": "B-balanced", "description": "...",
 //    "defaults": {"rollout": "MXFP4", "reward": "MXFP4", "update": "FP16"},
 //    "rules": [{"phase": "rollout", "layers": "@sensitive", "format": "MXFP8"}],
-//    "scale_rules": {"update": "rceil"}}   (optional; every phase floor without it)
+//    "scale_rules": {"update": "rceil"},   (optional; every phase floor without it)
+//    "roundings": {"update": "stochastic"}} (optional; nearest_even without it)
 // Rules are tried in order and the first match wins; no match means the phase's
 // default. A rule's "phase" is a phase or "*"; its "layers" is a glob over layer
 // names (server/policy/glob.h) or a layer class that selects by the model's
@@ -84,6 +85,10 @@ struct Policy {
   // ({"update": "rceil"}) names the phases that do not use floor.
   std::array<mx::ScaleRule, 3> scale_rules = {mx::ScaleRule::kFloor, mx::ScaleRule::kFloor,
                                               mx::ScaleRule::kFloor};
+  // Likewise the rounding ("roundings": {"update": "stochastic"}), for a
+  // request that sends none; nearest_even where the document names none.
+  std::array<mx::Rounding, 3> roundings = {mx::Rounding::kNearestEven, mx::Rounding::kNearestEven,
+                                           mx::Rounding::kNearestEven};
 };
 
 // Bounds on a policy document (server/README.md documents them): resolving
@@ -97,8 +102,9 @@ inline constexpr size_t kMaxPolicyGlobChars = 256;
 absl::StatusOr<Policy> ParsePolicyJson(absl::string_view json);
 
 // The normalized document: canonical format names, every field present but
-// "scale_rules", which names only the phases whose rule is not floor (absent
-// when none is, so a document written before it reads the same).
+// "scale_rules" and "roundings", which name only the phases whose rule is not
+// floor (rounding not nearest_even), absent when none is, so a document written
+// before them reads the same.
 std::string PolicyToJson(const Policy& policy);
 
 struct ResolvedFormat {

@@ -6,6 +6,7 @@
 
 #include "mx/format.h"
 #include "mx/reference_gemm.h"
+#include "mx/stochastic.h"
 #include "tests/cli/mxctl_fixture.h"
 #include "tests/mx/test_util.h"
 
@@ -108,6 +109,18 @@ TEST_F(Mxctl, MixedFormatsAndRoundingFlags) {
             0);
   EXPECT_EQ(ReadFloats("even.f32"), (std::vector<float>{1.0f, 0.25f, 2.0f, -3.0f}));
   EXPECT_EQ(ReadFloats("away.f32"), (std::vector<float>{1.0f, 0.25f, 3.0f, -3.0f}));
+  // Stochastically 2.5 is 2 or 3, decided by the key (seed, stream 0, index 2)
+  // as mx::StochasticBits draws it; the values on the grid stay.
+  for (const uint64_t seed : {1u, 2u, 3u, 4u}) {
+    const std::string out = Path("sr" + std::to_string(seed) + ".f32");
+    ASSERT_EQ(Run("quantize --format MXFP4 --rounding stochastic --seed " + std::to_string(seed) +
+                  " --input " + Path("a.f32") + " --output " + out)
+                  .exit_code,
+              0);
+    // 2.5 / 2^-1 = 5 lies halfway between the codes of 4 and 6: up iff u < 2^31.
+    const float up = mx::StochasticBits(seed, 0)(2) < 0x80000000u ? 3.0f : 2.0f;
+    EXPECT_EQ(ReadFloats(out), (std::vector<float>{1.0f, 0.25f, up, -3.0f})) << seed;
+  }
 
   // E4M3 holds A exactly and E2M3 holds B exactly, so C is the exact product.
   WriteFloats("b.f32", {1.0f, 2.0f, 3.0f, 4.0f});
@@ -134,7 +147,12 @@ TEST_F(Mxctl, ErrorsAreOneLineAndExitTwo) {
       {"gemm --format fp32 --m 3 --k four --n 2" + io,
        "--k: expected an integer in [1, 1048576], got 'four'"},
       {"gemm --format fp32 --m 3 --k 4 --n 2 --rounding up" + io,
-       "--rounding: expected 'even' or 'away', got 'up'"},
+       "--rounding: unknown rounding 'up'; expected nearest_even (even), nearest_away (away) or "
+       "stochastic"},
+      {"gemm --format fp32 --m 3 --k 4 --n 2 --rounding stochastic" + io,
+       "--seed: required with --rounding stochastic (the random bits' key)"},
+      {"gemm --format fp32 --m 3 --k 4 --n 2 --seed 4" + io,
+       "--seed: only read with --rounding stochastic"},
       {"quantize --format mxfp4 --input " + Path("none.f32") + " --output " + Path("o.f32"),
        "--input: cannot read '" + Path("none.f32") + "'"},
       {"quantize --format mxfp4 --input " + Path("odd.f32") + " --output " + Path("o.f32"),

@@ -648,10 +648,19 @@ TEST_F(HostileTest, GemmFieldsAreChecked) {
       GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_FP32, TestValues(6, 1), TestValues(12, 2), 2, 3, 4);
   g.set_rounding(static_cast<v1::Rounding>(7));
   EXPECT_STATUS(CallGemm(daemon_->channel(), g), INVALID_ARGUMENT,
-                "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN or "
-                "ROUNDING_NEAREST_AWAY");
-  g.set_rounding(v1::ROUNDING_NEAREST_AWAY);
+                "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN, "
+                "ROUNDING_NEAREST_AWAY or ROUNDING_STOCHASTIC");
+  // Stochastic rounding without its key.
+  g.set_rounding(v1::ROUNDING_STOCHASTIC);
+  EXPECT_STATUS(CallGemm(daemon_->channel(), g), INVALID_ARGUMENT,
+                "seed: required where the rounding is stochastic (the request's rounding); send "
+                "one per call, e.g. from the step and the layer, so that the same request gives "
+                "the same bits");
+  g.set_seed(~uint64_t{0});  // every 64-bit seed is one
   grpc::Status s = CallGemm(daemon_->channel(), g);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  g.set_rounding(v1::ROUNDING_NEAREST_AWAY);
+  s = CallGemm(daemon_->channel(), g);
   EXPECT_TRUE(s.ok()) << s.error_message();
   // B's second dimension is N, not K.
   *g.mutable_b()->mutable_tensor() = Matrix(TestValues(8, 2), 4, 2);

@@ -54,9 +54,10 @@ void Dense(uint8_t format_byte, const uint8_t* data, size_t size) {
   absl::StatusOr<mxserve::DenseMatrix> m = mxserve::DecodeMatrix(tensor, "x", {}, kMaxBytes);
   if (!m.ok()) return;
   const auto format = static_cast<mx::Format>(format_byte % mx::kFormatCount);
-  for (mx::Rounding rounding : {mx::Rounding::kNearestEven, mx::Rounding::kNearestAway}) {
+  for (mx::Rounding rounding : mx::kAllRoundings) {
     mx::QuantizeOptions options;
     options.rounding = rounding;
+    options.seed = size;  // stochastic: any key; the fast path must draw the reference's bits
     absl::StatusOr<mx::QuantizedMatrix> fast = mxserve::QuantizeDense(*m, format, options);
     absl::StatusOr<mx::QuantizedMatrix> reference =
         mx::QuantizeRows(mxserve::ToFloat(*m), m->rows, m->cols, format, options);

@@ -145,24 +145,27 @@ class StreamSession:
         return future
 
     def gemm(self, a, b, format, format_b=None, *, phase=None, rounding="even",
-             run=None, scale_rule=None) -> Future:
-        op = self._client._gemm_request(a, b, format, format_b, phase, rounding, run, scale_rule)
+             run=None, scale_rule=None, seed=None) -> Future:
+        op = self._client._gemm_request(a, b, format, format_b, phase, rounding, run, scale_rule,
+                                        seed)
         return self._submit("gemm", op,
                             lambda r, like: ComputeResult.from_proto(r.gemm.c, r.gemm.info, like),
                             a)
 
     def forward(self, model, layer, x, *, format=None, phase=None, min_weight_version=0,
-                run=None, scale_rule=None) -> Future:
+                run=None, scale_rule=None, rounding=None, seed=None) -> Future:
         op = self._client._forward_request(model, layer, x, format, phase, min_weight_version,
-                                           run, scale_rule)
+                                           run, scale_rule, rounding, seed)
         return self._submit("forward", op,
                             lambda r, like: ComputeResult.from_proto(r.forward.output,
                                                                      r.forward.info, like), x)
 
     def backward(self, model, layer, grad_output, input=None, *, format=None, phase=None,
-                 min_weight_version=0, run=None, scale_rule=None) -> Future:
+                 min_weight_version=0, run=None, scale_rule=None, rounding=None,
+                 seed=None) -> Future:
         op = self._client._backward_request(model, layer, grad_output, input, format, phase,
-                                            min_weight_version, run, scale_rule=scale_rule)
+                                            min_weight_version, run, scale_rule=scale_rule,
+                                            rounding=rounding, seed=seed)
         return self._submit("backward", op,
                             lambda r, like: BackwardResult.from_proto(r.backward, like),
                             grad_output)

@@ -88,6 +88,23 @@ def _scale_rule(rule) -> int:
         return common_pb2.SCALE_RULE_UNSPECIFIED
     return _wire.enum_value(common_pb2.ScaleRule, rule, "scale_rule", aliases=_SCALE_RULE_ALIASES)
 
+
+def _rounding_fields(rounding, seed) -> dict:
+    """A request's rounding and seed fields: None leaves each unset (a layer call:
+    the model's policy's rounding for the phase, nearest even unless it names
+    one). A seed is the stochastic rounding's key: required with "stochastic"
+    (here or in the policy); the same seed gives the same bits."""
+    fields = {}
+    if rounding is not None:
+        fields["rounding"] = _wire.enum_value(common_pb2.Rounding, rounding, "rounding",
+                                              aliases=_ROUNDING_ALIASES)
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+            raise ValueError(f"seed: expected an integer in [0, 2^64), got {seed!r}")
+        fields["seed"] = seed
+    return fields
+
+
 PhaseValues = Union[None, float, Mapping[Optional[str], float]]
 
 
@@ -307,32 +324,33 @@ class Client:
     # --- compute -------------------------------------------------------------------------
 
     def _gemm_request(self, a, b, format, format_b, phase, rounding,
-                      run, scale_rule=None) -> compute_pb2.GemmRequest:
-        rounding = _wire.enum_value(common_pb2.Rounding, rounding, "rounding",
-                                    aliases=_ROUNDING_ALIASES)
+                      run, scale_rule=None, seed=None) -> compute_pb2.GemmRequest:
         return compute_pb2.GemmRequest(
             phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             format_b=_wire.format_to_wire(format_b),
             a=common_pb2.Operand(tensor=_wire.to_tensor(a, "a")),
-            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")), rounding=rounding,
-            scale_rule=_scale_rule(scale_rule))
+            b=common_pb2.Operand(tensor=_wire.to_tensor(b, "b")),
+            scale_rule=_scale_rule(scale_rule), **_rounding_fields(rounding, seed))
 
     def _forward_request(self, model, layer, x, format, phase, min_weight_version, run,
-                         scale_rule=None):
+                         scale_rule=None, rounding=None, seed=None):
         return compute_pb2.LayerForwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             input=common_pb2.Operand(tensor=_wire.to_tensor(x, "input")),
-            min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule))
+            min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule),
+            **_rounding_fields(rounding, seed))
 
     def _backward_request(self, model, layer, grad_output, input, format, phase,
-                          min_weight_version, run, weight_rows=None, scale_rule=None):
+                          min_weight_version, run, weight_rows=None, scale_rule=None,
+                          rounding=None, seed=None):
         request = compute_pb2.LayerBackwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             grad_output=_wire.to_tensor(grad_output, "grad_output"),
-            min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule))
+            min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule),
+            **_rounding_fields(rounding, seed))
         if input is not None:
             request.input.CopyFrom(_wire.to_tensor(input, "input"))
         if weight_rows is not None:
@@ -343,6 +361,7 @@ class Client:
     def gemm(self, a, b, format: _wire.FormatLike, format_b: _wire.FormatLike = None, *,
              phase: Optional[_wire.PhaseLike] = None, rounding: str = "even",
              run: Optional[str] = None, scale_rule: Optional[str] = None,
+             seed: Optional[int] = None,
              timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """C = A·B, A [M, K] quantized to `format`, B [K, N] to `format_b` (default:
         `format`), both along K. No model needed; the format is required. `phase`
@@ -351,19 +370,24 @@ class Client:
         ("floor", "no_saturation", "ceil", "rceil"; mxserve.v1.ScaleRule) sets how
         the MX block scales of the operands the call brings are chosen (None: floor
         for a Gemm, the model's policy's rule for the phase for a layer call); a
-        layer's weight copies keep "floor"."""
-        request = self._gemm_request(a, b, format, format_b, phase, rounding, run, scale_rule)
+        layer's weight copies keep "floor". `rounding` is "even" ("nearest_even"),
+        "away" or "stochastic" (which needs `seed`, its key: the same seed, the same
+        bits, on every backend and in mxserve.torch.emulator); for a layer call None
+        is the policy's rounding for the phase, and the weight copy stays even."""
+        request = self._gemm_request(a, b, format, format_b, phase, rounding, run, scale_rule,
+                                     seed)
         response = self._call("Gemm", self._compute.Gemm, request, timeout)
         return ComputeResult.from_proto(response.c, response.info, a)
 
     def forward(self, model: str, layer: str, x, *, format: _wire.FormatLike = None,
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
                 run: Optional[str] = None, scale_rule: Optional[str] = None,
+                rounding: Optional[str] = None, seed: Optional[int] = None,
                 timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
         is explicit or the model's policy's choice for (phase, layer)."""
         request = self._forward_request(model, layer, x, format, phase, min_weight_version, run,
-                                        scale_rule)
+                                        scale_rule, rounding, seed)
         response = self._call("LayerForward", self._compute.LayerForward, request, timeout)
         return ComputeResult.from_proto(response.output, response.info, x)
 
@@ -371,6 +395,7 @@ class Client:
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
                  min_weight_version: int = 0, run: Optional[str] = None,
                  weight_rows: Optional[Tuple[int, int]] = None, scale_rule: Optional[str] = None,
+                 rounding: Optional[str] = None, seed: Optional[int] = None,
                  timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
         """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
         grad_bias (column sums of dY) comes back for layers with a bias.
@@ -378,9 +403,11 @@ class Client:
         weight_rows=(begin, end) asks for rows [begin, end) of grad_weight and
         grad_bias only, for a weight gradient larger than a message: grad_output is
         then dY's columns [begin, end), `input` is required, and grad_input is None.
-        Slices are bit-identical to the same rows of an unsplit call."""
+        Slices are bit-identical to the same rows of an unsplit call (with stochastic
+        rounding too: a slice draws the unsplit call's bits for its columns)."""
         request = self._backward_request(model, layer, grad_output, input, format, phase,
-                                         min_weight_version, run, weight_rows, scale_rule)
+                                         min_weight_version, run, weight_rows, scale_rule,
+                                         rounding, seed)
         return BackwardResult.from_proto(
             self._call("LayerBackward", self._compute.LayerBackward, request, timeout),
             grad_output)

@@ -157,8 +157,8 @@ TEST(Wire, EnumsOutsideTheirRangeAreRefusedByName) {
   EXPECT_EQ(Message(FromProto(static_cast<v1::Phase>(9), "phase").status()),
             "phase: unknown phase value 9; expected PHASE_ROLLOUT, PHASE_REWARD or PHASE_UPDATE");
   EXPECT_EQ(Message(FromProto(static_cast<v1::Rounding>(7), "rounding").status()),
-            "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN or "
-            "ROUNDING_NEAREST_AWAY");
+            "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN, "
+            "ROUNDING_NEAREST_AWAY or ROUNDING_STOCHASTIC");
   for (Phase phase : kAllPhases) EXPECT_EQ(FromProto(ToProto(phase), "phase").value(), phase);
 }
 

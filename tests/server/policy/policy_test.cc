@@ -215,6 +215,43 @@ TEST(Policy, ScaleRulesByPhaseAreOptionalAndRoundTrip) {
   }
 }
 
+// "roundings", like "scale_rules": optional, by phase, written only where not
+// nearest_even, and its errors name the field.
+TEST(Policy, RoundingsByPhaseAreOptionalAndRoundTrip) {
+  const std::string base = R"("name": "p", "defaults": {"rollout": "FP16", "reward": "FP16",
+                               "update": "MXFP4"})";
+  const Policy plain = ParsePolicyJson("{" + base + "}").value();
+  for (const mx::Rounding rounding : plain.roundings) {
+    EXPECT_EQ(rounding, mx::Rounding::kNearestEven);
+  }
+  EXPECT_EQ(PolicyToJson(plain).find("roundings"), std::string::npos);
+  const Policy rounded =
+      ParsePolicyJson("{" + base + R"(, "roundings": {"update": "Stochastic", "reward": "even"}})")
+          .value();
+  EXPECT_EQ(rounded.roundings[static_cast<size_t>(Phase::kRollout)], mx::Rounding::kNearestEven);
+  EXPECT_EQ(rounded.roundings[static_cast<size_t>(Phase::kReward)], mx::Rounding::kNearestEven);
+  EXPECT_EQ(rounded.roundings[static_cast<size_t>(Phase::kUpdate)], mx::Rounding::kStochastic);
+  const std::string json = PolicyToJson(rounded);
+  EXPECT_NE(json.find(R"("roundings": {
+    "update": "stochastic"
+  })"), std::string::npos) << json;
+  EXPECT_EQ(PolicyToJson(ParsePolicyJson(json).value()), json);
+  const std::pair<std::string, std::string> errors[] = {
+      {R"("roundings": "stochastic")", "policy.roundings: expected an object of phase: rounding"},
+      {R"("roundings": {"update": "dither"})",
+       "policy.roundings.update: unknown rounding 'dither'; expected nearest_even (even), "
+       "nearest_away (away) or stochastic"},
+      {R"("roundings": {"update": true})",
+       "policy.roundings.update: expected a rounding name (a string)"},
+  };
+  for (const auto& [extra, message] : errors) {
+    const absl::StatusOr<Policy> parsed = ParsePolicyJson("{" + base + ", " + extra + "}");
+    ASSERT_FALSE(parsed.ok()) << extra;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(parsed.status().message(), message);
+  }
+}
+
 TEST(Policy, ErrorsNameTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {"{", "policy: not valid JSON"},

@@ -45,10 +45,15 @@ On CUDA, fused Triton kernels (`mxserve.torch.emulator_triton`) take the MX quan
 when Triton imports; `MXSERVE_EMULATOR_TRITON=0` keeps the plain path. Both give
 the same bits (bench/gpu_check.py checks them against each other and the CPU).
 
-Quantizers: MX blocks of 32 with round-to-nearest-even or ties-away and the floor,
-no-saturation, ceil or rceil scale rule (mx/README.md "Quantizing a block";
-tests/golden/scale_rules.json holds vectors for all four), INT8 per row
-(scale = amax/127), BF16/FP16 by IEEE conversion, FP32 as is.
+Quantizers: MX blocks of 32 with round-to-nearest-even, ties-away or seeded
+stochastic rounding and the floor, no-saturation, ceil or rceil scale rule
+(mx/README.md "Quantizing a block"; tests/golden/scale_rules.json holds vectors for
+all four rules), INT8 per row (scale = amax/127), BF16/FP16 by IEEE conversion,
+FP32 as is. Stochastic rounding draws the daemon's bits (mx/stochastic.h): element
+(i, j) of the tensor as the daemon receives it draws index i·width + j of the key
+(seed, stream), the stream naming the operand (STREAMS), so `quantize(x, fmt,
+"stochastic", seed=s, stream=STREAMS["forward_input"])` is the daemon's X of a
+LayerForward with seed s, on any device.
 """
 
 from __future__ import annotations
@@ -60,9 +65,9 @@ from typing import NamedTuple, Optional, Union
 import numpy
 import torch
 
-__all__ = ["FloatOperand", "FormatSpec", "Int8Operand", "MxOperand", "Operand", "column_sums",
-           "dequantize", "element_codes", "format_spec", "grad_input", "grad_weight", "linear",
-           "path_for", "quantize", "scale_bytes"]
+__all__ = ["FloatOperand", "FormatSpec", "Int8Operand", "MxOperand", "Operand", "STREAMS",
+           "column_sums", "dequantize", "element_codes", "format_spec", "grad_input",
+           "grad_weight", "linear", "path_for", "quantize", "scale_bytes", "stochastic_bits"]
 
 BLOCK = 32
 SCALE_BIAS = 127
@@ -109,8 +114,44 @@ _SPECS = {s.name: s for s in (
     FormatSpec("FP32", "float", 32, 8, 23, 127, 127, 3.4028234663852886e38, "ieee"),
 )}
 _ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
-ROUNDINGS = ("even", "away")
+ROUNDINGS = ("even", "away", "stochastic")
 SCALE_RULES = ("floor", "no_saturation", "ceil", "rceil")
+# The stochastic-rounding stream of each operand the daemon quantizes
+# (mx::OperandStream).
+STREAMS = {"gemm_a": 0, "gemm_b": 1, "forward_input": 2, "grad_output_rows": 3,
+           "grad_output_columns": 4, "input_columns": 5}
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _lowbias32(x: torch.Tensor) -> torch.Tensor:
+    """C. Wellons' lowbias32 on int64 tensors holding 32-bit values (products
+    wrap modulo 2^64 and are masked back to 32 bits)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _lowbias32_int(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def stochastic_bits(seed: int, stream: int, index: torch.Tensor) -> torch.Tensor:
+    """The 32 random bits (as int64 values in [0, 2^32)) that element `index`
+    (int64, non-negative) draws under the key (seed, stream): mx::StochasticBits."""
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed: expected an integer in [0, 2^64), got {seed}")
+    prefix = 0x9E3779B9
+    for word in (seed & _MASK32, seed >> 32, stream & _MASK32):
+        prefix = _lowbias32_int(prefix ^ word)
+    h = _lowbias32(index.to(torch.int64).bitwise_and(_MASK32) ^ prefix)
+    return _lowbias32(h ^ (index.to(torch.int64) >> 32))
 
 
 _TRITON: list = []
@@ -197,22 +238,29 @@ def _ceil_log2(magnitude: torch.Tensor) -> torch.Tensor:
     return exponent.to(torch.int32) - (mantissa == 0.5).to(torch.int32)
 
 
-def _round(u: torch.Tensor, rounding: str) -> torch.Tensor:
-    """Non-negative FP64 values to integers: ties to even or away from zero."""
+def _round(u: torch.Tensor, rounding: str, bits: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Non-negative FP64 values to integers: ties to even, away from zero, or
+    stochastically — up iff the fraction times 2^32 exceeds the element's `bits`
+    (exact: the fraction of an FP32 value scaled by a power of two has at most 24
+    significant bits, and the bits are integers below 2^32)."""
+    if rounding == "stochastic":
+        low = torch.floor(u)
+        return low + ((u - low) * 2.0 ** 32 > bits.double()).double()
     return torch.round(u) if rounding == "even" else torch.floor(u + 0.5)
 
 
-def _round_elements(spec: FormatSpec, t: torch.Tensor, rounding: str) -> torch.Tensor:
+def _round_elements(spec: FormatSpec, t: torch.Tensor, rounding: str,
+                    bits: Optional[torch.Tensor] = None) -> torch.Tensor:
     """|t| (FP64, already divided by the block's scale) rounded to the element grid
     and clamped to max normal: the magnitude the element code stands for."""
     a = t.abs()
     if spec.kind == "mx_int":
         # max_normal·64 = 127 (infinite for no_saturation's unclamped rounding).
-        return torch.clamp(_round(a * 64.0, rounding), max=spec.max_normal * 64.0) / 64.0
+        return torch.clamp(_round(a * 64.0, rounding, bits), max=spec.max_normal * 64.0) / 64.0
     emin = 1 - spec.bias
     safe = torch.where(a > 0, a, torch.ones_like(a))
     step = torch.clamp(_floor_log2(safe), min=emin) - spec.mantissa_bits
-    magnitude = _ldexp(_round(_ldexp(a, -step), rounding), step)
+    magnitude = _ldexp(_round(_ldexp(a, -step), rounding, bits), step)
     return torch.clamp(torch.where(a > 0, magnitude, a), max=spec.max_normal)
 
 
@@ -225,16 +273,26 @@ def _as_float32(x: torch.Tensor, what: str) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even",
-             scale_rule: str = "floor") -> Operand:
+             scale_rule: str = "floor", *, seed: Optional[int] = None, stream: int = 0,
+             transposed: bool = False, index_offset: int = 0,
+             index_row_stride: Optional[int] = None) -> Operand:
     """x [rows, K] (FP32, BF16 or FP16) quantized along K as the daemon does
-    (mx::QuantizeRows). `rounding` "even" or "away", `scale_rule` "floor",
-    "no_saturation", "ceil" or "rceil" (MX formats; INT8 rounds with `rounding`
-    too)."""
+    (mx::QuantizeRows). `rounding` "even", "away" or "stochastic", `scale_rule`
+    "floor", "no_saturation", "ceil" or "rceil" (MX formats; INT8 rounds with
+    `rounding` too).
+
+    Stochastic rounding needs `seed` and draws, for x[r, c], the index
+    index_offset + r·stride + c (stride: index_row_stride, else K) of (seed,
+    stream) — or, with `transposed` (x is the transpose of the tensor the daemon
+    was sent, as for grad_weight's operands), index_offset + c·stride + r
+    (stride: else rows)."""
     spec = format_spec(fmt)
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
     if scale_rule not in SCALE_RULES:
         raise ValueError(f"scale_rule: expected one of {SCALE_RULES}, got {scale_rule!r}")
+    if rounding == "stochastic" and seed is None:
+        raise ValueError("seed: required with rounding='stochastic' (the random bits' key)")
     x = _as_float32(x, "x")
     rows, cols = x.shape
     if spec.kind == "float":
@@ -243,15 +301,33 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even
         elif spec.name == "FP16":
             x = x.half().float()
         return FloatOperand(spec, x.contiguous(), cols)
+    bits = None
+    if rounding == "stochastic":
+        bits = _draws(seed, stream, rows, cols, -(-cols // BLOCK) * BLOCK if spec.is_mx else cols,
+                      transposed, index_offset, index_row_stride, x.device)
     if spec.kind == "int8":
-        return _quantize_int8(spec, x, rounding)
-    kernels = _triton(x) if scale_rule == "floor" else None
+        return _quantize_int8(spec, x, rounding, bits)
+    kernels = _triton(x) if scale_rule == "floor" and bits is None else None
     if kernels is not None:
         return MxOperand(spec, *kernels.quantize_mx(x, spec, rounding), cols)
-    return _quantize_mx(spec, x, rounding, scale_rule)
+    return _quantize_mx(spec, x, rounding, scale_rule, bits)
 
 
-def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str) -> Int8Operand:
+def _draws(seed: int, stream: int, rows: int, cols: int, padded_cols: int, transposed: bool,
+           offset: int, stride: Optional[int], device) -> torch.Tensor:
+    """[rows, padded_cols] random bits of x's elements (padding draws too: its
+    zeros never round)."""
+    r = torch.arange(rows, dtype=torch.int64, device=device)[:, None]
+    c = torch.arange(padded_cols, dtype=torch.int64, device=device)[None, :]
+    if transposed:
+        index = offset + c * (rows if stride is None else stride) + r
+    else:
+        index = offset + r * (cols if stride is None else stride) + c
+    return stochastic_bits(seed, stream, index)
+
+
+def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str,
+                   bits: Optional[torch.Tensor] = None) -> Int8Operand:
     finite = torch.isfinite(x).all(dim=1)
     amax = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x)).amax(dim=1) \
         if x.shape[1] else torch.zeros(x.shape[0], device=x.device)
@@ -260,7 +336,7 @@ def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str) -> Int8Oper
     # CUDA divides by a scalar as a multiply by its reciprocal.
     scale = (amax.double() / torch.full_like(amax, 127.0, dtype=torch.float64)).float()
     q = (x.double() / scale.double()[:, None]).float()
-    magnitude = torch.clamp(_round(q.abs().double(), rounding), max=127.0)
+    magnitude = torch.clamp(_round(q.abs().double(), rounding, bits), max=127.0)
     codes = torch.where(torch.isnan(q), torch.zeros_like(q),
                         torch.copysign(magnitude.float(), q))
     live = (finite & (amax > 0))[:, None]
@@ -269,7 +345,8 @@ def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str) -> Int8Oper
     return Int8Operand(spec, codes.contiguous(), scale, x.shape[1])
 
 
-def _quantize_mx(spec: FormatSpec, x: torch.Tensor, rounding: str, scale_rule: str) -> MxOperand:
+def _quantize_mx(spec: FormatSpec, x: torch.Tensor, rounding: str, scale_rule: str,
+                 bits: Optional[torch.Tensor] = None) -> MxOperand:
     rows, cols = x.shape
     blocks = -(-cols // BLOCK)
     padded = torch.zeros(rows, blocks * BLOCK, dtype=torch.float32, device=x.device)
@@ -300,15 +377,17 @@ def _quantize_mx(spec: FormatSpec, x: torch.Tensor, rounding: str, scale_rule: s
     exponent = torch.clamp(exponent, -SCALE_BIAS, SCALE_BIAS)
     exponent = torch.where(positive, exponent, torch.full_like(exponent, -SCALE_BIAS))
     if scale_rule == "no_saturation":
-        # One more where amax/2^e would round past max normal (no element clamped).
+        # One more where amax/2^e would round past max normal (no element clamped);
+        # stochastic rounding decides it as nearest even does.
         scaled_amax = _ldexp(amax, -exponent)
         unclamped = _round_elements(dataclasses.replace(spec, max_normal=float("inf")),
-                                    scaled_amax, rounding)
+                                    scaled_amax, "even" if rounding == "stochastic" else rounding)
         bump = positive & (unclamped > spec.max_normal) & (exponent < SCALE_BIAS)
         exponent = exponent + bump.to(exponent.dtype)
     t = torch.where(nan[:, :, None], torch.zeros_like(v), v).double()
     t = _ldexp(t, -exponent[:, :, None])
-    magnitude = _round_elements(spec, t, rounding)
+    magnitude = _round_elements(spec, t, rounding,
+                                None if bits is None else bits.view(rows, blocks, BLOCK))
     # + 0.0: no -0 element, so that no block dot is -0 (the daemon's integer dot
     # of zeros is +0).
     fixed = torch.copysign(magnitude * 2.0 ** spec.fraction_bits, t) + 0.0
@@ -623,14 +702,23 @@ def column_sums(dy: torch.Tensor) -> torch.Tensor:
 
 
 def grad_input(dy: torch.Tensor, weight: Union[torch.Tensor, Operand],
-               fmt: Union[str, FormatSpec]) -> torch.Tensor:
+               fmt: Union[str, FormatSpec], rounding: str = "even", *,
+               seed: Optional[int] = None, scale_rule: str = "floor") -> torch.Tensor:
     """dY [M, N] · W [N, K] → [M, K]: dY quantized along N (its rows), W along N
     (its columns) — the daemon's LayerBackward. `weight` may be W already
-    quantized as Wᵀ (quantize(W.t(), fmt))."""
+    quantized as Wᵀ (quantize(W.t(), fmt)); W's copy is always nearest even and
+    floor, dY's takes `rounding` (and `seed`) and `scale_rule`."""
     wt = weight if not isinstance(weight, torch.Tensor) else quantize(weight.t(), fmt)
-    return linear(quantize(dy, fmt), wt)
+    return linear(quantize(dy, fmt, rounding, scale_rule, seed=seed,
+                           stream=STREAMS["grad_output_rows"]), wt)
 
 
-def grad_weight(dy: torch.Tensor, x: torch.Tensor, fmt: Union[str, FormatSpec]) -> torch.Tensor:
-    """dYᵀ [N, M] · X [M, K] → [N, K]: both quantized along M (their columns)."""
-    return linear(quantize(dy.t(), fmt), quantize(x.t(), fmt))
+def grad_weight(dy: torch.Tensor, x: torch.Tensor, fmt: Union[str, FormatSpec],
+                rounding: str = "even", *, seed: Optional[int] = None,
+                scale_rule: str = "floor") -> torch.Tensor:
+    """dYᵀ [N, M] · X [M, K] → [N, K]: both quantized along M (their columns),
+    with `rounding` (and `seed`) and `scale_rule`, as the daemon does."""
+    return linear(quantize(dy.t(), fmt, rounding, scale_rule, seed=seed,
+                           stream=STREAMS["grad_output_columns"], transposed=True),
+                  quantize(x.t(), fmt, rounding, scale_rule, seed=seed,
+                           stream=STREAMS["input_columns"], transposed=True))
