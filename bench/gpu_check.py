@@ -53,7 +53,7 @@ except Exception as error:  # noqa: BLE001  (e.g. stubs a protobuf runtime refus
 from mxserve.torch import emulator as em  # noqa: E402
 
 FORMATS = ["MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1", "MXINT8",
-           "INT8", "BF16", "FP16", "FP32"]
+           "INT8", "BF16", "FP16", "FP32", "NVFP4"]
 # Qwen2.5-0.5B's linear layers (out, in): q, k (= v), o, gate (= up), down, lm_head.
 QWEN_LAYERS = {"q_proj": (896, 896), "k_proj": (128, 896), "o_proj": (896, 896),
                "up_proj": (4864, 896), "down_proj": (896, 4864), "lm_head": (151936, 896)}
@@ -107,6 +107,9 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> int:
 
 def operand_bits(op) -> torch.Tensor:
     """Everything a quantized operand holds, as one flat tensor of values."""
+    if isinstance(op, em.NvOperand):
+        return torch.cat([op.fixed.reshape(-1).cpu(), op.scale.reshape(-1).cpu(),
+                          op.tensor_scale.cpu()])
     if isinstance(op, em.MxOperand):
         return torch.cat([op.fixed.reshape(-1).cpu(), op.exponent.reshape(-1).float().cpu(),
                           op.nan.reshape(-1).float().cpu()])
@@ -169,6 +172,23 @@ def check_bits(device: str, use_triton: bool, golden: pathlib.Path):
             em.quantize(x.to(d), fmt, rounding="away")))
     compare("MXFP8_E4M3 no_saturation", lambda d: operand_bits(
         em.quantize(x.to(d), "MXFP8_E4M3", scale_rule="no_saturation")))
+    # NVFP4's golden cases (tests/golden/nvfp4.json, which the CPU reproduces in
+    # clients/python/tests/test_nvfp4.py): quantization and the GEMM.
+    nv = json.loads((REPO / "tests" / "golden" / "nvfp4.json").read_text())
+
+    def hex_floats(hexes):
+        bits = torch.tensor([int(h, 16) for h in hexes], dtype=torch.int64)
+        return torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32).view(
+            torch.float32)
+    for case in nv["quantize"]:
+        v = hex_floats(case["values"]).reshape(case["rows"], case["cols"])
+        compare(f"NVFP4 golden {case['id']}", lambda d, v=v: operand_bits(em.quantize(
+            v.to(d), "NVFP4")))
+    for case in nv["gemm"]:
+        a = hex_floats(case["a"]).reshape(case["m"], case["k"])
+        b = hex_floats(case["b"]).reshape(case["k"], case["n"])
+        compare(f"NVFP4 golden gemm {case['id']}", lambda d, a=a, b=b: em.linear(
+            em.quantize(a.to(d), "NVFP4"), em.quantize(b.t().to(d), "NVFP4")))
     # Seeded stochastic rounding: the random bits and every use of them, on
     # Qwen's down_proj reduction (K = 4864) with the daemon's streams.
     index = torch.arange(1 << 20, dtype=torch.int64) * 4099 + (1 << 33)
@@ -177,7 +197,7 @@ def check_bits(device: str, use_triton: bool, golden: pathlib.Path):
     w = torch.randn(n, k, generator=g) * 0.02
     x = torch.randn(m, k, generator=g)
     dy = torch.randn(m, n, generator=g) * 1e-3
-    for fmt in ("MXFP4_E2M1", "MXFP6_E3M2", "MXFP8_E4M3", "MXINT8", "INT8"):
+    for fmt in ("MXFP4_E2M1", "MXFP6_E3M2", "MXFP8_E4M3", "MXINT8", "INT8", "NVFP4"):
         compare(f"{fmt} stochastic X", lambda d: operand_bits(em.quantize(
             x.to(d), fmt, "stochastic", seed=7, stream=em.STREAMS["forward_input"])))
         compare(f"{fmt} stochastic grad_input", lambda d: em.grad_input(

@@ -14,7 +14,8 @@
 // Shapes: Qwen2.5-0.5B's linear layers, W (N×K) = 896×896 (q, o), 128×896 (k, v),
 // 4864×896 (gate, up), 896×4864 (down), at M = 8, 512 and 4096. Counters: GFLOPS
 // = 2·M·N·K per second; GBps = FP32 input bytes per second. `ratio` lines close
-// the run: each format against each peer, and two threads against one.
+// the run: each format against each peer, NVFP4 against MXFP4, and two threads
+// against one.
 //
 // A peer that cannot run on this CPU (oneDNN 2.6 has BF16 matmul only with
 // AVX-512) reports the reason as the benchmark's error instead of a time.
@@ -62,7 +63,7 @@ constexpr mx::Format kGemmFormats[] = {
     mx::Format::kMxfp8E4m3, mx::Format::kMxfp8E5m2, mx::Format::kMxfp6E3m2,
     mx::Format::kMxfp6E2m3, mx::Format::kMxfp4E2m1, mx::Format::kMxint8,
     mx::Format::kInt8,      mx::Format::kBf16,      mx::Format::kFp16,
-    mx::Format::kFp32};
+    mx::Format::kFp32,      mx::Format::kNvfp4};
 
 // Gaussian-ish values, fast enough for the 358 M weights of the model sweep.
 std::vector<float> Random(size_t count, uint64_t seed, float scale = 1.0f) {
@@ -342,6 +343,20 @@ class RatioReporter : public benchmark::BenchmarkReporter {
       const std::string tail = name.substr(name.find("/qwen"));
       for (const char* peer : peers) Print(name, "model/" + std::string(peer) + tail);
     }
+    std::fprintf(out_, "\nratio = MXFP4 time / NVFP4 time (> 1: NVFP4 is faster)\n");
+    for (const Shape& s : GemmShapes()) {
+      for (int threads : {1, 2}) {
+        Print(Name("gemm", mx::Format::kNvfp4, s, threads),
+              Name("gemm", mx::Format::kMxfp4E2m1, s, threads), "vs MXFP4_E2M1");
+      }
+    }
+    for (const auto& [name, seconds] : seconds_) {
+      const std::string nv = "/NVFP4/";
+      const size_t at = name.find(nv);
+      if (at == std::string::npos || name.rfind("gemm/", 0) == 0) continue;
+      Print(name, name.substr(0, at) + "/MXFP4_E2M1/" + name.substr(at + nv.size()),
+            "vs MXFP4_E2M1");
+    }
     std::fprintf(out_, "\nratio = one-thread time / two-thread time\n");
     for (const auto& [name, seconds] : seconds_) {
       const size_t at = name.find("/threads:2");
@@ -429,8 +444,8 @@ int main(int argc, char** argv) {
   }
   constexpr int64_t kDecodeRows = 8;
   const std::string model = "/qwen2.5-0.5b/M" + std::to_string(kDecodeRows);
-  for (mx::Format f : {mx::Format::kMxfp4E2m1, mx::Format::kMxfp6E2m3, mx::Format::kMxfp8E4m3,
-                       mx::Format::kMxint8, mx::Format::kBf16}) {
+  for (mx::Format f : {mx::Format::kMxfp4E2m1, mx::Format::kNvfp4, mx::Format::kMxfp6E2m3,
+                       mx::Format::kMxfp8E4m3, mx::Format::kMxint8, mx::Format::kBf16}) {
     Register("model/" + std::string(mx::FormatName(f)) + model,
              [f](benchmark::State& s) { Model(s, f, kDecodeRows, 1); }, 2.0);
   }

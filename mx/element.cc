@@ -30,7 +30,8 @@ struct Minifloat {
 
 Minifloat MinifloatOf(Format format) {
   const FormatTraits& t = Traits(format);
-  return {t.exponent_bits, t.mantissa_bits, t.exponent_bias, t.specials, t.is_mx()};
+  return {t.exponent_bits, t.mantissa_bits, t.exponent_bias, t.specials,
+          t.kind != FormatKind::kFloat};
 }
 
 // The magnitude of a finite, non-zero float: |v| = significand · 2^(exponent - 23).
@@ -176,6 +177,7 @@ EncodeResult EncodeElementDetailed(Format format, float v, Rounding rounding, in
     case FormatKind::kInt8:
       return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/0, random_bits);
     case FormatKind::kMxFloat:
+    case FormatKind::kNvFloat:
     case FormatKind::kFloat:
       if (format == Format::kFp32) {
         return {std::bit_cast<uint32_t>(std::ldexp(v, -scale_exponent)), false};
@@ -192,6 +194,7 @@ float DecodeElement(Format format, uint32_t code) {
     case FormatKind::kInt8:
       return static_cast<float>(static_cast<int8_t>(code));
     case FormatKind::kMxFloat:
+    case FormatKind::kNvFloat:
     case FormatKind::kFloat:
       if (format == Format::kFp32) return std::bit_cast<float>(code);
       return DecodeMinifloat(MinifloatOf(format), code);

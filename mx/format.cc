@@ -39,6 +39,9 @@ constexpr std::array<FormatTraits, kFormatCount> kFormats = {{
      Specials::kIeee, "IEEE 754 binary16 Inf and NaN"},
     {Format::kFp32, "FP32", FormatKind::kFloat, 32, 8, 23, 127, 127, 3.4028234663852886e38,
      Pow2(-126), Pow2(-149), Specials::kIeee, "IEEE 754 binary32 Inf and NaN"},
+    {Format::kNvfp4, "NVFP4", FormatKind::kNvFloat, 4, 2, 1, 1, 2, 6.0, 1.0, 0.5,
+     Specials::kNone,
+     "none in elements; a NaN/Inf block gets UE4M3 scale 0x7F (NaN) and zero codes"},
 }};
 
 // Traits(format) indexes the table by the enum's value.

@@ -1,8 +1,9 @@
 // The number formats mxserve computes in, and one table of their traits.
 //
 // MX formats (OCP Microscaling v1.0) store blocks of 32 elements that share one
-// E8M0 scale; the non-MX formats store plain elements (INT8 with one FP32 scale
-// per row of an operand).
+// E8M0 scale; NVFP4 stores blocks of 16 E2M1 elements that share one UE4M3 scale,
+// under one FP32 scale per tensor; the other formats store plain elements (INT8
+// with one FP32 scale per row of an operand).
 #pragma once
 
 #include <cstdint>
@@ -23,18 +24,23 @@ enum class Format : uint8_t {
   kInt8,  // symmetric, one FP32 scale per row of an operand
   kBf16,
   kFp16,
-  kFp32,  // the last: kFormatCount counts up to it
+  kFp32,
+  // NVIDIA's FP4: E2M1 elements in blocks of 16 along K, one UE4M3 scale per
+  // block, one FP32 scale per tensor (kept per row of an operand, so that rows
+  // of several tensors can be stacked). The last: kFormatCount counts up to it.
+  kNvfp4,
 };
 
 // How many formats there are: Format values are 0 .. kFormatCount - 1, and
 // AllFormats() lists them in that order (format.cc checks both at compile time).
-inline constexpr int kFormatCount = static_cast<int>(Format::kFp32) + 1;
+inline constexpr int kFormatCount = static_cast<int>(Format::kNvfp4) + 1;
 
 enum class FormatKind : uint8_t {
   kMxFloat,  // MX block of minifloat elements
   kMxInt,    // MX block of two's-complement k·2^-6 elements
   kInt8,     // per-row scaled integers
   kFloat,    // IEEE-style floats: BF16, FP16, FP32
+  kNvFloat,  // NVFP4: blocks of 16 minifloats, UE4M3 block scales, FP32 tensor scale
 };
 
 // How a minifloat reserves codes for Inf and NaN.
@@ -46,6 +52,15 @@ enum class Specials : uint8_t {
 
 // The size of an MX block along the reduction dimension.
 inline constexpr int kBlockSize = 32;
+// The size of an NVFP4 block, and the largest magnitudes of its parts: the
+// per-tensor scale is amax / (kNvScaleMax · kNvElementMax), so that the block
+// holding amax gets the largest block scale.
+inline constexpr int kNvBlockSize = 16;
+inline constexpr float kNvElementMax = 6.0f;   // E2M1
+inline constexpr float kNvScaleMax = 448.0f;   // UE4M3
+inline constexpr float kNvScaleMin = 0x1p-6f;  // the smallest normal UE4M3, torchao's floor
+// The UE4M3 byte of a block holding NaN or Inf (E4M3's NaN, S.1111.111 with S=0).
+inline constexpr uint8_t kNvScaleNan = 0x7F;
 // The E8M0 byte that encodes NaN; byte b otherwise means 2^(b - 127).
 inline constexpr uint8_t kScaleNan = 0xFF;
 inline constexpr int kScaleBias = 127;
@@ -70,6 +85,12 @@ struct FormatTraits {
   absl::string_view special_encodings;  // in words, for docs and --help
 
   bool is_mx() const { return kind == FormatKind::kMxFloat || kind == FormatKind::kMxInt; }
+  // Elements share a scale per block along K: the MX formats and NVFP4.
+  bool is_block_scaled() const { return is_mx() || kind == FormatKind::kNvFloat; }
+  // Elements per block along K (0 for the formats without blocks).
+  int block_size() const {
+    return is_mx() ? kBlockSize : kind == FormatKind::kNvFloat ? kNvBlockSize : 0;
+  }
 };
 
 // Every format, in the order of the enum.
@@ -77,6 +98,7 @@ std::span<const FormatTraits> AllFormats();
 const FormatTraits& Traits(Format format);
 inline absl::string_view FormatName(Format format) { return Traits(format).name; }
 inline bool IsMx(Format format) { return Traits(format).is_mx(); }
+inline bool IsBlockScaled(Format format) { return Traits(format).is_block_scaled(); }
 
 // A shorthand ParseFormat accepts besides the names in the table.
 struct FormatAlias {

@@ -78,6 +78,29 @@ float QuantizeRowInt8(std::span<const float> row, const QuantizeOptions& options
   return scale;
 }
 
+// NVFP4: 16-element blocks under the tensor scale, codes nibble-packed.
+void QuantizeRowNv(std::span<const float> row, float tensor_scale, const QuantizeOptions& options,
+                   const RowDraws& draws, uint8_t* elements, uint8_t* scales) {
+  const int64_t blocks = BlocksPerRow(Format::kNvfp4, static_cast<int64_t>(row.size()));
+  std::array<uint32_t, kNvBlockSize> random{};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t begin = static_cast<size_t>(b) * kNvBlockSize;
+    const size_t count = std::min<size_t>(kNvBlockSize, row.size() - begin);
+    std::array<uint8_t, kNvBlockSize> codes{};
+    std::span<const uint32_t> block_random;
+    if (draws.bits != nullptr) {
+      for (size_t i = 0; i < count; ++i) random[i] = draws(begin + i);
+      block_random = std::span<const uint32_t>(random.data(), count);
+    }
+    scales[b] = QuantizeNvBlock(row.subspan(begin, count), tensor_scale,
+                                std::span<uint8_t>(codes.data(), count), options, block_random);
+    uint8_t* block = elements + b * BlockBytes(Format::kNvfp4);
+    for (int i = 0; i < kNvBlockSize / 2; ++i) {
+      block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+    }
+  }
+}
+
 void StoreFloats(std::span<const float> row, Format format, uint8_t* elements) {
   for (size_t i = 0; i < row.size(); ++i) {
     if (format == Format::kFp32) {
@@ -110,8 +133,8 @@ QuantizedMatrix AllocateQuantized(Format format, int64_t rows, int64_t cols) {
   m.rows = rows;
   m.cols = cols;
   m.elements.resize(rows * RowBytes(format, cols));
-  if (IsMx(format)) m.block_scales.resize(rows * BlocksPerRow(cols));
-  if (format == Format::kInt8) m.row_scales.resize(rows);
+  if (IsBlockScaled(format)) m.block_scales.resize(rows * BlocksPerRow(format, cols));
+  if (HasRowScales(format)) m.row_scales.resize(rows);
   return m;
 }
 
@@ -119,14 +142,16 @@ std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t
   if (rows < 0 || cols < 0) return std::nullopt;
   const uint64_t r = static_cast<uint64_t>(rows), c = static_cast<uint64_t>(cols);
   LayoutSize size;
-  if (IsMx(format)) {
-    const uint64_t blocks = c / kBlockSize + (c % kBlockSize != 0);
+  if (IsBlockScaled(format)) {
+    const uint64_t block = static_cast<uint64_t>(Traits(format).block_size());
+    const uint64_t blocks = c / block + (c % block != 0);
     const std::optional<uint64_t> scales = CheckedMul(r, blocks);
     const std::optional<uint64_t> elements =
         CheckedProduct({r, blocks, static_cast<uint64_t>(BlockBytes(format))});
     if (!scales || !elements) return std::nullopt;
     size.block_scale_bytes = *scales;
     size.element_bytes = *elements;
+    if (format == Format::kNvfp4) size.row_scales = r;
   } else {
     const std::optional<uint64_t> elements =
         CheckedProduct({r, c, static_cast<uint64_t>(Traits(format).element_bits / 8)});
@@ -145,7 +170,7 @@ std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t
 }
 
 int64_t RowBytes(Format format, int64_t cols) {
-  if (IsMx(format)) return BlocksPerRow(cols) * BlockBytes(format);
+  if (IsBlockScaled(format)) return BlocksPerRow(format, cols) * BlockBytes(format);
   return cols * Traits(format).element_bits / 8;
 }
 
@@ -176,6 +201,11 @@ absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> value
   const int64_t row_bytes = RowBytes(format, cols);
   const bool stochastic = options.rounding == Rounding::kStochastic;
   const StochasticBits bits(options.seed, options.stream);
+  // NVFP4: one scale for the whole matrix, unless the caller brings it.
+  const float tensor_scale =
+      format != Format::kNvfp4    ? 0.0f
+      : options.tensor_scale > 0 ? options.tensor_scale
+                                 : NvTensorScale(FiniteAmax(values));
   for (int64_t r = 0; r < rows; ++r) {
     const std::span<const float> row = values.subspan(r * cols, cols);
     uint8_t* elements = m.elements.data() + r * row_bytes;
@@ -186,6 +216,10 @@ absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> value
                     m.block_scales.data() + r * BlocksPerRow(cols));
     } else if (format == Format::kInt8) {
       m.row_scales[r] = QuantizeRowInt8(row, options, draws, elements);
+    } else if (format == Format::kNvfp4) {
+      QuantizeRowNv(row, tensor_scale, options, draws, elements,
+                    m.block_scales.data() + r * BlocksPerRow(format, cols));
+      m.row_scales[r] = tensor_scale;
     } else {
       StoreFloats(row, format, elements);
     }
@@ -232,6 +266,7 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
 uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col) {
   const uint8_t* base = m.elements.data() + row * RowBytes(m.format, m.cols);
   const int bits = Traits(m.format).element_bits;
+  if (m.format == Format::kNvfp4) return ReadBits(base, col * 4, 4);  // blocks hold no padding
   if (IsMx(m.format)) {
     return ReadBits(base + (col / kBlockSize) * BlockBytes(m.format), (col % kBlockSize) * bits,
                     bits);
@@ -251,6 +286,14 @@ float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col) {
     return std::ldexp(element, scale - kScaleBias);
   }
   if (m.format == Format::kInt8) return element * m.row_scales[row];
+  if (m.format == Format::kNvfp4) {
+    const uint8_t scale =
+        m.block_scales[row * BlocksPerRow(m.format, m.cols) + col / kNvBlockSize];
+    if (scale == kNvScaleNan) return std::numeric_limits<float>::quiet_NaN();
+    // element · block scale is exact (2 and 4 significant bits); the tensor
+    // scale's product is the one rounding.
+    return element * DecodeElement(Format::kMxfp8E4m3, scale) * m.row_scales[row];
+  }
   return element;
 }
 

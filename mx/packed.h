@@ -27,10 +27,13 @@ struct QuantizedMatrix {
   // back to back. INT8: one byte per element. BF16/FP16: two bytes, FP32: four,
   // little-endian.
   std::vector<uint8_t> elements;
-  // MX only: rows × BlocksPerRow(cols) E8M0 bytes, row-major.
+  // MX: rows × BlocksPerRow(cols) E8M0 bytes, row-major. NVFP4: rows ×
+  // BlocksPerRow(kNvfp4, cols) UE4M3 bytes (blocks of 16; elements nibble-packed
+  // like MXFP4's, 8 bytes a block, the row padded to whole blocks).
   std::vector<uint8_t> block_scales;
-  // INT8 only: one FP32 scale per row (value = code · scale; NaN for a row that
-  // held NaN or Inf).
+  // INT8: one FP32 scale per row (value = code · scale; NaN for a row that held
+  // NaN or Inf). NVFP4: the per-tensor FP32 scale of the tensor each row came
+  // from (value = fp32(fp32(element · block scale) · row scale)).
   std::vector<float> row_scales;
 };
 
@@ -40,8 +43,19 @@ inline constexpr int64_t kMaxDimension = int64_t{1} << 31;
 
 // Layout arithmetic, shared by every producer and consumer of the layout.
 inline int64_t BlocksPerRow(int64_t cols) { return (cols + kBlockSize - 1) / kBlockSize; }
-// Bytes of one packed MX block of 32 elements.
-inline int64_t BlockBytes(Format format) { return kBlockSize * Traits(format).element_bits / 8; }
+// Blocks of a row of a block-scaled format (MX: 32 elements, NVFP4: 16).
+inline int64_t BlocksPerRow(Format format, int64_t cols) {
+  const int64_t size = Traits(format).block_size();
+  return (cols + size - 1) / size;
+}
+// Bytes of one packed block (MX: 32 elements, NVFP4: 16).
+inline int64_t BlockBytes(Format format) {
+  return Traits(format).block_size() * Traits(format).element_bits / 8;
+}
+// Whether an operand in `format` carries row_scales (INT8, NVFP4).
+inline bool HasRowScales(Format format) {
+  return format == Format::kInt8 || format == Format::kNvfp4;
+}
 // Bytes of one packed row of `cols` elements.
 int64_t RowBytes(Format format, int64_t cols);
 

@@ -30,6 +30,15 @@ int CeilLog2(float v) {
   return FloorLog2(v) + (power_of_two ? 0 : 1);
 }
 
+// The largest magnitude of a block as FP32 bits: for non-negative floats the
+// integer order is the numeric order, and any NaN or Inf compares at or above Inf
+// (0x7F800000), so one comparison finds them.
+uint32_t MaxMagnitudeBits(std::span<const float> values) {
+  uint32_t largest = 0;
+  for (float v : values) largest = std::max(largest, std::bit_cast<uint32_t>(v) & 0x7FFFFFFFu);
+  return largest;
+}
+
 }  // namespace
 
 absl::string_view ScaleRuleName(ScaleRule rule) {
@@ -114,12 +123,7 @@ uint8_t QuantizeBlock(Format format, std::span<const float> values, std::span<ui
   assert(IsMx(format) && values.size() <= kBlockSize && codes.size() == values.size());
   const bool stochastic = options.rounding == Rounding::kStochastic;
   assert(!stochastic || random_bits.size() == values.size());
-  // The largest magnitude, compared as bits: for non-negative floats the integer
-  // order is the numeric order, and any NaN or Inf compares at or above Inf.
-  uint32_t max_magnitude = 0;
-  for (float v : values) {
-    max_magnitude = std::max(max_magnitude, std::bit_cast<uint32_t>(v) & 0x7FFFFFFF);
-  }
+  const uint32_t max_magnitude = MaxMagnitudeBits(values);
   if (max_magnitude >= 0x7F800000) {
     std::fill(codes.begin(), codes.end(), 0);
     return kScaleNan;
@@ -130,6 +134,43 @@ uint8_t QuantizeBlock(Format format, std::span<const float> values, std::span<ui
                                                   stochastic ? random_bits[i] : 0));
   }
   return static_cast<uint8_t>(exponent + kScaleBias);
+}
+
+float FiniteAmax(std::span<const float> values) {
+  uint32_t largest = 0;
+  for (float v : values) {  // branch-free, so that the compiler vectorizes it
+    const uint32_t magnitude = std::bit_cast<uint32_t>(v) & 0x7FFFFFFFu;
+    largest = std::max(largest, magnitude < 0x7F800000u ? magnitude : 0u);
+  }
+  return std::bit_cast<float>(largest);
+}
+
+float NvTensorScale(float amax) {
+  const float scale = amax / (kNvScaleMax * kNvElementMax);
+  return std::isnormal(scale) ? scale : 1.0f;
+}
+
+uint8_t QuantizeNvBlock(std::span<const float> values, float tensor_scale,
+                        std::span<uint8_t> codes, const QuantizeOptions& options,
+                        std::span<const uint32_t> random_bits) {
+  assert(values.size() <= kNvBlockSize && codes.size() == values.size());
+  const bool stochastic = options.rounding == Rounding::kStochastic;
+  assert(!stochastic || random_bits.size() == values.size());
+  const uint32_t max_magnitude = MaxMagnitudeBits(values);
+  if (max_magnitude >= 0x7F800000) {
+    std::fill(codes.begin(), codes.end(), 0);
+    return kNvScaleNan;
+  }
+  const float block_scale = std::bit_cast<float>(max_magnitude) / kNvElementMax / tensor_scale;
+  const uint8_t byte = static_cast<uint8_t>(EncodeElement(
+      Format::kMxfp8E4m3, std::clamp(block_scale, kNvScaleMin, kNvScaleMax)));
+  const float total = tensor_scale * DecodeElement(Format::kMxfp8E4m3, byte);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float q = std::clamp(values[i] / total, -kNvElementMax, kNvElementMax);
+    codes[i] = static_cast<uint8_t>(
+        EncodeElement(Format::kNvfp4, q, options.rounding, 0, stochastic ? random_bits[i] : 0));
+  }
+  return byte;
 }
 
 }  // namespace mx

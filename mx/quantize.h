@@ -63,6 +63,12 @@ struct QuantizeOptions {
   uint32_t stream = 0;
   int64_t index_offset = 0;
   int64_t index_row_stride = 0;
+  // NVFP4: the per-tensor scale to quantize with; 0 (the default) computes it
+  // from the values quantized together (all of QuantizeRows' matrix), as
+  // NvTensorScale(FiniteAmax(values)). A tensor quantized in parts (slices of
+  // a weight copy) passes the whole tensor's. The scale rule is not read:
+  // NVFP4's block scales follow their own recipe (QuantizeNvBlock).
+  float tensor_scale = 0.0f;
 };
 
 // The stochastic-rounding streams of the operands a request brings: the "tensor
@@ -100,5 +106,28 @@ int SharedExponent(Format format, float amax, const QuantizeOptions& options);
 uint8_t QuantizeBlock(Format format, std::span<const float> values, std::span<uint8_t> codes,
                       const QuantizeOptions& options = {},
                       std::span<const uint32_t> random_bits = {});
+
+// --- NVFP4 (NVIDIA's recipe, as torchao's NVFP4Tensor computes it) ---
+
+// The largest |v| among the finite values (0 when there is none).
+float FiniteAmax(std::span<const float> values);
+// The per-tensor scale of a tensor whose largest finite magnitude is amax:
+// fp32(amax / (448 · 6)), or 1 where that is not a normal float (an all-zero
+// tensor, or one so small the quotient underflows), so the scale is always a
+// positive normal number.
+float NvTensorScale(float amax);
+
+// Quantizes up to 16 values (a short last block as if padded with zeros) to
+// NVFP4 under tensor scale `tensor_scale`: the element codes into `codes` and
+// the UE4M3 scale byte returned. For a block of largest magnitude amax_b:
+//   s     = fp32(fp32(amax_b / 6) / tensor_scale), clamped to [2^-6, 448]
+//   byte  = s as UE4M3, nearest even       (value S)
+//   code  = fp32(v / fp32(tensor_scale · S)) clamped to ±6, as E2M1 with
+//           `options.rounding` (stochastic: `random_bits`, one per value)
+// each fp32(...) one IEEE operation. A block holding NaN or Inf gets byte 0x7F
+// (kNvScaleNan) and zero codes; an all-zero block byte 0x08 (2^-6) and zeros.
+uint8_t QuantizeNvBlock(std::span<const float> values, float tensor_scale,
+                        std::span<uint8_t> codes, const QuantizeOptions& options = {},
+                        std::span<const uint32_t> random_bits = {});
 
 }  // namespace mx

@@ -105,6 +105,41 @@ void LinearInt8(const QuantizedMatrix& x, const QuantizedMatrix& w, std::span<co
   }
 }
 
+// NVFP4 × NVFP4: per 16-block the exact dot of the E2M1 elements times both
+// UE4M3 scales — exact in FP32 (below 2^12 in units of 2^-2, times two 4-bit
+// significands), so the block result needs no rounding of its own — summed in
+// FP32 in ascending block order from +0.0; then times fp32(ts_x · ts_w) and
+// plus the bias, one rounding each (torchao's order: the tensor scales are
+// applied to the product, the bias after them).
+void LinearNvBlocks(const QuantizedMatrix& x, const QuantizedMatrix& w,
+                    std::span<const float> bias, std::vector<float>& y) {
+  const int64_t blocks = BlocksPerRow(Format::kNvfp4, x.cols);
+  const auto fixed = [](const QuantizedMatrix& m, int64_t r, int64_t c) -> int32_t {
+    return c < m.cols ? static_cast<int32_t>(ElementToFixed(Format::kNvfp4, ElementCode(m, r, c)))
+                      : 0;
+  };
+  const auto scale = [&](const QuantizedMatrix& m, int64_t r, int64_t b) {
+    const uint8_t byte = m.block_scales[r * blocks + b];
+    return byte == kNvScaleNan ? std::numeric_limits<float>::quiet_NaN()
+                               : DecodeElement(Format::kMxfp8E4m3, byte);
+  };
+  for (int64_t i = 0; i < x.rows; ++i) {
+    for (int64_t j = 0; j < w.rows; ++j) {
+      float sum = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t dot = 0;  // units of 2^-2: |dot| <= 16 · 12 · 12
+        for (int64_t c = b * kNvBlockSize; c < (b + 1) * kNvBlockSize; ++c) {
+          dot += fixed(x, i, c) * fixed(w, j, c);
+        }
+        sum += static_cast<float>(dot) * 0.25f * scale(x, i, b) * scale(w, j, b);
+      }
+      float v = sum * (x.row_scales[i] * w.row_scales[j]);
+      if (!bias.empty()) v += bias[j];
+      y[i * w.rows + j] = v;
+    }
+  }
+}
+
 void LinearFloat(const QuantizedMatrix& x, const QuantizedMatrix& w, std::span<const float> bias,
                  std::vector<float>& y) {
   const std::vector<float> xf = Dequantize(x);
@@ -123,6 +158,7 @@ void LinearFloat(const QuantizedMatrix& x, const QuantizedMatrix& w, std::span<c
 
 GemmPath GemmPathFor(Format x, Format w) {
   if (IsMx(x) && IsMx(w)) return GemmPath::kMxBlocks;
+  if (x == Format::kNvfp4 && w == Format::kNvfp4) return GemmPath::kNvBlocks;
   if (x == Format::kInt8 && w == Format::kInt8) return GemmPath::kInt8;
   return GemmPath::kFloat;
 }
@@ -177,6 +213,9 @@ absl::StatusOr<std::vector<float>> ReferenceLinear(const QuantizedMatrix& x,
   switch (GemmPathFor(x.format, w.format)) {
     case GemmPath::kMxBlocks:
       LinearMxBlocks(x, w, bias, y);
+      break;
+    case GemmPath::kNvBlocks:
+      LinearNvBlocks(x, w, bias, y);
       break;
     case GemmPath::kInt8:
       LinearInt8(x, w, bias, y);

@@ -21,6 +21,10 @@ enum class GemmPath : uint8_t {
   // elements, scaled by 2^(scale_x + scale_w) and rounded once to FP32; the block
   // results summed in FP32 in ascending block order, from +0.0 or the bias.
   kMxBlocks,
+  // Both NVFP4: per 16-block the exact dot times both UE4M3 scales (exact in
+  // FP32), summed in FP32 in ascending block order from +0.0; then
+  // y = sum · fp32(ts_x · ts_w) and + bias, in that order (FP32 each).
+  kNvBlocks,
   // Both INT8: exact integer dot, then y = float(dot) · scale_x · scale_w (in that
   // order, FP32), then + bias.
   kInt8,

@@ -40,4 +40,13 @@ inline bool Identical(std::span<const float> a, std::span<const float> b) {
   return !FirstDifference(a, b).has_value();
 }
 
+// SameBits for every element, and the same length.
+inline bool SameBitsAll(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!SameBits(a[i], b[i])) return false;
+  }
+  return true;
+}
+
 }  // namespace mx_test

@@ -31,8 +31,9 @@ Commands (local, no server):
   quantize   quantize a raw float32 file to a format and back
       --format F [--rounding even|away|stochastic --seed S]
       [--scale-rule floor|nosat|ceil|rceil] --input IN.f32 --output OUT.f32 [--scales SCALES.u8] [--codes CODES.u8]
-      Blocks are 32 consecutive values; a short last block is padded with zeros.
-      OUT is the dequantized result; SCALES one E8M0 byte per block (MX formats);
+      Blocks are 32 consecutive values (NVFP4: 16, under one tensor scale for
+      the file); a short last block is padded with zeros. OUT is the
+      dequantized result; SCALES one E8M0 byte per block (MX; NVFP4: UE4M3);
       CODES one element code per byte, in the low bits (formats of <= 8 bits).
   gemm       C = A·B with the reference GEMM (the numerics contract), or on the
              daemon (Compute.Gemm) when --server is given; the same C either
@@ -193,6 +194,9 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
 // E8M0 byte over its 32 elements, INT8's FP32 per-row scale over the row's K.
 std::string StoredBits(const mx::FormatTraits& t) {
   if (t.is_mx()) return absl::StrFormat("%.2f", t.element_bits + 8.0 / mx::kBlockSize);
+  if (t.kind == mx::FormatKind::kNvFloat) {
+    return absl::StrFormat("%.2f+32/T", t.element_bits + 8.0 / mx::kNvBlockSize);
+  }
   if (t.kind == mx::FormatKind::kInt8) return absl::StrCat(t.element_bits, "+32/K");
   return absl::StrCat(t.element_bits);
 }
@@ -206,7 +210,8 @@ void PrintFormats() {
                 t.max_normal, t.min_subnormal, std::string(t.special_encodings).c_str());
   }
   std::printf("\nbits: one element; stored: with its share of the scales (an MX block's E8M0\n"
-              "byte per 32 elements; INT8's FP32 scale per row of K).\n");
+              "byte per 32 elements; NVFP4's UE4M3 byte per 16, plus one FP32 scale per\n"
+              "tensor of T elements; INT8's FP32 scale per row of K).\n");
 }
 
 absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& remote,

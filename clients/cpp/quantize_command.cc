@@ -17,9 +17,9 @@ absl::Status RunQuantize(const Args& args) {
   MX_ASSIGN_OR_RETURN(auto options, QuantizeOptionsFromFlags(flags));
   MX_ASSIGN_OR_RETURN(auto input_path, flags.Require("input"));
   MX_ASSIGN_OR_RETURN(auto output_path, flags.Require("output"));
-  if (flags.Has("scales") && !mx::IsMx(format)) {
+  if (flags.Has("scales") && !mx::IsBlockScaled(format)) {
     return UsageError(absl::StrCat("--scales: ", mx::FormatName(format),
-                                   " has no block scales (only MX formats do)"));
+                                   " has no block scales (only MX formats and NVFP4 do)"));
   }
   if (flags.Has("codes") && mx::Traits(format).element_bits > 8) {
     return UsageError(
@@ -27,7 +27,8 @@ absl::Status RunQuantize(const Args& args) {
   }
   MX_ASSIGN_OR_RETURN(auto values, ReadFloat32File(input_path, "--input"));
 
-  // The whole file is one row: MX blocks along it, or one INT8 scale for it.
+  // The whole file is one row (one tensor): MX or NVFP4 blocks along it, or one
+  // INT8 scale for it.
   const int64_t n = static_cast<int64_t>(values.size());
   MX_ASSIGN_OR_RETURN(auto quantized, mx::QuantizeRows(values, 1, n, format, options));
   MX_RETURN_IF_ERROR(WriteFloat32File(output_path, mx::Dequantize(quantized)));

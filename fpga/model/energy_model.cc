@@ -28,7 +28,8 @@ absl::StatusOr<double> PositiveNumber(const Json& object, const std::string& key
   return it->get<double>();
 }
 
-absl::Status PerFormat(const Json& json, const std::string& key, std::array<double, 10>& out) {
+absl::Status PerFormat(const Json& json, const std::string& key,
+                       std::array<double, mx::kFormatCount>& out) {
   const auto it = json.find(key);
   if (it == json.end() || !it->is_object())
     return FieldError(key, "expected an object of format: number");
@@ -47,9 +48,9 @@ absl::Status PerFormat(const Json& json, const std::string& key, std::array<doub
 // Bytes a matrix of rows × k takes in the packed layout, scales included.
 double PackedBytes(mx::Format format, int64_t rows, int64_t k) {
   double bytes = static_cast<double>(rows) * static_cast<double>(mx::RowBytes(format, k));
-  if (mx::IsMx(format))
-    bytes += static_cast<double>(rows) * static_cast<double>(mx::BlocksPerRow(k));
-  if (format == mx::Format::kInt8) bytes += 4.0 * static_cast<double>(rows);
+  if (mx::IsBlockScaled(format))
+    bytes += static_cast<double>(rows) * static_cast<double>(mx::BlocksPerRow(format, k));
+  if (mx::HasRowScales(format)) bytes += 4.0 * static_cast<double>(rows);
   return bytes;
 }
 

@@ -32,8 +32,8 @@ struct EnergyModelParams {
   double clock_hz = 0;
   int pe_rows = 0;
   int pe_cols = 0;
-  std::array<double, 10> macs_per_pe_cycle{};  // indexed by mx::Format
-  std::array<double, 10> energy_per_mac_pj{};
+  std::array<double, mx::kFormatCount> macs_per_pe_cycle{};  // indexed by mx::Format
+  std::array<double, mx::kFormatCount> energy_per_mac_pj{};
   double hbm_bytes_per_second = 0;
   double energy_per_byte_pj = 0;
   double static_power_watts = 0;

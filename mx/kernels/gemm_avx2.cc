@@ -117,37 +117,79 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 // kMxI8 when a whole block fits the int16 sums (G = 8: FP4 or E2M3 W with FP4 or
 // E2M3 X): both 8-column halves in one pass, so each broadcast of x feeds two
 // multiplies, and no int32 sums are carried between groups.
-template <int MR, bool kNibbles>
-void MxI8WholeBlockTile(const Problem& p, int64_t row0, int, int64_t panel) {
+// Block b of `kGroups` k-groups of 4 (8: an MX block, 4: an NVFP4 block) for
+// MR rows and both 8-column halves: u8 × s8 products summed in int16 (the
+// callers' formats keep a whole block within int16), then widened, offset and
+// scaled into the tile by the fast epilogue — one rounding per block.
+template <int MR, bool kNibbles, int kGroups>
+inline void I8BlockIntoTile(const Problem& p, const I8Weights<kNibbles>& weights, int64_t row0,
+                            int64_t panel, int64_t b, Tile& tile) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
-  const I8Weights<kNibbles> weights(w, panel);
   const __m256i ones = _mm256_set1_epi16(1);
-  Tile tile(p, panel, true);
-  for (int64_t b = 0; b < x.blocks; ++b) {
-    __m256i acc[MR][2];
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    for (int64_t group = b * 8; group < b * 8 + 8; group += 2) {
-      __m256i w0[2], w1[2];  // [half]: groups `group` and `group + 1`
-      for (int h = 0; h < 2; ++h) weights.Pair(group, h, w0[h], w1[h]);
-      for (int r = 0; r < MR; ++r) {
-        const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
-        const __m256i x0 = Broadcast32(xr), x1 = Broadcast32(xr + 4);
-        for (int h = 0; h < 2; ++h) {
-          acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w0[h], x0));
-          acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w1[h], x1));
-        }
+  __m256i acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  for (int64_t group = b * kGroups; group < (b + 1) * kGroups; group += 2) {
+    __m256i w0[2], w1[2];  // [half]: groups `group` and `group + 1`
+    for (int h = 0; h < 2; ++h) weights.Pair(group, h, w0[h], w1[h]);
+    for (int r = 0; r < MR; ++r) {
+      const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
+      const __m256i x0 = Broadcast32(xr), x1 = Broadcast32(xr + 4);
+      for (int h = 0; h < 2; ++h) {
+        acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w0[h], x0));
+        acc[r][h] = _mm256_add_epi16(acc[r][h], _mm256_maddubs_epi16(w1[h], x1));
       }
     }
-    const float* ws = w.scale.data() + (panel * x.blocks + b) * kPanel;
+  }
+  const float* ws = w.scale.data() + (panel * x.blocks + b) * kPanel;
+  for (int r = 0; r < MR; ++r) {
+    const __m256i offset = _mm256_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
+    const float xs = x.scale[(row0 + r) * x.blocks + b];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i dot = _mm256_add_epi32(offset, _mm256_madd_epi16(acc[r][h], ones));
+      FastEpilogue(dot, xs, _mm256_loadu_ps(ws + 8 * h), &tile.y[r][8 * h]);
+    }
+  }
+}
+
+template <int MR, bool kNibbles>
+void MxI8WholeBlockTile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const I8Weights<kNibbles> weights(*p.w, panel);
+  Tile tile(p, panel, true);
+  for (int64_t b = 0; b < p.x->blocks; ++b) {
+    I8BlockIntoTile<MR, kNibbles, 8>(p, weights, row0, panel, b, tile);
+  }
+  tile.Store(p, row0, MR);
+}
+
+// kNvI8: blocks of 16 k (four groups of 4) through I8BlockIntoTile (an int16
+// lane holds at most 4 · 2 · 24 · 12); after the blocks y · fp32(ts_x · ts_w),
+// then + bias.
+template <int MR>
+void NvTile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const I8Weights<false> weights(w, panel);
+  Tile tile(p, panel, /*with_bias=*/false);
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    I8BlockIntoTile<MR, false, 4>(p, weights, row0, panel, b, tile);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256 tw = _mm256_loadu_ps(w.tensor_scale.data() + tile.n0 + 8 * h);
+    const __m256 bias = p.bias != nullptr && tile.cols == kPanel
+                            ? _mm256_loadu_ps(p.bias + tile.n0 + 8 * h)
+                            : _mm256_setzero_ps();
     for (int r = 0; r < MR; ++r) {
-      const __m256i offset = _mm256_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
-      const float xs = x.scale[(row0 + r) * x.blocks + b];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i dot = _mm256_add_epi32(offset, _mm256_madd_epi16(acc[r][h], ones));
-        FastEpilogue(dot, xs, _mm256_loadu_ps(ws + 8 * h), &tile.y[r][8 * h]);
-      }
+      const __m256 ts = _mm256_mul_ps(_mm256_set1_ps(x.tensor_scale[row0 + r]), tw);
+      __m256 v = _mm256_mul_ps(_mm256_load_ps(&tile.y[r][8 * h]), ts);
+      if (p.bias != nullptr && tile.cols == kPanel) v = _mm256_add_ps(v, bias);
+      _mm256_store_ps(&tile.y[r][8 * h], v);
+    }
+  }
+  if (p.bias != nullptr && tile.cols < kPanel) {  // a last, partial panel: no reads past N
+    for (int r = 0; r < MR; ++r) {
+      for (int j = 0; j < tile.cols; ++j) tile.y[r][j] += p.bias[tile.n0 + j];
     }
   }
   tile.Store(p, row0, MR);
@@ -350,6 +392,7 @@ TileFn Avx2Tile(Kind kind, const Problem& p) {
       return p.fast_scales ? MX_BY_ROWS(MxI16Tile) : nullptr;
     case Kind::kMxF64: return MX_BY_ROWS(MxF64Tile);
     case Kind::kInt8: return MX_BY_ROWS(Int8Tile);
+    case Kind::kNvI8: return MX_BY_ROWS(NvTile);
     case Kind::kF32:
       switch (p.w->float_store) {
         case Format::kFp16: return MX_BY_ROWS(F32Tile, Format::kFp16);

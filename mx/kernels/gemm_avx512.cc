@@ -249,6 +249,8 @@ TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
       return MX_BY_ROWS(MxF64Tile);
     case Kind::kInt8:
       return MX_BY_ROWS(Int8Tile);
+    case Kind::kNvI8:
+      return nullptr;  // the avx2 level's kernel runs (kHasKernel)
   }
   return nullptr;
 }

@@ -19,6 +19,12 @@
 //           more: the driver finds the outputs with such a pair of blocks after
 //           the tiles and computes them again exactly (RedoWideOutputs).
 //   kInt8   INT8 × INT8 (per-row scales): int16 path over the whole K.
+//   kNvI8   NVFP4 × NVFP4: E2M1 elements as in kMxI8 (±12 in units of 2^-1, W
+//           as u8 w + 12), blocks of 16. The block result, float(dot) · S_x/2 ·
+//           S_w/2 with UE4M3 scales S, is exact in FP32 (12 + 4 + 4 bits), so
+//           the fast epilogue is always exact; after the last block each
+//           output is multiplied by fp32(ts_x · ts_w) (the tensor scales) and
+//           the bias added.
 //   kF32    everything else (BF16, FP16, FP32, mixed kinds): both dequantized
 //           to FP32, FMA accumulation in any order (tolerance, not bits).
 //
@@ -47,7 +53,7 @@ namespace mx::kernels::internal {
 // Output columns (rows of W) per packed panel.
 inline constexpr int kPanel = 16;
 
-enum class Kind : uint8_t { kMxI8, kMxI16, kMxF64, kInt8, kF32 };
+enum class Kind : uint8_t { kMxI8, kMxI16, kMxF64, kInt8, kNvI8, kF32 };
 
 const char* KindName(Kind kind);
 
@@ -83,9 +89,12 @@ bool FastScalesOk(const ScaleRange& x, const ScaleRange& w);
 //   kMxI16  i16 [p][k/2][16][2]
 //   kInt8   i16 [p][k/2][16][2]
 //   kMxF64  u16 [p][k][16]        FP16 bits of the element's value (exact)
+//   kNvI8   u8  [p][k/4][16][4]   w + 12, as kMxI8's wide storage (blocks of 16)
 //   kF32    [p][k][16] in W's own precision: f32 (FP32, and any other format
 //           dequantized), or u16 FP16/BF16 bits (float_store says which)
-// Scales, MX kinds: [p][block][16]; kInt8: [p][16] (the row scales); kF32: none.
+// Scales, MX kinds and kNvI8: [p][block][16] (kNvI8: S/2, NaN for a NaN block);
+// kInt8: [p][16] (the row scales); kF32: none. kNvI8 also keeps the tensor scale
+// of each row of W in tensor_scale.
 struct WeightPanels {
   Kind kind = Kind::kF32;
   Format format = Format::kFp32;
@@ -105,15 +114,16 @@ struct WeightPanels {
   bool has_special = false;  // an element code is Inf or NaN: the reference path
   int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, N × blocks (row-major)
+  std::vector<float> tensor_scale;  // kNvI8: W's row scales, N values
 
   size_t bytes() const {
     return u8.size() + scale_bytes.size() + span_bits.size() + 2 * (i16.size() + f16.size()) +
-           4 * (f32.size() + scale.size()) + 8 * scale_d.size();
+           4 * (f32.size() + scale.size() + tensor_scale.size()) + 8 * scale_d.size();
   }
 };
 
 // X decoded for one kind: row-major rows × k_padded, padding zero.
-//   kMxI8 i8, kMxI16/kInt8 i16, kMxF64 f64 (element values), kF32 f32.
+//   kMxI8/kNvI8 i8, kMxI16/kInt8 i16, kMxF64 f64 (element values), kF32 f32.
 // Scales [row][block] for MX kinds (as in WeightPanels), [row] for kInt8.
 struct DecodedX {
   Kind kind = Kind::kF32;
@@ -124,7 +134,8 @@ struct DecodedX {
   std::vector<float> f32;
   std::vector<float> scale;
   std::vector<double> scale_d;
-  std::vector<int32_t> block_offset;  // kMxI8: −offset_w · Σ x over the block
+  std::vector<int32_t> block_offset;  // kMxI8, kNvI8: −offset_w · Σ x over the block
+  std::vector<float> tensor_scale;    // kNvI8: X's row scales
   ScaleRange range;
   bool has_special = false;
   int max_span_bits = 0;
@@ -207,7 +218,7 @@ using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel)
 // here returns a kernel for ordinary operands of the kind, and one not marked
 // returns nullptr for every operand: linear_test (real levels) and
 // emulated_levels_test (avx512 and amx, on any AVX2 machine) check both ways.
-inline constexpr int kKinds = 5;
+inline constexpr int kKinds = 6;
 inline constexpr int kIsaLevels = 4;
 // kHasKernel[kind][level]. Not inline: each file that reads it gets its own
 // copy, never a weak symbol that an AVX2 object could share (see Tile below).
@@ -217,6 +228,7 @@ constexpr bool kHasKernel[kKinds][kIsaLevels] = {
     /* kMxI16 */ {true, true, true, false},
     /* kMxF64 */ {true, true, true, false},
     /* kInt8  */ {true, true, true, false},
+    /* kNvI8  */ {true, true, false, false},
     /* kF32   */ {true, true, true, false},
 };
 static_assert(static_cast<int>(Kind::kF32) + 1 == kKinds &&

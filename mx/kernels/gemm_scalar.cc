@@ -86,6 +86,41 @@ void Int8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   tile.Store(p, row0, rows);
 }
 
+// NVFP4: per 16-block the exact int32 dot, then y += (float(dot) · xs) · ws with
+// both products exact (the block result needs no rounding); after the blocks
+// y · fp32(ts_x · ts_w), then + bias.
+void NvTile(const Problem& p, int64_t row0, int rows, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  Tile tile(p, panel, /*with_bias=*/false);
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    const float* ws = w.scale.data() + (panel * x.blocks + b) * kPanel;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t row = row0 + r;
+      int32_t acc[kPanel] = {};
+      for (int64_t k = b * kNvBlockSize; k < (b + 1) * kNvBlockSize; ++k) {
+        const int32_t xv = x.i8[row * kp + k];
+        const uint8_t* wk = w.u8.data() + (panel * (kp / 4) + k / 4) * kPanel * 4 + k % 4;
+        for (int j = 0; j < kPanel; ++j) acc[j] += xv * (int32_t{wk[4 * j]} - w.i8_offset);
+      }
+      const float xs = x.scale[row * x.blocks + b];
+      for (int j = 0; j < kPanel; ++j) {
+        const float t = static_cast<float>(acc[j]) * xs;
+        tile.y[r][j] += t * ws[j];
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < tile.cols; ++j) {
+      float v = tile.y[r][j] * (x.tensor_scale[row0 + r] * w.tensor_scale[tile.n0 + j]);
+      if (p.bias) v += p.bias[tile.n0 + j];
+      tile.y[r][j] = v;
+    }
+  }
+  tile.Store(p, row0, rows);
+}
+
 // Float kind: y = fma(x_k, w_k, y) for k ascending from the bias, per output:
 // the reference's own order, so even these bits match it.
 void F32Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
@@ -117,6 +152,7 @@ TileFn ScalarTile(Kind kind) {
     case Kind::kMxI16: return MxTile<Kind::kMxI16>;
     case Kind::kMxF64: return MxTile<Kind::kMxF64>;
     case Kind::kInt8: return Int8Tile;
+    case Kind::kNvI8: return NvTile;
     case Kind::kF32: return F32Tile;
   }
   return nullptr;

@@ -55,6 +55,7 @@ const char* KindName(Kind kind) {
     case Kind::kMxI16: return "mx_i16";
     case Kind::kMxF64: return "mx_f64";
     case Kind::kInt8: return "int8";
+    case Kind::kNvI8: return "nv_i8";
     case Kind::kF32: return "f32";
   }
   return "?";
@@ -69,6 +70,7 @@ Kind KindFor(Format x, Format w) {
     return Kind::kMxF64;
   }
   if (x == Format::kInt8 && w == Format::kInt8) return Kind::kInt8;
+  if (x == Format::kNvfp4 && w == Format::kNvfp4) return Kind::kNvI8;
   return Kind::kF32;
 }
 
@@ -161,7 +163,120 @@ BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero) {
   return s;
 }
 
+namespace {
+
+// kNvI8: a UE4M3 block scale as the epilogue multiplies it, S · 2^-1 (the
+// element's fixed-point unit), NaN for the NaN byte.
+float NvScale(uint8_t byte) {
+  return byte == kNvScaleNan ? std::numeric_limits<float>::quiet_NaN()
+                             : DecodeElement(Format::kMxfp8E4m3, byte) * 0.5f;
+}
+
+// NVFP4's E2M1 code (low nibble of a packed byte pair) as its fixed-point
+// integer: MXFP4's table, the same elements.
+int32_t NvFixed(const uint8_t* row, int64_t k) {
+  const uint8_t code = (row[k / 2] >> (k % 2 * 4)) & 0x0F;
+  return static_cast<int32_t>(Codes(Format::kMxfp4E2m1).fixed[code]);
+}
+
+constexpr int kNvOffset = 12;  // the largest |E2M1| in units of 2^-1
+
+std::shared_ptr<WeightPanels> PackNvPanels(const QuantizedMatrix& w) {
+  auto out = std::make_shared<WeightPanels>();
+  WeightPanels& p = *out;
+  p.kind = Kind::kNvI8;
+  p.format = w.format;
+  p.n = w.rows;
+  p.k = w.cols;
+  p.blocks = BlocksPerRow(Format::kNvfp4, w.cols);
+  p.k_padded = p.blocks * kNvBlockSize;
+  p.panels = (w.rows + kPanel - 1) / kPanel;
+  p.i8_offset = kNvOffset;
+  const int64_t lanes = p.panels * kPanel, kp = p.k_padded;
+  p.u8.assign(lanes * kp, static_cast<uint8_t>(kNvOffset));  // element 0 in the padding
+  p.scale.assign(lanes * p.blocks, 0.0f);
+  p.tensor_scale.assign(lanes, 1.0f);
+  p.scale_bytes = w.block_scales;
+  const int64_t row_bytes = RowBytes(w.format, w.cols);
+  for (int64_t n = 0; n < w.rows; ++n) {
+    const uint8_t* row = w.elements.data() + n * row_bytes;
+    const int64_t panel = n / kPanel, lane = n % kPanel;
+    p.tensor_scale[n] = w.row_scales[n];
+    for (int64_t b = 0; b < p.blocks; ++b) {
+      p.scale[(panel * p.blocks + b) * kPanel + lane] = NvScale(w.block_scales[n * p.blocks + b]);
+    }
+    // All of K padded: the packed padding nibbles count as the reference counts them.
+    for (int64_t k = 0; k < kp; ++k) {
+      p.u8[((panel * (kp / 4) + k / 4) * kPanel + lane) * 4 + k % 4] =
+          static_cast<uint8_t>(NvFixed(row, k) + kNvOffset);
+    }
+  }
+  return out;
+}
+
+QuantizedMatrix UnpackNvPanels(const WeightPanels& p) {
+  QuantizedMatrix m = AllocateQuantized(p.format, p.n, p.k);
+  m.block_scales = p.scale_bytes;
+  std::copy_n(p.tensor_scale.begin(), p.n, m.row_scales.begin());
+  // Fixed value + 12 back to the E2M1 code; +0 (code 0) for zero.
+  std::array<uint8_t, 2 * kNvOffset + 1> code_of{};
+  const CodeTable& table = Codes(Format::kMxfp4E2m1);
+  for (int code = 15; code >= 0; --code) code_of[table.fixed[code] + kNvOffset] = code;
+  const int64_t kp = p.k_padded, row_bytes = RowBytes(p.format, p.k);
+  for (int64_t n = 0; n < p.n; ++n) {
+    for (int64_t k = 0; k < kp; ++k) {
+      const uint8_t code =
+          code_of[p.u8[((n / kPanel * (kp / 4) + k / 4) * kPanel + n % kPanel) * 4 + k % 4]];
+      m.elements[n * row_bytes + k / 2] |= static_cast<uint8_t>(code << (k % 2 * 4));
+    }
+  }
+  return m;
+}
+
+DecodedX DecodeNvActivations(const QuantizedMatrix& x, ThreadPool* pool) {
+  DecodedX d;
+  d.kind = Kind::kNvI8;
+  d.rows = x.rows;
+  d.blocks = BlocksPerRow(Format::kNvfp4, x.cols);
+  d.k_padded = d.blocks * kNvBlockSize;
+  const int64_t kp = d.k_padded, blocks = d.blocks, row_bytes = RowBytes(x.format, x.cols);
+  d.i8.assign(x.rows * kp, 0);
+  d.block_offset.assign(x.rows * blocks, 0);
+  d.scale.assign(x.rows * blocks, 0.0f);
+  d.tensor_scale = x.row_scales;
+  const auto decode_rows = [&](int64_t first, int64_t end) {
+    int8_t* const i8 = d.i8.data();
+    for (int64_t r = first; r < end; ++r) {
+      const uint8_t* row = x.elements.data() + r * row_bytes;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t sum = 0;
+        for (int64_t k = b * kNvBlockSize; k < (b + 1) * kNvBlockSize; ++k) {
+          const int32_t v = NvFixed(row, k);
+          i8[r * kp + k] = static_cast<int8_t>(v);
+          sum += v;
+        }
+        d.block_offset[r * blocks + b] = -kNvOffset * sum;
+        d.scale[r * blocks + b] = NvScale(x.block_scales[r * blocks + b]);
+      }
+    }
+  };
+  const int64_t rows_per_task = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(kp, 1));
+  const int64_t tasks = (x.rows + rows_per_task - 1) / rows_per_task;
+  const auto task = [&](int64_t t) {
+    decode_rows(t * rows_per_task, std::min(x.rows, (t + 1) * rows_per_task));
+  };
+  if (pool != nullptr && tasks > 1) {
+    pool->ParallelFor(tasks, task);
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+  }
+  return d;
+}
+
+}  // namespace
+
 std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
+  if (kind == Kind::kNvI8) return PackNvPanels(w);
   auto out = std::make_shared<WeightPanels>();
   WeightPanels& p = *out;
   p.kind = kind;
@@ -199,6 +314,8 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       p.f16.assign(lanes * kp, 0);
       p.span_bits.assign(w.rows * p.blocks, 0);
       break;
+    case Kind::kNvI8:
+      break;  // PackNvPanels
     case Kind::kF32:
       p.float_store =
           (w.format == Format::kFp16 || w.format == Format::kBf16) ? w.format : Format::kFp32;
@@ -285,6 +402,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
 }
 
 QuantizedMatrix UnpackPanels(const WeightPanels& p) {
+  if (p.kind == Kind::kNvI8) return UnpackNvPanels(p);
   QuantizedMatrix m;
   m.format = p.format;
   m.rows = p.n;
@@ -362,7 +480,7 @@ QuantizedMatrix UnpackPanels(const WeightPanels& p) {
 
 std::vector<float> DequantizeFast(const QuantizedMatrix& m) {
   if (m.format != Format::kFp32 && m.format != Format::kBf16 && m.format != Format::kFp16) {
-    return Dequantize(m);  // MX and INT8 operands in the float kind: rare mixed pairs
+    return Dequantize(m);  // MX, NVFP4 and INT8 operands in the float kind: mixed pairs
   }
   std::vector<float> out(m.rows * m.cols);
   WidenToFloat(m.format, m.elements.data(), out.size(), out.data());
@@ -371,6 +489,7 @@ std::vector<float> DequantizeFast(const QuantizedMatrix& m) {
 
 DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
                            ThreadPool* pool) {
+  if (kind == Kind::kNvI8) return DecodeNvActivations(x, pool);
   DecodedX d;
   d.kind = kind;
   d.rows = x.rows;

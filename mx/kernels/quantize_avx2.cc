@@ -391,9 +391,94 @@ void Transpose8x8(__m256 r[8]) {
   }
 }
 
+// NVFP4: a positive FP32 value in [2^-6, 448] as its UE4M3 byte and value (the
+// scalar level's RoundUe4m3; a copy with internal linkage, see the top).
+uint8_t RoundUe4m3Avx2(float s, float& value) {
+  uint32_t bits;
+  std::memcpy(&bits, &s, 4);
+  const uint32_t rounded = (bits + 0x7FFFFu + ((bits >> 20) & 1u)) & ~0xFFFFFu;
+  value = FloatOf(rounded);
+  return static_cast<uint8_t>((((rounded >> 23) - 127 + 7) << 3) | ((rounded >> 20) & 7u));
+}
+
+// E2M1 magnitudes of eight |q| ≤ 6 by comparisons with the grid's midpoints:
+// each true comparison (all ones, -1) subtracted once.
+template <bool kAway>
+__m256i E2m1Magnitudes(__m256 a) {
+  constexpr int kUp = kAway ? _CMP_GE_OQ : _CMP_GT_OQ;  // at the ties that go to the even code down
+  __m256i m = _mm256_setzero_si256();
+  const auto count = [&](__m256 mask) { m = _mm256_sub_epi32(m, _mm256_castps_si256(mask)); };
+  count(_mm256_cmp_ps(a, _mm256_set1_ps(0.25f), kUp));
+  count(_mm256_cmp_ps(a, _mm256_set1_ps(0.75f), _CMP_GE_OQ));
+  count(_mm256_cmp_ps(a, _mm256_set1_ps(1.25f), kUp));
+  count(_mm256_cmp_ps(a, _mm256_set1_ps(1.75f), _CMP_GE_OQ));
+  count(_mm256_cmp_ps(a, _mm256_set1_ps(2.5f), kUp));
+  count(_mm256_cmp_ps(a, _mm256_set1_ps(3.5f), _CMP_GE_OQ));
+  count(_mm256_cmp_ps(a, _mm256_set1_ps(5.0f), kUp));
+  return m;
+}
+
+template <bool kAway>
+void NvRowsOf(const float* values, int64_t rows, int64_t cols, float ts, uint8_t* elements,
+              uint8_t* scales, float* row_scales) {
+  constexpr int kBlock = 16;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kAbsMask)));
+  const __m256i sign_to_bit3 = _mm256_set1_epi32(8);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = values + r * cols;
+    row_scales[r] = ts;
+    for (int64_t b = 0; b < blocks; ++b) {
+      alignas(32) float v[kBlock] = {};
+      const int64_t count = cols - b * kBlock < kBlock ? cols - b * kBlock : kBlock;
+      std::memcpy(v, row + b * kBlock, count * sizeof(float));
+      const __m256 v0 = _mm256_load_ps(v), v1 = _mm256_load_ps(v + 8);
+      const __m256i m0 = _mm256_castps_si256(_mm256_and_ps(v0, abs_mask));
+      const __m256i m1 = _mm256_castps_si256(_mm256_and_ps(v1, abs_mask));
+      alignas(32) uint32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
+      uint32_t max_bits = 0;
+      for (uint32_t lane : lanes) max_bits = lane > max_bits ? lane : max_bits;
+      uint8_t* block = elements + r * blocks * 8 + b * 8;
+      if (max_bits >= kInfBits) {
+        scales[r * blocks + b] = 0x7F;  // kNvScaleNan
+        std::memset(block, 0, 8);
+        continue;
+      }
+      float s = FloatOf(max_bits) / 6.0f / ts;
+      s = s < 0x1p-6f ? 0x1p-6f : s > 448.0f ? 448.0f : s;
+      float scale_value;
+      scales[r * blocks + b] = RoundUe4m3Avx2(s, scale_value);
+      const __m256 total = _mm256_set1_ps(ts * scale_value);
+      const __m256 six = _mm256_set1_ps(6.0f);
+      alignas(32) int32_t codes[kBlock];
+      for (int h = 0; h < 2; ++h) {
+        const __m256 q = _mm256_div_ps(h == 0 ? v0 : v1, total);
+        const __m256 a = _mm256_min_ps(_mm256_and_ps(q, abs_mask), six);
+        const __m256i sign = _mm256_and_si256(
+            _mm256_srli_epi32(_mm256_castps_si256(q), 28), sign_to_bit3);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * h),
+                           _mm256_or_si256(E2m1Magnitudes<kAway>(a), sign));
+      }
+      for (int i = 0; i < kBlock / 2; ++i) {
+        block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void QuantizeRowsAvx2(const RowsJob& job) { RowsOfJob(job); }
+
+void NvRowsAvx2(const float* values, int64_t rows, int64_t cols, float ts, bool away,
+                uint8_t* elements, uint8_t* scales, float* row_scales) {
+  if (away) {
+    NvRowsOf<true>(values, rows, cols, ts, elements, scales, row_scales);
+  } else {
+    NvRowsOf<false>(values, rows, cols, ts, elements, scales, row_scales);
+  }
+}
 
 void TransposePanelAvx2(const float* values, int64_t k, int64_t n, int64_t j0, int width,
                         float* panel) {

@@ -386,21 +386,120 @@ void PlaceRows(const QuantizedMatrix& part, int64_t first, QuantizedMatrix& m) {
   std::copy(part.elements.begin(), part.elements.end(),
             m.elements.begin() + first * RowBytes(m.format, m.cols));
   std::copy(part.block_scales.begin(), part.block_scales.end(),
-            m.block_scales.begin() + first * BlocksPerRow(m.cols));
+            m.block_scales.begin() + first * BlocksPerRow(m.format, m.cols));
   std::copy(part.row_scales.begin(), part.row_scales.end(), m.row_scales.begin() + first);
 }
 
-// Stochastic rounding: the reference's per-element encoder (each element draws
-// its own bits, which the branch-free kernels have no room for), split in tasks
-// of whole rows, each told where its rows sit in the source so that it draws
-// what the whole matrix would (QuantizeOptions::index_offset).
-void StochasticRows(QuantizedMatrix& m, std::span<const float> values,
-                    const QuantizeOptions& options, ThreadPool* pool) {
+// Stochastic rounding takes the reference's per-element encoder (an element
+// drawing its own bits has no branch-free form here yet); NVFP4 goes the same
+// way, into NvRows below unless it is stochastic.
+bool ByReference(Format format, const QuantizeOptions& options) {
+  return options.rounding == Rounding::kStochastic || format == Format::kNvfp4;
+}
+
+// A positive FP32 value in [2^-6, 448] rounded to UE4M3 (nearest even), as its
+// byte and its value: the FP32 significand rounded to 3 bits in the bits
+// themselves (a carry into the exponent is the next binade's 1.0; 448 is a
+// UE4M3 value, so nothing rounds past it), every such value an E4M3 normal.
+inline uint8_t RoundUe4m3(float s, float& value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(s);
+  const uint32_t rounded = (bits + 0x7FFFFu + ((bits >> 20) & 1u)) & ~0xFFFFFu;
+  value = std::bit_cast<float>(rounded);
+  const uint32_t exponent = (rounded >> 23) - 127 + 7;  // E4M3's bias
+  return static_cast<uint8_t>((exponent << 3) | ((rounded >> 20) & 7u));
+}
+
+// NVFP4 rows under tensor scale `ts`, nearest (even, or away): the reference's
+// recipe (QuantizeNvBlock) with the E2M1 rounding as seven comparisons against
+// the midpoints of the element grid {0, .5, 1, 1.5, 2, 3, 4, 6} — exact, since
+// every midpoint is an FP32 value — which the compiler vectorizes, instead of
+// one EncodeElement call per element. `elements`, `scales`, `row_scales` point
+// at the rows' place in the matrix.
+void NvRowsPortable(const float* values, int64_t rows, int64_t cols, float ts, bool away,
+                    uint8_t* elements, uint8_t* scales, float* row_scales) {
+  const int64_t blocks = BlocksPerRow(Format::kNvfp4, cols);
+  const int64_t row_bytes = RowBytes(Format::kNvfp4, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = values + r * cols;
+    row_scales[r] = ts;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kNvBlockSize;
+      const int count = static_cast<int>(std::min<int64_t>(kNvBlockSize, cols - begin));
+      float v[kNvBlockSize] = {};
+      std::memcpy(v, row + begin, count * sizeof(float));
+      uint32_t max_bits = 0;
+      for (int i = 0; i < kNvBlockSize; ++i) {
+        max_bits = std::max(max_bits, std::bit_cast<uint32_t>(v[i]) & 0x7FFFFFFFu);
+      }
+      uint8_t* block = elements + r * row_bytes + b * BlockBytes(Format::kNvfp4);
+      if (max_bits >= 0x7F800000u) {
+        scales[r * blocks + b] = kNvScaleNan;
+        std::memset(block, 0, BlockBytes(Format::kNvfp4));
+        continue;
+      }
+      const float block_scale = std::bit_cast<float>(max_bits) / kNvElementMax / ts;
+      float scale_value;
+      scales[r * blocks + b] =
+          RoundUe4m3(std::clamp(block_scale, kNvScaleMin, kNvScaleMax), scale_value);
+      const float total = ts * scale_value;
+      uint8_t codes[kNvBlockSize];
+      for (int i = 0; i < kNvBlockSize; ++i) {
+        const float q = v[i] / total;
+        const float a = std::min(std::fabs(q), kNvElementMax);
+        // Ties to even go to the even code: down at .25, 1.25, 2.5 and 5, up at
+        // .75, 1.75 and 3.5; ties away always up.
+        const int magnitude = away ? (a >= 0.25f) + (a >= 0.75f) + (a >= 1.25f) + (a >= 1.75f) +
+                                         (a >= 2.5f) + (a >= 3.5f) + (a >= 5.0f)
+                                   : (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
+                                         (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+        codes[i] = static_cast<uint8_t>(magnitude | ((std::bit_cast<uint32_t>(q) >> 28) & 8u));
+      }
+      for (int i = 0; i < kNvBlockSize / 2; ++i) {
+        block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+      }
+    }
+  }
+}
+
+// `options` as each part of a matrix quantized in parts needs them: NVFP4's
+// tensor scale is the whole matrix's.
+QuantizeOptions WholeMatrixOptions(Format format, std::span<const float> values,
+                                   QuantizeOptions options) {
+  if (format == Format::kNvfp4 && options.tensor_scale <= 0) {
+    options.tensor_scale = NvTensorScale(FiniteAmax(values));
+  }
+  return options;
+}
+
+// NVFP4 rows at the level `isa` asks for (as Run does for the other formats).
+void NvRows(Isa isa, const float* values, int64_t rows, int64_t cols, float ts, bool away,
+            uint8_t* elements, uint8_t* scales, float* row_scales) {
+  if (UseAvx2(isa)) {
+    internal::NvRowsAvx2(values, rows, cols, ts, away, elements, scales, row_scales);
+  } else {
+    internal::NvRowsScalar(values, rows, cols, ts, away, elements, scales, row_scales);
+  }
+}
+
+// The reference encoder split in tasks of whole rows, each told where its rows
+// sit in the source, so that it draws what the whole matrix would
+// (QuantizeOptions::index_offset), under the whole matrix's tensor scale.
+void ReferenceRows(QuantizedMatrix& m, std::span<const float> values,
+                   const QuantizeOptions& whole_options, Isa isa, ThreadPool* pool) {
+  const QuantizeOptions options = WholeMatrixOptions(m.format, values, whole_options);
   const int64_t rows_per_task = std::max<int64_t>(1, kValuesPerTask / std::max<int64_t>(1, m.cols));
   const int64_t tasks = (m.rows + rows_per_task - 1) / rows_per_task;
   const int64_t stride = options.index_row_stride != 0 ? options.index_row_stride : m.cols;
   const auto task = [&](int64_t t) {
     const int64_t first = t * rows_per_task, count = std::min(rows_per_task, m.rows - first);
+    if (m.format == Format::kNvfp4 && options.rounding != Rounding::kStochastic) {
+      NvRows(isa, values.data() + first * m.cols, count, m.cols, options.tensor_scale,
+             options.rounding == Rounding::kNearestAway,
+             m.elements.data() + first * RowBytes(m.format, m.cols),
+             m.block_scales.data() + first * BlocksPerRow(m.format, m.cols),
+             m.row_scales.data() + first);
+      return;
+    }
     QuantizeOptions part = options;
     part.index_offset = static_cast<int64_t>(static_cast<uint64_t>(options.index_offset) +
                                              static_cast<uint64_t>(first * stride));
@@ -423,8 +522,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const float> values, int6
                                              ThreadPool* pool) {
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, rows, cols);
-  if (options.rounding == Rounding::kStochastic) {
-    StochasticRows(m, values, options, pool);
+  if (ByReference(format, options)) {
+    ReferenceRows(m, values, options, isa, pool);
   } else {
     RunRows(m, Format::kFp32, values.data(), options, isa, pool);
   }
@@ -440,7 +539,7 @@ absl::StatusOr<QuantizedMatrix> QuantizeRows(std::span<const uint16_t> values, F
         absl::StrCat("source: expected BF16 or FP16, got ", FormatName(source)));
   }
   if (absl::Status s = ValidateShape(values.size(), rows, cols, "values"); !s.ok()) return s;
-  if (options.rounding == Rounding::kStochastic) {
+  if (ByReference(format, options)) {
     std::vector<float> widened(values.size());
     WidenToFloat(source, values.data(), values.size(), widened.data());
     return QuantizeRows(widened, rows, cols, format, options, isa, pool);
@@ -456,6 +555,9 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
   if (absl::Status s = ValidateShape(values.size(), k, n, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, n, k);
   if (k == 0 || n == 0) return m;
+  const bool by_reference = ByReference(format, options);
+  const QuantizeOptions whole =
+      by_reference ? WholeMatrixOptions(format, values, options) : options;
   // Panels of columns, transposed into rows of K, then quantized as rows; each
   // task owns its panel buffer.
   const bool avx2 = UseAvx2(isa);
@@ -474,9 +576,14 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
       } else {
         internal::TransposePanelScalar(values.data(), k, n, j0, width, panel.data());
       }
-      if (options.rounding == Rounding::kStochastic) {
+      if (format == Format::kNvfp4 && options.rounding != Rounding::kStochastic) {
+        NvRows(isa, panel.data(), width, k, whole.tensor_scale,
+               options.rounding == Rounding::kNearestAway,
+               m.elements.data() + j0 * RowBytes(format, k),
+               m.block_scales.data() + j0 * BlocksPerRow(format, k), m.row_scales.data() + j0);
+      } else if (by_reference) {
         // Panel element (j, i) is source (i, j0 + j): index offset + j0 + j + i · stride.
-        QuantizeOptions part = options;
+        QuantizeOptions part = whole;
         part.index_offset = static_cast<int64_t>(static_cast<uint64_t>(options.index_offset) +
                                                  static_cast<uint64_t>(j0));
         const int64_t stride = options.index_row_stride != 0 ? options.index_row_stride : n;
@@ -496,4 +603,12 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
   return m;
 }
 
+namespace internal {
+
+void NvRowsScalar(const float* values, int64_t rows, int64_t cols, float ts, bool away,
+                  uint8_t* elements, uint8_t* scales, float* row_scales) {
+  NvRowsPortable(values, rows, cols, ts, away, elements, scales, row_scales);
+}
+
+}  // namespace internal
 }  // namespace mx::kernels

@@ -108,6 +108,13 @@ void QuantizeRowsAvx2(const RowsJob& job);
 // `panel` as width rows of k (row stride k).
 void TransposePanelScalar(const float* values, int64_t k, int64_t n, int64_t j0, int width,
                           float* panel);
+// NVFP4 rows under tensor scale `ts`, nearest even (or away): the reference's
+// recipe, into the rows' place in a matrix (elements: rows × RowBytes, scales:
+// rows × blocks, row_scales: rows). Scalar and AVX2 levels.
+void NvRowsScalar(const float* values, int64_t rows, int64_t cols, float ts, bool away,
+                  uint8_t* elements, uint8_t* scales, float* row_scales);
+void NvRowsAvx2(const float* values, int64_t rows, int64_t cols, float ts, bool away,
+                uint8_t* elements, uint8_t* scales, float* row_scales);
 void TransposePanelAvx2(const float* values, int64_t k, int64_t n, int64_t j0, int width,
                         float* panel);
 

@@ -26,6 +26,7 @@ constexpr std::array<WireFormat, mx::kFormatCount> kWireFormats = {{
     {mx::Format::kBf16, v1::FORMAT_BF16},
     {mx::Format::kFp16, v1::FORMAT_FP16},
     {mx::Format::kFp32, v1::FORMAT_FP32},
+    {mx::Format::kNvfp4, v1::FORMAT_NVFP4},
 }};
 
 constexpr bool InEnumOrder() {

@@ -194,14 +194,15 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
   if (packed.block_scales().size() != size.block_scale_bytes) {
     return FieldError(
         absl::StrCat(field, ".block_scales"),
-        mx::IsMx(m.format)
+        mx::IsBlockScaled(m.format)
             ? absl::StrCat("expected ", size.block_scale_bytes, " bytes (", m.rows, " rows x ",
-                           mx::BlocksPerRow(m.cols), " blocks), got ", packed.block_scales().size())
+                           mx::BlocksPerRow(m.format, m.cols), " blocks), got ",
+                           packed.block_scales().size())
             : absl::StrCat("must be empty for ", mx::FormatName(m.format)));
   }
   if (static_cast<uint64_t>(packed.row_scales_size()) != size.row_scales) {
     return FieldError(absl::StrCat(field, ".row_scales"),
-                      m.format == mx::Format::kInt8
+                      mx::HasRowScales(m.format)
                           ? absl::StrCat("expected ", m.rows, " values (one per row), got ",
                                          packed.row_scales_size())
                           : absl::StrCat("must be empty for ", mx::FormatName(m.format)));

@@ -116,12 +116,15 @@ absl::StatusOr<std::shared_ptr<const CachedCopy>> LayerWeights::Make(mx::Format 
   const int64_t n = spec_.out_features, k = spec_.in_features;
   const std::vector<float>& w = weight_->values;
   const bool whole = begin == 0 && end == (layout == WeightLayout::kForward ? n : k);
+  // NVFP4's tensor scale is the whole weight's, in whichever slices a copy is made.
+  mx::QuantizeOptions options;
+  if (format == mx::Format::kNvfp4) options.tensor_scale = mx::NvTensorScale(mx::FiniteAmax(w));
   absl::StatusOr<mx::QuantizedMatrix> q;
   if (layout == WeightLayout::kForward) {
     q = mx::kernels::QuantizeRows(std::span<const float>(w).subspan(begin * k, (end - begin) * k),
-                                  end - begin, k, format);
+                                  end - begin, k, format, options);
   } else if (whole) {
-    q = mx::kernels::QuantizeColumns(w, n, k, format);
+    q = mx::kernels::QuantizeColumns(w, n, k, format, options);
   } else {
     // Columns [begin, end) of W, gathered, then quantized along out_features.
     const int64_t width = end - begin;
@@ -129,7 +132,7 @@ absl::StatusOr<std::shared_ptr<const CachedCopy>> LayerWeights::Make(mx::Format 
     for (int64_t row = 0; row < n; ++row) {
       std::copy_n(w.data() + row * k + begin, width, columns.data() + row * width);
     }
-    q = mx::kernels::QuantizeColumns(columns, n, width, format);
+    q = mx::kernels::QuantizeColumns(columns, n, width, format, options);
   }
   if (!q.ok()) return q.status();
   MX_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedWeight> prepared, prepare_(*std::move(q)));

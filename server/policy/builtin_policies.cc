@@ -43,12 +43,20 @@ const std::vector<Policy>& BuiltinPolicies() {
        {{Phase::kRollout, "@tolerant:0.8", F::kMxfp4E2m1},
         {Phase::kReward, "@tolerant:0.8", F::kMxfp8E4m3},
         {Phase::kUpdate, "@tolerant:0.2", F::kMxfp8E4m3}}},
+      // B with NVIDIA's 4-bit format in place of MXFP4: the per-phase comparison
+      // of the two 4-bit formats on the same layers (issue 34).
+      {"NV-balanced",
+       "B-balanced with NVFP4 for MXFP4: rollout and reward NVFP4 on tolerant layers, MXFP8 "
+       "on sensitive ones (the least tolerant 25 %); update FP16",
+       {F::kNvfp4, F::kNvfp4, F::kFp16},
+       {{Phase::kRollout, "@sensitive", F::kMxfp8E4m3},
+        {Phase::kReward, "@sensitive", F::kMxfp8E4m3}}},
   };
   return *policies;
 }
 
 absl::string_view CanonicalPolicyName(absl::string_view name) {
-  // A built-in's short name is the part before its first '-': fp16, A, B, C, D.
+  // A built-in's short name is the part before its first '-': fp16, A, B, C, D, NV.
   for (const Policy& policy : BuiltinPolicies()) {
     const absl::string_view full = policy.name;
     if (name == full.substr(0, full.find('-'))) return full;

@@ -56,7 +56,15 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
     const v1::LayerForwardRequest request = ForwardRequest("m", *layer_, v1::PHASE_REWARD, f, x, m);
     grpc::ClientContext context;
     v1::LayerForwardResponse response;
-    ASSERT_TRUE(Stub()->LayerForward(&context, request, &response).ok());
+    const grpc::Status status = Stub()->LayerForward(&context, request, &response);
+    if (format == mx::Format::kNvfp4) {  // not in the kernel: refused by name, nothing computed
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+      EXPECT_EQ(status.error_message(),
+                "format: NVFP4 is not in the FPGA kernel yet (--backend hls-sim or fpga); "
+                "--backend cpu computes it exactly (fpga/README.md)");
+      continue;
+    }
+    ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(*layer_, x, m, format)));
     EXPECT_EQ(response.info().backend(), "hls-sim");
     EXPECT_EQ(response.info().kernel(), Datapath(format));

@@ -188,12 +188,13 @@ TEST_F(ProfileTest, WeightOnlyProfileIsTheWeightsOwnQuantizationError) {
   ASSERT_TRUE(RunProfile(*daemon_, &config, {}, &profile).ok());
   EXPECT_EQ(profile.source(), v1::PROFILE_SOURCE_WEIGHTS);
   EXPECT_EQ(profile.tokens(), 0u);
-  // Every MX format, INT8, BF16 and FP16.
+  // Every MX format, NVFP4, INT8, BF16 and FP16: all but the FP32 reference.
   ASSERT_EQ(profile.formats_size(), mx::kFormatCount - 1);
   ASSERT_EQ(profile.layers_size(), 2);
   for (const TestLayer* l : {&a, &b}) {
-    for (int i = 0; i + 1 < mx::kFormatCount; ++i) {
-      const auto f = static_cast<mx::Format>(i);
+    for (const mx::FormatTraits& t : mx::AllFormats()) {
+      const mx::Format f = t.format;
+      if (f == mx::Format::kFp32) continue;
       const auto q = mx::QuantizeRows(l->weight, l->out, l->in, f);
       ASSERT_TRUE(q.ok());
       const std::vector<float> back = mx::Dequantize(*q);
@@ -202,7 +203,7 @@ TEST_F(ProfileTest, WeightOnlyProfileIsTheWeightsOwnQuantizationError) {
         error += (double{back[j]} - l->weight[j]) * (double{back[j]} - l->weight[j]);
         energy += double{l->weight[j]} * l->weight[j];
       }
-      const v1::FormatScore& score = ScoreOf(profile, l->name, Wire(i));
+      const v1::FormatScore& score = ScoreOf(profile, l->name, mxserve::ToProto(f));
       EXPECT_TRUE(NearlyEqual(score.rel_error(), std::sqrt(error / energy), 1e-12))
           << l->name << " " << mx::FormatName(f);
       EXPECT_FALSE(score.has_fisher());

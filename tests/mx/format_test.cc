@@ -14,7 +14,7 @@ TEST(Format, TableIsInEnumOrderAndNamesRoundTrip) {
     EXPECT_EQ(static_cast<int>(t.format), index++);
     EXPECT_EQ(mx::ParseFormat(t.name).value(), t.format);
   }
-  EXPECT_EQ(index, 10);
+  EXPECT_EQ(index, 11);
 }
 
 TEST(Format, ParseIsCaseInsensitiveWithAliases) {
@@ -47,7 +47,8 @@ TEST(Format, TraitsAgreeWithTheCodec) {
       if (v > 0) smallest = std::min(smallest, double{v});
     }
     // The integer formats' unused code 0x80 decodes one step past max normal.
-    const double step = t.kind == mx::FormatKind::kMxFloat || t.kind == mx::FormatKind::kFloat
+    const double step = t.kind == mx::FormatKind::kMxFloat || t.kind == mx::FormatKind::kFloat ||
+                                t.kind == mx::FormatKind::kNvFloat
                             ? 0.0
                             : t.min_subnormal;
     EXPECT_EQ(largest, t.max_normal + step);

@@ -119,7 +119,8 @@ TEST(Packed, ShapeErrorsNameTheFieldAndTheExpectation) {
 
 TEST(StackRows, EachRowKeepsTheBitsItHadAlone) {
   // Rows are quantized independently, so a batch's stacked input is bit for bit
-  // the quantization of the stacked FP32 rows, in every format.
+  // the quantization of the stacked FP32 rows, in every format — NVFP4's under
+  // the tensor scale each part had alone, which its rows keep.
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   constexpr int64_t kCols = 70;  // a partial last block
@@ -134,7 +135,22 @@ TEST(StackRows, EachRowKeepsTheBitsItHadAlone) {
     const std::vector<mx::QuantizedMatrix> parts = {mx::QuantizeRows(a, 2, kCols, f).value(),
                                                     mx::QuantizeRows(b, 3, kCols, f).value()};
     const mx::QuantizedMatrix stacked = mx::StackRows(parts).value();
-    const mx::QuantizedMatrix whole = mx::QuantizeRows(both, 5, kCols, f).value();
+    mx::QuantizedMatrix whole = mx::QuantizeRows(both, 5, kCols, f).value();
+    if (f == Format::kNvfp4) {
+      // Each part is a tensor of its own: the whole with each part's scale.
+      mx::QuantizeOptions options;
+      options.tensor_scale = parts[0].row_scales[0];
+      const auto first = mx::QuantizeRows(a, 2, kCols, f, options).value();
+      options.tensor_scale = parts[1].row_scales[0];
+      const auto second = mx::QuantizeRows(b, 3, kCols, f, options).value();
+      ASSERT_NE(parts[0].row_scales[0], parts[1].row_scales[0]);
+      whole = mx::StackRows(std::vector<mx::QuantizedMatrix>{first, second}).value();
+      EXPECT_EQ(stacked.row_scales, (std::vector<float>{parts[0].row_scales[0],
+                                                        parts[0].row_scales[0],
+                                                        parts[1].row_scales[0],
+                                                        parts[1].row_scales[0],
+                                                        parts[1].row_scales[0]}));
+    }
     EXPECT_EQ(stacked.rows, 5);
     EXPECT_EQ(stacked.cols, kCols);
     EXPECT_EQ(stacked.elements, whole.elements);

@@ -51,10 +51,12 @@ DEFAULT_PATH = (_HERE.parents[3] if len(_HERE.parents) > 3 else _HERE.parent) / 
 # mx/format.cc: bits one element takes in the packed layout, by format, in the
 # order of mx::Format (which is also the wire order, _wire.FORMATS).
 ELEMENT_BITS = {"MXFP8_E4M3": 8, "MXFP8_E5M2": 8, "MXFP6_E3M2": 6, "MXFP6_E2M3": 6,
-                "MXFP4_E2M1": 4, "MXINT8": 8, "INT8": 8, "BF16": 16, "FP16": 16, "FP32": 32}
+                "MXFP4_E2M1": 4, "MXINT8": 8, "INT8": 8, "BF16": 16, "FP16": 16, "FP32": 32,
+                "NVFP4": 4}
 FORMATS = tuple(ELEMENT_BITS)
 _MX = frozenset(f for f in FORMATS if f.startswith("MX"))
 BLOCK_SIZE = 32  # mx::kBlockSize: elements per MX block along K
+NV_BLOCK_SIZE = 16  # mx::kNvBlockSize: elements per NVFP4 block
 
 # The scalar parameters, each a positive number in the JSON and each with a range.
 _SCALARS = ("clock_hz", "hbm_bytes_per_second", "energy_per_byte_pj", "static_power_watts")
@@ -301,17 +303,20 @@ def packed_bytes(fmt: str, rows: int, k: int) -> float:
     """Bytes a rows × k matrix takes in mx/'s packed layout, scales included
     (fpga/model/energy_model.cc's PackedBytes over mx::RowBytes and
     mx::BlocksPerRow): MX rows are whole 32-element blocks plus one E8M0 scale
-    byte per block, INT8 rows one FP32 scale each, floats their elements."""
+    byte per block, NVFP4 rows whole 16-element blocks plus one UE4M3 byte per
+    block and an FP32 tensor scale, INT8 rows one FP32 scale each, floats their
+    elements."""
     bits = ELEMENT_BITS[fmt]
-    if fmt in _MX:
-        blocks = (k + BLOCK_SIZE - 1) // BLOCK_SIZE
-        row_bytes = blocks * (BLOCK_SIZE * bits // 8)
+    block = BLOCK_SIZE if fmt in _MX else NV_BLOCK_SIZE if fmt == "NVFP4" else 0
+    if block:
+        blocks = (k + block - 1) // block
+        row_bytes = blocks * (block * bits // 8)
     else:
         row_bytes = k * bits // 8
     total = float(rows) * float(row_bytes)
-    if fmt in _MX:
-        total += float(rows) * float((k + BLOCK_SIZE - 1) // BLOCK_SIZE)
-    if fmt == "INT8":
+    if block:
+        total += float(rows) * float((k + block - 1) // block)
+    if fmt in ("INT8", "NVFP4"):
         total += 4.0 * float(rows)
     return total
 

@@ -261,3 +261,27 @@ def test_bad_arguments(client, model_name):
             model(torch.randn(2, 64))  # no phase scope
         replaced = offload(mlp(), client, name=model_name, replace=True)
         assert replaced.weight_version == 1
+
+
+def test_a_policy_that_rounds_the_update_stochastically_gets_a_seed_per_call(client, model_name):
+    """The session sends every call a seed from its own and the call's number: a
+    policy's stochastic update rounding works, the same session seed repeats the
+    gradients bit for bit, and another gives others."""
+    client.put_policy({"name": "py-sr-update", "defaults": {
+        "rollout": "MXFP4", "reward": "MXFP4", "update": "MXFP4"},
+        "roundings": {"update": "stochastic"}})
+    torch.manual_seed(6)
+    x, dy = torch.randn(12, 64), torch.randn(12, 16)
+
+    def grads(seed, name):
+        model = mlp()
+        with offload(model, client, name=name, policy="py-sr-update", seed=seed):
+            with client.phase("update"):
+                (model(x) * dy).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    first = grads(1, model_name)
+    again = grads(1, model_name + "-again")
+    other = grads(2, model_name + "-other")
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))

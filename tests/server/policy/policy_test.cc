@@ -324,7 +324,7 @@ TEST(Policy, FirstMatchingRuleWinsThenPhaseDefault) {
 
 TEST(Policy, BuiltinPresetsFollowTheDesignTable) {
   const std::vector<Policy>& builtins = BuiltinPolicies();
-  ASSERT_EQ(builtins.size(), 5u);
+  ASSERT_EQ(builtins.size(), 6u);
   const auto find = [&](absl::string_view name) -> const Policy& {
     for (const Policy& p : builtins) {
       if (p.name == name) return p;
@@ -353,6 +353,8 @@ TEST(Policy, BuiltinPresetsFollowTheDesignTable) {
   EXPECT_EQ(table("C-aggressive"), (std::vector<F>{fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp4, fp8}));
   EXPECT_EQ(table("D-phase-adaptive"),
             (std::vector<F>{fp4, fp4, fp8, fp8, fp8, fp16, fp8, fp16, fp16}));
+  const F nv4 = F::kNvfp4;
+  EXPECT_EQ(table("NV-balanced"), (std::vector<F>{nv4, nv4, fp8, nv4, nv4, fp8, fp16, fp16, fp16}));
   // Every preset survives its own JSON.
   for (const Policy& p : builtins) {
     EXPECT_EQ(PolicyToJson(ParsePolicyJson(PolicyToJson(p)).value()), PolicyToJson(p));
@@ -366,6 +368,7 @@ TEST(Policy, ShortNamesAreTheBuiltinsOwn) {
   EXPECT_EQ(CanonicalPolicyName("B"), "B-balanced");
   EXPECT_EQ(CanonicalPolicyName("C"), "C-aggressive");
   EXPECT_EQ(CanonicalPolicyName("D"), "D-phase-adaptive");
+  EXPECT_EQ(CanonicalPolicyName("NV"), "NV-balanced");
   for (absl::string_view other : {"d", "D-phase-adaptive", "E", "", "mine", "D-"}) {
     EXPECT_EQ(CanonicalPolicyName(other), other);
   }

@@ -161,7 +161,7 @@ TEST(PresetEnergy, NoPresetCostsMoreThanFp16InAnyPhase) {
           // Nothing above FP16 on any single layer either: the sum cannot hide
           // an FP32 layer behind cheap ones.
           for (size_t i = 0; i < formats.size(); ++i) {
-            EXPECT_TRUE(formats[i] == F::kFp16 || mx::IsMx(formats[i]))
+            EXPECT_TRUE(formats[i] == F::kFp16 || mx::IsBlockScaled(formats[i]))
                 << policy.name << " " << PhaseName(phase) << " " << names[i] << ": "
                 << mx::FormatName(formats[i]);
           }

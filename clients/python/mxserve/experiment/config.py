@@ -59,6 +59,7 @@ DEFAULT_MATRIX: List[Dict[str, Any]] = [
     {"name": "MX-B", "policy": "B-balanced"},
     {"name": "MX-C", "policy": "C-aggressive"},
     {"name": "MX-D", "policy": "D-phase-adaptive"},
+    {"name": "NV-B", "policy": "NV-balanced"},
     {"name": "MX-budget", "generate": {"kind": "budget", "candidates": ["MXFP4", "MXFP8", "FP16"],
                                        "high": "FP16", "metric": "energy",
                                        "relative_budget": 0.5}},
@@ -66,7 +67,7 @@ DEFAULT_MATRIX: List[Dict[str, Any]] = [
 
 # Each phase alone: one phase in a low format on every layer, the other two in FP16,
 # so the report can say per phase what it tolerates ("which phase benefits most").
-PHASE_ALONE_FORMATS = ("MXFP4", "MXFP8", "INT8")
+PHASE_ALONE_FORMATS = ("MXFP4", "NVFP4", "MXFP8", "INT8")
 PHASE_ALONE: List[Dict[str, Any]] = [
     {"name": f"{phase}-{fmt}",
      "policy": {"defaults": {p: (fmt if p == phase else "FP16") for p in PHASES}}}

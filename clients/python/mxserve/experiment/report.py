@@ -553,14 +553,18 @@ def _plots(rows, runs, out: str, baseline: str) -> None:
     plt.close(fig)
 
 
+# config.PHASE_ALONE_FORMATS' order (not imported: config imports this module's callers).
+_PHASE_FORMAT_ORDER = ("MXFP4", "NVFP4", "MXFP8", "INT8")
+
+
 def _phase_table(rows: List[Dict[str, Any]], baseline: str) -> List[str]:
     """Rows phases, columns formats: Δ win rate, KL and ρ with intervals and that
     phase's energy saving, for the configurations that quantize one phase alone."""
     by_name = {r["configuration"]: r for r in rows}
     formats = sorted({name.split("-", 1)[1] for name in by_name
                       if name.split("-", 1)[0] in PHASES and "-" in name},
-                     key=lambda f: ("MXFP4", "MXFP8", "INT8").index(f)
-                     if f in ("MXFP4", "MXFP8", "INT8") else 9)
+                     key=lambda f: _PHASE_FORMAT_ORDER.index(f)
+                     if f in _PHASE_FORMAT_ORDER else 9)
     if not formats:
         return []
     lines = ["## Each phase alone", "",

@@ -65,7 +65,8 @@ from typing import NamedTuple, Optional, Union
 import numpy
 import torch
 
-__all__ = ["FloatOperand", "FormatSpec", "Int8Operand", "MxOperand", "Operand", "STREAMS",
+__all__ = ["FloatOperand", "FormatSpec", "Int8Operand", "MxOperand", "NvOperand", "Operand",
+           "STREAMS", "nv_tensor_scale",
            "column_sums", "dequantize", "element_codes", "format_spec", "grad_input",
            "grad_weight", "linear", "path_for", "quantize", "scale_bytes", "stochastic_bits"]
 
@@ -112,7 +113,9 @@ _SPECS = {s.name: s for s in (
     FormatSpec("BF16", "float", 16, 8, 7, 127, 127, 3.3895313892515355e38, "ieee"),
     FormatSpec("FP16", "float", 16, 5, 10, 15, 15, 65504.0, "ieee"),
     FormatSpec("FP32", "float", 32, 8, 23, 127, 127, 3.4028234663852886e38, "ieee"),
+    FormatSpec("NVFP4", "nv_float", 4, 2, 1, 1, 2, 6.0, "none"),
 )}
+NV_BLOCK = 16  # mx::kNvBlockSize
 _ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 ROUNDINGS = ("even", "away", "stochastic")
 SCALE_RULES = ("floor", "no_saturation", "ceil", "rceil")
@@ -212,7 +215,18 @@ class FloatOperand(NamedTuple):
     cols: int
 
 
-Operand = Union[MxOperand, Int8Operand, FloatOperand]
+class NvOperand(NamedTuple):
+    """An NVFP4 operand: the E2M1 elements in units of 2^-1 as floats [rows, blocks,
+    16], the UE4M3 block scales' values [rows, blocks] (NaN for a NaN block), and
+    the tensor scale each row was quantized under [rows]."""
+    spec: FormatSpec
+    fixed: torch.Tensor
+    scale: torch.Tensor
+    tensor_scale: torch.Tensor
+    cols: int
+
+
+Operand = Union[MxOperand, Int8Operand, FloatOperand, NvOperand]
 
 
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
@@ -275,7 +289,8 @@ def _as_float32(x: torch.Tensor, what: str) -> torch.Tensor:
 def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even",
              scale_rule: str = "floor", *, seed: Optional[int] = None, stream: int = 0,
              transposed: bool = False, index_offset: int = 0,
-             index_row_stride: Optional[int] = None) -> Operand:
+             index_row_stride: Optional[int] = None,
+             tensor_scale: Optional[float] = None) -> Operand:
     """x [rows, K] (FP32, BF16 or FP16) quantized along K as the daemon does
     (mx::QuantizeRows). `rounding` "even", "away" or "stochastic", `scale_rule`
     "floor", "no_saturation", "ceil" or "rceil" (MX formats; INT8 rounds with
@@ -285,7 +300,11 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even
     index_offset + r·stride + c (stride: index_row_stride, else K) of (seed,
     stream) — or, with `transposed` (x is the transpose of the tensor the daemon
     was sent, as for grad_weight's operands), index_offset + c·stride + r
-    (stride: else rows)."""
+    (stride: else rows).
+
+    NVFP4 (mx/quantize.h, QuantizeNvBlock) takes its tensor scale from x's largest
+    finite magnitude (nv_tensor_scale), or `tensor_scale` when given; the scale
+    rule does not apply to it."""
     spec = format_spec(fmt)
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
@@ -302,15 +321,67 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even
             x = x.half().float()
         return FloatOperand(spec, x.contiguous(), cols)
     bits = None
+    block = BLOCK if spec.is_mx else NV_BLOCK if spec.kind == "nv_float" else 0
     if rounding == "stochastic":
-        bits = _draws(seed, stream, rows, cols, -(-cols // BLOCK) * BLOCK if spec.is_mx else cols,
+        bits = _draws(seed, stream, rows, cols, -(-cols // block) * block if block else cols,
                       transposed, index_offset, index_row_stride, x.device)
+    if spec.kind == "nv_float":
+        return _quantize_nv(spec, x, rounding, bits, tensor_scale)
     if spec.kind == "int8":
         return _quantize_int8(spec, x, rounding, bits)
     kernels = _triton(x) if scale_rule == "floor" and bits is None else None
     if kernels is not None:
         return MxOperand(spec, *kernels.quantize_mx(x, spec, rounding), cols)
     return _quantize_mx(spec, x, rounding, scale_rule, bits)
+
+
+def _f32_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a / b as one IEEE FP32 division, on any device: the FP64 quotient of two FP32
+    values rounded to FP32 is the correctly rounded FP32 quotient (53 >= 2·24 + 2)."""
+    return (a.double() / b.double()).float()
+
+
+def nv_tensor_scale(x: torch.Tensor) -> torch.Tensor:
+    """NVFP4's per-tensor scale of x (mx::NvTensorScale(FiniteAmax)): fp32(amax / 2688),
+    amax the largest finite |value|, or 1 where that is not a normal FP32 number.
+    A 0-d FP32 tensor on x's device."""
+    magnitude = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x))
+    amax = magnitude.amax() if x.numel() else torch.zeros((), device=x.device)
+    scale = _f32_div(amax, torch.full_like(amax, 2688.0))
+    return torch.where(scale >= 2.0 ** -126, scale, torch.ones_like(scale))
+
+
+def _round_e4m3(s: torch.Tensor) -> torch.Tensor:
+    """Positive FP32 values in [2^-6, 448] rounded to UE4M3 (nearest, ties to even):
+    three fraction bits at each value's own exponent."""
+    d = s.double()
+    step = _pow2(_floor_log2(d) - 3)
+    return (torch.round(d / step) * step).float()
+
+
+def _quantize_nv(spec: FormatSpec, x: torch.Tensor, rounding: str, bits: Optional[torch.Tensor],
+                 tensor_scale: Optional[float]) -> NvOperand:
+    rows, cols = x.shape
+    blocks = -(-cols // NV_BLOCK)
+    padded = torch.zeros(rows, blocks * NV_BLOCK, dtype=torch.float32, device=x.device)
+    padded[:, :cols] = x
+    v = padded.view(rows, blocks, NV_BLOCK)
+    max_bits = (v.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
+    nan = max_bits >= 0x7F800000
+    ts = nv_tensor_scale(x) if tensor_scale is None else \
+        torch.tensor(float(tensor_scale), dtype=torch.float32, device=x.device)
+    amax = torch.where(nan, torch.zeros_like(max_bits), max_bits).view(torch.float32)
+    s = _f32_div(_f32_div(amax, torch.full_like(amax, 6.0)), ts.expand_as(amax))
+    scale = _round_e4m3(torch.clamp(s, min=2.0 ** -6, max=448.0))
+    total = (ts.double() * scale.double()).float()
+    q = torch.clamp(_f32_div(v, total[:, :, None]), min=-6.0, max=6.0)
+    t = torch.where(nan[:, :, None], torch.zeros_like(q), q).double()
+    magnitude = _round_elements(spec, t, rounding,
+                                None if bits is None else bits.view(rows, blocks, NV_BLOCK))
+    fixed = torch.copysign(magnitude * 2.0, t) + 0.0
+    scale = torch.where(nan, torch.full_like(scale, float("nan")), scale)
+    return NvOperand(spec, fixed.float().contiguous(), scale.contiguous(),
+                     ts.expand(rows).contiguous(), cols)
 
 
 def _draws(seed: int, stream: int, rows: int, cols: int, padded_cols: int, transposed: bool,
@@ -401,6 +472,10 @@ def dequantize(op: Operand) -> torch.Tensor:
         return op.values
     if isinstance(op, Int8Operand):
         return op.codes * op.scale[:, None]
+    if isinstance(op, NvOperand):
+        # (element · S) exact, then · the tensor scale: one FP32 rounding.
+        values = (op.fixed * 0.5 * op.scale[:, :, None]) * op.tensor_scale[:, None, None]
+        return values.reshape(values.shape[0], -1)[:, :op.cols]
     values = (op.fixed.double() * _block_factors(op)[:, :, None]).float()
     return values.reshape(values.shape[0], -1)[:, :op.cols]
 
@@ -411,7 +486,17 @@ def scale_bytes(op: MxOperand) -> torch.Tensor:
                        op.exponent + SCALE_BIAS).to(torch.uint8)
 
 
-def element_codes(op: MxOperand, signs: Optional[torch.Tensor] = None) -> torch.Tensor:
+def nv_scale_bytes(op: NvOperand) -> torch.Tensor:
+    """NVFP4's UE4M3 block scale bytes, [rows, blocks] uint8 (0x7F: NaN)."""
+    d = torch.where(torch.isnan(op.scale), torch.ones_like(op.scale), op.scale).double()
+    exponent = _floor_log2(d).to(torch.int64)  # >= -6: the scales are clamped there
+    mantissa = (d / _pow2(exponent - 3)).to(torch.int64) - 8
+    code = ((exponent + 7) << 3) | mantissa
+    return torch.where(torch.isnan(op.scale), torch.full_like(code, 0x7F), code).to(torch.uint8)
+
+
+def element_codes(op: Union[MxOperand, NvOperand],
+                  signs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The element codes, one per byte, [rows, cols] uint8. `signs` (the input, or
     anything with its signs) sets the sign bit of codes that rounded to zero;
     without it they are +0. A block whose scale is NaN has codes 0, as
@@ -421,7 +506,9 @@ def element_codes(op: MxOperand, signs: Optional[torch.Tensor] = None) -> torch.
     magnitude = fixed.abs()
     negative = fixed < 0
     if signs is not None:
-        live = ~op.nan.repeat_interleave(BLOCK, dim=1)[:, :op.cols]
+        nan = op.nan if isinstance(op, MxOperand) else torch.isnan(op.scale)
+        width = BLOCK if isinstance(op, MxOperand) else NV_BLOCK
+        live = ~nan.repeat_interleave(width, dim=1)[:, :op.cols]
         negative = negative | ((fixed == 0) & torch.signbit(signs.float()) & live)
     if spec.kind == "mx_int":
         k = torch.where(negative, -magnitude, magnitude).to(torch.int64)
@@ -443,9 +530,11 @@ def element_codes(op: MxOperand, signs: Optional[torch.Tensor] = None) -> torch.
 
 
 def path_for(x: Operand, w: Operand) -> str:
-    """mx::GemmPathFor: "mx_blocks", "int8" or "float"."""
+    """mx::GemmPathFor: "mx_blocks", "nv_blocks", "int8" or "float"."""
     if isinstance(x, MxOperand) and isinstance(w, MxOperand):
         return "mx_blocks"
+    if isinstance(x, NvOperand) and isinstance(w, NvOperand):
+        return "nv_blocks"
     if isinstance(x, Int8Operand) and isinstance(w, Int8Operand):
         return "int8"
     return "float"
@@ -483,6 +572,8 @@ def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch
             return kernels.mx_linear(x.fixed, _block_factors(x), w.fixed, _block_factors(w),
                                      bias, split)
         return _linear_mx(x, w, start())
+    if path == "nv_blocks":
+        return _linear_nv(x, w, bias)
     if path == "int8":
         return _linear_int8(x, w, bias)
     if _float_path(device) == "fast":
@@ -494,7 +585,7 @@ def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch
 
 def _data(op: Operand) -> torch.Tensor:
     """The operand's main tensor (rows first)."""
-    return op.fixed if isinstance(op, MxOperand) else \
+    return op.fixed if isinstance(op, (MxOperand, NvOperand)) else \
         op.codes if isinstance(op, Int8Operand) else op.values
 
 
@@ -549,6 +640,27 @@ def _linear_mx(x: MxOperand, w: MxOperand, y: torch.Tensor) -> torch.Tensor:
         values = values.float()
         y = _sequential_sum(y, values)  # FP32, ascending blocks: the contract's order
     return y
+
+
+def _linear_nv(x: NvOperand, w: NvOperand, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """mx's kNvBlocks: per 16-block the dot of elements in units of 2^-1 (integers
+    below 2^12: exact in an FP32 matrix product), times 1/4 and both UE4M3 scales
+    (each product exact in FP32), summed in FP32 in ascending block order from +0;
+    then · fp32(ts_x · ts_w), then + bias."""
+    m, blocks, _ = x.fixed.shape
+    n = w.fixed.shape[0]
+    y = torch.zeros(m, n, dtype=torch.float32, device=x.fixed.device)
+    xb = x.fixed.permute(1, 0, 2)  # [blocks, M, 16]
+    wb = w.fixed.permute(1, 2, 0)  # [blocks, 16, N]
+    group = max(1, min(blocks, _tile_bytes() // max(1, m * n * 8)))
+    for start in range(0, blocks, group):
+        stop = min(blocks, start + group)
+        dots = torch.bmm(xb[start:stop], wb[start:stop])
+        values = dots * 0.25 * x.scale[:, start:stop].t()[:, :, None] * \
+            w.scale[:, start:stop].t()[:, None, :]
+        y = _sequential_sum(y, values)
+    y = y * (x.tensor_scale[:, None] * w.tensor_scale[None, :])
+    return y if bias is None else y + bias
 
 
 def _sequential_sum(start: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:

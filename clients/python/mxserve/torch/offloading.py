@@ -223,7 +223,8 @@ class OffloadSession:
 
     def __init__(self, model: nn.Module, client: Client, name: str, policy: str = "",
                  grad_weight: str = "remote", format: _wire.FormatLike = None,
-                 replace: bool = False, chunk_bytes: int = 1 << 20, compute: str = "daemon"):
+                 replace: bool = False, chunk_bytes: int = 1 << 20, compute: str = "daemon",
+                 seed: int = 0):
         if grad_weight not in ("remote", "local"):
             raise ValueError(f"grad_weight: expected 'remote' or 'local', got {grad_weight!r}")
         if compute not in COMPUTE_MODES:
@@ -232,6 +233,11 @@ class OffloadSession:
         self.compute = compute
         self.model = model
         self.client = client
+        # Every daemon call carries a seed drawn from (seed, call number): where the
+        # policy (or `format`'s call) rounds stochastically, each call gets its own
+        # random bits, and the same run of calls the same bits again.
+        self._seed = seed
+        self._calls = 0
         self.model_name = name
         self.grad_weight = grad_weight
         self.format = format
@@ -354,6 +360,14 @@ class OffloadSession:
         y, info = self.remote_forward(layer, x2d, fmt, phase, run)
         return y, fmt, info.weight_version
 
+    def _next_seed(self) -> int:
+        """splitmix64 of (session seed, call number): a fresh 64-bit seed per call."""
+        self._calls += 1
+        z = (self._seed * 0x9E3779B97F4A7C15 + self._calls * 0xBF58476D1CE4E5B9) & (2 ** 64 - 1)
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2 ** 64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2 ** 64 - 1)
+        return z ^ (z >> 31)
+
     def remote_forward(self, layer: OffloadedLinear, x2d: torch.Tensor, fmt, phase: Optional[str],
                        run: str) -> Tuple[torch.Tensor, ExecutionInfo]:
         """Y = X·Wᵀ + b on the daemon, in as many calls as the messages need (rows of
@@ -363,7 +377,8 @@ class OffloadSession:
         for rows in self._forward_pieces(layer, x2d.shape[0], x2d.element_size()):
             result = self.client.forward(self.model_name, layer.layer_name,
                                          x2d[rows.start:rows.stop], format=fmt, phase=phase,
-                                         run=run, min_weight_version=self.weight_version)
+                                         run=run, min_weight_version=self.weight_version,
+                                         seed=self._next_seed())
             self.account(phase, result.info)
             # What ForwardItem::Answer books: this request's rows, even when the
             # daemon batched it with others.
@@ -422,26 +437,31 @@ class OffloadSession:
         plan = self._backward_plan(layer, dy.shape[0], dy.element_size(),
                                    None if x2d is None else x2d.element_size(), need_x, need_b)
         if len(plan) == 1 and plan[0].weight_rows is None:
-            result = self._backward_call(layer, dy, x2d if plan[0].with_input else None, ctx)
+            result = self._backward_call(layer, dy, x2d if plan[0].with_input else None, ctx,
+                                         seed=self._next_seed())
             return (result.grad_input if need_x else None, result.grad_weight,
                     result.grad_bias if need_b else None)
         grad_x, slices = [], []
+        slice_seed = self._next_seed()  # one for every weight_rows slice: the unsplit bits
         for call in plan:
             if call.weight_rows is None:
                 rows = dy[call.rows.start:call.rows.stop]
-                grad_x.append(self._backward_call(layer, rows, None, ctx).grad_input)
+                grad_x.append(self._backward_call(layer, rows, None, ctx,
+                                                  seed=self._next_seed()).grad_input)
             else:
                 start, stop = call.weight_rows
                 slices.append(self._backward_call(layer, dy[:, start:stop].contiguous(), x2d, ctx,
-                                                  call.weight_rows))
+                                                  call.weight_rows, seed=slice_seed))
         grad_w = torch.cat([piece.grad_weight for piece in slices]) if slices else None
         grad_b = torch.cat([piece.grad_bias for piece in slices]) if slices and need_b else None
         return (torch.cat(grad_x) if grad_x else None), grad_w, grad_b
 
-    def _backward_call(self, layer: OffloadedLinear, dy, x2d, ctx, weight_rows=None):
+    def _backward_call(self, layer: OffloadedLinear, dy, x2d, ctx, weight_rows=None, *,
+                       seed: int):
         result = self.client.backward(self.model_name, layer.layer_name, dy, x2d,
                                       format=ctx.format, phase=ctx.phase, run=ctx.run,
-                                      min_weight_version=ctx.version, weight_rows=weight_rows)
+                                      min_weight_version=ctx.version, weight_rows=weight_rows,
+                                      seed=seed)
         layer.last_backward_info = result.info
         self.account(ctx.phase, result.info)
         self._count_backward(ctx.phase, ctx.run, result.info, layer, dy.shape[0], dy.shape[1],
@@ -645,17 +665,19 @@ class OffloadSession:
 
 def offload(model: nn.Module, client: Client, name: str, policy: str = "",
             grad_weight: str = "remote", format: _wire.FormatLike = None,
-            replace: bool = False, compute: str = "daemon") -> OffloadSession:
+            replace: bool = False, compute: str = "daemon", seed: int = 0) -> OffloadSession:
     """Registers every nn.Linear of `model` on the daemon as model `name` (with
     `policy`, default the daemon's), uploads the weights as version 1 and swaps in
     OffloadedLinear modules. `format` pins one format for every layer and phase
     instead of the policy's choice; `replace` deletes an existing model of that name
     first. `compute="local"` runs the layers here with the daemon's numerics
     (`mxserve.torch.emulator`) instead: no upload, the daemon's policy and energy ledger
-    still in charge (see the module's docstring). Returns the session (also a
-    context manager that restores on exit)."""
+    still in charge (see the module's docstring). `seed` keys the stochastic
+    rounding a policy may ask for (its "roundings"): each daemon call gets its own
+    seed from it and the call's number. Returns the session (also a context manager
+    that restores on exit)."""
     return OffloadSession(model, client, name, policy=policy, grad_weight=grad_weight,
-                          format=format, replace=replace, compute=compute)
+                          format=format, replace=replace, compute=compute, seed=seed)
 
 
 def _estimate(fmt: str, m: int, n: int, k: int):
