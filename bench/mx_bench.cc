@@ -4,6 +4,7 @@
 // Benchmarks (one thread unless the name ends in /threads:2):
 //   quantize/<FORMAT>/<elements>            FP32 → packed format (mx::kernels), GBps
 //   quantize_reference/<FORMAT>/<elements>  the scalar reference quantizer, for scale
+//   quantize_stochastic/<FORMAT>/<elements> seeded stochastic rounding (mx::kernels)
 //   gemm/<FORMAT>/<M>x<N>x<K>               Y = X·Wᵀ: X quantized per call, W pre-packed
 //   gemm/openblas_sgemm/<M>x<N>x<K>         cblas_sgemm (FP32)
 //   gemm/onednn_bf16/<M>x<N>x<K>            oneDNN matmul, BF16 in, FP32 out
@@ -102,12 +103,16 @@ void SetGflops(benchmark::State& state, double flops) {
 
 // --- quantize ---
 
-void Quantize(benchmark::State& state, mx::Format format, int64_t elements, bool reference) {
+void Quantize(benchmark::State& state, mx::Format format, int64_t elements, bool reference,
+              mx::Rounding rounding = mx::Rounding::kNearestEven) {
   const int64_t cols = 4096, rows = elements / cols;
   const std::vector<float> x = Random(elements, 1);
+  mx::QuantizeOptions options;
+  options.rounding = rounding;
+  options.seed = 7;
   for (auto _ : state) {
-    auto q = reference ? mx::QuantizeRows(x, rows, cols, format)
-                       : mx::kernels::QuantizeRows(x, rows, cols, format);
+    auto q = reference ? mx::QuantizeRows(x, rows, cols, format, options)
+                       : mx::kernels::QuantizeRows(x, rows, cols, format, options);
     benchmark::DoNotOptimize(q);
   }
   state.counters["GBps"] = benchmark::Counter(static_cast<double>(elements) * 4 * 1e-9,
@@ -424,6 +429,13 @@ int main(int argc, char** argv) {
     Register("quantize_reference/" + std::string(mx::FormatName(f)) + "/" +
                  std::to_string(kElements),
              [f](benchmark::State& s) { Quantize(s, f, kElements, true); });
+  }
+  for (mx::Format f : {mx::Format::kMxfp4E2m1, mx::Format::kMxfp8E4m3, mx::Format::kNvfp4}) {
+    Register("quantize_stochastic/" + std::string(mx::FormatName(f)) + "/" +
+                 std::to_string(kElements),
+             [f](benchmark::State& s) {
+               Quantize(s, f, kElements, false, mx::Rounding::kStochastic);
+             });
   }
   using dt = dnnl::memory::data_type;
   for (const Shape& shape : GemmShapes()) {
