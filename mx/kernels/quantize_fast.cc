@@ -385,9 +385,13 @@ void RunRows(QuantizedMatrix& m, Format source, const void* values, const Quanti
 void PlaceRows(const QuantizedMatrix& part, int64_t first, QuantizedMatrix& m) {
   std::copy(part.elements.begin(), part.elements.end(),
             m.elements.begin() + first * RowBytes(m.format, m.cols));
-  std::copy(part.block_scales.begin(), part.block_scales.end(),
-            m.block_scales.begin() + first * BlocksPerRow(m.format, m.cols));
-  std::copy(part.row_scales.begin(), part.row_scales.end(), m.row_scales.begin() + first);
+  if (IsBlockScaled(m.format)) {
+    std::copy(part.block_scales.begin(), part.block_scales.end(),
+              m.block_scales.begin() + first * BlocksPerRow(m.format, m.cols));
+  }
+  if (HasRowScales(m.format)) {
+    std::copy(part.row_scales.begin(), part.row_scales.end(), m.row_scales.begin() + first);
+  }
 }
 
 // Stochastic rounding takes the reference's per-element encoder (an element
