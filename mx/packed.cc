@@ -203,9 +203,9 @@ absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> value
   const StochasticBits bits(options.seed, options.stream);
   // NVFP4: one scale for the whole matrix, unless the caller brings it.
   const float tensor_scale =
-      format != Format::kNvfp4    ? 0.0f
-      : options.tensor_scale > 0 ? options.tensor_scale
-                                 : NvTensorScale(FiniteAmax(values));
+      format != Format::kNvfp4      ? 0.0f
+      : BringsTensorScale(options) ? options.tensor_scale
+                                   : NvTensorScale(FiniteAmax(values));
   for (int64_t r = 0; r < rows; ++r) {
     const std::span<const float> row = values.subspan(r * cols, cols);
     uint8_t* elements = m.elements.data() + r * row_bytes;

@@ -46,7 +46,7 @@ inline int64_t BlocksPerRow(int64_t cols) { return (cols + kBlockSize - 1) / kBl
 // Blocks of a row of a block-scaled format (MX: 32 elements, NVFP4: 16).
 inline int64_t BlocksPerRow(Format format, int64_t cols) {
   const int64_t size = Traits(format).block_size();
-  return (cols + size - 1) / size;
+  return size == 0 ? 0 : (cols + size - 1) / size;  // 0 for formats without blocks
 }
 // Bytes of one packed block (MX: 32 elements, NVFP4: 16).
 inline int64_t BlockBytes(Format format) {
@@ -115,6 +115,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> value
 absl::StatusOr<QuantizedMatrix> StackRows(std::span<const QuantizedMatrix> parts);
 
 // The element code at (row, col) and the value it stands for (scale applied).
+// For block-scaled formats `col` may also address the padding of the last block
+// (ElementCode only).
 uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col);
 float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col);
 

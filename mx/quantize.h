@@ -63,13 +63,19 @@ struct QuantizeOptions {
   uint32_t stream = 0;
   int64_t index_offset = 0;
   int64_t index_row_stride = 0;
-  // NVFP4: the per-tensor scale to quantize with; 0 (the default) computes it
-  // from the values quantized together (all of QuantizeRows' matrix), as
+  // NVFP4: the per-tensor scale to quantize with; 0 (the default), or anything
+  // not positive and finite, computes it from the values quantized together (all of QuantizeRows' matrix), as
   // NvTensorScale(FiniteAmax(values)). A tensor quantized in parts (slices of
   // a weight copy) passes the whole tensor's. The scale rule is not read:
   // NVFP4's block scales follow their own recipe (QuantizeNvBlock).
   float tensor_scale = 0.0f;
 };
+
+// Whether `options` brings an NVFP4 tensor scale to use (a positive finite one);
+// anything else means: compute it from the values.
+inline bool BringsTensorScale(const QuantizeOptions& options) {
+  return options.tensor_scale > 0.0f && options.tensor_scale <= 3.4028234663852886e38f;
+}
 
 // The stochastic-rounding streams of the operands a request brings: the "tensor
 // identity" of the key, so that no two quantizations of one request share draws.

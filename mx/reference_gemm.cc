@@ -114,9 +114,10 @@ void LinearInt8(const QuantizedMatrix& x, const QuantizedMatrix& w, std::span<co
 void LinearNvBlocks(const QuantizedMatrix& x, const QuantizedMatrix& w,
                     std::span<const float> bias, std::vector<float>& y) {
   const int64_t blocks = BlocksPerRow(Format::kNvfp4, x.cols);
+  // Every code of the padded row, as for MX: a client may pack non-zero codes
+  // into a short last block's padding, and they count.
   const auto fixed = [](const QuantizedMatrix& m, int64_t r, int64_t c) -> int32_t {
-    return c < m.cols ? static_cast<int32_t>(ElementToFixed(Format::kNvfp4, ElementCode(m, r, c)))
-                      : 0;
+    return static_cast<int32_t>(ElementToFixed(Format::kNvfp4, ElementCode(m, r, c)));
   };
   const auto scale = [&](const QuantizedMatrix& m, int64_t r, int64_t b) {
     const uint8_t byte = m.block_scales[r * blocks + b];

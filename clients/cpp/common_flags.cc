@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/cli_status.h"
 #include "clients/cpp/wire_names.h"
@@ -20,9 +21,13 @@ absl::StatusOr<mx::QuantizeOptions> QuantizeOptionsFromFlags(const Flags& flags)
     if (!flags.Has("seed")) {
       return UsageError("--seed: required with --rounding stochastic (the random bits' key)");
     }
-    const absl::StatusOr<int64_t> seed = flags.RequireInt("seed", 0, INT64_MAX);
-    if (!seed.ok()) return seed.status();
-    options.seed = static_cast<uint64_t>(*seed);
+    // Any 64-bit seed (the wire's uint64), as the Python client and offload send them.
+    const std::string text = *flags.Get("seed");
+    if (!absl::SimpleAtoi(text, &options.seed) || text.empty() || text[0] == '-' ||
+        text[0] == '+') {
+      return UsageError(absl::StrCat("--seed: expected an integer from 0 to 2^64 - 1, got '",
+                                     text, "'"));
+    }
   } else if (flags.Has("seed")) {
     return UsageError("--seed: only read with --rounding stochastic");
   }

@@ -31,6 +31,8 @@ std::vector<float> ActivationLike(int64_t rows, int64_t cols, std::mt19937& rng)
 double BitsPerValue(mx::Format format, int64_t cols) {
   const mx::FormatTraits& t = mx::Traits(format);
   if (t.is_mx()) return t.element_bits + 8.0 / mx::kBlockSize;
+  // NVFP4: a UE4M3 byte per 16, and the one FP32 tensor scale over the demo's tensor.
+  if (format == mx::Format::kNvfp4) return t.element_bits + 8.0 / mx::kNvBlockSize;
   if (format == mx::Format::kInt8) return 8.0 + 32.0 / static_cast<double>(cols);
   return t.element_bits;
 }
@@ -87,7 +89,8 @@ int RunDemo() {
   }
   std::printf(
       "\nSQNR = 10·log10(signal power / error power); higher is better, ~6 dB per bit.\n"
-      "MX formats share one E8M0 scale per 32 values; INT8 uses one FP32 scale per row.\n");
+      "MX formats share one E8M0 scale per 32 values; NVFP4 one UE4M3 scale per 16 (plus one\n"
+      "FP32 scale per tensor, not counted); INT8 uses one FP32 scale per row.\n");
   return 0;
 }
 

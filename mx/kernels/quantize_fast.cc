@@ -469,7 +469,7 @@ void NvRowsPortable(const float* values, int64_t rows, int64_t cols, float ts, b
 // tensor scale is the whole matrix's.
 QuantizeOptions WholeMatrixOptions(Format format, std::span<const float> values,
                                    QuantizeOptions options) {
-  if (format == Format::kNvfp4 && options.tensor_scale <= 0) {
+  if (format == Format::kNvfp4 && !BringsTensorScale(options)) {
     options.tensor_scale = NvTensorScale(FiniteAmax(values));
   }
   return options;
@@ -558,7 +558,12 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
                                                 Isa isa, ThreadPool* pool) {
   if (absl::Status s = ValidateShape(values.size(), k, n, "values"); !s.ok()) return s;
   QuantizedMatrix m = AllocateQuantized(format, n, k);
-  if (k == 0 || n == 0) return m;
+  if (k == 0 || n == 0) {
+    // Nothing to quantize; NVFP4 rows still carry the (empty) tensor's scale.
+    const QuantizeOptions whole = WholeMatrixOptions(format, values, options);
+    std::fill(m.row_scales.begin(), m.row_scales.end(), whole.tensor_scale);
+    return m;
+  }
   const bool by_reference = ByReference(format, options);
   const QuantizeOptions whole =
       by_reference ? WholeMatrixOptions(format, values, options) : options;

@@ -463,10 +463,10 @@ class BackwardItem final : public ComputeItem {
     absl::StatusOr<mx::QuantizedMatrix> xt =
         operands.Columns(operands.Floats(*input_), m, k, format_,
                          mx::ForStream(options_, mx::OperandStream::kInputColumns));
-    if (!dyt.ok() || !xt.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("input: ", (!dyt.ok() ? dyt.status() : xt.status()).message()));
+    if (!dyt.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dyt.status().message()));
     }
+    if (!xt.ok()) return absl::InvalidArgumentError(absl::StrCat("input: ", xt.status().message()));
     std::vector<float> grad_weight(static_cast<size_t>(n * k));
     MX_ASSIGN_OR_RETURN(std::string kernel,
                         operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds));
@@ -527,11 +527,23 @@ absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const
 
 namespace {
 
+// Whether quantizing to `format` rounds elements (the roundings apply): the MX
+// formats, NVFP4 and INT8; BF16/FP16/FP32 operands are converted to nearest even.
+bool RoundsElements(mx::Format format) {
+  return mx::IsBlockScaled(format) || format == mx::Format::kInt8;
+}
+
 // Stochastic rounding needs the request's seed (the bits must be the same every
-// time the request is made); `whose` says where the rounding came from.
-absl::Status TakeSeed(mx::QuantizeOptions& options, bool has_seed, uint64_t seed,
+// time the request is made) where an operand the request brings will round
+// (`rounds`); where none will, the rounding is moot and nearest even is kept.
+// `whose` says where the rounding came from.
+absl::Status TakeSeed(mx::QuantizeOptions& options, bool rounds, bool has_seed, uint64_t seed,
                       absl::string_view whose) {
   if (options.rounding != mx::Rounding::kStochastic) return absl::OkStatus();
+  if (!rounds) {
+    options.rounding = mx::Rounding::kNearestEven;
+    return absl::OkStatus();
+  }
   if (!has_seed) {
     return absl::InvalidArgumentError(absl::StrCat(
         "seed: required where the rounding is stochastic (", whose,
@@ -564,8 +576,6 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
   MX_ASSIGN_OR_RETURN(std::optional<mx::ScaleRule> rule,
                       FromProto(request.scale_rule(), "scale_rule"));
   options.scale_rule = rule.value_or(mx::ScaleRule::kFloor);  // a Gemm has no policy
-  MX_RETURN_IF_ERROR(
-      TakeSeed(options, request.has_seed(), request.seed(), "the request's rounding"));
   MX_ASSIGN_OR_RETURN(Activation a, DecodeActivation(core, request.a(), "a", {}, format_a));
   if (!format_b) format_b = a.format;
   // B is K × N dense, or packed transposed as N rows of K.
@@ -581,6 +591,10 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
     b_shape.cols_name = "N";
   }
   MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(core, request.b(), "b", b_shape, format_b));
+  MX_RETURN_IF_ERROR(TakeSeed(options,
+                              (a.dense && RoundsElements(a.format)) ||
+                                  (b.dense && RoundsElements(b.format)),
+                              request.has_seed(), request.seed(), "the request's rounding"));
   const int64_t n = b.packed ? b.rows : b.cols;
   MX_RETURN_IF_ERROR(CheckOutputSize(core, a.rows, n, "b", "result C = A·B",
                                      "split the request along M or N"));
@@ -613,7 +627,8 @@ absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, con
   mx::QuantizeOptions options;
   options.scale_rule = choice.scale_rule;
   options.rounding = choice.rounding;
-  MX_RETURN_IF_ERROR(TakeSeed(options, request.has_seed(), request.seed(),
+  MX_RETURN_IF_ERROR(TakeSeed(options, RoundsElements(choice.format), request.has_seed(),
+                              request.seed(),
                               choice.rounding_from_policy
                                   ? absl::StrCat("the active policy's for phase ", PhaseName(phase))
                                   : std::string("the request's rounding")));

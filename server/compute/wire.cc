@@ -1,5 +1,6 @@
 #include "server/compute/wire.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -206,6 +207,27 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
                           ? absl::StrCat("expected ", m.rows, " values (one per row), got ",
                                          packed.row_scales_size())
                           : absl::StrCat("must be empty for ", mx::FormatName(m.format)));
+  }
+  if (m.format == mx::Format::kNvfp4) {
+    // UE4M3 block scales have no sign (0x7F marks a NaN block); a tensor scale
+    // is a positive finite number.
+    for (size_t i = 0; i < packed.block_scales().size(); ++i) {
+      const auto byte = static_cast<uint8_t>(packed.block_scales()[i]);
+      if (byte > mx::kNvScaleNan) {
+        return FieldError(absl::StrCat(field, ".block_scales"),
+                          absl::StrCat("byte ", i, " is ", byte,
+                                       ", not a UE4M3 scale: expected 0 to 126, or 127 for a NaN "
+                                       "block"));
+      }
+    }
+    for (int r = 0; r < packed.row_scales_size(); ++r) {
+      const float scale = packed.row_scales(r);
+      if (!(scale > 0.0f) || !std::isfinite(scale)) {
+        return FieldError(absl::StrCat(field, ".row_scales"),
+                          absl::StrCat("value ", r, " is ", scale,
+                                       ": an NVFP4 tensor scale must be positive and finite"));
+      }
+    }
   }
   m.elements.assign(packed.elements().begin(), packed.elements().end());
   m.block_scales.assign(packed.block_scales().begin(), packed.block_scales().end());

@@ -111,7 +111,7 @@ TEST_F(Mxctl, MixedFormatsAndRoundingFlags) {
   EXPECT_EQ(ReadFloats("away.f32"), (std::vector<float>{1.0f, 0.25f, 3.0f, -3.0f}));
   // Stochastically 2.5 is 2 or 3, decided by the key (seed, stream 0, index 2)
   // as mx::StochasticBits draws it; the values on the grid stay.
-  for (const uint64_t seed : {1u, 2u, 3u, 4u}) {
+  for (const uint64_t seed : {uint64_t{1}, uint64_t{2}, uint64_t{3}, ~uint64_t{0}}) {
     const std::string out = Path("sr" + std::to_string(seed) + ".f32");
     ASSERT_EQ(Run("quantize --format MXFP4 --rounding stochastic --seed " + std::to_string(seed) +
                   " --input " + Path("a.f32") + " --output " + out)
@@ -153,6 +153,8 @@ TEST_F(Mxctl, ErrorsAreOneLineAndExitTwo) {
        "--seed: required with --rounding stochastic (the random bits' key)"},
       {"gemm --format fp32 --m 3 --k 4 --n 2 --seed 4" + io,
        "--seed: only read with --rounding stochastic"},
+      {"gemm --format fp32 --m 3 --k 4 --n 2 --rounding stochastic --seed -1" + io,
+       "--seed: expected an integer from 0 to 2^64 - 1, got '-1'"},
       {"quantize --format mxfp4 --input " + Path("none.f32") + " --output " + Path("o.f32"),
        "--input: cannot read '" + Path("none.f32") + "'"},
       {"quantize --format mxfp4 --input " + Path("odd.f32") + " --output " + Path("o.f32"),

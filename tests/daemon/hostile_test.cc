@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/escaping.h"
@@ -134,6 +135,33 @@ TEST_F(HostileTest, PackedOperandsOfEveryFormatAtTheLimitAreInvalidArgument) {
   a->set_rows(0);
   EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
                 "a.packed.rows: expected 1 to 2^31, got 0");
+}
+
+// A packed NVFP4 operand: its scales are checked as UE4M3 bytes and positive
+// finite tensor scales, each refusal naming the field; a good one computes.
+TEST_F(HostileTest, PackedNvfp4ScalesAreChecked) {
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_ROLLOUT);
+  auto* a = request.mutable_a()->mutable_packed();
+  a->set_format(v1::FORMAT_NVFP4);
+  a->set_rows(1);
+  a->set_cols(16);
+  a->set_elements(std::string(8, '\x22'));  // sixteen 1.0s
+  a->set_block_scales(std::string(1, '\x38'));  // UE4M3 1.0
+  a->add_row_scales(1.0f);
+  *request.mutable_b()->mutable_packed() = *a;
+  grpc::Status ok = CallGemm(daemon_->channel(), request);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  a->set_block_scales(std::string(1, '\x80'));
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                "a.packed.block_scales: byte 0 is 128, not a UE4M3 scale: expected 0 to 126, or "
+                "127 for a NaN block");
+  a->set_block_scales(std::string(1, '\x38'));
+  for (const float bad : {0.0f, -2.0f, std::numeric_limits<float>::infinity()}) {
+    a->set_row_scales(0, bad);
+    EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                  "a.packed.row_scales: value 0 is ");
+  }
 }
 
 TEST_F(HostileTest, TheFortyByteGemmInsideAStreamAnswersThatRequestOnly) {
@@ -650,15 +678,20 @@ TEST_F(HostileTest, GemmFieldsAreChecked) {
   EXPECT_STATUS(CallGemm(daemon_->channel(), g), INVALID_ARGUMENT,
                 "rounding: unknown rounding value 7; expected ROUNDING_NEAREST_EVEN, "
                 "ROUNDING_NEAREST_AWAY or ROUNDING_STOCHASTIC");
-  // Stochastic rounding without its key.
+  // Stochastic rounding without its key: moot for FP32 operands (nothing rounds),
+  // refused for MX ones.
   g.set_rounding(v1::ROUNDING_STOCHASTIC);
+  grpc::Status s = CallGemm(daemon_->channel(), g);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  g.set_format(v1::FORMAT_MXFP4_E2M1);
   EXPECT_STATUS(CallGemm(daemon_->channel(), g), INVALID_ARGUMENT,
                 "seed: required where the rounding is stochastic (the request's rounding); send "
                 "one per call, e.g. from the step and the layer, so that the same request gives "
                 "the same bits");
   g.set_seed(~uint64_t{0});  // every 64-bit seed is one
-  grpc::Status s = CallGemm(daemon_->channel(), g);
+  s = CallGemm(daemon_->channel(), g);
   EXPECT_TRUE(s.ok()) << s.error_message();
+  g.set_format(v1::FORMAT_FP32);
   g.set_rounding(v1::ROUNDING_NEAREST_AWAY);
   s = CallGemm(daemon_->channel(), g);
   EXPECT_TRUE(s.ok()) << s.error_message();

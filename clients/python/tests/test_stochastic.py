@@ -165,3 +165,21 @@ def test_gemm_without_a_seed_names_the_field(backend_client):
         backend_client.gemm(a, b, "MXFP4", rounding="stochastic", seed=-1)
     # The daemon kept serving.
     assert backend_client.gemm(a, b, "MXFP4", phase="update").output.shape == (2, 2)
+
+
+def test_a_stochastic_policy_needs_no_seed_where_nothing_rounds(backend_client):
+    """FP16 operands are converted to nearest even whatever the rounding: a policy
+    that rounds the update stochastically asks no seed of an FP16 update layer."""
+    if backend_client.backend != "cpu":
+        pytest.skip("policy resolution is the daemon's, whatever the backend")
+    n, k, m = 8, 32, 2
+    backend_client.put_policy({"name": "sr-fp16-update", "defaults": {
+        "rollout": "MXFP4", "reward": "MXFP4", "update": "FP16"},
+        "roundings": {"update": "stochastic"}})
+    backend_client.register_model("sr-fp16", [LayerSpec("fc", n, k, False)],
+                                  policy="sr-fp16-update")
+    backend_client.upload_weights("sr-fp16", {"fc": torch.ones(n, k)}, publish=True)
+    result = backend_client.backward("sr-fp16", "fc", torch.ones(m, n), torch.ones(m, k),
+                                     phase="update")
+    assert result.info.format == "FP16"
+    backend_client.delete_model("sr-fp16")

@@ -43,6 +43,8 @@ class HlsSimBackend final : public Backend {
 
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                                      std::span<const float> bias, std::span<float> y) override {
+    // Refused before W is laid out for the card.
+    if (absl::Status s = CheckKernelFormat(w.format, name()); !s.ok()) return s;
     return Run(x, fpga::ToDevice(w), bias, y);
   }
 

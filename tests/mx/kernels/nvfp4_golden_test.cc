@@ -168,6 +168,40 @@ TEST(Nvfp4, KernelsMatchTheReferenceOnWholePanels) {
   }
 }
 
+// Codes a client packed into the padding of a short last block count, as for
+// MX: the fast kernels multiply them as the reference does. And a tensor scale
+// that is not positive and finite is computed, by every quantizer alike.
+TEST(Nvfp4, PaddingCodesAndGivenTensorScalesAgreeEverywhere) {
+  std::vector<float> xv(2 * 20), wv(3 * 20);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = 0.3f * static_cast<float>(i % 7) - 1.0f;
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = 0.2f * static_cast<float>(i % 5) - 0.4f;
+  mx::QuantizedMatrix x = *mx::QuantizeRows(xv, 2, 20, Format::kNvfp4);
+  mx::QuantizedMatrix w = *mx::QuantizeRows(wv, 3, 20, Format::kNvfp4);
+  // K = 20: elements 20..31 of each row are padding; put codes there (6 and -6).
+  for (int64_t r = 0; r < 2; ++r) x.elements[r * 16 + 12] = 0x77;
+  for (int64_t r = 0; r < 3; ++r) w.elements[r * 16 + 13] = 0xF7;
+  const std::vector<float> want = *mx::ReferenceLinear(x, w);
+  for (const mx::kernels::Isa isa : mx::kernels::AvailableIsas()) {
+    EXPECT_TRUE(mx_test::SameBitsAll(*mx::kernels::Linear(x, w, {}, {.isa = isa}), want))
+        << mx::kernels::IsaName(isa);
+  }
+  for (const float bad : {std::nanf(""), -1.0f, 0.0f, INFINITY}) {
+    mx::QuantizeOptions options;
+    options.tensor_scale = bad;
+    const auto reference = *mx::QuantizeRows(xv, 2, 20, Format::kNvfp4, options);
+    EXPECT_EQ(reference.row_scales[0], mx::NvTensorScale(mx::FiniteAmax(xv))) << bad;
+    for (const mx::kernels::Isa isa : mx::kernels::AvailableIsas()) {
+      const auto fast = *mx::kernels::QuantizeRows(xv, 2, 20, Format::kNvfp4, options, isa);
+      EXPECT_EQ(fast.block_scales, reference.block_scales) << bad;
+      EXPECT_EQ(fast.row_scales, reference.row_scales) << bad;
+    }
+  }
+  // An empty K: the rows still carry the tensor scale of an empty tensor, 1.
+  const auto empty = *mx::kernels::QuantizeColumns({}, 0, 3, Format::kNvfp4);
+  EXPECT_EQ(empty.row_scales, (std::vector<float>{1.0f, 1.0f, 1.0f}));
+  EXPECT_EQ(mx::QuantizeColumns({}, 0, 3, Format::kNvfp4)->row_scales, empty.row_scales);
+}
+
 // NVFP4 against another format goes through the float path: both dequantized
 // (an NVFP4 value is fp32(element · block scale · tensor scale)), then the fma
 // chain; the fast kernels agree with the reference there too.

@@ -368,8 +368,11 @@ def _quantize_nv(spec: FormatSpec, x: torch.Tensor, rounding: str, bits: Optiona
     v = padded.view(rows, blocks, NV_BLOCK)
     max_bits = (v.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
     nan = max_bits >= 0x7F800000
-    ts = nv_tensor_scale(x) if tensor_scale is None else \
-        torch.tensor(float(tensor_scale), dtype=torch.float32, device=x.device)
+    # A positive finite tensor scale is used as given; anything else is computed
+    # (mx::BringsTensorScale).
+    given = tensor_scale is not None and 0.0 < float(tensor_scale) <= 3.4028234663852886e38
+    ts = torch.tensor(float(tensor_scale), dtype=torch.float32, device=x.device) if given \
+        else nv_tensor_scale(x)
     amax = torch.where(nan, torch.zeros_like(max_bits), max_bits).view(torch.float32)
     s = _f32_div(_f32_div(amax, torch.full_like(amax, 6.0)), ts.expand_as(amax))
     scale = _round_e4m3(torch.clamp(s, min=2.0 ** -6, max=448.0))
