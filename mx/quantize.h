@@ -64,10 +64,11 @@ struct QuantizeOptions {
   int64_t index_offset = 0;
   int64_t index_row_stride = 0;
   // NVFP4: the per-tensor scale to quantize with; 0 (the default), or anything
-  // not positive and finite, computes it from the values quantized together (all of QuantizeRows' matrix), as
-  // NvTensorScale(FiniteAmax(values)). A tensor quantized in parts (slices of
-  // a weight copy) passes the whole tensor's. The scale rule is not read:
-  // NVFP4's block scales follow their own recipe (QuantizeNvBlock).
+  // not positive and finite, computes it from the values quantized together
+  // (all of QuantizeRows' matrix) as NvTensorScale(FiniteAmax(values)). A tensor
+  // quantized in parts (slices of a weight copy) passes the whole tensor's. The
+  // scale rule is not read: NVFP4's block scales follow their own recipe
+  // (QuantizeNvBlock).
   float tensor_scale = 0.0f;
 };
 

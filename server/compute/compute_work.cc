@@ -622,8 +622,9 @@ absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, con
                                                             request.min_weight_version()));
   MX_ASSIGN_OR_RETURN(
       LayerChoice choice,
-      ResolveLayerChoice(core, view, phase, request.format(), request.scale_rule(),
-                         request.has_rounding() ? std::optional(request.rounding()) : std::nullopt));
+      ResolveLayerChoice(
+          core, view, phase, request.format(), request.scale_rule(),
+          request.has_rounding() ? std::optional(request.rounding()) : std::nullopt));
   mx::QuantizeOptions options;
   options.scale_rule = choice.scale_rule;
   options.rounding = choice.rounding;

@@ -7,6 +7,7 @@ import json
 import pathlib
 import struct
 import subprocess
+import sys
 
 import grpc
 import numpy as np
@@ -33,6 +34,13 @@ def floats(hexes) -> torch.Tensor:
 
 def golden():
     return json.loads(VECTORS.read_text())
+
+
+def test_checked_in_vectors_are_what_the_generator_writes():
+    generator = REPO / "tests" / "golden" / "make_nvfp4_vectors.py"
+    done = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("device", DEVICES)
