@@ -16,9 +16,9 @@ enum class Rounding : uint8_t {
   kNearestAway,  // ties away from zero, for comparison with tools that use it
   // Up with probability equal to the discarded fraction of a step, decided by 32
   // random bits per element (mx/stochastic.h): unbiased in expectation, so that
-  // small gradient updates survive requantization. The quantizers apply it to MX
-  // and INT8 operands; BF16/FP16 operands are converted to nearest even whatever
-  // the rounding.
+  // small gradient updates survive requantization. The quantizers apply it to
+  // MX, NVFP4 and INT8 operands; BF16/FP16 operands are converted to nearest even
+  // whatever the rounding.
   kStochastic,
 };
 

@@ -287,12 +287,11 @@ float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col) {
   }
   if (m.format == Format::kInt8) return element * m.row_scales[row];
   if (m.format == Format::kNvfp4) {
-    const uint8_t scale =
-        m.block_scales[row * BlocksPerRow(m.format, m.cols) + col / kNvBlockSize];
-    if (scale == kNvScaleNan) return std::numeric_limits<float>::quiet_NaN();
-    // element · block scale is exact (2 and 4 significant bits); the tensor
-    // scale's product is the one rounding.
-    return element * DecodeElement(Format::kMxfp8E4m3, scale) * m.row_scales[row];
+    // element · block scale is exact (2 and 4 significant bits; NaN for a NaN
+    // block); the tensor scale's product is the one rounding.
+    return element *
+           NvScaleValue(m.block_scales[row * BlocksPerRow(m.format, m.cols) + col / kNvBlockSize]) *
+           m.row_scales[row];
   }
   return element;
 }

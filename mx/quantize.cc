@@ -4,6 +4,7 @@
 #include <bit>
 #include <cassert>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -150,6 +151,11 @@ float NvTensorScale(float amax) {
   return std::isnormal(scale) ? scale : 1.0f;
 }
 
+float NvScaleValue(uint8_t byte) {
+  return byte == kNvScaleNan ? std::numeric_limits<float>::quiet_NaN()
+                             : DecodeElement(Format::kMxfp8E4m3, byte);
+}
+
 uint8_t QuantizeNvBlock(std::span<const float> values, float tensor_scale,
                         std::span<uint8_t> codes, const QuantizeOptions& options,
                         std::span<const uint32_t> random_bits) {
@@ -164,7 +170,7 @@ uint8_t QuantizeNvBlock(std::span<const float> values, float tensor_scale,
   const float block_scale = std::bit_cast<float>(max_magnitude) / kNvElementMax / tensor_scale;
   const uint8_t byte = static_cast<uint8_t>(EncodeElement(
       Format::kMxfp8E4m3, std::clamp(block_scale, kNvScaleMin, kNvScaleMax)));
-  const float total = tensor_scale * DecodeElement(Format::kMxfp8E4m3, byte);
+  const float total = tensor_scale * NvScaleValue(byte);
   for (size_t i = 0; i < values.size(); ++i) {
     const float q = std::clamp(values[i] / total, -kNvElementMax, kNvElementMax);
     codes[i] = static_cast<uint8_t>(

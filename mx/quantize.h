@@ -124,6 +124,10 @@ float FiniteAmax(std::span<const float> values);
 // positive normal number.
 float NvTensorScale(float amax);
 
+// The value of an NVFP4 block's UE4M3 scale byte: E4M3 without its sign; NaN for
+// kNvScaleNan, the byte of a block that held NaN or Inf.
+float NvScaleValue(uint8_t byte);
+
 // Quantizes up to 16 values (a short last block as if padded with zeros) to
 // NVFP4 under tensor scale `tensor_scale`: the element codes into `codes` and
 // the UE4M3 scale byte returned. For a block of largest magnitude amax_b:

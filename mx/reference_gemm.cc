@@ -120,9 +120,7 @@ void LinearNvBlocks(const QuantizedMatrix& x, const QuantizedMatrix& w,
     return static_cast<int32_t>(ElementToFixed(Format::kNvfp4, ElementCode(m, r, c)));
   };
   const auto scale = [&](const QuantizedMatrix& m, int64_t r, int64_t b) {
-    const uint8_t byte = m.block_scales[r * blocks + b];
-    return byte == kNvScaleNan ? std::numeric_limits<float>::quiet_NaN()
-                               : DecodeElement(Format::kMxfp8E4m3, byte);
+    return NvScaleValue(m.block_scales[r * blocks + b]);
   };
   for (int64_t i = 0; i < x.rows; ++i) {
     for (int64_t j = 0; j < w.rows; ++j) {

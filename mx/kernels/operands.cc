@@ -167,10 +167,7 @@ namespace {
 
 // kNvI8: a UE4M3 block scale as the epilogue multiplies it, S · 2^-1 (the
 // element's fixed-point unit), NaN for the NaN byte.
-float NvScale(uint8_t byte) {
-  return byte == kNvScaleNan ? std::numeric_limits<float>::quiet_NaN()
-                             : DecodeElement(Format::kMxfp8E4m3, byte) * 0.5f;
-}
+float NvScale(uint8_t byte) { return NvScaleValue(byte) * 0.5f; }
 
 // NVFP4's E2M1 code (low nibble of a packed byte pair) as its fixed-point
 // integer: MXFP4's table, the same elements.

@@ -391,15 +391,7 @@ void Transpose8x8(__m256 r[8]) {
   }
 }
 
-// NVFP4: a positive FP32 value in [2^-6, 448] as its UE4M3 byte and value (the
-// scalar level's RoundUe4m3; a copy with internal linkage, see the top).
-uint8_t RoundUe4m3Avx2(float s, float& value) {
-  uint32_t bits;
-  std::memcpy(&bits, &s, 4);
-  const uint32_t rounded = (bits + 0x7FFFFu + ((bits >> 20) & 1u)) & ~0xFFFFFu;
-  value = FloatOf(rounded);
-  return static_cast<uint8_t>((((rounded >> 23) - 127 + 7) << 3) | ((rounded >> 20) & 7u));
-}
+#include "mx/kernels/ue4m3.inc"
 
 // E2M1 magnitudes of eight |q| ≤ 6 by comparisons with the grid's midpoints:
 // each true comparison (all ones, -1) subtracted once.
@@ -448,7 +440,7 @@ void NvRowsOf(const float* values, int64_t rows, int64_t cols, float ts, uint8_t
       float s = FloatOf(max_bits) / 6.0f / ts;
       s = s < 0x1p-6f ? 0x1p-6f : s > 448.0f ? 448.0f : s;
       float scale_value;
-      scales[r * blocks + b] = RoundUe4m3Avx2(s, scale_value);
+      scales[r * blocks + b] = RoundUe4m3(s, scale_value);
       const __m256 total = _mm256_set1_ps(ts * scale_value);
       const __m256 six = _mm256_set1_ps(6.0f);
       alignas(32) int32_t codes[kBlock];

@@ -389,8 +389,7 @@ class BackwardItem final : public ComputeItem {
         format_(format),
         grad_output_(grad_output),
         input_(input),
-        weight_rows_only_(first_weight_row.has_value()),
-        first_weight_row_(first_weight_row.value_or(0)),
+        first_weight_row_(first_weight_row),
         options_(options),
         response_(response) {}
 
@@ -401,7 +400,7 @@ class BackwardItem final : public ComputeItem {
     // n: the rows of W this request is about (all, or its weight_rows range).
     const int64_t m = grad_output_.rows, n = grad_output_.cols, k = weights.spec().in_features;
     // grad_input unless a row range, grad_weight with the input, grad_bias with a bias.
-    const bool want_input_grad = !weight_rows_only_;
+    const bool want_input_grad = !first_weight_row_.has_value();
     const auto [model, flops] =
         PriceBackward(core_, format_, m, n, k, want_input_grad, input_.has_value());
     double compute_seconds = 0;
@@ -457,7 +456,7 @@ class BackwardItem final : public ComputeItem {
     // A weight_rows slice holds columns [first_row, first_row + n) of the whole
     // dY: its draws are the whole's there.
     mx::QuantizeOptions dy_options = mx::ForStream(options_, mx::OperandStream::kGradOutputColumns);
-    dy_options.index_offset = first_weight_row_;
+    dy_options.index_offset = first_weight_row_.value_or(0);
     dy_options.index_row_stride = view_.weights->spec().out_features;
     absl::StatusOr<mx::QuantizedMatrix> dyt = operands.Columns(dy, m, n, format_, dy_options);
     absl::StatusOr<mx::QuantizedMatrix> xt =
@@ -479,8 +478,8 @@ class BackwardItem final : public ComputeItem {
   mx::Format format_;
   DenseMatrix grad_output_;
   std::optional<DenseMatrix> input_;
-  bool weight_rows_only_;  // a weight_rows request: no grad_input
-  int64_t first_weight_row_;  // its first row (0 without a range)
+  // A weight_rows request's first row (it gets no grad_input); none without a range.
+  std::optional<int64_t> first_weight_row_;
   mx::QuantizeOptions options_;  // for dY and X (their scale rule, rounding and seed)
   v1::LayerBackwardResponse* response_;
 };
@@ -517,10 +516,7 @@ absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const
   if (policy.ok()) {
     const size_t index = static_cast<size_t>(phase);
     if (!explicit_rule) choice.scale_rule = policy->policy->scale_rules[index];
-    if (!explicit_rounding) {
-      choice.rounding = policy->policy->roundings[index];
-      choice.rounding_from_policy = true;
-    }
+    if (!explicit_rounding) choice.rounding = policy->policy->roundings[index];
   }
   return choice;
 }
@@ -630,9 +626,9 @@ absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, con
   options.rounding = choice.rounding;
   MX_RETURN_IF_ERROR(TakeSeed(options, RoundsElements(choice.format), request.has_seed(),
                               request.seed(),
-                              choice.rounding_from_policy
-                                  ? absl::StrCat("the active policy's for phase ", PhaseName(phase))
-                                  : std::string("the request's rounding")));
+                              request.has_rounding()
+                                  ? std::string("the request's rounding")
+                                  : absl::StrCat("the active policy's for phase ", PhaseName(phase))));
   return LayerRequest{phase, std::move(view), choice.format, options};
 }
 

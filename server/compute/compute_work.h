@@ -66,7 +66,6 @@ struct LayerChoice {
   mx::Format format;
   mx::ScaleRule scale_rule;
   mx::Rounding rounding = mx::Rounding::kNearestEven;
-  bool rounding_from_policy = false;  // for the message when a seed is missing
 };
 absl::StatusOr<LayerChoice> ResolveLayerChoice(const ComputeContext& core, const LayerView& view,
                                                Phase phase, v1::Format format,

@@ -109,6 +109,12 @@ absl::Status LayerWeights::WithCopy(mx::Format format, WeightLayout layout, Memo
   return absl::OkStatus();
 }
 
+float LayerWeights::NvTensorScale() const {
+  std::call_once(nv_tensor_scale_once_,
+                 [&] { nv_tensor_scale_ = mx::NvTensorScale(mx::FiniteAmax(weight())); });
+  return nv_tensor_scale_;
+}
+
 absl::StatusOr<std::shared_ptr<const CachedCopy>> LayerWeights::Make(mx::Format format,
                                                                      WeightLayout layout,
                                                                      int64_t begin, int64_t end,
@@ -118,7 +124,7 @@ absl::StatusOr<std::shared_ptr<const CachedCopy>> LayerWeights::Make(mx::Format 
   const bool whole = begin == 0 && end == (layout == WeightLayout::kForward ? n : k);
   // NVFP4's tensor scale is the whole weight's, in whichever slices a copy is made.
   mx::QuantizeOptions options;
-  if (format == mx::Format::kNvfp4) options.tensor_scale = mx::NvTensorScale(mx::FiniteAmax(w));
+  if (format == mx::Format::kNvfp4) options.tensor_scale = NvTensorScale();
   absl::StatusOr<mx::QuantizedMatrix> q;
   if (layout == WeightLayout::kForward) {
     q = mx::kernels::QuantizeRows(std::span<const float>(w).subspan(begin * k, (end - begin) * k),

@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
@@ -174,7 +175,12 @@ class LayerWeights {
   absl::StatusOr<std::shared_ptr<const CachedCopy>> Make(mx::Format format, WeightLayout layout,
                                                          int64_t begin, int64_t end,
                                                          MemoryBudget& budget) const;
+  // NVFP4's tensor scale of the whole weight, worked out on first use and kept:
+  // every copy and every slice of one is quantized under it.
+  float NvTensorScale() const;
 
+  mutable std::once_flag nv_tensor_scale_once_;
+  mutable float nv_tensor_scale_ = 0.0f;
   mutable Mutex mu_;
   // Strong references live in copies_ and in the requests using a copy: an
   // evicted copy expires here once they are done.

@@ -93,7 +93,8 @@ def _rounding_fields(rounding, seed) -> dict:
     """A request's rounding and seed fields: None leaves each unset (a layer call:
     the model's policy's rounding for the phase, nearest even unless it names
     one). A seed is the stochastic rounding's key: required with "stochastic"
-    (here or in the policy); the same seed gives the same bits."""
+    (here or in the policy) where an operand rounds (MX, NVFP4, INT8); the same
+    seed gives the same bits."""
     fields = {}
     if rounding is not None:
         fields["rounding"] = _wire.enum_value(common_pb2.Rounding, rounding, "rounding",

@@ -83,19 +83,11 @@ def test_mxctl_writes_the_golden_scales_and_codes(tmp_path):
         assert np.fromfile(tmp_path / "c.u8", np.uint8).tolist() == case["codes"], case["id"]
 
 
-@pytest.fixture(scope="module")
-def cpu_client():
-    d = Daemon("--backend", "cpu", "--workers", "2")
-    with mxserve.Client(d.address, timeout=120) as c:
-        c.wait_ready(timeout=10)
-        yield c
-    assert d.stop() == 0, "\n".join(d.log_lines[-20:])
-
-
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_daemon_computes_nvfp4_with_the_emulators_bits(cpu_client, device):
+def test_the_daemon_computes_nvfp4_with_the_emulators_bits(client, device):
+    """The module's daemon (conftest.py: the cpu backend)."""
     a, b = hostile(6, 70, seed=41, specials=True), hostile(70, 33, seed=42, specials=True)
-    result = cpu_client.gemm(a, b, "NVFP4", phase="rollout")
+    result = client.gemm(a, b, "NVFP4", phase="rollout")
     assert result.info.format == "NVFP4" and result.info.kernel.endswith("/nv_i8")
     got = em.linear(em.quantize(a.to(device), "NVFP4"), em.quantize(b.t().to(device), "NVFP4"))
     assert_same_bits(got.cpu(), result.output, f"Gemm on {device}")
@@ -105,21 +97,21 @@ def test_the_daemon_computes_nvfp4_with_the_emulators_bits(cpu_client, device):
     weight, bias = torch.randn(n, k, generator=g) * 0.1, torch.randn(n, generator=g)
     x, dy = hostile(m, k, seed=43, specials=False), hostile(m, n, seed=44, specials=False)
     name = f"nv-{device}"
-    cpu_client.register_model(name, [LayerSpec("fc", n, k, True)])
-    cpu_client.upload_weights(name, {"fc": (weight, bias)}, publish=True)
+    client.register_model(name, [LayerSpec("fc", n, k, True)])
+    client.upload_weights(name, {"fc": (weight, bias)}, publish=True)
     wd, xd, dyd = weight.to(device), x.to(device), dy.to(device)
-    forward = cpu_client.forward(name, "fc", x, format="NVFP4", phase="rollout")
+    forward = client.forward(name, "fc", x, format="NVFP4", phase="rollout")
     assert_same_bits(em.linear(em.quantize(xd, "NVFP4"), em.quantize(wd, "NVFP4"),
                                bias.to(device)).cpu(), forward.output, "forward")
-    backward = cpu_client.backward(name, "fc", dy, x, format="NVFP4", phase="update")
+    backward = client.backward(name, "fc", dy, x, format="NVFP4", phase="update")
     assert_same_bits(em.grad_input(dyd, wd, "NVFP4").cpu(), backward.grad_input, "grad_input")
     assert_same_bits(em.grad_weight(dyd, xd, "NVFP4").cpu(), backward.grad_weight, "grad_weight")
     # Stochastic rounding applies to NVFP4's elements too.
-    sr = cpu_client.backward(name, "fc", dy, x, format="NVFP4", phase="update",
+    sr = client.backward(name, "fc", dy, x, format="NVFP4", phase="update",
                              rounding="stochastic", seed=5)
     assert_same_bits(em.grad_weight(dyd, xd, "NVFP4", "stochastic", seed=5).cpu(),
                      sr.grad_weight, "stochastic grad_weight")
-    cpu_client.delete_model(name)
+    client.delete_model(name)
 
 
 def test_the_fpga_backends_refuse_nvfp4_by_name():

@@ -359,28 +359,37 @@ def _round_e4m3(s: torch.Tensor) -> torch.Tensor:
     return (torch.round(d / step) * step).float()
 
 
+def _blocks(x: torch.Tensor, size: int):
+    """x [rows, cols] padded with zeros to whole blocks along cols: the blocks
+    [rows, blocks, size], whether each holds NaN or Inf, and each block's largest
+    magnitude as FP32 (0 for those), compared as bits as mx does."""
+    rows, cols = x.shape
+    blocks = -(-cols // size)
+    padded = torch.zeros(rows, blocks * size, dtype=torch.float32, device=x.device)
+    padded[:, :cols] = x
+    v = padded.view(rows, blocks, size)
+    max_bits = (v.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
+    nan = max_bits >= 0x7F800000
+    amax = torch.where(nan, torch.zeros_like(max_bits), max_bits).view(torch.float32)
+    return v, nan, amax
+
+
 def _quantize_nv(spec: FormatSpec, x: torch.Tensor, rounding: str, bits: Optional[torch.Tensor],
                  tensor_scale: Optional[float]) -> NvOperand:
     rows, cols = x.shape
-    blocks = -(-cols // NV_BLOCK)
-    padded = torch.zeros(rows, blocks * NV_BLOCK, dtype=torch.float32, device=x.device)
-    padded[:, :cols] = x
-    v = padded.view(rows, blocks, NV_BLOCK)
-    max_bits = (v.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
-    nan = max_bits >= 0x7F800000
+    v, nan, amax = _blocks(x, NV_BLOCK)
     # A positive finite tensor scale is used as given; anything else is computed
     # (mx::BringsTensorScale).
     given = tensor_scale is not None and 0.0 < float(tensor_scale) <= 3.4028234663852886e38
     ts = torch.tensor(float(tensor_scale), dtype=torch.float32, device=x.device) if given \
         else nv_tensor_scale(x)
-    amax = torch.where(nan, torch.zeros_like(max_bits), max_bits).view(torch.float32)
     s = _f32_div(_f32_div(amax, torch.full_like(amax, 6.0)), ts.expand_as(amax))
     scale = _round_e4m3(torch.clamp(s, min=2.0 ** -6, max=448.0))
     total = (ts.double() * scale.double()).float()
     q = torch.clamp(_f32_div(v, total[:, :, None]), min=-6.0, max=6.0)
     t = torch.where(nan[:, :, None], torch.zeros_like(q), q).double()
     magnitude = _round_elements(spec, t, rounding,
-                                None if bits is None else bits.view(rows, blocks, NV_BLOCK))
+                                None if bits is None else bits.view(v.shape))
     fixed = torch.copysign(magnitude * 2.0, t) + 0.0
     scale = torch.where(nan, torch.full_like(scale, float("nan")), scale)
     return NvOperand(spec, fixed.float().contiguous(), scale.contiguous(),
@@ -405,11 +414,10 @@ def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str,
     finite = torch.isfinite(x).all(dim=1)
     amax = torch.where(torch.isfinite(x), x.abs(), torch.zeros_like(x)).amax(dim=1) \
         if x.shape[1] else torch.zeros(x.shape[0], device=x.device)
-    # Both divisions in FP64, then one rounding to FP32: the FP32 quotient exactly
-    # (53 >= 2·24 + 2 bits, so the double rounding is innocuous), on every device —
-    # CUDA divides by a scalar as a multiply by its reciprocal.
-    scale = (amax.double() / torch.full_like(amax, 127.0, dtype=torch.float64)).float()
-    q = (x.double() / scale.double()[:, None]).float()
+    # Both as one IEEE FP32 division on every device (_f32_div; CUDA divides by a
+    # scalar as a multiply by its reciprocal).
+    scale = _f32_div(amax, torch.full_like(amax, 127.0))
+    q = _f32_div(x, scale[:, None])
     magnitude = torch.clamp(_round(q.abs().double(), rounding, bits), max=127.0)
     codes = torch.where(torch.isnan(q), torch.zeros_like(q),
                         torch.copysign(magnitude.float(), q))
@@ -421,14 +429,9 @@ def _quantize_int8(spec: FormatSpec, x: torch.Tensor, rounding: str,
 
 def _quantize_mx(spec: FormatSpec, x: torch.Tensor, rounding: str, scale_rule: str,
                  bits: Optional[torch.Tensor] = None) -> MxOperand:
-    rows, cols = x.shape
-    blocks = -(-cols // BLOCK)
-    padded = torch.zeros(rows, blocks * BLOCK, dtype=torch.float32, device=x.device)
-    padded[:, :cols] = x
-    v = padded.view(rows, blocks, BLOCK)
-    max_bits = (v.view(torch.int32) & 0x7FFFFFFF).amax(dim=2)
-    nan = max_bits >= 0x7F800000
-    amax = torch.where(nan, torch.zeros_like(max_bits), max_bits).view(torch.float32).double()
+    cols = x.shape[1]
+    v, nan, amax = _blocks(x, BLOCK)
+    amax = amax.double()
     positive = amax > 0
     safe = torch.where(positive, amax, torch.ones_like(amax))
     if scale_rule == "ceil":
@@ -460,8 +463,7 @@ def _quantize_mx(spec: FormatSpec, x: torch.Tensor, rounding: str, scale_rule: s
         exponent = exponent + bump.to(exponent.dtype)
     t = torch.where(nan[:, :, None], torch.zeros_like(v), v).double()
     t = _ldexp(t, -exponent[:, :, None])
-    magnitude = _round_elements(spec, t, rounding,
-                                None if bits is None else bits.view(rows, blocks, BLOCK))
+    magnitude = _round_elements(spec, t, rounding, None if bits is None else bits.view(v.shape))
     # + 0.0: no -0 element, so that no block dot is -0 (the daemon's integer dot
     # of zeros is +0).
     fixed = torch.copysign(magnitude * 2.0 ** spec.fraction_bits, t) + 0.0
