@@ -42,11 +42,14 @@ FixedPointOperand DecodeFixedPoint(const QuantizedMatrix& m) {
 
 // A block whose elements hold Inf or NaN: IEEE arithmetic on the decoded values
 // gives the non-finite result (NaN, or ±Inf when only infinities of one sign meet
-// non-zero finite values).
+// non-zero finite values). Every code of the block counts, a short last block's
+// padding included, as in the exact dot: each Inf/NaN code makes its product
+// non-finite, so the sum is always the non-finite one IEEE gives (a bound at K
+// would leave a padding-only Inf/NaN block to a finite, twice-rounded sum).
 float NonFiniteBlockDot(const QuantizedMatrix& x, int64_t row_x, const QuantizedMatrix& w,
                         int64_t row_w, int64_t block) {
   double sum = 0.0;
-  for (int64_t c = block * kBlockSize; c < std::min(x.cols, (block + 1) * kBlockSize); ++c) {
+  for (int64_t c = block * kBlockSize; c < (block + 1) * kBlockSize; ++c) {
     sum += double{DecodeElement(x.format, ElementCode(x, row_x, c))} *
            double{DecodeElement(w.format, ElementCode(w, row_w, c))};
   }

@@ -193,6 +193,26 @@ TEST(ReferenceGemm, SpecialElementCodesSentPackedFollowIeee) {
   EXPECT_TRUE(std::isnan(mx::ReferenceLinear(e4, w).value()[0]));
 }
 
+// Padding codes are elements: an Inf or NaN a client packs into a short last
+// block's padding counts as one in the real columns would. Once it gave the
+// finite dot of the real columns, summed in double and rounded twice.
+TEST(ReferenceGemm, SpecialCodesInThePaddingCount) {
+  const auto e5m2 = [](int64_t cols, float value) {
+    return mx::QuantizeRows(std::vector<float>(cols, value), 1, cols, Format::kMxfp8E5m2).value();
+  };
+  // K = 3, scale 2^0: the real dot is 3 · 1.5 · 1.25 = 5.625.
+  mx::QuantizedMatrix x = e5m2(3, 1.5f), w = e5m2(3, 1.25f);
+  ASSERT_EQ(mx::ReferenceLinear(x, w).value()[0], 5.625f);
+  x.elements[20] = 0x7C;  // +Inf at padding column 20, whose W code is 0: Inf · 0
+  EXPECT_TRUE(std::isnan(mx::ReferenceLinear(x, w).value()[0]));
+  w.elements[20] = 0x3C;  // W's padding now 1.0 there: +Inf · 1
+  EXPECT_EQ(mx::ReferenceLinear(x, w).value()[0], std::numeric_limits<float>::infinity());
+  w.elements[20] = 0xBC;  // -1.0: -Inf
+  EXPECT_EQ(mx::ReferenceLinear(x, w).value()[0], -std::numeric_limits<float>::infinity());
+  x.elements[20] = 0x7E;  // NaN
+  EXPECT_TRUE(std::isnan(mx::ReferenceLinear(x, w).value()[0]));
+}
+
 TEST(ReferenceGemm, BlockSumStartsFromBiasInAscendingOrder) {
   // Three blocks whose results are 2^24, 1, 1: summed in order from bias -2^24
   // the result is exact 2; a different order or a bias added last would differ.
