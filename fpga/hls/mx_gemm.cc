@@ -18,11 +18,13 @@
 namespace mxhls {
 namespace {
 
-// One block of 32 elements of one row, as it leaves the loaders: the raw words
-// plus the row's scale (MX: the block's E8M0 byte, INT8: the row's FP32 scale).
+// One block of 32 elements of one row, as it leaves the loaders: the raw words,
+// the block's scale (MX: its E8M0 byte; NVFP4: its halves' UE4M3 bytes, the
+// first in bits 7:0) and the row's FP32 scale (INT8, NVFP4).
 struct BlockWords {
   Word words[kMaxWordsPerBlock];
   uint32_t scale_bits;
+  uint32_t row_scale_bits;
 };
 
 // --- Element decoders (combinational logic in hardware) -------------------------
@@ -64,7 +66,8 @@ inline int FractionBits(HwFormat f) {
 enum ElementKind : uint8_t { kFinite = 0, kNan = 1, kPosInf = 2, kNegInf = 3 };
 
 // An MX element as sign·significand · 2^shift in units of 2^-F. The significand
-// needs at most 8 bits plus sign (MXINT8), the shift at most 29 (E5M2).
+// needs at most 8 bits plus sign (MXINT8), the shift at most 29 (E5M2). NVFP4's
+// elements decode as E2M1, its UE4M3 scale bytes as (non-negative) E4M3.
 struct MxElement {
   Int<9> significand;
   UInt<5> shift;
@@ -153,23 +156,45 @@ inline float Fp16ToFloat(uint32_t h) {
   return sign ? -magnitude : magnitude;
 }
 
-// An element widened to FP32 for the float path (exact for every format but
-// INT8, whose code · row scale is one FP32 multiply, as in mx::Dequantize).
-inline float ElementToFloat(HwFormat f, uint32_t code, uint32_t scale_bits) {
+// A minifloat code's sign bit: a zero keeps it (-0 · scale is -0).
+inline bool SignBit(HwFormat f, uint32_t code) {
+#pragma HLS INLINE
+  const Minifloat mf = MinifloatOf(f);
+  return (code >> (mf.exponent_bits + mf.mantissa_bits)) & 1;
+}
+inline float SignedZero(bool negative) { return FloatFromBits(negative ? 0x80000000u : 0u); }
+
+// An element widened to FP32 for the float path: exact for the MX formats and
+// BF16/FP16/FP32; INT8's code · row scale is one FP32 multiply, NVFP4's
+// element · block scale is exact and its product with the tensor scale one
+// FP32 multiply, as in mx::Dequantize. `scale_byte` is the element's block
+// scale (MX: E8M0, NVFP4: UE4M3).
+inline float ElementToFloat(HwFormat f, uint32_t code, uint32_t scale_byte, uint32_t row_scale_bits) {
 #pragma HLS INLINE
   switch (f) {
-    case kHwInt8: return static_cast<float>(static_cast<int8_t>(code)) * FloatFromBits(scale_bits);
+    case kHwInt8:
+      return static_cast<float>(static_cast<int8_t>(code)) * FloatFromBits(row_scale_bits);
     case kHwBf16: return FloatFromBits(code << 16);
     case kHwFp16: return Fp16ToFloat(code);
     case kHwFp32: return FloatFromBits(code);
     default: break;
   }
-  if (scale_bits == kNanScale) return QuietNan();
   const MxElement e = DecodeMx(f, code);
+  if (f == kHwNvfp4) {
+    if (scale_byte == kNvScaleNanByte) return QuietNan();
+    const MxElement s = DecodeMx(kHwE4m3, scale_byte);
+    const Int<16> product = static_cast<Int<16>>(e.significand * s.significand);
+    const float exact = product == 0 ? SignedZero(SignBit(f, code))
+                                     : RoundToFloat(product, static_cast<int>(e.shift + s.shift) -
+                                                                 FractionBits(f) - FractionBits(kHwE4m3));
+    return exact * FloatFromBits(row_scale_bits);
+  }
+  if (scale_byte == kNanScale) return QuietNan();
   if (e.kind == kNan) return QuietNan();
   if (e.kind != kFinite) return Infinity(e.kind == kNegInf);
+  if (e.significand == 0) return SignedZero(f != kHwMxInt8 && SignBit(f, code));
   return RoundToFloat(e.significand,
-                      static_cast<int>(e.shift) - FractionBits(f) + static_cast<int>(scale_bits) - 127);
+                      static_cast<int>(e.shift) - FractionBits(f) + static_cast<int>(scale_byte) - 127);
 }
 
 // --- One block through one processing element --------------------------------------
@@ -195,9 +220,10 @@ inline void DecodeBlock(HwFormat f, Datapath path, const BlockWords& in, Decoded
     switch (path) {
       case kPathMxInteger:
       case kPathMxWide:
+      case kPathNv:
         out.mx[t] = DecodeMx(f, code);
-        // The integer path's formats stay below 2^9 in units of 2^-F; FP8 would not.
-        if (path == kPathMxInteger) {
+        // The integer paths' formats stay below 2^9 in units of 2^-F; FP8 would not.
+        if (path != kPathMxWide) {
           out.fixed[t] = static_cast<Int<10>>(out.mx[t].significand << out.mx[t].shift);
         }
         out.any_special |= out.mx[t].kind != kFinite;
@@ -205,23 +231,26 @@ inline void DecodeBlock(HwFormat f, Datapath path, const BlockWords& in, Decoded
       case kPathInt8:
         out.int8[t] = static_cast<int8_t>(code);
         break;
-      case kPathFloat:
-        out.wide[t] = ElementToFloat(f, code, in.scale_bits);
+      case kPathFloat: {
+        // NVFP4: each half of the block has its own scale byte.
+        const uint32_t byte = f == kHwNvfp4 ? (in.scale_bits >> (t < kNvHalf ? 0 : 8)) & 0xFF
+                                            : in.scale_bits;
+        out.wide[t] = ElementToFloat(f, code, byte, in.row_scale_bits);
         break;
+      }
     }
   }
 }
 
 // The result of a block holding Inf or NaN codes, as IEEE arithmetic gives it:
 // NaN if any product is NaN (a NaN factor, or Inf · 0) or infinities of both signs
-// meet, else the one infinity. Only the first `valid` elements count (the rest
-// pad a short last block).
-inline float NonFiniteBlock(const DecodedBlock& a, const DecodedBlock& b, int valid) {
+// meet, else the one infinity. Every code counts, a short last block's padding
+// included (the contract: padding codes are elements).
+inline float NonFiniteBlock(const DecodedBlock& a, const DecodedBlock& b) {
 #pragma HLS INLINE
   bool nan = false, pos = false, neg = false;
   for (int t = 0; t < kBlock; ++t) {
 #pragma HLS UNROLL
-    if (t >= valid) continue;
     const MxElement x = a.mx[t], y = b.mx[t];
     if (x.kind == kNan || y.kind == kNan) {
       nan = true;
@@ -243,7 +272,7 @@ inline float NonFiniteBlock(const DecodedBlock& a, const DecodedBlock& b, int va
 
 // Exact block dot of two MX blocks rounded once to FP32: the contract's step 1.
 inline float MxBlockResult(Datapath path, HwFormat fx, HwFormat fw, const DecodedBlock& a,
-                           const DecodedBlock& b, int valid) {
+                           const DecodedBlock& b) {
 #pragma HLS INLINE
   if (a.scale_bits == kNanScale || b.scale_bits == kNanScale) return QuietNan();
   const int exponent = static_cast<int>(a.scale_bits) + static_cast<int>(b.scale_bits) - 254 -
@@ -257,7 +286,7 @@ inline float MxBlockResult(Datapath path, HwFormat fx, HwFormat fw, const Decode
     }
     return RoundToFloat(dot, exponent);
   }
-  if (a.any_special || b.any_special) return NonFiniteBlock(a, b, valid);
+  if (a.any_special || b.any_special) return NonFiniteBlock(a, b);
   // Significand products (at most 8×8 bits) aligned by the exponent sum, at most
   // 29 + 29: each below 2^64, the sum of 32 below 2^69.
   Int<72> dot = 0;
@@ -269,6 +298,27 @@ inline float MxBlockResult(Datapath path, HwFormat fx, HwFormat fw, const Decode
   return RoundToFloat(dot, exponent);
 }
 
+// One NVFP4 half block (elements 16·half …) through a PE: the exact dot of the
+// E2M1 elements (units of 2^-2, |dot| ≤ 16 · 12 · 12 < 2^12) times both UE4M3
+// significands (4 bits each), below 2^20 and so exact in FP32 — the contract's
+// block result, no rounding of its own. NaN when either scale byte marks a NaN
+// block.
+inline float NvHalfResult(const DecodedBlock& a, const DecodedBlock& b, int half) {
+#pragma HLS INLINE
+  const uint32_t byte_a = (a.scale_bits >> (8 * half)) & 0xFF;
+  const uint32_t byte_b = (b.scale_bits >> (8 * half)) & 0xFF;
+  if (byte_a == kNvScaleNanByte || byte_b == kNvScaleNanByte) return QuietNan();
+  Int<14> dot = 0;
+  for (int t = 0; t < kNvHalf; ++t) {
+#pragma HLS UNROLL
+    dot += static_cast<Int<9>>(a.fixed[half * kNvHalf + t] * b.fixed[half * kNvHalf + t]);
+  }
+  const MxElement sa = DecodeMx(kHwE4m3, byte_a), sb = DecodeMx(kHwE4m3, byte_b);
+  const Int<24> value = static_cast<Int<24>>(dot) * sa.significand * sb.significand;
+  return RoundToFloat(value, static_cast<int>(sa.shift + sb.shift) - 2 * FractionBits(kHwE4m3) -
+                                 2 * FractionBits(kHwNvfp4));
+}
+
 // --- The dataflow processes ----------------------------------------------------------
 
 struct Shape {
@@ -278,26 +328,35 @@ struct Shape {
   bool bias;
 };
 
+// A block's scale bits: MX one byte, NVFP4 the two bytes of its halves.
 inline uint32_t ScaleBits(const Word* scales, HwFormat f, int row, int blocks, int block) {
 #pragma HLS INLINE
-  if (IsMxFormat(f)) {
-    const int64_t index = static_cast<int64_t>(row) * blocks + block;
-    return static_cast<uint32_t>((scales[index >> 3] >> ((index & 7) * 8)) & 0xFF);
-  }
-  if (f == kHwInt8) return static_cast<uint32_t>(scales[row >> 1] >> ((row & 1) * 32));
+  const int64_t index = static_cast<int64_t>(row) * blocks + block;
+  if (IsMxFormat(f)) return static_cast<uint32_t>((scales[index >> 3] >> ((index & 7) * 8)) & 0xFF);
+  if (f == kHwNvfp4) return static_cast<uint32_t>((scales[index >> 2] >> ((index & 3) * 16)) & 0xFFFF);
   return 0;
+}
+
+// A row's FP32 scale (INT8, NVFP4), in a buffer of `rows` rows.
+inline uint32_t RowScaleBits(const Word* scales, HwFormat f, int rows, int blocks, int row) {
+#pragma HLS INLINE
+  if (!HasRowScale(f)) return 0;
+  const Word* base = f == kHwNvfp4 ? scales + NvRowScaleWord(rows, blocks) : scales;
+  return static_cast<uint32_t>(base[row >> 1] >> ((row & 1) * 32));
 }
 
 // The W tile: kPeCols rows of W (n0 … n0 + kPeCols - 1) read once from HBM into
 // on-chip memory; rows past N are zeros and their outputs are never stored.
 void LoadWTile(const Word* w, const Word* w_scales, const float* bias, const Shape& s, int n0,
                Word w_tile[kPeCols][kMaxBlocks * kMaxWordsPerBlock],
-               uint32_t w_scale[kPeCols][kMaxBlocks], float bias_tile[kPeCols]) {
+               uint32_t w_scale[kPeCols][kMaxBlocks], uint32_t w_row_scale[kPeCols],
+               float bias_tile[kPeCols]) {
   const int wpb = WordsPerBlock(s.fw);
   const int64_t row_words = static_cast<int64_t>(s.blocks) * wpb;
   for (int c = 0; c < kPeCols; ++c) {
     const int row = n0 + c;
     bias_tile[c] = s.bias && row < s.n ? bias[row] : 0.0f;
+    w_row_scale[c] = row < s.n ? RowScaleBits(w_scales, s.fw, s.n, s.blocks, row) : 0;
     for (int i = 0; i < row_words; ++i) {
 #pragma HLS PIPELINE II = 1
       w_tile[c][i] = row < s.n ? w[row * row_words + i] : 0;
@@ -323,6 +382,7 @@ void StreamX(const Word* x, const Word* x_scales, const Shape& s, Stream<BlockWo
         if (row < s.m) {
           for (int i = 0; i < wpb; ++i) block.words[i] = x[row * row_words + b * wpb + i];
           block.scale_bits = ScaleBits(x_scales, s.fx, row, s.blocks, b);
+          block.row_scale_bits = RowScaleBits(x_scales, s.fx, s.m, s.blocks, row);
         }
         out.write(block);
       }
@@ -330,15 +390,16 @@ void StreamX(const Word* x, const Word* x_scales, const Shape& s, Stream<BlockWo
   }
 }
 
-// The PE array. Per group of rows: accumulators start from the bias (or +0.0);
-// block by block, the edge decoders turn kPeRows X blocks and kPeCols W blocks
-// into operands and every PE (r, c) adds its block result (FP32, ascending
-// blocks). The float path adds element by element with FMA, the INT8 path keeps
-// one integer dot and scales it at the end.
+// The PE array. Per group of rows: accumulators start from the bias (or +0.0;
+// INT8 and NVFP4 add the bias after their row scales); block by block, the
+// edge decoders turn kPeRows X blocks and kPeCols W blocks into operands and
+// every PE (r, c) adds its block result (FP32, ascending blocks; NVFP4 its two
+// half-block results, in order). The float path adds element by element with
+// FMA, the INT8 path keeps one integer dot and scales it at the end.
 void PeArray(Stream<BlockWords>& in, const Shape& s,
              const Word w_tile[kPeCols][kMaxBlocks * kMaxWordsPerBlock],
-             const uint32_t w_scale[kPeCols][kMaxBlocks], const float bias_tile[kPeCols],
-             Stream<float>& out) {
+             const uint32_t w_scale[kPeCols][kMaxBlocks], const uint32_t w_row_scale[kPeCols],
+             const float bias_tile[kPeCols], Stream<float>& out) {
   const int wpb = WordsPerBlock(s.fw);
   DecodedBlock xd[kPeRows], wd[kPeCols];
   float acc[kPeRows][kPeCols];
@@ -350,7 +411,7 @@ void PeArray(Stream<BlockWords>& in, const Shape& s,
     for (int r = 0; r < kPeRows; ++r) {
       for (int c = 0; c < kPeCols; ++c) {
 #pragma HLS UNROLL
-        acc[r][c] = bias_tile[c];
+        acc[r][c] = s.path == kPathInt8 || s.path == kPathNv ? 0.0f : bias_tile[c];
         idot[r][c] = 0;
       }
     }
@@ -359,12 +420,13 @@ void PeArray(Stream<BlockWords>& in, const Shape& s,
       for (int r = 0; r < kPeRows; ++r) {
         const BlockWords block = in.read();
         DecodeBlock(s.fx, s.path, block, xd[r]);
-        x_row_scale[r] = block.scale_bits;
+        x_row_scale[r] = block.row_scale_bits;
       }
       for (int c = 0; c < kPeCols; ++c) {
         BlockWords block;
         for (int i = 0; i < wpb; ++i) block.words[i] = w_tile[c][b * wpb + i];
         block.scale_bits = w_scale[c][b];
+        block.row_scale_bits = w_row_scale[c];
         DecodeBlock(s.fw, s.path, block, wd[c]);
       }
       for (int r = 0; r < kPeRows; ++r) {
@@ -374,7 +436,12 @@ void PeArray(Stream<BlockWords>& in, const Shape& s,
           switch (s.path) {
             case kPathMxInteger:
             case kPathMxWide:
-              acc[r][c] += MxBlockResult(s.path, s.fx, s.fw, xd[r], wd[c], valid);
+              acc[r][c] += MxBlockResult(s.path, s.fx, s.fw, xd[r], wd[c]);
+              break;
+            case kPathNv:
+              acc[r][c] += NvHalfResult(xd[r], wd[c], 0);
+              // A second half past ceil(K/16) half blocks is not there.
+              if (valid > kNvHalf) acc[r][c] += NvHalfResult(xd[r], wd[c], 1);
               break;
             case kPathInt8:
               for (int t = 0; t < kBlock; ++t) idot[r][c] += xd[r].int8[t] * wd[c].int8[t];
@@ -395,7 +462,11 @@ void PeArray(Stream<BlockWords>& in, const Shape& s,
         if (s.path == kPathInt8) {
           // float(dot) · scale_x · scale_w, then + bias: two roundings, as the contract says.
           v = static_cast<float>(idot[r][c]) * FloatFromBits(x_row_scale[r]) *
-              FloatFromBits(w_scale[c][0]);
+              FloatFromBits(w_row_scale[c]);
+          if (s.bias) v += bias_tile[c];
+        } else if (s.path == kPathNv) {
+          // sum · fp32(ts_x · ts_w), then + bias.
+          v = v * (FloatFromBits(x_row_scale[r]) * FloatFromBits(w_row_scale[c]));
           if (s.bias) v += bias_tile[c];
         }
         out.write(v);
@@ -418,15 +489,15 @@ void WriteY(Stream<float>& in, const Shape& s, int n0, float* y) {
 
 void ComputeNTile(const Word* x, const Word* x_scales, const Shape& s, int n0,
                   const Word w_tile[kPeCols][kMaxBlocks * kMaxWordsPerBlock],
-                  const uint32_t w_scale[kPeCols][kMaxBlocks], const float bias_tile[kPeCols],
-                  float* y) {
+                  const uint32_t w_scale[kPeCols][kMaxBlocks], const uint32_t w_row_scale[kPeCols],
+                  const float bias_tile[kPeCols], float* y) {
 #pragma HLS DATAFLOW
   Stream<BlockWords> x_blocks;
   Stream<float> results;
 #pragma HLS STREAM variable = x_blocks depth = 64
 #pragma HLS STREAM variable = results depth = 64
   StreamX(x, x_scales, s, x_blocks);
-  PeArray(x_blocks, s, w_tile, w_scale, bias_tile, results);
+  PeArray(x_blocks, s, w_tile, w_scale, w_row_scale, bias_tile, results);
   WriteY(results, s, n0, y);
 }
 
@@ -453,16 +524,18 @@ extern "C" void mx_gemm(const mxhls::Word* x, const mxhls::Word* x_scales, const
   // (and makes one call at a time the rule there, as on the card).
   static Word w_tile[kPeCols][kMaxBlocks * kMaxWordsPerBlock];
   static uint32_t w_scale[kPeCols][kMaxBlocks];
+  static uint32_t w_row_scale[kPeCols];
   static float bias_tile[kPeCols];
 #pragma HLS BIND_STORAGE variable = w_tile type = ram_2p impl = uram
 #pragma HLS ARRAY_PARTITION variable = w_tile complete dim = 1
 #pragma HLS ARRAY_PARTITION variable = w_scale complete dim = 1
+#pragma HLS ARRAY_PARTITION variable = w_row_scale complete
 #pragma HLS ARRAY_PARTITION variable = bias_tile complete
 
   const Shape s{m, n, k, (k + kBlock - 1) / kBlock, ControlX(control), ControlW(control),
                 ControlPath(control), ControlHasBias(control)};
   for (int n0 = 0; n0 < n; n0 += kPeCols) {
-    LoadWTile(w, w_scales, bias, s, n0, w_tile, w_scale, bias_tile);
-    ComputeNTile(x, x_scales, s, n0, w_tile, w_scale, bias_tile, y);
+    LoadWTile(w, w_scales, bias, s, n0, w_tile, w_scale, w_row_scale, bias_tile);
+    ComputeNTile(x, x_scales, s, n0, w_tile, w_scale, w_row_scale, bias_tile, y);
   }
 }

@@ -9,9 +9,15 @@
 //               little-endian bit string of 32·bits, i.e. bits/2 words (FP4 2,
 //               FP6 3, FP8/INT8 4, BF16/FP16 8, FP32 16). For the MX formats this
 //               is byte for byte the mx/ packed layout; the others are padded
-//               with zero codes to whole blocks.
+//               with zero codes to whole blocks. NVFP4: a block is two of its
+//               16-element blocks (2k, 2k + 1), one word each, as mx/ packs
+//               them; a row with an odd count ends in a zero word.
 //   x_scales,   MX: the E8M0 scale bytes, rows × blocks, row-major.
-//   w_scales    INT8: one FP32 scale per row, 4 bytes each. Others: unused.
+//   w_scales    INT8: one FP32 scale per row, 4 bytes each.
+//               NVFP4: the UE4M3 bytes of both halves, rows × blocks × 2,
+//               row-major (a missing second half's byte is 0), then from the
+//               next whole word (NvRowScaleWord) the rows' FP32 tensor scales.
+//               Others: unused.
 //   bias        N FP32 values (read only when the control register says so).
 //   y           M×N FP32, row-major.
 #pragma once
@@ -57,7 +63,8 @@ enum HwFormat : uint32_t {
   kHwBf16 = 7,
   kHwFp16 = 8,
   kHwFp32 = 9,
-  kHwFormatCount = 10,
+  kHwNvfp4 = 10,  // E2M1 in 16-element blocks, UE4M3 block and FP32 tensor scales
+  kHwFormatCount = 11,
 };
 
 // The datapath a call runs on.
@@ -73,19 +80,23 @@ enum Datapath : uint32_t {
   // Anything else (BF16/FP16/FP32, or kinds mixed): operands widened to FP32,
   // one fused multiply-add per element, k ascending.
   kPathFloat = 3,
+  // NVFP4 × NVFP4: MX integer's E2M1 products, a 13-bit dot per 16-element
+  // half block times the two UE4M3 significands (exact), halves added in
+  // order; the two tensor scales multiply the sum once at the end.
+  kPathNv = 4,
 };
 
-// Control register (AXI-lite): bits 3:0 X format, 7:4 W format, 8 bias, 10:9
+// Control register (AXI-lite): bits 3:0 X format, 7:4 W format, 8 bias, 11:9
 // datapath. The host derives the datapath from the formats (ControlWord); the
 // kernel trusts it, as hardware trusts its driver.
 inline constexpr uint32_t kControlBias = 1u << 8;
 inline constexpr uint32_t Control(HwFormat x, HwFormat w, Datapath path, bool bias) {
-  return (x & 0xFu) | ((w & 0xFu) << 4) | (bias ? kControlBias : 0u) | ((path & 3u) << 9);
+  return (x & 0xFu) | ((w & 0xFu) << 4) | (bias ? kControlBias : 0u) | ((path & 7u) << 9);
 }
 inline constexpr HwFormat ControlX(uint32_t c) { return static_cast<HwFormat>(c & 0xFu); }
 inline constexpr HwFormat ControlW(uint32_t c) { return static_cast<HwFormat>((c >> 4) & 0xFu); }
 inline constexpr bool ControlHasBias(uint32_t c) { return (c & kControlBias) != 0; }
-inline constexpr Datapath ControlPath(uint32_t c) { return static_cast<Datapath>((c >> 9) & 3u); }
+inline constexpr Datapath ControlPath(uint32_t c) { return static_cast<Datapath>((c >> 9) & 7u); }
 
 inline constexpr bool IsMxFormat(HwFormat f) { return f <= kHwMxInt8; }
 inline constexpr bool IsFp8(HwFormat f) { return f == kHwE4m3 || f == kHwE5m2; }
@@ -93,7 +104,18 @@ inline constexpr bool IsFp8(HwFormat f) { return f == kHwE4m3 || f == kHwE5m2; }
 inline constexpr Datapath DatapathFor(HwFormat x, HwFormat w) {
   if (IsMxFormat(x) && IsMxFormat(w)) return IsFp8(x) || IsFp8(w) ? kPathMxWide : kPathMxInteger;
   if (x == kHwInt8 && w == kHwInt8) return kPathInt8;
+  if (x == kHwNvfp4 && w == kHwNvfp4) return kPathNv;
   return kPathFloat;
+}
+// Formats whose rows carry an FP32 scale of their own.
+inline constexpr bool HasRowScale(HwFormat f) { return f == kHwInt8 || f == kHwNvfp4; }
+
+// NVFP4's half block, its NaN scale byte, and where its tensor scales start in
+// a scale buffer of `rows` rows of `blocks` blocks (past the 2-byte pairs).
+inline constexpr int kNvHalf = 16;
+inline constexpr uint32_t kNvScaleNanByte = 0x7F;
+inline constexpr int64_t NvRowScaleWord(int64_t rows, int64_t blocks) {
+  return (rows * blocks * 2 + 7) / 8;
 }
 
 inline constexpr int ElementBits(HwFormat f) {
@@ -102,6 +124,7 @@ inline constexpr int ElementBits(HwFormat f) {
     case kHwE2m3:
       return 6;
     case kHwE2m1:
+    case kHwNvfp4:
       return 4;
     case kHwBf16:
     case kHwFp16:

@@ -16,6 +16,53 @@ int64_t WordsPerRow(mx::Format format, int64_t cols) {
 // Bytes one element of a non-MX format occupies in mx/'s layout.
 int64_t DenseElementBytes(mx::Format format) { return mx::Traits(format).element_bits / 8; }
 
+// NVFP4 (mx_gemm.h): mx/ packs a row as ceil(K/16) one-word half blocks, the
+// device as ceil(K/32) two-word blocks, so a row with an odd count gains a zero
+// word and its scale row a zero byte; the tensor scales follow the scale bytes
+// from word NvRowScaleWord. Row by row, in both directions.
+struct NvRows {
+  int64_t halves;       // mx/: words (and scale bytes) per row
+  int64_t device_pairs;  // device: blocks per row
+  int64_t row_scale_word;
+};
+NvRows NvLayout(int64_t rows, int64_t cols) {
+  const int64_t blocks = mx::BlocksPerRow(cols);
+  return {mx::BlocksPerRow(mx::Format::kNvfp4, cols), blocks,
+          mxhls::NvRowScaleWord(rows, blocks)};
+}
+
+void Nvfp4ToDevice(const mx::QuantizedMatrix& m, int64_t row_words, DeviceOperand& d) {
+  const NvRows l = NvLayout(m.rows, m.cols);
+  d.scales.assign(l.row_scale_word + (m.rows + 1) / 2 + 1, 0);
+  auto* scale_bytes = reinterpret_cast<uint8_t*>(d.scales.data());
+  for (int64_t r = 0; r < m.rows; ++r) {
+    std::memcpy(d.elements.data() + r * row_words, m.elements.data() + r * l.halves * 8,
+                l.halves * 8);
+    std::memcpy(scale_bytes + r * l.device_pairs * 2, m.block_scales.data() + r * l.halves,
+                l.halves);
+  }
+  if (!m.row_scales.empty()) {  // memcpy from an empty vector's null data is UB
+    std::memcpy(d.scales.data() + l.row_scale_word, m.row_scales.data(),
+                m.row_scales.size() * sizeof(float));
+  }
+}
+
+void Nvfp4FromDevice(const DeviceOperand& d, mx::QuantizedMatrix& m) {
+  const NvRows l = NvLayout(d.rows, d.cols);
+  const int64_t row_words = l.device_pairs * 2;
+  const auto* scale_bytes = reinterpret_cast<const uint8_t*>(d.scales.data());
+  for (int64_t r = 0; r < d.rows; ++r) {
+    std::memcpy(m.elements.data() + r * l.halves * 8, d.elements.data() + r * row_words,
+                l.halves * 8);
+    std::memcpy(m.block_scales.data() + r * l.halves, scale_bytes + r * l.device_pairs * 2,
+                l.halves);
+  }
+  if (!m.row_scales.empty()) {
+    std::memcpy(m.row_scales.data(), d.scales.data() + l.row_scale_word,
+                m.row_scales.size() * sizeof(float));
+  }
+}
+
 }  // namespace
 
 mxhls::HwFormat HwFormatOf(mx::Format format) {
@@ -30,7 +77,7 @@ mxhls::HwFormat HwFormatOf(mx::Format format) {
     case mx::Format::kBf16: return mxhls::kHwBf16;
     case mx::Format::kFp16: return mxhls::kHwFp16;
     case mx::Format::kFp32: return mxhls::kHwFp32;
-    case mx::Format::kNvfp4: break;  // no datapath yet: backends refuse it first
+    case mx::Format::kNvfp4: return mxhls::kHwNvfp4;
   }
   return mxhls::kHwFp32;
 }
@@ -46,6 +93,7 @@ std::string KernelName(mx::Format x, mx::Format w) {
     case mxhls::kPathMxWide: return "hls/mx_wide";
     case mxhls::kPathInt8: return "hls/int8";
     case mxhls::kPathFloat: return "hls/float";
+    case mxhls::kPathNv: return "hls/nv_blocks";
   }
   return "hls";
 }
@@ -55,6 +103,10 @@ DeviceOperand ToDevice(const mx::QuantizedMatrix& m) {
   const int64_t row_words = WordsPerRow(m.format, m.cols);
   d.elements.assign(std::max<int64_t>(m.rows * row_words, 1), 0);
   auto* out = reinterpret_cast<uint8_t*>(d.elements.data());
+  if (m.format == mx::Format::kNvfp4) {
+    Nvfp4ToDevice(m, row_words, d);
+    return d;
+  }
   if (mx::IsMx(m.format)) {
     std::memcpy(out, m.elements.data(), m.elements.size());
     d.scales.assign((m.block_scales.size() + 7) / 8 + 1, 0);
@@ -76,6 +128,10 @@ DeviceOperand ToDevice(const mx::QuantizedMatrix& m) {
 mx::QuantizedMatrix FromDevice(const DeviceOperand& d) {
   mx::QuantizedMatrix m = mx::AllocateQuantized(d.format, d.rows, d.cols);
   const auto* in = reinterpret_cast<const uint8_t*>(d.elements.data());
+  if (d.format == mx::Format::kNvfp4) {
+    Nvfp4FromDevice(d, m);
+    return m;
+  }
   if (mx::IsMx(d.format)) {
     std::memcpy(m.elements.data(), in, m.elements.size());
     std::memcpy(m.block_scales.data(), d.scales.data(), m.block_scales.size());

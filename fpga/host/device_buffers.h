@@ -32,13 +32,14 @@ struct DeviceOperand {
   std::vector<mxhls::Word> scales;  // at least one word, so every port has a buffer
 };
 
-// "hls/mx_integer", "hls/mx_wide", "hls/int8" or "hls/float": the datapath a
-// pair runs on, as ExecutionInfo.kernel names it.
+// "hls/mx_integer", "hls/mx_wide", "hls/nv_blocks", "hls/int8" or "hls/float":
+// the datapath a pair runs on, as ExecutionInfo.kernel names it.
 std::string KernelName(mx::Format x, mx::Format w);
 
 // Lays out a (valid) matrix for the device. MX elements are copied byte for byte
-// (the mx/ packed layout already is the device's); INT8/BF16/FP16/FP32 rows are
-// padded with zero codes to whole blocks.
+// (the mx/ packed layout already is the device's); NVFP4 rows of an odd count
+// of 16-element blocks gain a zero one; INT8/BF16/FP16/FP32 rows are padded
+// with zero codes to whole blocks.
 DeviceOperand ToDevice(const mx::QuantizedMatrix& m);
 // The inverse, for round-trip tests and debugging.
 mx::QuantizedMatrix FromDevice(const DeviceOperand& d);

@@ -21,6 +21,8 @@ const char* Datapath(mx::Format f) {
       return "hls/mx_integer";
     case mx::Format::kInt8:
       return "hls/int8";
+    case mx::Format::kNvfp4:
+      return "hls/nv_blocks";
     default:
       return "hls/float";
   }
@@ -57,13 +59,6 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
     grpc::ClientContext context;
     v1::LayerForwardResponse response;
     const grpc::Status status = Stub()->LayerForward(&context, request, &response);
-    if (format == mx::Format::kNvfp4) {  // not in the kernel: refused by name, nothing computed
-      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-      EXPECT_EQ(status.error_message(),
-                "format: NVFP4 is not in the FPGA kernel yet (--backend hls-sim or fpga); "
-                "--backend cpu computes it exactly (fpga/README.md)");
-      continue;
-    }
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(*layer_, x, m, format)));
     EXPECT_EQ(response.info().backend(), "hls-sim");

@@ -4,6 +4,8 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -14,6 +16,7 @@
 #include "fpga/host/device_buffers.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
+#include "nlohmann/json.hpp"
 #include "tests/same_bits.h"
 
 namespace {
@@ -21,13 +24,11 @@ namespace {
 using mx::Format;
 using mx::QuantizedMatrix;
 
-// Every format the kernel has a datapath for: all but NVFP4, which the FPGA
-// backends refuse by name (tests/daemon/hls_sim_test.cc).
+// Every format: the kernel has a datapath for each.
 std::vector<Format> AllFormats() {
   std::vector<Format> all;
-  for (const mx::FormatTraits& t : mx::AllFormats()) {
-    if (t.format != Format::kNvfp4) all.push_back(t.format);
-  }
+  for (const mx::FormatTraits& t : mx::AllFormats()) all.push_back(t.format);
+  EXPECT_EQ(all.size(), static_cast<size_t>(mxhls::kHwFormatCount));
   return all;
 }
 
@@ -62,7 +63,7 @@ void ExpectKernelMatchesReference(const QuantizedMatrix& x, const QuantizedMatri
   }
 }
 
-// Every pair of the ten formats, shapes drawn at random around the awkward cases:
+// Every pair of the eleven formats, shapes drawn at random around the awkward cases:
 // M = 1 and M past one group of PE rows, N not a multiple of the PE columns, K
 // ragged against the 32-element block; bias on and off.
 TEST(HlsKernel, EveryFormatPairMatchesReference) {
@@ -86,8 +87,8 @@ TEST(HlsKernel, EveryFormatPairMatchesReference) {
   }
 }
 
-// Raw element codes and scale bytes drawn uniformly: every element value of every
-// MX format meets every other, with scales from underflow to overflow of FP32
+// Raw element codes and scale bytes drawn uniformly (padding included): every
+// element value of every MX format meets every other, with scales from underflow to overflow of FP32
 // and NaN scales, and (E4M3, E5M2) Inf and NaN codes a client may pack itself.
 TEST(HlsKernel, RandomCodesAndScalesMatchReference) {
   std::mt19937 rng(7);
@@ -116,14 +117,75 @@ TEST(HlsKernel, RandomCodesAndScalesMatchReference) {
     for (Format fw : AllFormats()) {
       if (!mx::IsMx(fw)) continue;
       for (bool specials : {false, true}) {
-        const QuantizedMatrix x = random_operand(fx, 9, 96, specials);
-        const QuantizedMatrix w = random_operand(fw, 40, 96, specials);
-        ExpectKernelMatchesReference(
-            x, w, {},
-            absl::StrCat(mx::FormatName(fx), " x ", mx::FormatName(fw), " random codes",
-                         specials ? " with Inf/NaN codes" : ""));
+        // K = 70: the short last block's padding holds random codes too.
+        for (const int64_t k : {96, 70}) {
+          const QuantizedMatrix x = random_operand(fx, 9, k, specials);
+          const QuantizedMatrix w = random_operand(fw, 40, k, specials);
+          ExpectKernelMatchesReference(
+              x, w, {},
+              absl::StrCat(mx::FormatName(fx), " x ", mx::FormatName(fw), " random codes K=", k,
+                           specials ? " with Inf/NaN codes" : ""));
+        }
       }
     }
+  }
+}
+
+// NVFP4 operands a client packs itself: every code (−0 and the padding of a
+// short last half block included), UE4M3 scale bytes from 0 (a zero block)
+// to 0x7E and NaN blocks (0x7F), tensor scales whose product overflows FP32
+// or falls into its subnormals; against NVFP4 and against MXFP8 (the float
+// path, where each half block's byte scales its own 16 elements).
+TEST(HlsKernel, RandomNvfp4CodesAndScalesMatchReference) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const float tensor_scales[] = {1.0f, 0x1p-70f, 0x1p+70f, 3.1e-3f, 1.7e+4f, 0x1p-126f};
+  const auto random_nvfp4 = [&](int64_t rows, int64_t cols) {
+    QuantizedMatrix m = mx::AllocateQuantized(Format::kNvfp4, rows, cols);
+    for (uint8_t& b : m.elements) b = static_cast<uint8_t>(byte(rng));
+    for (uint8_t& s : m.block_scales) {
+      const int draw = byte(rng);
+      s = draw < 6 ? mx::kNvScaleNan : draw < 12 ? 0 : static_cast<uint8_t>(draw % 0x7F);
+    }
+    for (float& t : m.row_scales) t = tensor_scales[byte(rng) % 6];
+    return m;
+  };
+  for (const int64_t k : {16, 40, 96, 150}) {  // even and odd half-block counts
+    const QuantizedMatrix x = random_nvfp4(9, k), w = random_nvfp4(21, k);
+    ASSERT_TRUE(mx::ValidateLayout(x).ok() && mx::ValidateLayout(w).ok());
+    std::vector<float> bias = Gaussian(21, rng);
+    bias[3] = -0.0f;
+    ExpectKernelMatchesReference(x, w, {}, absl::StrCat("NVFP4 random codes K=", k));
+    ExpectKernelMatchesReference(x, w, bias, absl::StrCat("NVFP4 random codes K=", k, " +bias"));
+    const QuantizedMatrix w8 = Quantize(Gaussian(21 * k, rng), 21, k, Format::kMxfp8E4m3);
+    ExpectKernelMatchesReference(x, w8, bias, absl::StrCat("NVFP4 random codes x MXFP8 K=", k));
+    ExpectKernelMatchesReference(w8, x, {}, absl::StrCat("MXFP8 x NVFP4 random codes K=", k));
+  }
+}
+
+// tests/golden/nvfp4.json's GEMMs (an independent rational model of the
+// recipe): the kernel gives every case's bits.
+TEST(HlsKernel, Nvfp4GoldenGemms) {
+  std::ifstream in(MXSERVE_SOURCE_DIR "/tests/golden/nvfp4.json");
+  ASSERT_TRUE(in.good()) << "tests/golden/nvfp4.json not found";
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const auto floats = [](const nlohmann::json& hexes) {
+    std::vector<float> out;
+    for (const auto& h : hexes) {
+      out.push_back(std::bit_cast<float>(
+          static_cast<uint32_t>(std::stoul(h.get<std::string>(), nullptr, 16))));
+    }
+    return out;
+  };
+  ASSERT_GE(golden.at("gemm").size(), 3u);
+  for (const nlohmann::json& c : golden.at("gemm")) {
+    const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
+    const std::vector<float> bias = c.at("bias").is_null() ? std::vector<float>{} : floats(c.at("bias"));
+    const QuantizedMatrix qa = *mx::QuantizeRows(floats(c.at("a")), m, k, Format::kNvfp4);
+    const QuantizedMatrix qb = *mx::QuantizeColumns(floats(c.at("b")), k, n, Format::kNvfp4);
+    std::vector<float> y(m * n);
+    ASSERT_TRUE(fpga::RunKernelOnHost(fpga::ToDevice(qa), fpga::ToDevice(qb), bias, y).ok());
+    EXPECT_TRUE(mx_test::SameBitsAll(y, floats(c.at("c")))) << c.at("id");
   }
 }
 
@@ -175,6 +237,11 @@ TEST(HlsKernel, NegativeZerosSurvive) {
     ExpectKernelMatchesReference(Quantize(x_values, 1, k, f), Quantize(w_values, 2, k, f), bias,
                                  absl::StrCat(mx::FormatName(f), " -0.0 row"));
   }
+  // A -0 code of a block format meets FP16 weights on the float path.
+  for (Format f : {Format::kMxfp8E4m3, Format::kMxfp4E2m1, Format::kMxint8, Format::kNvfp4}) {
+    ExpectKernelMatchesReference(Quantize(x_values, 1, k, f), Quantize(w_values, 2, k, Format::kFp16),
+                                 bias, absl::StrCat(mx::FormatName(f), " -0 codes x FP16"));
+  }
   QuantizedMatrix x = Quantize(std::vector<float>(k, 0.0f), 1, k, Format::kInt8);
   x.row_scales[0] = -1.0f;  // packed by a client: nothing forbids the sign
   const QuantizedMatrix w = Quantize(w_values, 2, k, Format::kInt8);
@@ -196,7 +263,7 @@ TEST(HlsKernel, ControlWordEncodesEveryFormatAndItsDatapath) {
         EXPECT_EQ(mxhls::ControlX(c), hx);
         EXPECT_EQ(mxhls::ControlW(c), fpga::HwFormatOf(fw));
         EXPECT_EQ(mxhls::ControlHasBias(c), bias);
-        EXPECT_EQ(c >> 11, 0u) << "bits above the datapath field are reserved";
+        EXPECT_EQ(c >> 12, 0u) << "bits above the datapath field are reserved";
         const mxhls::Datapath path = mxhls::ControlPath(c);
         const std::string pair = absl::StrCat(mx::FormatName(fx), " x ", mx::FormatName(fw));
         switch (mx::GemmPathFor(fx, fw)) {
@@ -213,7 +280,7 @@ TEST(HlsKernel, ControlWordEncodesEveryFormatAndItsDatapath) {
             EXPECT_EQ(path, mxhls::kPathFloat) << pair;
             break;
           case mx::GemmPath::kNvBlocks:
-            ADD_FAILURE() << pair << ": NVFP4 has no datapath in the kernel";
+            EXPECT_EQ(path, mxhls::kPathNv) << pair;
             break;
         }
       }
@@ -222,6 +289,7 @@ TEST(HlsKernel, ControlWordEncodesEveryFormatAndItsDatapath) {
   // Two fixed words, so the encoding cannot drift silently.
   EXPECT_EQ(fpga::ControlWord(Format::kMxfp4E2m1, Format::kMxfp8E4m3, true), 0x304u);
   EXPECT_EQ(fpga::ControlWord(Format::kBf16, Format::kBf16, false), 0x677u);
+  EXPECT_EQ(fpga::ControlWord(Format::kNvfp4, Format::kNvfp4, true), 0x9AAu);
 }
 
 // Device buffers: MX operands byte for byte as mx/ packs them, dense formats
@@ -234,7 +302,23 @@ TEST(HlsKernel, DeviceBuffersRoundTrip) {
     const fpga::DeviceOperand d = fpga::ToDevice(m);
     const int64_t row_words = 2 * mxhls::WordsPerBlock(fpga::HwFormatOf(f));
     ASSERT_EQ(static_cast<int64_t>(d.elements.size()), rows * row_words) << mx::FormatName(f);
-    if (mx::IsMx(f)) {
+    if (f == Format::kNvfp4) {
+      // Three half blocks a row: mx/'s three words, then a zero fourth.
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(0, std::memcmp(&d.elements[r * 4], m.elements.data() + r * 24, 24)) << r;
+        EXPECT_EQ(d.elements[r * 4 + 3], 0u) << r;
+      }
+      // Scale bytes: two per device block, rows × 2 × 2, a zero fourth byte per
+      // row; the tensor scales from word ceil(12 / 8) = 2.
+      const auto* bytes = reinterpret_cast<const uint8_t*>(d.scales.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int h = 0; h < 3; ++h) EXPECT_EQ(bytes[r * 4 + h], m.block_scales[r * 3 + h]);
+        EXPECT_EQ(bytes[r * 4 + 3], 0);
+      }
+      ASSERT_EQ(mxhls::NvRowScaleWord(rows, 2), 2);
+      ASSERT_EQ(d.scales.size(), 2u + 2u + 1u);
+      EXPECT_EQ(0, std::memcmp(&d.scales[2], m.row_scales.data(), rows * sizeof(float)));
+    } else if (mx::IsMx(f)) {
       EXPECT_EQ(0, std::memcmp(d.elements.data(), m.elements.data(), m.elements.size()))
           << mx::FormatName(f) << ": the device gets mx/'s packed bytes";
     } else {

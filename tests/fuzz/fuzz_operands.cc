@@ -1,7 +1,8 @@
 // Fuzz target: the operand decoders of every compute request, and what runs on
 // what they accept. The first byte picks the decoder:
 //   even  a PackedOperand (DecodePacked); an accepted MX, NVFP4 or INT8 operand then
-//         runs through the fast kernels and the reference, which must agree
+//         runs through the fast kernels, the FPGA kernel's C++ (hls-sim's
+//         device buffers; small operands) and the reference, which must agree
 //         bit for bit (W: a fixed matrix of the same format and K)
 //   odd   a dense Tensor (DecodeMatrix); an accepted one is quantized by the fast
 //         quantizer and the reference into the format the second byte picks,
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "fpga/host/device_buffers.h"
 #include "mx/kernels/linear.h"
 #include "mx/kernels/quantize_fast.h"
 #include "mx/packed.h"
@@ -51,6 +53,11 @@ void Packed(const uint8_t* data, size_t size) {
   const bool same = x->format == mx::Format::kNvfp4 ? mx_test::SameBitsAll(*fast, *reference)
                                                     : Identical(*fast, *reference);
   if (!same) std::abort();
+  // The FPGA kernel: any two NaNs are equal (the contract), the rest bit for bit.
+  if (x->rows * x->cols > 4096) return;  // the PE array's C++ is slow; keep mutations fast
+  std::vector<float> y(x->rows * w->rows);
+  if (!fpga::RunKernelOnHost(fpga::ToDevice(*x), fpga::ToDevice(*w), {}, y).ok()) std::abort();
+  if (!mx_test::SameBitsAll(y, *reference)) std::abort();
 }
 
 void Dense(uint8_t format_byte, const uint8_t* data, size_t size) {

@@ -1,7 +1,8 @@
 """NVFP4 end to end: the torch emulator (CPU, and CUDA where there is one) against
 tests/golden/nvfp4.json (an exact rational model of the recipe, its own code),
 mxctl's reference quantizer and GEMM, and the real daemon — Gemm, LayerForward and
-LayerBackward on the cpu backend bit for bit, and the FPGA backends' refusal by name."""
+LayerBackward on the cpu backend bit for bit, and the golden GEMMs on the cpu and
+hls-sim (FPGA kernel) backends and through `mxctl gemm`."""
 
 import json
 import pathlib
@@ -114,18 +115,50 @@ def test_the_daemon_computes_nvfp4_with_the_emulators_bits(client, device):
     client.delete_model(name)
 
 
-def test_the_fpga_backends_refuse_nvfp4_by_name():
-    d = Daemon("--backend", "hls-sim", "--workers", "1")
+def run_mxctl_gemm(tmp_path, a, b, server=None) -> torch.Tensor:
+    m, k = a.shape
+    n = b.shape[1]
+    a.numpy().tofile(tmp_path / "a.f32")
+    b.numpy().tofile(tmp_path / "b.f32")
+    args = [str(MXCTL), "gemm", "--format", "nvfp4", "--a", str(tmp_path / "a.f32"), "--b",
+            str(tmp_path / "b.f32"), "--m", str(m), "--k", str(k), "--n", str(n), "--output",
+            str(tmp_path / "c.f32")] + (["--server", server] if server else [])
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return torch.from_numpy(np.fromfile(tmp_path / "c.f32", np.float32)).reshape(m, n)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "hls-sim"])
+def test_every_golden_gemm_on_the_daemon_and_mxctl(tmp_path, backend):
+    """The golden GEMMs through the daemon's Gemm (no bias) or a LayerForward of
+    a layer holding B's transpose and the bias, and through `mxctl gemm`
+    locally and --server: the cases' bits on the cpu backend and on hls-sim (the
+    FPGA kernel's C++, its NVFP4 datapath)."""
+    kernel = "hls/nv_blocks" if backend == "hls-sim" else "/nv_i8"
+    d = Daemon("--backend", backend, "--workers", "1")
     try:
         with mxserve.Client(d.address, timeout=60) as c:
             c.wait_ready(timeout=10)
-            with pytest.raises(mxserve.MxserveError) as refused:
-                c.gemm(torch.ones(2, 32), torch.ones(32, 2), "NVFP4", phase="rollout")
-            assert refused.value.code == grpc.StatusCode.UNIMPLEMENTED
-            assert refused.value.message.startswith(
-                "format: NVFP4 is not in the FPGA kernel yet (--backend hls-sim)")
-            # Still serving, other formats as before.
-            assert c.gemm(torch.ones(2, 32), torch.ones(32, 2), "MXFP4",
-                          phase="rollout").output.shape == (2, 2)
+            for case in golden()["gemm"]:
+                m, k, n = case["m"], case["k"], case["n"]
+                a, b = floats(case["a"]).reshape(m, k), floats(case["b"]).reshape(k, n)
+                want = floats(case["c"]).reshape(m, n)
+                if case["bias"] is None:
+                    result = c.gemm(a, b, "NVFP4", phase="rollout")
+                    assert result.info.kernel.endswith(kernel), result.info.kernel
+                    assert_same_bits(result.output, want, f"{case['id']} Gemm on {backend}")
+                    assert_same_bits(run_mxctl_gemm(tmp_path, a, b), want,
+                                     f"{case['id']} mxctl gemm")
+                    assert_same_bits(run_mxctl_gemm(tmp_path, a, b, d.address), want,
+                                     f"{case['id']} mxctl gemm --server ({backend})")
+                else:
+                    name = f"golden-{case['id']}"
+                    c.register_model(name, [LayerSpec("fc", n, k, True)])
+                    c.upload_weights(name, {"fc": (b.t().contiguous(), floats(case["bias"]))},
+                                     publish=True)
+                    result = c.forward(name, "fc", a, format="NVFP4", phase="rollout")
+                    assert result.info.kernel.endswith(kernel), result.info.kernel
+                    assert_same_bits(result.output, want, f"{case['id']} LayerForward on {backend}")
+                    c.delete_model(name)
     finally:
-        assert d.stop() == 0
+        assert d.stop() == 0, "\n".join(d.log_lines[-20:])

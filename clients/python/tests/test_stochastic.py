@@ -18,7 +18,7 @@ from conftest import Daemon  # noqa: E402
 from test_emulator import assert_same_bits, hostile  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-FORMATS = ["MXFP4_E2M1", "MXFP6_E3M2", "MXFP8_E4M3", "MXFP8_E5M2", "MXINT8", "INT8"]
+FORMATS = ["MXFP4_E2M1", "MXFP6_E3M2", "MXFP8_E4M3", "MXFP8_E5M2", "MXINT8", "INT8", "NVFP4"]
 
 
 def test_the_generators_known_answers():
@@ -103,7 +103,7 @@ def test_layer_calls_match_the_daemon_slices_included(backend_client, device):
     backend_client.register_model(name, [LayerSpec("fc", n, k, True)])
     backend_client.upload_weights(name, {"fc": (weight, bias)}, publish=True)
     xd, dyd = x.to(device), dy.to(device)
-    for fmt in ("MXFP4_E2M1", "MXFP8_E4M3", "INT8"):
+    for fmt in ("MXFP4_E2M1", "MXFP8_E4M3", "INT8", "NVFP4"):
         forward = backend_client.forward(name, "fc", x, format=fmt, phase="rollout",
                                          rounding="stochastic", seed=7)
         want = em.linear(em.quantize(xd, fmt, "stochastic", seed=7,

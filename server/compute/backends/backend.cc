@@ -5,15 +5,7 @@
 
 namespace mxserve {
 
-absl::Status CheckKernelFormat(mx::Format format, absl::string_view backend) {
-  if (format != mx::Format::kNvfp4) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "format: NVFP4 is not in the FPGA kernel yet (--backend ", backend,
-      "); --backend cpu computes it exactly (fpga/README.md)"));
-}
-
 absl::Status CheckWeightFits(const mx::QuantizedMatrix& w) {
-  if (absl::Status s = CheckKernelFormat(w.format, "hls-sim or fpga"); !s.ok()) return s;
   return fpga::CheckKernelShapes(/*m=*/1, w.rows, w.cols, w.cols, /*bias_size=*/0,
                                  static_cast<size_t>(w.rows));
 }

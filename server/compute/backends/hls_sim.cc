@@ -29,7 +29,7 @@ class HlsSimBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
       mx::QuantizedMatrix w) override {
     // A weight the kernel cannot take is refused here, before it is laid out
-    // and charged to the budget (the same message a GEMM with it would give).
+    // and charged to the budget (the message a GEMM with it would give).
     if (absl::Status s = CheckWeightFits(w); !s.ok()) return s;
     return std::make_shared<const DeviceWeight>(fpga::ToDevice(w));
   }
@@ -43,17 +43,12 @@ class HlsSimBackend final : public Backend {
 
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                                      std::span<const float> bias, std::span<float> y) override {
-    // Refused before W is laid out for the card.
-    if (absl::Status s = CheckKernelFormat(w.format, name()); !s.ok()) return s;
     return Run(x, fpga::ToDevice(w), bias, y);
   }
 
  private:
   static absl::StatusOr<std::string> Run(const mx::QuantizedMatrix& x, const fpga::DeviceOperand& w,
                                          std::span<const float> bias, std::span<float> y) {
-    for (const mx::Format format : {x.format, w.format}) {
-      if (absl::Status s = CheckKernelFormat(format, "hls-sim"); !s.ok()) return s;
-    }
     if (absl::Status s = fpga::RunKernelOnHost(fpga::ToDevice(x), w, bias, y); !s.ok()) return s;
     return fpga::KernelName(x.format, w.format);
   }
