@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -87,6 +88,20 @@ absl::Status Resolve(mxclient::Client& client, const Args& args) {
   if (!response.ok()) return ServerError("Policies.ResolvePolicy", response.status());
   std::printf("model %s, policy %s\n", model.c_str(), response->policy().c_str());
   std::fputs(PhaseLayerTable(response->entries(), /*show_rules=*/true).c_str(), stdout);
+  // The phases whose operands a layer call brings are not floor and nearest
+  // even: the policy's "scale_rules" and "roundings" (the same for every layer).
+  std::set<v1::Phase> said;
+  for (const v1::ResolvedFormat& entry : response->entries()) {
+    const bool floor = entry.scale_rule() == v1::SCALE_RULE_FLOOR ||
+                       entry.scale_rule() == v1::SCALE_RULE_UNSPECIFIED;
+    if ((floor && entry.rounding() == v1::ROUNDING_NEAREST_EVEN) ||
+        !said.insert(entry.phase()).second) {
+      continue;
+    }
+    std::printf("%s: scale rule %s, rounding %s\n", mxserve::WireName(entry.phase()).c_str(),
+                floor ? "floor" : mxserve::WireName(entry.scale_rule()).c_str(),
+                mxserve::WireName(entry.rounding()).c_str());
+  }
   return absl::OkStatus();
 }
 

@@ -151,6 +151,8 @@ absl::Status PoliciesService::Resolve(const v1::ResolvePolicyRequest& request,
       entry->set_layer(layer.spec.name);
       entry->set_format(ToProto(resolved.format));
       entry->set_rule(resolved.rule);
+      entry->set_scale_rule(ToProto(stored.policy->scale_rules[static_cast<size_t>(phase)]));
+      entry->set_rounding(ToProto(stored.policy->roundings[static_cast<size_t>(phase)]));
     }
   }
   return absl::OkStatus();

@@ -536,6 +536,8 @@ absl::Status ProfilesService::Generate(const v1::GeneratePolicyRequest& request,
       entry->set_layer(layer);
       entry->set_format(ToProto(resolved.format));
       entry->set_rule(resolved.rule);
+      entry->set_scale_rule(ToProto(generated.policy.scale_rules[static_cast<size_t>(p.phase)]));
+      entry->set_rounding(ToProto(generated.policy.roundings[static_cast<size_t>(p.phase)]));
     }
   }
   return absl::OkStatus();

@@ -178,8 +178,19 @@ TEST_F(MxctlRemote, PolicyPutListGetActivateResolveDelete) {
       Contains(out, R"(\nlayers\.0\.q_proj +FP16 \(rule 0\) +FP16 \(rule 0\) +FP16 \(rule 0\)\n)"))
       << out;
   EXPECT_TRUE(Contains(out, R"(\nlayers\.0\.mlp +MXFP4_E2M1 +MXFP6_E2M3 +BF16\n)")) << out;
+  EXPECT_EQ(out.find("scale rule"), std::string::npos) << "floor and nearest even go unsaid";
   out = Ok("policy resolve --model policed --policy fp16-baseline");
   EXPECT_TRUE(Contains(out, R"(\nlayers\.0\.mlp +FP16 +FP16 +FP16\n)")) << out;
+  // A policy's scale rules and roundings, per phase, under the table.
+  std::ofstream(Path("numerics.json")) << R"({
+    "name": "numerics-policy", "defaults": {"rollout": "MXFP4", "reward": "MXFP4", "update": "MXFP4"},
+    "scale_rules": {"update": "rceil"}, "roundings": {"update": "stochastic", "reward": "away"}})";
+  Ok("policy put --file " + Path("numerics.json"));
+  out = Ok("policy resolve --model policed --policy numerics-policy");
+  EXPECT_TRUE(Contains(out, "\nreward: scale rule floor, rounding nearest_away\n"
+                            "update: scale rule rceil, rounding stochastic\n$"))
+      << out;
+  Ok("policy delete numerics-policy");
 
   // In use: the daemon refuses, and says so.
   ExpectOneErrorLine(Run("policy delete test-policy"), 1,

@@ -159,6 +159,22 @@ def phase_name(wire: int) -> str:
     return enum_name(pb.Phase, wire)
 
 
+# Rounding's names as the client's arguments and the emulator take them.
+_ROUNDING_WORDS = {"nearest_even": "even", "nearest_away": "away"}
+
+
+def rounding_name(wire: int) -> str:
+    """"even", "away" or "stochastic" (what `rounding=` arguments take)."""
+    name = enum_name(pb.Rounding, wire)
+    return _ROUNDING_WORDS.get(name, name)
+
+
+def scale_rule_name(wire: int) -> str:
+    """"floor", "no_saturation", "ceil" or "rceil"; SCALE_RULE_UNSPECIFIED (a daemon
+    that does not say) is "floor", the rule it then applies."""
+    return "floor" if wire == pb.SCALE_RULE_UNSPECIFIED else enum_name(pb.ScaleRule, wire)
+
+
 def format_to_wire(fmt: FormatLike) -> int:
     """A format name (case-insensitive; 'MXFP8', 'MXFP6', 'MXFP4' as shorthands) or
     wire value; None, '' or 'policy' leave the choice to the model's policy."""

@@ -508,13 +508,13 @@ class Client:
 
     def resolve_policy(self, model: str, policy: str = "",
                        timeout: Optional[float] = CLIENT_TIMEOUT) -> ResolvedPolicy:
-        """The phase × layer → format table `policy` (default: the active one) gives."""
+        """The phase × layer → format table `policy` (default: the active one) gives,
+        each entry with the phase's scale rule and rounding."""
         response = self._call("ResolvePolicy", self._policies.ResolvePolicy,
                               policies_pb2.ResolvePolicyRequest(model=model, policy=policy),
                               timeout)
-        return ResolvedPolicy(response.policy, tuple(
-            ResolvedFormat(_wire.phase_name(e.phase), e.layer, _wire.format_name(e.format), e.rule)
-            for e in response.entries))
+        return ResolvedPolicy(response.policy,
+                              tuple(ResolvedFormat.from_proto(e) for e in response.entries))
 
     # --- profiles ------------------------------------------------------------------------
 

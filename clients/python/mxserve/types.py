@@ -139,6 +139,15 @@ class ResolvedFormat:
     layer: str
     format: str
     rule: int  # index of the matching rule, -1 for the phase default
+    # The policy's for the phase ("scale_rules", "roundings"): what the operands a
+    # layer call brings get when the call sets neither.
+    scale_rule: str = "floor"
+    rounding: str = "even"
+
+    @classmethod
+    def from_proto(cls, e) -> "ResolvedFormat":
+        return cls(_wire.phase_name(e.phase), e.layer, _wire.format_name(e.format), e.rule,
+                   _wire.scale_rule_name(e.scale_rule), _wire.rounding_name(e.rounding))
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,10 @@ class ResolvedPolicy:
     def table(self) -> Dict[Tuple[str, str], str]:
         """{(phase, layer): format}."""
         return {(e.phase, e.layer): e.format for e in self.entries}
+
+    def choices(self) -> Dict[Tuple[str, str], ResolvedFormat]:
+        """{(phase, layer): entry}: the format with its scale rule and rounding."""
+        return {(e.phase, e.layer): e for e in self.entries}
 
 
 @dataclass(frozen=True)
@@ -474,9 +487,7 @@ class GeneratedPolicy:
                          fp16_joules_per_token=p.fp16_joules_per_token,
                          fp16_seconds_per_token=p.fp16_seconds_per_token, budget=p.budget)
             for p in response.phases)
-        entries = tuple(ResolvedFormat(_wire.phase_name(e.phase), e.layer,
-                                       _wire.format_name(e.format), e.rule)
-                        for e in response.entries)
+        entries = tuple(ResolvedFormat.from_proto(e) for e in response.entries)
         return cls(PolicyInfo.from_proto(response.policy), phases, entries)
 
     @property
@@ -486,6 +497,10 @@ class GeneratedPolicy:
     def table(self) -> Dict[Tuple[str, str], str]:
         """{(phase, layer): format}."""
         return {(e.phase, e.layer): e.format for e in self.entries}
+
+    def choices(self) -> Dict[Tuple[str, str], ResolvedFormat]:
+        """{(phase, layer): entry}: the format with its scale rule and rounding."""
+        return {(e.phase, e.layer): e for e in self.entries}
 
     def formats(self, phase: _wire.PhaseLike) -> Dict[str, str]:
         """{layer: format} of one phase, in registration order."""

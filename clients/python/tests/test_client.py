@@ -212,6 +212,19 @@ def test_policies(client, model_name):
     assert table == {("rollout", "fc"): "MXFP4_E2M1", ("reward", "fc"): "MXFP8_E4M3",
                      ("update", "fc"): "FP16"}
     assert client.resolve_policy(model_name, "fp16-baseline").policy == "fp16-baseline"
+    # Each entry says the phase's scale rule and rounding (floor and nearest even
+    # where the policy names none), so a client computing locally can follow them.
+    client.put_policy({"name": "py-numerics", "defaults": {"rollout": "MXFP4", "reward": "INT8",
+                                                            "update": "MXFP8_E4M3"},
+                       "scale_rules": {"update": "rceil", "reward": "no_saturation"},
+                       "roundings": {"update": "stochastic", "rollout": "away"}})
+    choices = client.resolve_policy(model_name, "py-numerics").choices()
+    assert {(p, c.format, c.scale_rule, c.rounding) for (p, _), c in choices.items()} == {
+        ("rollout", "MXFP4_E2M1", "floor", "away"), ("reward", "INT8", "no_saturation", "even"),
+        ("update", "MXFP8_E4M3", "rceil", "stochastic")}
+    assert {(c.scale_rule, c.rounding) for c in
+            client.resolve_policy(model_name).choices().values()} == {("floor", "even")}
+    client.delete_policy("py-numerics")
     with pytest.raises(mxserve.MxserveError) as error:
         client.delete_policy("py-phases")
     assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION

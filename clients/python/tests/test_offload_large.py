@@ -27,10 +27,11 @@ def projection_model():
     return nn.Sequential(nn.Linear(64, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, VOCAB))
 
 
-def step(model, client, name, fmt, run=""):
+def step(model, client, name, fmt, run="", compute="daemon", policy="", seed=0):
     """One offloaded forward and backward in phase update; the logits, every
     parameter's gradient, and the session (restored, its model deleted)."""
-    session = offload(model, client, name=name, format=fmt, grad_weight="remote")
+    session = offload(model, client, name=name, format=fmt, grad_weight="remote",
+                      compute=compute, policy=policy, seed=seed)
     torch.manual_seed(12)
     x = torch.randn(TOKENS, 64)
     target = torch.randint(0, VOCAB, (TOKENS,))
@@ -65,6 +66,33 @@ def test_split_calls_give_the_bits_of_unsplit_ones(client, small_client, model_n
     assert split_grads.keys() == whole_grads.keys()
     for name, grad in whole_grads.items():
         assert torch.equal(bits(split_grads[name]), bits(grad)), name
+
+
+# The update phase rounds stochastically under the rceil rule: split calls then
+# draw per request, and NVFP4 takes a tensor scale per request.
+SPLIT_POLICY = {"name": "large-numerics", "description": "stochastic update",
+                "defaults": {"rollout": "MXFP8_E4M3", "reward": "MXFP8_E4M3", "update": "MXFP4"},
+                "scale_rules": {"update": "rceil"}, "roundings": {"update": "stochastic"}}
+
+
+@pytest.mark.parametrize("fmt", ["MXFP4_E2M1", "NVFP4"])
+def test_local_split_calls_give_the_daemons_bits(small_client, model_name, fmt):
+    """compute="local" computes split calls piece by piece where the split changes
+    bits, with the seeds daemon mode sends: the daemon's logits and gradients."""
+    small_client.put_policy(SPLIT_POLICY)
+    model = projection_model()
+    results = {}
+    for compute, seed in (("daemon", 5), ("local", 5), ("local", 6)):
+        logits, grads, session = step(copy.deepcopy(model), small_client,
+                                      f"{model_name}-{compute}-{seed}", fmt, compute=compute,
+                                      policy=SPLIT_POLICY["name"], seed=seed)
+        assert session.totals["update"].requests > 4  # split
+        results[compute, seed] = logits, grads
+    (d_logits, d_grads), (l_logits, l_grads) = results["daemon", 5], results["local", 5]
+    assert torch.equal(bits(l_logits), bits(d_logits))
+    for name, grad in d_grads.items():
+        assert torch.equal(bits(l_grads[name]), bits(grad)), name
+    assert not torch.equal(bits(results["local", 6][0]), bits(l_logits))
 
 
 def test_the_ledger_books_every_piece(small_client, model_name):

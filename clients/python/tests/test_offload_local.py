@@ -27,15 +27,24 @@ MIXED = {"name": "local-mixed", "description": "every numerics path in one step"
          "rules": [{"phase": "update", "layers": "*mlp*", "format": "FP16"}]}
 
 
+# The policy's scale rules and stochastic roundings, NVFP4 among the formats: the
+# local emulator must apply them with the seeds daemon mode sends.
+NUMERICS = {"name": "local-numerics", "description": "scale rules and stochastic rounding",
+            "defaults": {"rollout": "NVFP4", "reward": "MXFP6_E3M2", "update": "MXFP4"},
+            "rules": [{"phase": "update", "layers": "*mlp*", "format": "INT8"}],
+            "scale_rules": {"update": "rceil", "reward": "ceil"},
+            "roundings": {"update": "stochastic", "rollout": "stochastic"}}
+
+
 def lm(config, seed):
     torch.manual_seed(seed)
     return build_model(ModelConfig(**config)).eval()
 
 
-def trainer(client, compute, run, config=TINY, policy="local-mixed"):
+def trainer(client, compute, run, config=TINY, policy="local-mixed", seed=0):
     ppo = rlhf.PPOConfig(batch_size=4, response_length=4, learning_rate=1e-3)
     return rlhf.PPOTrainer(client, lm(config, 0), rlhf.RewardModel(lm(config, 2)), ppo,
-                           eos_id=EOS, pad_id=PAD, seed=0, policy=policy, run=run,
+                           eos_id=EOS, pad_id=PAD, seed=seed, policy=policy, run=run,
                            name_prefix=f"t-{compute}-{config['arch']}", compute=compute)
 
 
@@ -52,14 +61,15 @@ def energy(client, run):
             for e in client.energy_report(run=run).entries}
 
 
-@pytest.mark.parametrize("config", [TINY, GPT2], ids=["qwen2", "gpt2"])
-def test_local_ppo_step_equals_the_daemon_step(client, config):
-    client.put_policy(MIXED)
-    runs = {"daemon": f"local-test/daemon-{config['arch']}",
-            "local": f"local-test/local-{config['arch']}"}
+@pytest.mark.parametrize("config,policy", [(TINY, MIXED), (GPT2, MIXED), (TINY, NUMERICS)],
+                         ids=["qwen2", "gpt2", "qwen2-rules-stochastic"])
+def test_local_ppo_step_equals_the_daemon_step(client, config, policy):
+    client.put_policy(policy)
+    tag = f"{config['arch']}-{policy['name']}"
+    runs = {"daemon": f"local-test/daemon-{tag}", "local": f"local-test/local-{tag}"}
     results = {}
     for compute, run in runs.items():
-        t = trainer(client, compute, run, config)
+        t = trainer(client, compute, run, config, policy["name"])
         try:
             metrics = [t.step(PROMPTS) for _ in range(2)]
             results[compute] = (metrics, {n: p.detach().clone()
@@ -86,6 +96,32 @@ def test_local_ppo_step_equals_the_daemon_step(client, config):
         assert e_l[key][2] == requests, key
         assert e_l[key][0] == pytest.approx(joules, rel=1e-12), key
         assert e_l[key][1] == pytest.approx(seconds, rel=1e-12), key
+
+
+def test_the_session_seed_keys_local_stochastic_rounding(client):
+    """The stochastic policy really rounds stochastically here: the same session
+    seed gives the same output, another seed another; the trainer keys each of
+    its sessions by its own seed and the session's role."""
+    client.put_policy(NUMERICS)
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(4))
+    outputs = []
+    for seed in (5, 5, 6):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(40, 8))
+        session = offload(model, client, f"local-seed-{len(outputs)}", replace=True,
+                          compute="local", policy=NUMERICS["name"], seed=seed)
+        try:
+            with client.phase("update"):
+                outputs.append(bits(model(x)))
+        finally:
+            session.restore()
+    assert torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[0], outputs[2])
+    seeds = set()
+    for seed in (0, 1):
+        t = trainer(client, "local", "", TINY, NUMERICS["name"], seed)
+        seeds |= {s._seed for s in t.sessions.values()}
+        t.close()
+    assert len(seeds) == 6
 
 
 def test_local_layer_formats_follow_the_policy(client):

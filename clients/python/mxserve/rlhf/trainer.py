@@ -313,10 +313,14 @@ class PPOTrainer:
         self.sessions: Dict[str, OffloadSession] = {}
         if client is not None:
             try:
-                for role, module in (("policy", self.model), ("reference", self.reference),
-                                     ("reward", self.reward_model)):
+                # Each session keys a policy's stochastic rounding by the run's
+                # seed and its role, so two seeds draw different bits.
+                for index, (role, module) in enumerate((("policy", self.model),
+                                                        ("reference", self.reference),
+                                                        ("reward", self.reward_model))):
                     self.sessions[role] = offload(module, client, f"{name_prefix}.{role}",
-                                                  policy=policy, replace=True, compute=compute)
+                                                  policy=policy, replace=True, compute=compute,
+                                                  seed=seed * 3 + index)
             except BaseException:
                 self.close()
                 raise

@@ -29,8 +29,12 @@ of an unsplit call, and each is booked, so the energy ledger holds the whole.
 `offload(..., compute="local")` runs every offloaded layer in this process instead,
 on the layer's own device, with `mxserve.torch.emulator` — the daemon's numerics bit for
 bit (MX and INT8 exactly, the float formats as the same FP32 fma chain) — in the
-format the daemon's policy gives (phase, layer), resolved once per session from
-`Policies.ResolvePolicy` and cached (`refresh_policy()` asks again). Nothing is
+format the daemon's policy gives (phase, layer), with the phase's scale rule and
+rounding, resolved once per session from `Policies.ResolvePolicy` and cached
+(`refresh_policy()` asks again). Stochastic rounding draws from the seeds
+daemon mode would send, piece by piece where a split call's pieces round
+differently (stochastic rounding, NVFP4's tensor scale), so both modes give the
+same bits. Nothing is
 uploaded and `sync_weights()` has nothing to do: the weights are the trainer's own
 tensors, quantized once per in-place change. The daemon stays the policy and
 energy authority: the session registers the model's layers (never their weights)
@@ -63,7 +67,7 @@ from torch.autograd.function import once_differentiable
 from mxserve import _wire
 from mxserve.client import ENVELOPE_BYTES, Client, MxserveError
 from mxserve.energy_model import WorkKey, work_rows
-from mxserve.types import ExecutionInfo, LayerSpec, WorkCall
+from mxserve.types import ExecutionInfo, LayerSpec, ResolvedFormat, WorkCall
 
 COMPUTE_MODES = ("daemon", "local")
 # Buffered work calls (after merging identical neighbours) that trigger a flush.
@@ -250,10 +254,11 @@ class OffloadSession:
         self._work: Dict[WorkKey, int] = collections.Counter()
         self._originals: Dict[str, nn.Module] = {}
         self._uploaded: Dict[str, Tuple[int, int]] = {}
-        # compute="local": the policy's (phase, layer) → format table, each layer's
-        # weight quantized per format (forward and transposed layouts, keyed by the
-        # parameter's version), and the calls not yet reported to the daemon.
-        self._policy_table: Optional[Dict[Tuple[str, str], str]] = None
+        # compute="local": the policy's (phase, layer) → format, scale rule and
+        # rounding, each layer's weight quantized per format (forward and transposed
+        # layouts, keyed by the parameter's version), and the calls not yet reported
+        # to the daemon.
+        self._policy_choices: Optional[Dict[Tuple[str, str], ResolvedFormat]] = None
         self._quantized: Dict[Tuple[str, str, bool], Tuple[Tuple[int, int], Any]] = {}
         self._pending: List[WorkCall] = []
 
@@ -485,26 +490,48 @@ class OffloadSession:
 
     def refresh_policy(self) -> Dict[Tuple[str, str], str]:
         """Asks the daemon for the model's (phase, layer) → format table again (after
-        `set_active_policy`, or a policy's replacement); local layers use it."""
-        self._policy_table = self.client.resolve_policy(self.model_name).table()
-        return self._policy_table
+        `set_active_policy`, or a policy's replacement), with each phase's scale
+        rule and rounding; local layers use them. Returns the format table."""
+        resolved = self.client.resolve_policy(self.model_name)
+        self._policy_choices = resolved.choices()
+        return resolved.table()
 
-    def local_format(self, layer: OffloadedLinear, phase: Optional[str]) -> str:
-        """The format a local call runs in: the layer's or the session's pin, else the
-        policy's for (phase, layer), canonical."""
+    def _policy_choice(self, layer: OffloadedLinear, phase: Optional[str]) -> ResolvedFormat:
         if phase is None:
             raise ValueError(f"{layer.layer_name}: phase: required for compute='local' (as the "
                              "daemon requires it); run the model inside "
                              "client.phase('rollout' | 'reward' | 'update')")
+        if self._policy_choices is None:
+            self.refresh_policy()
+        choice = self._policy_choices.get((phase, layer.layer_name))
+        if choice is None:
+            raise ValueError(f"{layer.layer_name}: the daemon's policy table for model "
+                             f"{self.model_name!r} has no entry for phase {phase!r}")
+        return choice
+
+    def local_format(self, layer: OffloadedLinear, phase: Optional[str]) -> str:
+        """The format a local call runs in: the layer's or the session's pin, else the
+        policy's for (phase, layer), canonical."""
+        choice = self._policy_choice(layer, phase)
         pinned = layer.effective_format
         if pinned is not None:  # an alias or a wire value: canonical, as the daemon answers
             return _wire.format_name(_wire.format_to_wire(pinned))
-        table = self._policy_table if self._policy_table is not None else self.refresh_policy()
-        fmt = table.get((phase, layer.layer_name))  # canonical names (ResolvePolicy's)
-        if fmt is None:
-            raise ValueError(f"{layer.layer_name}: the daemon's policy table for model "
-                             f"{self.model_name!r} has no entry for phase {phase!r}")
-        return fmt
+        return choice.format
+
+    def local_numerics(self, layer: OffloadedLinear, phase: Optional[str]) -> Tuple[str, str]:
+        """(scale rule, rounding) of the operands a local call brings: the policy's
+        for the phase, as the daemon applies them to a layer call that names
+        neither — a pinned format included."""
+        choice = self._policy_choice(layer, phase)
+        return choice.scale_rule, choice.rounding
+
+    @staticmethod
+    def _split_matters(fmt: str, rounding: str) -> bool:
+        """Whether daemon calls split into pieces give other bits than one whole
+        call, so a local call must compute piece by piece: stochastic draws are
+        keyed by each request's seed and index, and NVFP4 takes its tensor scale
+        over the operand a request brings."""
+        return rounding == "stochastic" or fmt == "NVFP4"
 
     def _weight_operand(self, layer: OffloadedLinear, fmt: str, transposed: bool):
         """W [N, K] (or Wᵀ [K, N]) quantized to `fmt`, cached until the parameter
@@ -522,14 +549,25 @@ class OffloadSession:
 
     def local_forward(self, layer: OffloadedLinear, x2d: torch.Tensor, fmt: str,
                       phase: str, run: str) -> torch.Tensor:
-        """Y = X·Wᵀ + b with the emulator on X's device, FP32; booked as the
-        LayerForward calls the daemon would have served."""
+        """Y = X·Wᵀ + b with the emulator on X's device, FP32, with the policy's scale
+        rule and rounding; booked as the LayerForward calls the daemon would have
+        served, and with their bits: each call's seed is the one daemon mode would
+        send, and where the split changes bits the pieces are computed apart."""
         from mxserve.torch import emulator
 
+        rule, rounding = self.local_numerics(layer, phase)
+        pieces = self._forward_pieces(layer, x2d.shape[0], x2d.element_size())
+        seeds = [self._next_seed() for _ in pieces]  # one per request, as daemon mode's
+        if len(pieces) == 1 or not self._split_matters(fmt, rounding):
+            pieces, seeds = [range(x2d.shape[0])], seeds[:1]
         started = time.perf_counter()
         bias = None if layer.bias is None else layer.bias.detach()
-        y = emulator.linear(emulator.quantize(x2d, fmt), self._weight_operand(layer, fmt, False),
-                            bias)
+        w = self._weight_operand(layer, fmt, False)
+        outputs = [emulator.linear(
+            emulator.quantize(x2d[rows.start:rows.stop], fmt, rounding, rule, seed=seed,
+                              stream=emulator.STREAMS["forward_input"]), w, bias)
+            for rows, seed in zip(pieces, seeds)]
+        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         seconds = time.perf_counter() - started
         for rows in self._forward_pieces(layer, x2d.shape[0], x2d.element_size()):
             m = len(rows)
@@ -556,12 +594,36 @@ class OffloadSession:
         plan = self._backward_plan(layer, dy.shape[0], dy.element_size(),
                                    x2d.element_size() if emulated_w else None, need_x,
                                    need_b and self.grad_weight == "remote")
+        rule, rounding = self.local_numerics(layer, phase)
+        # The seeds daemon mode sends (remote_backward): one for an unsplit call;
+        # else one shared by the weight_rows slices, then one per grad_input piece.
+        if len(plan) == 1 and plan[0].weight_rows is None:
+            slice_seed = self._next_seed()
+            input_pieces, input_seeds = [range(dy.shape[0])], [slice_seed]
+        else:
+            slice_seed = self._next_seed()
+            input_pieces = [c.rows for c in plan if c.weight_rows is None]
+            input_seeds = [self._next_seed() for _ in input_pieces]
+        split = self._split_matters(fmt, rounding)
+        if not split and len(input_pieces) > 1:  # the same bits in one piece
+            input_pieces, input_seeds = [range(dy.shape[0])], input_seeds[:1]
         started = time.perf_counter()
         grad_x = grad_w = grad_b = None
         if need_x:
-            grad_x = emulator.grad_input(dy, self._weight_operand(layer, fmt, True), fmt)
+            wt = self._weight_operand(layer, fmt, True)
+            parts = [emulator.grad_input(dy[rows.start:rows.stop], wt, fmt, rounding, seed=seed,
+                                         scale_rule=rule)
+                     for rows, seed in zip(input_pieces, input_seeds)]
+            grad_x = parts[0] if len(parts) == 1 else torch.cat(parts)
         if emulated_w:
-            grad_w = emulator.grad_weight(dy, x2d, fmt)
+            slices = [c.weight_rows for c in plan if c.weight_rows is not None]
+            if split and slices:
+                grad_w = torch.cat([self._local_grad_weight_slice(dy, x2d, fmt, rule, rounding,
+                                                                  slice_seed, rows)
+                                    for rows in slices])
+            else:
+                grad_w = emulator.grad_weight(dy, x2d, fmt, rounding, seed=slice_seed,
+                                              scale_rule=rule)
         if need_b and self.grad_weight == "remote":
             grad_b = emulator.column_sums(dy)
         seconds = time.perf_counter() - started
@@ -582,6 +644,22 @@ class OffloadSession:
                                 layer=layer.layer_name, call="backward", format=fmt, m=rows,
                                 n=cols, grad_input=with_input_grad, grad_weight=call.with_input))
         return grad_x, grad_w, grad_b
+
+    @staticmethod
+    def _local_grad_weight_slice(dy: torch.Tensor, x2d: torch.Tensor, fmt: str, rule: str,
+                                 rounding: str, seed: int, rows: Tuple[int, int]) -> torch.Tensor:
+        """Rows [begin, end) of grad_weight as a LayerBackward with weight_rows gives
+        them: dY's columns there, drawing the whole dY's stochastic bits (index
+        offset begin, row stride N), NVFP4 under the slice's own tensor scale."""
+        from mxserve.torch import emulator
+
+        begin, end = rows
+        dyt = emulator.quantize(dy[:, begin:end].t(), fmt, rounding, rule, seed=seed,
+                                stream=emulator.STREAMS["grad_output_columns"], transposed=True,
+                                index_offset=begin, index_row_stride=dy.shape[1])
+        xt = emulator.quantize(x2d.t(), fmt, rounding, rule, seed=seed,
+                               stream=emulator.STREAMS["input_columns"], transposed=True)
+        return emulator.linear(dyt, xt)
 
     def _local_info(self, fmt: str, estimate, seconds: float) -> ExecutionInfo:
         return ExecutionInfo(format=fmt, weight_format=fmt, backend="local", kernel="emulator",
