@@ -196,3 +196,41 @@ def test_all_zero_and_nan_blocks_under_every_rule():
 def test_unknown_rule_names_the_four():
     with pytest.raises(ValueError, match="'floor', 'no_saturation', 'ceil', 'rceil'"):
         em.quantize(torch.zeros(1, 32), "MXFP4", scale_rule="round")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "hls-sim"])
+def test_every_rule_on_the_daemon(backend):
+    """Every vector through the daemon's Gemm (cpu, and hls-sim: the FPGA kernel's
+    C++): A = the golden blocks under the rule and rounding, B = the 32 x 32
+    identity in FP32, so C is A as the daemon quantized it — the golden scales
+    and codes decoded (the emulator's dequantization, held to them above) —
+    wherever a block's values are finite."""
+    import mxserve
+    from conftest import Daemon
+    from test_emulator import assert_same_bits
+
+    d = Daemon("--backend", backend, "--workers", "1")
+    try:
+        with mxserve.Client(d.address, timeout=60) as client:
+            client.wait_ready(timeout=10)
+            groups = {}
+            for c in _cases():
+                groups.setdefault((c["format"], c["rule"], c["rounding"]), []).append(c)
+            identity = torch.eye(32)
+            for (fmt, rule, rounding), cases in groups.items():
+                bits = torch.tensor([[int(v, 16) for v in c["values"]] for c in cases],
+                                    dtype=torch.int64)
+                x = torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32) \
+                    .view(torch.float32)
+                got = client.gemm(x, identity, fmt, "FP32", phase="rollout", rounding=rounding,
+                                  scale_rule=rule)
+                want = em.dequantize(em.quantize(x, fmt, rounding, rule))
+                # A block with an Inf or NaN element (a NaN block; no_saturation's
+                # overflow) spreads it over its whole row (Inf·0 = NaN); the rest
+                # are x·1 plus zeros from +0, so a -0 element comes back +0.
+                finite = torch.isfinite(want).all(dim=1)
+                assert not torch.isfinite(got.output[~finite]).any()
+                assert_same_bits(got.output[finite], want[finite],
+                                 f"{fmt} {rule} {rounding} on {backend}", zero_sign=False)
+    finally:
+        assert d.stop() == 0, "\n".join(d.log_lines[-20:])
