@@ -3,6 +3,7 @@
     from mxserve.torch import offload                 # offloading.py: nn.Linear → mxserved
     from mxserve.torch import profile as mxprofile    # profile.py: sensitivity profiling
     from mxserve.torch import emulator                # the daemon's numerics, in-process
+    from mxserve.torch import search                  # search.py: an RL policy generator
 
 The offloading names resolve on first use, so that `mxserve.torch.emulator` imports
 without the gRPC client (bench/gpu_check.py loads the emulator where the stubs do
