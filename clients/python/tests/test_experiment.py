@@ -208,6 +208,29 @@ def test_hh_rlhf_with_a_checkpoint_directory_runs_the_matrix(daemon, tmp_path):
     assert "Human:" in summary["runs"][0]["examples"][0]["prompt"]
 
 
+def test_an_rl_searched_configuration_runs_beside_the_others(daemon, tmp_path):
+    """kind "rl": mxserve.torch.search on the initial policy's samples (rollout) and
+    on the reward model (reward), joined into one policy the runs then train under;
+    the searches' cost and result are in summary.json."""
+    write_checkpoint(tmp_path / "ckpt")
+    write_hh(tmp_path / "hh")
+    out = tmp_path / "out"
+    rl = {"kind": "rl", "phases": ["rollout", "reward"], "candidates": ["MXFP4", "FP16"],
+          "relative_budget": 0.9, "episodes": 2, "seed": 4}
+    config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "hh", seeds=[0], configurations=[
+        {"name": "FP16", "policy": "fp16-baseline"}, {"name": "RL", "generate": rl}])
+    done = run_experiment(daemon, "--config", str(config), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["configuration"]: r for r in read_rows(out / "results.csv")}
+    assert rows["RL"]["policy"] == "generated rl" and float(rows["RL"]["energy_fpga_model_J"]) > 0
+    summary = json.loads((out / "summary.json").read_text())
+    for phase in ("rollout", "reward"):
+        search = summary["search"]["RL"][phase]
+        assert search["episodes"] == 3 and search["evaluations"] > 0 and search["seconds"] > 0
+    assert "spearman" in summary["search"]["RL"]["reward"]
+    assert "kl" in summary["search"]["RL"]["rollout"]
+
+
 def _refused_before_training(done, message):
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr, done.stderr
@@ -269,6 +292,16 @@ def test_config_errors_name_the_field():
         experiment.load_config({"configurations": [
             {"name": "F", "policy": "fp16-baseline"},
             {"name": "G", "generate": {"kind": "random"}}]})
+    for rl, message in (({"episodes": 0}, r"generate.episodes: expected an integer >= 1"),
+                        ({"relative_budget": 0}, r"generate.relative_budget: expected a "
+                                                 r"positive number"),
+                        ({"candidates": ["NF5"]}, r"generate.candidates\[0\]: expected a format"),
+                        ({"fraction": 0.5}, r"generate.fraction: unknown key"),
+                        ({"phases": ["warmup"]}, r"generate.phases\[0\]: expected a phase")):
+        with pytest.raises(experiment.ConfigError, match=message):
+            experiment.load_config({"configurations": [
+                {"name": "F", "policy": "fp16-baseline"},
+                {"name": "R", "generate": {"kind": "rl", **rl}}]})
     with pytest.raises(experiment.ConfigError, match="task.checkpoint: required"):
         experiment.load_config({"task": {"kind": "hh-rlhf", "data": "x"}})
     # Types are checked too, with the field's path, whatever the file's syntax allows.

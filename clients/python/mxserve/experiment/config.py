@@ -63,6 +63,16 @@ DEFAULT_MATRIX: List[Dict[str, Any]] = [
     {"name": "MX-budget", "generate": {"kind": "budget", "candidates": ["MXFP4", "MXFP8", "FP16"],
                                        "high": "FP16", "metric": "energy",
                                        "relative_budget": 0.5}},
+    # The rollout phase under one budget, two generators: the knapsack over profile
+    # scores and the RL search (mxserve.torch.search), which checks the whole model
+    # after each choice where the knapsack adds per-layer scores.
+    {"name": "budget-rollout", "generate": {"kind": "budget", "phases": ["rollout"],
+                                            "candidates": ["MXFP4", "MXFP8", "FP16"],
+                                            "high": "FP16", "metric": "energy",
+                                            "relative_budget": 0.5}},
+    {"name": "RL-rollout", "generate": {"kind": "rl", "phases": ["rollout"],
+                                        "candidates": ["MXFP4", "MXFP8", "FP16"], "high": "FP16",
+                                        "relative_budget": 0.5, "episodes": 24, "seed": 0}},
 ]
 
 # Each phase alone: one phase in a low format on every layer, the other two in FP16,
@@ -110,6 +120,9 @@ _TOP_KEYS = {"name", "task", "ppo", "seeds", "repetitions", "configurations", "p
 _CONFIG_KEYS = {"name", "policy", "generate"}
 _GENERATE_KEYS = {"kind", "low", "high", "fraction", "budget", "relative_budget", "tolerance",
                   "candidates", "metric", "score", "groups", "phases"}
+# kind "rl": mxserve.torch.search's recipe (run here, not by the daemon).
+_RL_KEYS = {"kind", "high", "candidates", "phases", "relative_budget", "budget_bits",
+            "budget_joules", "episodes", "seed"}
 
 
 @dataclasses.dataclass
@@ -185,10 +198,13 @@ _KIND_NAMES = {int: "an integer", float: "a finite number", bool: "true or false
 def _check_generate(where: str, spec: Any) -> Dict[str, Any]:
     """A generated policy's recipe, checked here so a typo costs no training: the
     daemon checks the numbers against the profile later."""
+    kind = spec.get("kind", "fraction") if isinstance(spec, Mapping) else None
+    if kind == "rl":
+        return _check_rl(where, spec)
     spec = _check_keys(where, spec, _GENERATE_KEYS)
-    kind = spec.get("kind", "fraction")
     if kind not in _GENERATION_KINDS:
-        raise ConfigError(f"{where}.kind: expected {_wire.either(_GENERATION_KINDS)}, got {kind!r}")
+        raise ConfigError(f"{where}.kind: expected {_wire.either(_GENERATION_KINDS + ('rl',))}, "
+                          f"got {kind!r}")
     for key in ("fraction", "budget", "relative_budget", "tolerance"):
         if key in spec:
             values = spec[key]
@@ -216,6 +232,30 @@ def _check_generate(where: str, spec: Any) -> Dict[str, Any]:
     if spec.get("score", "auto") not in PROFILE_SCORES:
         raise ConfigError(f"{where}.score: expected one of {', '.join(PROFILE_SCORES)}, "
                           f"got {spec['score']!r}")
+    return spec
+
+
+def _check_rl(where: str, spec: Mapping) -> Dict[str, Any]:
+    """kind "rl": the search's phases (default rollout), candidate formats (default
+    the search's), budget (relative_budget, budget_bits, budget_joules: positive
+    numbers), episodes and seed, and `high`, the format of the phases not searched."""
+    spec = _check_keys(where, spec, _RL_KEYS)
+    for key in ("relative_budget", "budget_bits", "budget_joules"):
+        if key in spec:
+            _check_value(f"{where}.{key}", spec[key], float, 0)
+            if not spec[key] > 0:
+                raise ConfigError(f"{where}.{key}: expected a positive number, got {spec[key]!r}")
+    _check_value(f"{where}.episodes", spec.get("episodes", 1), int, 1)
+    _check_value(f"{where}.seed", spec.get("seed", 0), int, 0)
+    if "high" in spec:
+        _check_format(f"{where}.high", spec["high"])
+    candidates = _check_value(f"{where}.candidates", spec.get("candidates", ["FP16"]), list)
+    if not candidates:
+        raise ConfigError(f"{where}.candidates: expected at least one format")
+    for i, fmt in enumerate(candidates):
+        _check_format(f"{where}.candidates[{i}]", fmt)
+    for i, phase in enumerate(_check_value(f"{where}.phases", spec.get("phases", []), list)):
+        _check_phase(f"{where}.phases[{i}]", phase)
     return spec
 
 

@@ -317,11 +317,20 @@ def _check_policies(client: Client, experiment: Experiment, prefix: str) -> None
 
 def _generate_policies(client: Client, experiment: Experiment, task: Task, prefix: str,
                        progress: Progress) -> Optional[Dict[str, Any]]:
-    """Generates the `generate` configurations' policies from a sensitivity profile
-    of the initial policy (calibrated on its own samples, with Fisher gradients)."""
-    generated = [c for c in experiment.configurations if c.generate is not None]
-    if not generated:
+    """Generates the `generate` configurations' policies: the daemon's kinds from a
+    sensitivity profile of the initial policy (calibrated on its own samples, with
+    Fisher gradients), kind "rl" by mxserve.torch.search on the same samples."""
+    generated = [c for c in experiment.configurations
+                 if c.generate is not None and c.generate.get("kind") != "rl"]
+    searched = [c for c in experiment.configurations
+                if c.generate is not None and c.generate.get("kind") == "rl"]
+    if not generated and not searched:
         return None
+    info: Dict[str, Any] = {}
+    if searched:
+        info["search"] = _search_policies(client, experiment, task, prefix, searched, progress)
+    if not generated:
+        return info
     from mxserve.torch import profile as mxprofile
 
     progress(f"profiling the policy model for {len(generated)} generated policies")
@@ -334,23 +343,15 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
     session = offload(model, client, f"{prefix}.profile", replace=True)
     try:
         rows = task.train_prompts[:experiment.ppo.batch_size * experiment.profile_batches]
-        batches = []
-        generator = torch.Generator().manual_seed(experiment.eval_seed)
         with session.local():
-            for start in range(0, len(rows), experiment.ppo.batch_size):
-                ids, mask = (t.to(model.value_head.weight.device) for t in
-                             left_pad(rows[start:start + experiment.ppo.batch_size], task.pad_id))
-                rollout = generate(model.lm, ids, mask, experiment.ppo.response_length,
-                                   experiment.ppo.temperature, task.eos_id, task.pad_id, generator,
-                                   vocab_limit=task.vocab_limit)
-                batches.append((rollout.ids, rollout.mask))
+            batches = _calibration_rollouts(experiment, task, model)
         layers = [name for name in session.layers if name != "value_head"]
         captured = mxprofile.capture(session, batches, logits=True, layers=layers,
                                      forward=lambda m, b: m(b[0], b[1])[0])
         prof = mxprofile.profile(client, session, captured,
                                  formats=["MXFP4", "MXFP6", "MXFP8", "INT8", "FP16"])
         for index, c in enumerate(experiment.configurations):
-            if c.generate is None:
+            if c.generate is None or c.generate.get("kind") == "rl":
                 continue
             spec = dict(c.generate)
             kind = spec.pop("kind", "fraction")
@@ -364,10 +365,91 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
             except (TypeError, ValueError) as error:
                 raise ConfigError(f"configurations[{index}] ({c.name}).generate: {error}") from None
             c.policy_name = made.policy.name
-        return {"profile_source": prof.source, "profile_tokens": prof.tokens,
+        return {**info, "profile_source": prof.source, "profile_tokens": prof.tokens,
                 "profile_formats": list(prof.formats)}
     finally:
         session.restore()
+
+
+def _calibration_rollouts(experiment: Experiment, task: Task, model: PolicyWithValue) -> List[Any]:
+    """(ids, mask) batches of the initial policy's own samples on the first training
+    prompts: what profiles and searches calibrate on."""
+    rows = task.train_prompts[:experiment.ppo.batch_size * experiment.profile_batches]
+    batches = []
+    generator = torch.Generator().manual_seed(experiment.eval_seed)
+    with torch.no_grad():
+        for start in range(0, len(rows), experiment.ppo.batch_size):
+            ids, mask = (t.to(model.value_head.weight.device) for t in
+                         left_pad(rows[start:start + experiment.ppo.batch_size], task.pad_id))
+            rollout = generate(model.lm, ids, mask, experiment.ppo.response_length,
+                               experiment.ppo.temperature, task.eos_id, task.pad_id, generator,
+                               vocab_limit=task.vocab_limit)
+            batches.append((rollout.ids, rollout.mask))
+    return batches
+
+
+def _masked_next_token_loss(logits: torch.Tensor, batch: Any) -> torch.Tensor:
+    """Mean next-token cross entropy over the real tokens of an (ids, mask) batch."""
+    ids, mask = batch
+    per_token = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
+        reduction="none")
+    weights = (mask[:, 1:] * mask[:, :-1]).reshape(-1).float()
+    return (per_token * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def _search_policies(client: Client, experiment: Experiment, task: Task, prefix: str,
+                     configurations: List[Configuration], progress: Progress) -> Dict[str, Any]:
+    """Kind "rl": one mxserve.torch.search per configuration and phase, on the local
+    emulator (the policy model for rollout and update, the reward model for
+    reward), its answers joined into one policy with `high` on the phases not
+    searched. Returns each search's cost and result for the summary."""
+    from mxserve.torch import search as mxsearch
+
+    costs: Dict[str, Any] = {}
+    for c in configurations:
+        spec = dict(c.generate)
+        phases = spec.get("phases") or ["rollout"]
+        high = spec.get("high", "FP16")
+        rules, runs = [], {}
+        for phase in phases:
+            progress(f"searching {c.name}'s {phase} formats (mxserve.torch.search)")
+            config = mxsearch.SearchConfig(
+                phase=phase, formats=spec.get("candidates", mxsearch.DEFAULT_FORMATS),
+                episodes=spec.get("episodes", 24), seed=spec.get("seed", 0),
+                relative_budget=spec.get("relative_budget"), budget_bits=spec.get("budget_bits"),
+                budget_joules=spec.get("budget_joules"))
+            policy_model = PolicyWithValue(task.new_policy())
+            if phase == "reward":
+                model, forward, loss = task.new_reward(), None, None
+            else:
+                model = policy_model
+                forward = lambda m, b: m(b[0], b[1])[0]  # noqa: E731 (the logits)
+                loss = _masked_next_token_loss
+            batches = _calibration_rollouts(experiment, task, policy_model)
+            session = offload(model, client, f"{prefix}.search", replace=True, compute="local")
+            try:
+                layers = [n for n in session.layers if n != "value_head"]
+                result = mxsearch.search(session, batches, config, layers=layers,
+                                         forward=forward, loss=loss, progress=False)
+            finally:
+                session.restore()
+            rules += result.policy("x")["rules"]
+            runs[phase] = {"seconds": round(result.seconds, 3),
+                           "evaluations": result.evaluations, "episodes": len(result.episodes),
+                           "best_return": result.best.total,
+                           "bits_per_weight": result.best.bits_per_weight,
+                           "modelled_joules": result.best.joules, **result.final_metrics}
+        name = f"{prefix}.{c.name}"
+        description = (f"experiment {experiment.name}: {c.name}, RL-searched "
+                       f"(mxserve.torch.search) for {', '.join(phases)}: " +
+                       "; ".join(f"{p} {r['episodes']} episodes, {r['seconds']} s"
+                                 for p, r in runs.items()))
+        client.put_policy({"name": name, "description": description,
+                           "defaults": {p: high for p in PHASES}, "rules": rules})
+        c.policy_name = name
+        costs[c.name] = runs
+    return costs
 
 
 def build_task(spec: Mapping[str, Any], progress: Progress) -> Task:

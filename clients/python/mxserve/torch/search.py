@@ -37,9 +37,16 @@ the phase the policy is for (`objective`):
 
 A budget (`budget_bits`: mean bits per weight element over the searched layers,
 scales included; `budget_joules`: the FPGA model's joules for one forward of
-`budget_tokens` tokens through them) is enforced by masking: an action is open
+`budget_tokens` tokens through them; `relative_budget`: the same as a fraction
+of all-FP16's) is enforced by masking: an action is open
 only if the cheapest formats for the layers left still fit, so every episode,
 and the answer, is within it.
+
+With compute="local", the float formats (FP32, the reference, and FP16/BF16)
+run the emulator's fast float path during a search (`float_path`): one GEMM
+within the contract's tolerance instead of the daemon's fma chain, many times
+faster on a CPU; the rewards compare formats, and the MX, NVFP4 and INT8 paths
+keep the daemon's bits either way.
 
 The weights the agent chooses for do not change during the search: the poster's
 short fine-tuning of the quantized and the reference model after each choice is
@@ -52,6 +59,7 @@ fixed seed (exact numerics, seeded sampling and initialisation).
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -89,7 +97,11 @@ class SearchConfig:
     seed: int = 0
     budget_bits: Optional[float] = None     # mean bits per weight element, scales included
     budget_joules: Optional[float] = None   # FPGA-model joules of one forward, budget_tokens
+    relative_budget: Optional[float] = None  # the same, as a fraction of all-FP16's joules
     budget_tokens: int = 512
+    # The emulator's float path while searching (MXSERVE_EMULATOR_FLOAT): "fast",
+    # one GEMM within the contract's tolerance, or "exact", the daemon's fma chain.
+    float_path: str = "fast"
     # Reward weights: perplexity, KL, entropy, memory saved, importance-weight tail.
     ppl_weight: float = 1.0
     ppl_sharpness: float = 10.0
@@ -124,13 +136,15 @@ class SearchConfig:
                                  ("budget_tokens", self.budget_tokens, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
-        for name in ("budget_bits", "budget_joules"):
+        for name in ("budget_bits", "budget_joules", "relative_budget"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and value > 0
                                           and math.isfinite(value)):
                 raise ValueError(f"{name}: expected a positive number, got {value!r}")
         if not 0.0 <= self.reward_ema < 1.0:
             raise ValueError(f"reward_ema: expected a number in [0, 1), got {self.reward_ema!r}")
+        if self.float_path not in ("fast", "exact"):
+            raise ValueError(f"float_path: expected 'fast' or 'exact', got {self.float_path!r}")
         if not self.is_cap > 1.0:
             raise ValueError(f"is_cap: expected a number above 1, got {self.is_cap!r}")
 
@@ -170,7 +184,8 @@ class SearchResult:
         c = self.config
         budget = ", ".join(part for part in (
             f"budget {c.budget_bits} bits/weight" if c.budget_bits else "",
-            f"budget {c.budget_joules} J per {c.budget_tokens} tokens" if c.budget_joules else "")
+            f"budget {c.budget_joules} J per {c.budget_tokens} tokens" if c.budget_joules else "",
+            f"budget {c.relative_budget} x all-FP16 joules" if c.relative_budget else "")
             if part) or "no budget"
         description = (
             f"RL-searched (DynaQuant-style PPO, mxserve.torch.search) for phase {c.phase}: objective "
@@ -384,9 +399,16 @@ def search(session: OffloadSession, batches: Iterable[Any], config: Optional[Sea
     share = np.array([n * k for n, k in shapes], dtype=np.float64) / elements
     saved = np.array([[(16.0 - bits[i, a] / (n * k)) / 16.0 * share[i] for a in range(len(formats))]
                       for i, (n, k) in enumerate(shapes)])
+    joules_limit, joules_name = config.budget_joules, "budget_joules"
+    if config.relative_budget is not None:
+        fp16 = sum(energy_model.estimate_gemm(params, "FP16", "FP16", config.budget_tokens, n,
+                                              k).joules for n, k in shapes)
+        relative = config.relative_budget * fp16
+        if joules_limit is None or relative < joules_limit:
+            joules_limit, joules_name = relative, "relative_budget"
     limits = [(bits, config.budget_bits * elements if config.budget_bits else None,
                "budget_bits", elements),
-              (joules, config.budget_joules, "budget_joules", 1.0)]
+              (joules, joules_limit, joules_name, 1.0)]
     for table, limit, name, per in limits:
         if limit is not None and table.min(axis=1).sum() > limit * (1 + 1e-12):
             raise ValueError(f"{name}: the cheapest formats of {', '.join(formats)} need "
@@ -401,6 +423,8 @@ def search(session: OffloadSession, batches: Iterable[Any], config: Optional[Sea
         return torch.from_numpy(ok)
 
     pins = {n: layer.format for n, layer in session.layers.items()}
+    float_env = os.environ.get("MXSERVE_EMULATOR_FLOAT")
+    os.environ["MXSERVE_EMULATOR_FLOAT"] = config.float_path
     started = time.monotonic()
     try:
         evaluator = _Evaluator(session, names, batches, config, forward, loss)
@@ -463,6 +487,10 @@ def search(session: OffloadSession, batches: Iterable[Any], config: Optional[Sea
     finally:
         for n, fmt in pins.items():
             session.layers[n].format = fmt
+        if float_env is None:
+            os.environ.pop("MXSERVE_EMULATOR_FLOAT", None)
+        else:
+            os.environ["MXSERVE_EMULATOR_FLOAT"] = float_env
 
 
 def _ppo_update(agent: _Agent, optimizer: torch.optim.Optimizer, episodes: List[List[_Step]],
