@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "mx/codebook.h"
+
 namespace mx {
 namespace {
 
@@ -176,6 +178,8 @@ EncodeResult EncodeElementDetailed(Format format, float v, Rounding rounding, in
       return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/6, random_bits);
     case FormatKind::kInt8:
       return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/0, random_bits);
+    case FormatKind::kCodebook:  // v already normalized; the thresholds decide
+      return {CodebookCode(format, std::ldexp(v, -scale_exponent)), false};
     case FormatKind::kMxFloat:
     case FormatKind::kNvFloat:
     case FormatKind::kFloat:
@@ -193,6 +197,8 @@ float DecodeElement(Format format, uint32_t code) {
       return static_cast<float>(static_cast<int8_t>(code)) / 64.0f;
     case FormatKind::kInt8:
       return static_cast<float>(static_cast<int8_t>(code));
+    case FormatKind::kCodebook:
+      return CodebookTable(format)[code & 15];
     case FormatKind::kMxFloat:
     case FormatKind::kNvFloat:
     case FormatKind::kFloat:

@@ -42,6 +42,13 @@ constexpr std::array<FormatTraits, kFormatCount> kFormats = {{
     {Format::kNvfp4, "NVFP4", FormatKind::kNvFloat, 4, 2, 1, 1, 2, 6.0, 1.0, 0.5,
      Specials::kNone,
      "none in elements; a NaN/Inf block gets UE4M3 scale 0x7F (NaN) and zero codes"},
+    // Codebooks: elements are table values in [-1, 1] (mx/codebook.h); the
+    // smallest positive one is NF4's 0.0796 and bnb FP4's 1/192.
+    {Format::kNf4, "NF4", FormatKind::kCodebook, 4, 0, 0, 0, 0, 1.0, 0.0, 0.07958029955625534,
+     Specials::kNone, "none in codes; a NaN/Inf block gets absmax NaN and the codes of 0"},
+    {Format::kBnbFp4, "BNB_FP4", FormatKind::kCodebook, 4, 0, 0, 0, 0, 1.0, 0.0,
+     static_cast<double>(1.0f / 192.0f), Specials::kNone,
+     "none in codes; a NaN/Inf block gets absmax NaN and the codes of 0"},
 }};
 
 // Traits(format) indexes the table by the enum's value.

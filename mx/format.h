@@ -2,8 +2,10 @@
 //
 // MX formats (OCP Microscaling v1.0) store blocks of 32 elements that share one
 // E8M0 scale; NVFP4 stores blocks of 16 E2M1 elements that share one UE4M3 scale,
-// under one FP32 scale per tensor; the other formats store plain elements (INT8
-// with one FP32 scale per row of an operand).
+// under one FP32 scale per tensor; the codebook formats (bitsandbytes' NF4 and
+// FP4) store 4-bit indices into a 16-entry table in blocks of 64 under one FP32
+// absmax each; the other formats store plain elements (INT8 with one FP32 scale
+// per row of an operand).
 #pragma once
 
 #include <cstdint>
@@ -27,13 +29,19 @@ enum class Format : uint8_t {
   kFp32,
   // NVIDIA's FP4: E2M1 elements in blocks of 16 along K, one UE4M3 scale per
   // block, one FP32 scale per tensor (kept per row of an operand, so that rows
-  // of several tensors can be stacked). The last: kFormatCount counts up to it.
+  // of several tensors can be stacked).
   kNvfp4,
+  // bitsandbytes' codebook formats (mx/codebook.h): 4-bit indices into a
+  // 16-entry table of values in [-1, 1], blocks of 64 along K, one FP32 absmax
+  // per block. NF4 (QLoRA's NormalFloat) and bnb's FP4. The last: kFormatCount
+  // counts up to it.
+  kNf4,
+  kBnbFp4,
 };
 
 // How many formats there are: Format values are 0 .. kFormatCount - 1, and
 // AllFormats() lists them in that order (format.cc checks both at compile time).
-inline constexpr int kFormatCount = static_cast<int>(Format::kNvfp4) + 1;
+inline constexpr int kFormatCount = static_cast<int>(Format::kBnbFp4) + 1;
 
 enum class FormatKind : uint8_t {
   kMxFloat,  // MX block of minifloat elements
@@ -41,6 +49,7 @@ enum class FormatKind : uint8_t {
   kInt8,     // per-row scaled integers
   kFloat,    // IEEE-style floats: BF16, FP16, FP32
   kNvFloat,  // NVFP4: blocks of 16 minifloats, UE4M3 block scales, FP32 tensor scale
+  kCodebook,  // NF4, BNB_FP4: blocks of 64 table indices, one FP32 absmax each
 };
 
 // How a minifloat reserves codes for Inf and NaN.
@@ -61,6 +70,8 @@ inline constexpr float kNvScaleMax = 448.0f;   // UE4M3
 inline constexpr float kNvScaleMin = 0x1p-6f;  // the smallest normal UE4M3, torchao's floor
 // The UE4M3 byte of a block holding NaN or Inf (E4M3's NaN, S.1111.111 with S=0).
 inline constexpr uint8_t kNvScaleNan = 0x7F;
+// The size of a codebook format's block (bitsandbytes' default blocksize).
+inline constexpr int kCodebookBlockSize = 64;
 // The E8M0 byte that encodes NaN; byte b otherwise means 2^(b - 127).
 inline constexpr uint8_t kScaleNan = 0xFF;
 inline constexpr int kScaleBias = 127;
@@ -85,11 +96,21 @@ struct FormatTraits {
   absl::string_view special_encodings;  // in words, for docs and --help
 
   bool is_mx() const { return kind == FormatKind::kMxFloat || kind == FormatKind::kMxInt; }
-  // Elements share a scale per block along K: the MX formats and NVFP4.
-  bool is_block_scaled() const { return is_mx() || kind == FormatKind::kNvFloat; }
+  // Elements share a scale per block along K: the MX, NVFP4 and codebook formats.
+  bool is_block_scaled() const {
+    return is_mx() || kind == FormatKind::kNvFloat || kind == FormatKind::kCodebook;
+  }
   // Elements per block along K (0 for the formats without blocks).
   int block_size() const {
-    return is_mx() ? kBlockSize : kind == FormatKind::kNvFloat ? kNvBlockSize : 0;
+    return is_mx()                          ? kBlockSize
+           : kind == FormatKind::kNvFloat   ? kNvBlockSize
+           : kind == FormatKind::kCodebook  ? kCodebookBlockSize
+                                            : 0;
+  }
+  // Bytes of one block's scale in block_scales: E8M0 and UE4M3 one, a codebook
+  // block's FP32 absmax four (little-endian); 0 without blocks.
+  int block_scale_bytes() const {
+    return kind == FormatKind::kCodebook ? 4 : is_block_scaled() ? 1 : 0;
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
+#include "mx/codebook.h"
 #include "mx/element.h"
 #include "mx/stochastic.h"
 
@@ -78,6 +79,26 @@ float QuantizeRowInt8(std::span<const float> row, const QuantizeOptions& options
   return scale;
 }
 
+// A codebook row: blocks of 64 (the last padded with the code of 0), codes
+// nibble-packed low nibble first, each block's absmax as 4 little-endian bytes.
+void QuantizeRowCodebook(std::span<const float> row, Format format, uint8_t* elements,
+                         uint8_t* scales) {
+  const int64_t blocks = BlocksPerRow(format, static_cast<int64_t>(row.size()));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t begin = static_cast<size_t>(b) * kCodebookBlockSize;
+    const size_t count = std::min<size_t>(kCodebookBlockSize, row.size() - begin);
+    std::array<uint8_t, kCodebookBlockSize> codes;
+    codes.fill(CodebookZeroCode(format));
+    const float absmax = QuantizeCodebookBlock(format, row.subspan(begin, count),
+                                               std::span<uint8_t>(codes.data(), count));
+    std::memcpy(scales + 4 * b, &absmax, 4);  // little-endian host
+    uint8_t* block = elements + b * BlockBytes(format);
+    for (int i = 0; i < kCodebookBlockSize / 2; ++i) {
+      block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+    }
+  }
+}
+
 // NVFP4: 16-element blocks under the tensor scale, codes nibble-packed.
 void QuantizeRowNv(std::span<const float> row, float tensor_scale, const QuantizeOptions& options,
                    const RowDraws& draws, uint8_t* elements, uint8_t* scales) {
@@ -133,7 +154,7 @@ QuantizedMatrix AllocateQuantized(Format format, int64_t rows, int64_t cols) {
   m.rows = rows;
   m.cols = cols;
   m.elements.resize(rows * RowBytes(format, cols));
-  if (IsBlockScaled(format)) m.block_scales.resize(rows * BlocksPerRow(format, cols));
+  if (IsBlockScaled(format)) m.block_scales.resize(rows * ScaleBytesPerRow(format, cols));
   if (HasRowScales(format)) m.row_scales.resize(rows);
   return m;
 }
@@ -145,7 +166,8 @@ std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t
   if (IsBlockScaled(format)) {
     const uint64_t block = static_cast<uint64_t>(Traits(format).block_size());
     const uint64_t blocks = c / block + (c % block != 0);
-    const std::optional<uint64_t> scales = CheckedMul(r, blocks);
+    const std::optional<uint64_t> scales =
+        CheckedProduct({r, blocks, static_cast<uint64_t>(Traits(format).block_scale_bytes())});
     const std::optional<uint64_t> elements =
         CheckedProduct({r, blocks, static_cast<uint64_t>(BlockBytes(format))});
     if (!scales || !elements) return std::nullopt;
@@ -167,6 +189,13 @@ std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t
     return std::nullopt;
   }
   return size;
+}
+
+float CodebookAbsmax(const QuantizedMatrix& m, int64_t row, int64_t block) {
+  float absmax;
+  std::memcpy(&absmax,
+              m.block_scales.data() + row * ScaleBytesPerRow(m.format, m.cols) + 4 * block, 4);
+  return absmax;
 }
 
 int64_t RowBytes(Format format, int64_t cols) {
@@ -220,6 +249,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> value
       QuantizeRowNv(row, tensor_scale, options, draws, elements,
                     m.block_scales.data() + r * BlocksPerRow(format, cols));
       m.row_scales[r] = tensor_scale;
+    } else if (Traits(format).kind == FormatKind::kCodebook) {
+      QuantizeRowCodebook(row, format, elements, m.block_scales.data() + r * ScaleBytesPerRow(format, cols));
     } else {
       StoreFloats(row, format, elements);
     }
@@ -266,7 +297,10 @@ absl::StatusOr<QuantizedMatrix> QuantizeColumns(std::span<const float> values, i
 uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col) {
   const uint8_t* base = m.elements.data() + row * RowBytes(m.format, m.cols);
   const int bits = Traits(m.format).element_bits;
-  if (m.format == Format::kNvfp4) return ReadBits(base, col * 4, 4);  // blocks hold no padding
+  // NVFP4 and the codebooks: nibbles back to back (their blocks hold no padding).
+  if (m.format == Format::kNvfp4 || Traits(m.format).kind == FormatKind::kCodebook) {
+    return ReadBits(base, col * 4, 4);
+  }
   if (IsMx(m.format)) {
     return ReadBits(base + (col / kBlockSize) * BlockBytes(m.format), (col % kBlockSize) * bits,
                     bits);
@@ -286,6 +320,10 @@ float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col) {
     return std::ldexp(element, scale - kScaleBias);
   }
   if (m.format == Format::kInt8) return element * m.row_scales[row];
+  if (Traits(m.format).kind == FormatKind::kCodebook) {
+    return CodebookValue(m.format, ElementCode(m, row, col),
+                         CodebookAbsmax(m, row, col / kCodebookBlockSize));
+  }
   if (m.format == Format::kNvfp4) {
     // element · block scale is exact (2 and 4 significant bits; NaN for a NaN
     // block); the tensor scale's product is the one rounding.

@@ -29,7 +29,9 @@ struct QuantizedMatrix {
   std::vector<uint8_t> elements;
   // MX: rows × BlocksPerRow(cols) E8M0 bytes, row-major. NVFP4: rows ×
   // BlocksPerRow(kNvfp4, cols) UE4M3 bytes (blocks of 16; elements nibble-packed
-  // like MXFP4's, 8 bytes a block, the row padded to whole blocks).
+  // like MXFP4's, 8 bytes a block, the row padded to whole blocks). NF4,
+  // BNB_FP4: rows × BlocksPerRow(format, cols) FP32 absmax values, 4 bytes each,
+  // little-endian (blocks of 64; elements nibble-packed, 32 bytes a block).
   std::vector<uint8_t> block_scales;
   // INT8: one FP32 scale per row (value = code · scale; NaN for a row that held
   // NaN or Inf). NVFP4: the per-tensor FP32 scale of the tensor each row came
@@ -48,10 +50,16 @@ inline int64_t BlocksPerRow(Format format, int64_t cols) {
   const int64_t size = Traits(format).block_size();
   return size == 0 ? 0 : (cols + size - 1) / size;  // 0 for formats without blocks
 }
-// Bytes of one packed block (MX: 32 elements, NVFP4: 16).
+// Bytes of one packed block (MX: 32 elements, NVFP4: 16, codebooks: 64).
 inline int64_t BlockBytes(Format format) {
   return Traits(format).block_size() * Traits(format).element_bits / 8;
 }
+// Bytes of one row's block scales (BlocksPerRow × the format's scale bytes).
+inline int64_t ScaleBytesPerRow(Format format, int64_t cols) {
+  return BlocksPerRow(format, cols) * Traits(format).block_scale_bytes();
+}
+// A codebook block's absmax, block `b` of row `row`.
+float CodebookAbsmax(const QuantizedMatrix& m, int64_t row, int64_t block);
 // Whether an operand in `format` carries row_scales (INT8, NVFP4).
 inline bool HasRowScales(Format format) {
   return format == Format::kInt8 || format == Format::kNvfp4;

@@ -32,9 +32,10 @@ Commands (local, no server):
       --format F [--rounding even|away|stochastic --seed S]
       [--scale-rule floor|nosat|ceil|rceil] --input IN.f32 --output OUT.f32 [--scales SCALES.u8] [--codes CODES.u8]
       Blocks are 32 consecutive values (NVFP4: 16, under one tensor scale for
-      the file); a short last block is padded with zeros. OUT is the
-      dequantized result; SCALES one E8M0 byte per block (MX; NVFP4: UE4M3);
-      CODES one element code per byte, in the low bits (formats of <= 8 bits).
+      the file; NF4, BNB_FP4: 64); a short last block is padded with zeros. OUT
+      is the dequantized result; SCALES one E8M0 byte per block (MX; NVFP4:
+      UE4M3; NF4, BNB_FP4: the FP32 absmax, 4 bytes); CODES one element code
+      per byte, in the low bits (formats of <= 8 bits).
   gemm       C = A·B with the reference GEMM (the numerics contract), or on the
              daemon (Compute.Gemm) when --server is given; the same C either
              way, whatever the daemon's backend (mxserved --backend hls-sim
@@ -191,9 +192,13 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
 }
 
 // Bits one element costs stored, its share of the scales included: an MX block's
-// E8M0 byte over its 32 elements, INT8's FP32 per-row scale over the row's K.
+// E8M0 byte over its 32 elements, a codebook block's FP32 absmax over 64, INT8's
+// FP32 per-row scale over the row's K.
 std::string StoredBits(const mx::FormatTraits& t) {
   if (t.is_mx()) return absl::StrFormat("%.2f", t.element_bits + 8.0 / mx::kBlockSize);
+  if (t.kind == mx::FormatKind::kCodebook) {
+    return absl::StrFormat("%.2f", t.element_bits + 32.0 / mx::kCodebookBlockSize);
+  }
   if (t.kind == mx::FormatKind::kNvFloat) {
     return absl::StrFormat("%.2f+32/T", t.element_bits + 8.0 / mx::kNvBlockSize);
   }
@@ -211,7 +216,8 @@ void PrintFormats() {
   }
   std::printf("\nbits: one element; stored: with its share of the scales (an MX block's E8M0\n"
               "byte per 32 elements; NVFP4's UE4M3 byte per 16, plus one FP32 scale per\n"
-              "tensor of T elements; INT8's FP32 scale per row of K).\n");
+              "tensor of T elements; NF4's and BNB_FP4's FP32 absmax per 64; INT8's FP32\n"
+              "scale per row of K). NF4 and BNB_FP4 elements are table values in [-1, 1].\n");
 }
 
 absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& remote,

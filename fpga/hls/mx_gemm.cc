@@ -94,6 +94,23 @@ inline MxElement DecodeMx(HwFormat f, uint32_t code) {
           kFinite};
 }
 
+// --- Codebook ROMs --------------------------------------------------------------------
+
+// NF4's and bitsandbytes FP4's 16 values by code (mx/codebook.h states the
+// contract; the kernel keeps its own copy, as a 16-entry ROM per format).
+inline float CodebookRom(HwFormat f, uint32_t code) {
+#pragma HLS INLINE
+  static const float kNf4[16] = {
+      -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+      -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+      0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+      0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+  static const float kFp4[16] = {
+      0.0f,   1.0f / 192.0f,   2.0f / 3.0f,  1.0f,  1.0f / 3.0f,  0.5f,  1.0f / 6.0f,  0.25f,
+      -0.0f, -1.0f / 192.0f, -2.0f / 3.0f, -1.0f, -1.0f / 3.0f, -0.5f, -1.0f / 6.0f, -0.25f};
+  return f == kHwNf4 ? kNf4[code & 15] : kFp4[code & 15];
+}
+
 // --- FP32 bit patterns ---------------------------------------------------------------
 
 inline float FloatFromBits(uint32_t bits) {
@@ -167,9 +184,10 @@ inline float SignedZero(bool negative) { return FloatFromBits(negative ? 0x80000
 // An element widened to FP32 for the float path: exact for the MX formats and
 // BF16/FP16/FP32; INT8's code · row scale is one FP32 multiply, NVFP4's
 // element · block scale is exact and its product with the tensor scale one
-// FP32 multiply, as in mx::Dequantize. `scale_byte` is the element's block
-// scale (MX: E8M0, NVFP4: UE4M3).
-inline float ElementToFloat(HwFormat f, uint32_t code, uint32_t scale_byte, uint32_t row_scale_bits) {
+// FP32 multiply, a codebook's table value · absmax one FP32 multiply, as in
+// mx::Dequantize. `block_scale` is the element's block scale (MX: E8M0, NVFP4:
+// UE4M3, codebooks: the FP32 absmax's bits).
+inline float ElementToFloat(HwFormat f, uint32_t code, uint32_t block_scale, uint32_t row_scale_bits) {
 #pragma HLS INLINE
   switch (f) {
     case kHwInt8:
@@ -177,24 +195,27 @@ inline float ElementToFloat(HwFormat f, uint32_t code, uint32_t scale_byte, uint
     case kHwBf16: return FloatFromBits(code << 16);
     case kHwFp16: return Fp16ToFloat(code);
     case kHwFp32: return FloatFromBits(code);
+    case kHwNf4:
+    case kHwBnbFp4:  // the ROM's value times the block's absmax (FP32 bits here)
+      return CodebookRom(f, code) * FloatFromBits(block_scale);
     default: break;
   }
   const MxElement e = DecodeMx(f, code);
   if (f == kHwNvfp4) {
-    if (scale_byte == kNvScaleNanByte) return QuietNan();
-    const MxElement s = DecodeMx(kHwE4m3, scale_byte);
+    if (block_scale == kNvScaleNanByte) return QuietNan();
+    const MxElement s = DecodeMx(kHwE4m3, block_scale);
     const Int<16> product = static_cast<Int<16>>(e.significand * s.significand);
     const float exact = product == 0 ? SignedZero(SignBit(f, code))
                                      : RoundToFloat(product, static_cast<int>(e.shift + s.shift) -
                                                                  FractionBits(f) - FractionBits(kHwE4m3));
     return exact * FloatFromBits(row_scale_bits);
   }
-  if (scale_byte == kNanScale) return QuietNan();
+  if (block_scale == kNanScale) return QuietNan();
   if (e.kind == kNan) return QuietNan();
   if (e.kind != kFinite) return Infinity(e.kind == kNegInf);
   if (e.significand == 0) return SignedZero(f != kHwMxInt8 && SignBit(f, code));
   return RoundToFloat(e.significand,
-                      static_cast<int>(e.shift) - FractionBits(f) + static_cast<int>(scale_byte) - 127);
+                      static_cast<int>(e.shift) - FractionBits(f) + static_cast<int>(block_scale) - 127);
 }
 
 // --- One block through one processing element --------------------------------------
@@ -233,9 +254,9 @@ inline void DecodeBlock(HwFormat f, Datapath path, const BlockWords& in, Decoded
         break;
       case kPathFloat: {
         // NVFP4: each half of the block has its own scale byte.
-        const uint32_t byte = f == kHwNvfp4 ? (in.scale_bits >> (t < kNvHalf ? 0 : 8)) & 0xFF
-                                            : in.scale_bits;
-        out.wide[t] = ElementToFloat(f, code, byte, in.row_scale_bits);
+        const uint32_t scale = f == kHwNvfp4 ? (in.scale_bits >> (t < kNvHalf ? 0 : 8)) & 0xFF
+                                             : in.scale_bits;
+        out.wide[t] = ElementToFloat(f, code, scale, in.row_scale_bits);
         break;
       }
     }
@@ -328,10 +349,12 @@ struct Shape {
   bool bias;
 };
 
-// A block's scale bits: MX one byte, NVFP4 the two bytes of its halves.
+// A block's scale bits: MX one byte, NVFP4 the two bytes of its halves, a
+// codebook its FP32 absmax.
 inline uint32_t ScaleBits(const Word* scales, HwFormat f, int row, int blocks, int block) {
 #pragma HLS INLINE
   const int64_t index = static_cast<int64_t>(row) * blocks + block;
+  if (IsCodebook(f)) return static_cast<uint32_t>(scales[index >> 1] >> ((index & 1) * 32));
   if (IsMxFormat(f)) return static_cast<uint32_t>((scales[index >> 3] >> ((index & 7) * 8)) & 0xFF);
   if (f == kHwNvfp4) return static_cast<uint32_t>((scales[index >> 2] >> ((index & 3) * 16)) & 0xFFFF);
   return 0;

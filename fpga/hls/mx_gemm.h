@@ -17,7 +17,8 @@
 //               NVFP4: the UE4M3 bytes of both halves, rows × blocks × 2,
 //               row-major (a missing second half's byte is 0), then from the
 //               next whole word (NvRowScaleWord) the rows' FP32 tensor scales.
-//               Others: unused.
+//               NF4, BNB_FP4: one FP32 absmax per block, rows × blocks (the
+//               64-element block's, so each appears twice). Others: unused.
 //   bias        N FP32 values (read only when the control register says so).
 //   y           M×N FP32, row-major.
 #pragma once
@@ -64,7 +65,9 @@ enum HwFormat : uint32_t {
   kHwFp16 = 8,
   kHwFp32 = 9,
   kHwNvfp4 = 10,  // E2M1 in 16-element blocks, UE4M3 block and FP32 tensor scales
-  kHwFormatCount = 11,
+  kHwNf4 = 11,     // codebooks: a 16-entry table (ROM) and an FP32 absmax per
+  kHwBnbFp4 = 12,  // 64-element block, on the float path
+  kHwFormatCount = 13,
 };
 
 // The datapath a call runs on.
@@ -109,6 +112,7 @@ inline constexpr Datapath DatapathFor(HwFormat x, HwFormat w) {
 }
 // Formats whose rows carry an FP32 scale of their own.
 inline constexpr bool HasRowScale(HwFormat f) { return f == kHwInt8 || f == kHwNvfp4; }
+inline constexpr bool IsCodebook(HwFormat f) { return f == kHwNf4 || f == kHwBnbFp4; }
 
 // NVFP4's half block, its NaN scale byte, and where its tensor scales start in
 // a scale buffer of `rows` rows of `blocks` blocks (past the 2-byte pairs).
@@ -125,6 +129,8 @@ inline constexpr int ElementBits(HwFormat f) {
       return 6;
     case kHwE2m1:
     case kHwNvfp4:
+    case kHwNf4:
+    case kHwBnbFp4:
       return 4;
     case kHwBf16:
     case kHwFp16:

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "mx/codebook.h"
 
 namespace fpga {
 namespace {
@@ -63,6 +64,44 @@ void Nvfp4FromDevice(const DeviceOperand& d, mx::QuantizedMatrix& m) {
   }
 }
 
+bool IsCodebook(mx::Format format) {
+  return mx::Traits(format).kind == mx::FormatKind::kCodebook;
+}
+
+// NF4, BNB_FP4: mx/ packs a row as ceil(K/64) blocks of 32 bytes, the device as
+// ceil(K/32) blocks of 16 (the same nibbles, a row's last half block of padding
+// left out), and the scale port holds each device block's FP32 absmax (its
+// 64-element block's, so each twice).
+void CodebookToDevice(const mx::QuantizedMatrix& m, int64_t row_words, DeviceOperand& d) {
+  const int64_t blocks = mx::BlocksPerRow(m.cols), mx_row_bytes = mx::RowBytes(m.format, m.cols);
+  d.scales.assign((m.rows * blocks + 1) / 2 + 1, 0);
+  auto* scales = reinterpret_cast<uint8_t*>(d.scales.data());
+  for (int64_t r = 0; r < m.rows; ++r) {
+    std::memcpy(d.elements.data() + r * row_words, m.elements.data() + r * mx_row_bytes,
+                row_words * 8);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float absmax = mx::CodebookAbsmax(m, r, b / 2);
+      std::memcpy(scales + 4 * (r * blocks + b), &absmax, 4);
+    }
+  }
+}
+
+void CodebookFromDevice(const DeviceOperand& d, mx::QuantizedMatrix& m) {
+  const int64_t blocks = mx::BlocksPerRow(d.cols), mx_row_bytes = mx::RowBytes(d.format, d.cols);
+  const int64_t row_words = blocks * 2, scale_row = mx::ScaleBytesPerRow(d.format, d.cols);
+  const auto* scales = reinterpret_cast<const uint8_t*>(d.scales.data());
+  for (int64_t r = 0; r < d.rows; ++r) {
+    // The padding half block the device does not hold is the code of 0, as mx/ writes it.
+    std::fill_n(m.elements.data() + r * mx_row_bytes, mx_row_bytes,
+                static_cast<uint8_t>(mx::CodebookZeroCode(d.format) * 0x11));
+    std::memcpy(m.elements.data() + r * mx_row_bytes, d.elements.data() + r * row_words,
+                row_words * 8);
+    for (int64_t b = 0; b < blocks; b += 2) {
+      std::memcpy(m.block_scales.data() + r * scale_row + 2 * b, scales + 4 * (r * blocks + b), 4);
+    }
+  }
+}
+
 }  // namespace
 
 mxhls::HwFormat HwFormatOf(mx::Format format) {
@@ -78,6 +117,8 @@ mxhls::HwFormat HwFormatOf(mx::Format format) {
     case mx::Format::kFp16: return mxhls::kHwFp16;
     case mx::Format::kFp32: return mxhls::kHwFp32;
     case mx::Format::kNvfp4: return mxhls::kHwNvfp4;
+    case mx::Format::kNf4: return mxhls::kHwNf4;
+    case mx::Format::kBnbFp4: return mxhls::kHwBnbFp4;
   }
   return mxhls::kHwFp32;
 }
@@ -107,6 +148,10 @@ DeviceOperand ToDevice(const mx::QuantizedMatrix& m) {
     Nvfp4ToDevice(m, row_words, d);
     return d;
   }
+  if (IsCodebook(m.format)) {
+    CodebookToDevice(m, row_words, d);
+    return d;
+  }
   if (mx::IsMx(m.format)) {
     std::memcpy(out, m.elements.data(), m.elements.size());
     d.scales.assign((m.block_scales.size() + 7) / 8 + 1, 0);
@@ -130,6 +175,10 @@ mx::QuantizedMatrix FromDevice(const DeviceOperand& d) {
   const auto* in = reinterpret_cast<const uint8_t*>(d.elements.data());
   if (d.format == mx::Format::kNvfp4) {
     Nvfp4FromDevice(d, m);
+    return m;
+  }
+  if (IsCodebook(d.format)) {
+    CodebookFromDevice(d, m);
     return m;
   }
   if (mx::IsMx(d.format)) {

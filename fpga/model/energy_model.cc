@@ -49,7 +49,7 @@ absl::Status PerFormat(const Json& json, const std::string& key,
 double PackedBytes(mx::Format format, int64_t rows, int64_t k) {
   double bytes = static_cast<double>(rows) * static_cast<double>(mx::RowBytes(format, k));
   if (mx::IsBlockScaled(format))
-    bytes += static_cast<double>(rows) * static_cast<double>(mx::BlocksPerRow(format, k));
+    bytes += static_cast<double>(rows) * static_cast<double>(mx::ScaleBytesPerRow(format, k));
   if (mx::HasRowScales(format)) bytes += 4.0 * static_cast<double>(rows);
   return bytes;
 }

@@ -441,7 +441,7 @@ void PlaceRows(const QuantizedMatrix& part, int64_t first, QuantizedMatrix& m) {
             m.elements.begin() + first * RowBytes(m.format, m.cols));
   if (IsBlockScaled(m.format)) {
     std::copy(part.block_scales.begin(), part.block_scales.end(),
-              m.block_scales.begin() + first * BlocksPerRow(m.format, m.cols));
+              m.block_scales.begin() + first * ScaleBytesPerRow(m.format, m.cols));
   }
   if (HasRowScales(m.format)) {
     std::copy(part.row_scales.begin(), part.row_scales.end(), m.row_scales.begin() + first);
@@ -450,10 +450,11 @@ void PlaceRows(const QuantizedMatrix& part, int64_t first, QuantizedMatrix& m) {
 
 // What the branch-free MX/INT8 kernels do not take: stochastic rounding (the
 // reference's per-element encoder: an element drawing its own bits has no
-// branch-free form here yet) and NVFP4 (NvRows, or the reference when
-// stochastic). SpecialRows does both.
+// branch-free form here yet), NVFP4 (NvRows, or the reference when stochastic)
+// and the codebooks (the reference's threshold search). SpecialRows does all.
 bool SpecialPath(Format format, const QuantizeOptions& options) {
-  return options.rounding == Rounding::kStochastic || format == Format::kNvfp4;
+  return options.rounding == Rounding::kStochastic || format == Format::kNvfp4 ||
+         Traits(format).kind == FormatKind::kCodebook;
 }
 
 // `options` as each part of a matrix quantized in parts needs them: NVFP4's

@@ -27,6 +27,8 @@ constexpr std::array<WireFormat, mx::kFormatCount> kWireFormats = {{
     {mx::Format::kFp16, v1::FORMAT_FP16},
     {mx::Format::kFp32, v1::FORMAT_FP32},
     {mx::Format::kNvfp4, v1::FORMAT_NVFP4},
+    {mx::Format::kNf4, v1::FORMAT_NF4},
+    {mx::Format::kBnbFp4, v1::FORMAT_BNB_FP4},
 }};
 
 constexpr bool InEnumOrder() {

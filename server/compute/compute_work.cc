@@ -526,7 +526,9 @@ namespace {
 // Whether quantizing to `format` rounds elements (the roundings apply): the MX
 // formats, NVFP4 and INT8; BF16/FP16/FP32 operands are converted to nearest even.
 bool RoundsElements(mx::Format format) {
-  return mx::IsBlockScaled(format) || format == mx::Format::kInt8;
+  // The codebooks quantize by their thresholds whatever the rounding.
+  return (mx::IsBlockScaled(format) && mx::Traits(format).kind != mx::FormatKind::kCodebook) ||
+         format == mx::Format::kInt8;
 }
 
 // Stochastic rounding needs the request's seed (the bits must be the same every

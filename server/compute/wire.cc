@@ -197,7 +197,9 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
         absl::StrCat(field, ".block_scales"),
         mx::IsBlockScaled(m.format)
             ? absl::StrCat("expected ", size.block_scale_bytes, " bytes (", m.rows, " rows x ",
-                           mx::BlocksPerRow(m.format, m.cols), " blocks), got ",
+                           mx::BlocksPerRow(m.format, m.cols), " blocks",
+                           mx::Traits(m.format).block_scale_bytes() == 4 ? " x 4" : "",
+                           "), got ",
                            packed.block_scales().size())
             : absl::StrCat("must be empty for ", mx::FormatName(m.format)));
   }
@@ -226,6 +228,20 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
         return FieldError(absl::StrCat(field, ".row_scales"),
                           absl::StrCat("value ", r, " is ", scale,
                                        ": an NVFP4 tensor scale must be positive and finite"));
+      }
+    }
+  }
+  if (mx::Traits(m.format).kind == mx::FormatKind::kCodebook) {
+    // A block's absmax is a magnitude: non-negative and finite, or NaN for a
+    // block that held NaN or Inf.
+    for (size_t i = 0; i + 4 <= packed.block_scales().size(); i += 4) {
+      float absmax;
+      std::memcpy(&absmax, packed.block_scales().data() + i, 4);
+      if (!std::isnan(absmax) && !(absmax >= 0.0f && std::isfinite(absmax))) {
+        return FieldError(absl::StrCat(field, ".block_scales"),
+                          absl::StrCat("block ", i / 4, "'s absmax is ", absmax, ": a ",
+                                       mx::FormatName(m.format),
+                                       " absmax must be non-negative and finite, or NaN"));
       }
     }
   }

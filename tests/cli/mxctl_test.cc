@@ -195,6 +195,8 @@ TEST_F(Mxctl, HelpFormatsAndDemo) {
   // Stored bits per element, scales included: 4.25 for MXFP4 (the figure NVFP4's
   // 4.5 is read against), a per-row scale for INT8, none for the floats.
   EXPECT_NE(formats.out.find("MXFP4_E2M1     4    4.25"), std::string::npos) << formats.out;
+  EXPECT_NE(formats.out.find("NF4            4    4.50"), std::string::npos) << formats.out;
+  EXPECT_NE(formats.out.find("BNB_FP4        4    4.50"), std::string::npos) << formats.out;
   EXPECT_NE(formats.out.find("MXINT8         8    8.25"), std::string::npos) << formats.out;
   EXPECT_NE(formats.out.find("INT8           8  8+32/K"), std::string::npos) << formats.out;
   EXPECT_NE(formats.out.find("BF16          16      16"), std::string::npos) << formats.out;

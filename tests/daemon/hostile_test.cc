@@ -164,6 +164,40 @@ TEST_F(HostileTest, PackedNvfp4ScalesAreChecked) {
   }
 }
 
+// A packed NF4 operand: its block scales are FP32 absmax values, four bytes a
+// block of 64, each non-negative and finite or NaN; refusals name the field and
+// the block, and the daemon keeps serving.
+TEST_F(HostileTest, PackedCodebookAbsmaxIsChecked) {
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_ROLLOUT);
+  auto* a = request.mutable_a()->mutable_packed();
+  a->set_format(v1::FORMAT_NF4);
+  a->set_rows(1);
+  a->set_cols(64);
+  a->set_elements(std::string(32, '\xFF'));  // 64 codes 15: the table's 1.0
+  const auto absmax = [](float v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  a->set_block_scales(absmax(0.5f));
+  *request.mutable_b()->mutable_packed() = *a;
+  v1::GemmResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(v1::Compute::NewStub(daemon_->channel())->Gemm(&context, request, &response).ok());
+  EXPECT_EQ(response.c().data().size(), 4u);
+  float c;
+  std::memcpy(&c, response.c().data().data(), 4);
+  EXPECT_EQ(c, 64 * 0.25f);  // 64 · (1.0 · 0.5)²
+  a->set_block_scales("abc");
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                "a.packed.block_scales: expected 4 bytes (1 rows x 1 blocks x 4), got 3");
+  for (const float bad : {-1.0f, std::numeric_limits<float>::infinity()}) {
+    a->set_block_scales(absmax(bad));
+    EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                  "a.packed.block_scales: block 0's absmax is ");
+  }
+  a->set_block_scales(absmax(std::numeric_limits<float>::quiet_NaN()));  // a NaN block: fine
+  EXPECT_TRUE(CallGemm(daemon_->channel(), request).ok());
+  ExpectStillServing();
+}
+
 TEST_F(HostileTest, TheFortyByteGemmInsideAStreamAnswersThatRequestOnly) {
   grpc::ClientContext context;
   auto stream = v1::Compute::NewStub(daemon_->channel())->Stream(&context);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "fpga/hls/mx_gemm.h"
 #include "fpga/host/device_buffers.h"
+#include "mx/codebook.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
 #include "nlohmann/json.hpp"
@@ -63,7 +64,7 @@ void ExpectKernelMatchesReference(const QuantizedMatrix& x, const QuantizedMatri
   }
 }
 
-// Every pair of the eleven formats, shapes drawn at random around the awkward cases:
+// Every pair of the thirteen formats, shapes drawn at random around the awkward cases:
 // M = 1 and M past one group of PE rows, N not a multiple of the PE columns, K
 // ragged against the 32-element block; bias on and off.
 TEST(HlsKernel, EveryFormatPairMatchesReference) {
@@ -189,6 +190,35 @@ TEST(HlsKernel, Nvfp4GoldenGemms) {
   }
 }
 
+// tests/golden/codebook.json's GEMMs (NF4, bnb FP4: the float path with the
+// kernel's own ROMs): every case's bits.
+TEST(HlsKernel, CodebookGoldenGemms) {
+  std::ifstream in(MXSERVE_SOURCE_DIR "/tests/golden/codebook.json");
+  ASSERT_TRUE(in.good()) << "tests/golden/codebook.json not found";
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const auto floats = [](const nlohmann::json& hexes) {
+    std::vector<float> out;
+    for (const auto& h : hexes) {
+      out.push_back(std::bit_cast<float>(
+          static_cast<uint32_t>(std::stoul(h.get<std::string>(), nullptr, 16))));
+    }
+    return out;
+  };
+  ASSERT_GE(golden.at("gemm").size(), 3u);
+  for (const nlohmann::json& c : golden.at("gemm")) {
+    const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
+    const Format fa = mx::ParseFormat(c.at("format_a").get<std::string>()).value();
+    const Format fb = mx::ParseFormat(c.at("format_b").get<std::string>()).value();
+    const std::vector<float> bias = c.at("bias").is_null() ? std::vector<float>{} : floats(c.at("bias"));
+    const QuantizedMatrix qa = *mx::QuantizeRows(floats(c.at("a")), m, k, fa);
+    const QuantizedMatrix qb = *mx::QuantizeColumns(floats(c.at("b")), k, n, fb);
+    std::vector<float> y(m * n);
+    ASSERT_TRUE(fpga::RunKernelOnHost(fpga::ToDevice(qa), fpga::ToDevice(qb), bias, y).ok());
+    EXPECT_TRUE(mx_test::SameBitsAll(y, floats(c.at("c")))) << c.at("id");
+    EXPECT_EQ(fpga::KernelName(fa, fb), "hls/float");
+  }
+}
+
 // NaN and Inf inputs make NaN blocks (scale 0xFF), zeros make all-zero blocks; a
 // huge and a tiny scale side by side in one row push block results to Inf and
 // into FP32 subnormals.
@@ -302,7 +332,18 @@ TEST(HlsKernel, DeviceBuffersRoundTrip) {
     const fpga::DeviceOperand d = fpga::ToDevice(m);
     const int64_t row_words = 2 * mxhls::WordsPerBlock(fpga::HwFormatOf(f));
     ASSERT_EQ(static_cast<int64_t>(d.elements.size()), rows * row_words) << mx::FormatName(f);
-    if (f == Format::kNvfp4) {
+    if (mx::Traits(f).kind == mx::FormatKind::kCodebook) {
+      // One 64-element block a row in mx/ (32 bytes), two device blocks (16 bytes
+      // each, the same nibbles) whose scale words both hold its absmax.
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(0, std::memcmp(&d.elements[r * 4], m.elements.data() + r * 32, 32)) << r;
+        for (int b = 0; b < 2; ++b) {
+          float absmax;
+          std::memcpy(&absmax, reinterpret_cast<const uint8_t*>(d.scales.data()) + 4 * (r * 2 + b), 4);
+          EXPECT_EQ(absmax, mx::CodebookAbsmax(m, r, 0)) << r;
+        }
+      }
+    } else if (f == Format::kNvfp4) {
       // Three half blocks a row: mx/'s three words, then a zero fourth.
       for (int64_t r = 0; r < rows; ++r) {
         EXPECT_EQ(0, std::memcmp(&d.elements[r * 4], m.elements.data() + r * 24, 24)) << r;

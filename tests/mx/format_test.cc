@@ -14,7 +14,7 @@ TEST(Format, TableIsInEnumOrderAndNamesRoundTrip) {
     EXPECT_EQ(static_cast<int>(t.format), index++);
     EXPECT_EQ(mx::ParseFormat(t.name).value(), t.format);
   }
-  EXPECT_EQ(index, 11);
+  EXPECT_EQ(index, 13);
 }
 
 TEST(Format, ParseIsCaseInsensitiveWithAliases) {
@@ -48,7 +48,8 @@ TEST(Format, TraitsAgreeWithTheCodec) {
     }
     // The integer formats' unused code 0x80 decodes one step past max normal.
     const double step = t.kind == mx::FormatKind::kMxFloat || t.kind == mx::FormatKind::kFloat ||
-                                t.kind == mx::FormatKind::kNvFloat
+                                t.kind == mx::FormatKind::kNvFloat ||
+                                t.kind == mx::FormatKind::kCodebook
                             ? 0.0
                             : t.min_subnormal;
     EXPECT_EQ(largest, t.max_normal + step);

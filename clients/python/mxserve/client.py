@@ -532,8 +532,8 @@ class Client:
         Send them layer-major (all of one layer's rows, then the next): the daemon
         keeps one layer's quantized weights at hand while its rows arrive. Each
         item's rows travel in messages of at most about `max_message_bytes`.
-        formats: candidate formats; None for the daemon's default (every MX
-        format, INT8, BF16 and FP16). layers: names to profile; None for every
+        formats: candidate formats; None for the daemon's default (every format
+        but FP32). layers: names to profile; None for every
         layer. reference: "fp32" or "fp64", what quantized outputs are compared
         with. batch_tokens: GEMM rows the cost model assumes (0: 128). Like every
         stream, it has no deadline unless `timeout` gives one. An exception while

@@ -137,7 +137,8 @@ def test_every_parameter_of_the_shipped_file_has_a_range(shipped):
     for r in shipped.ranges:
         assert 0 < r.low <= r.nominal <= r.high and r.source.strip()
     assert shipped.range("static_power_watts").low == 15.0
-    assert shipped.range("energy_per_mac_pj[float]").formats == ("BF16", "FP16", "FP32")
+    assert shipped.range("energy_per_mac_pj[float]").formats == ("BF16", "FP16", "FP32", "NF4",
+                                                                 "BNB_FP4")
 
 
 def test_scaled_moves_a_scalar_or_a_whole_group(shipped):

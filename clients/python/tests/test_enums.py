@@ -222,7 +222,8 @@ def test_the_experiments_recipes_take_the_enums_names():
         for metric in config._COST_METRICS:
             for score in mxserve.types.PROFILE_SCORES:
                 config._check_generate("g", {"kind": kind, "metric": metric, "score": score})
-    with pytest.raises(config.ConfigError, match="g.kind: expected fraction, budget or tolerance"):
+    with pytest.raises(config.ConfigError,
+                       match="g.kind: expected fraction, budget, tolerance or rl"):
         config._check_generate("g", {"kind": "knapsack"})
     with pytest.raises(config.ConfigError, match="g.metric: expected energy, time or bits"):
         config._check_generate("g", {"metric": "watts"})

@@ -36,7 +36,7 @@ from mxserve.v1 import common_pb2, policies_pb2, profiles_pb2, profiles_pb2_grpc
 MXFP4 = "MXFP4_E2M1"
 # The daemon's default candidates: every MX format, NVFP4, INT8, BF16 and FP16.
 DEFAULT_FORMATS = {"MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1",
-                   "MXINT8", "NVFP4", "INT8", "BF16", "FP16"}
+                   "MXINT8", "NVFP4", "NF4", "BNB_FP4", "INT8", "BF16", "FP16"}
 
 # --- the planted model ---------------------------------------------------------------------
 

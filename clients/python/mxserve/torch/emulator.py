@@ -65,8 +65,8 @@ from typing import NamedTuple, Optional, Union
 import numpy
 import torch
 
-__all__ = ["FloatOperand", "FormatSpec", "Int8Operand", "MxOperand", "NvOperand", "Operand",
-           "STREAMS", "nv_tensor_scale",
+__all__ = ["CodebookOperand", "FloatOperand", "FormatSpec", "Int8Operand", "MxOperand",
+           "NvOperand", "Operand", "STREAMS", "codebook_table", "nv_tensor_scale",
            "column_sums", "dequantize", "element_codes", "format_spec", "grad_input",
            "grad_weight", "linear", "path_for", "quantize", "scale_bytes", "stochastic_bits"]
 
@@ -78,7 +78,7 @@ SCALE_BIAS = 127
 class FormatSpec:
     """One format's traits, as mx/format.cc's table has them."""
     name: str
-    kind: str           # "mx_float", "mx_int", "int8", "float"
+    kind: str           # "mx_float", "mx_int", "int8", "float", "nv_float", "codebook"
     bits: int
     exponent_bits: int
     mantissa_bits: int
@@ -114,8 +114,19 @@ _SPECS = {s.name: s for s in (
     FormatSpec("FP16", "float", 16, 5, 10, 15, 15, 65504.0, "ieee"),
     FormatSpec("FP32", "float", 32, 8, 23, 127, 127, 3.4028234663852886e38, "ieee"),
     FormatSpec("NVFP4", "nv_float", 4, 2, 1, 1, 2, 6.0, "none"),
+    FormatSpec("NF4", "codebook", 4, 0, 0, 0, 0, 1.0, "none"),
+    FormatSpec("BNB_FP4", "codebook", 4, 0, 0, 0, 0, 1.0, "none"),
 )}
 NV_BLOCK = 16  # mx::kNvBlockSize
+CODEBOOK_BLOCK = 64  # mx::kCodebookBlockSize
+# mx/codebook.h: NF4's published FP32 values (sorted, code = index), and bnb FP4's
+# magnitudes by 3-bit code (each the FP32 nearest the rational; bit 3 the sign).
+_NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+_FP4_RATIONALS = ((0, 1), (1, 192), (2, 3), (1, 1), (1, 3), (1, 2), (1, 6), (1, 4))
+_FP4_ASCENDING = (0b000, 0b001, 0b110, 0b111, 0b100, 0b101, 0b010, 0b011)
 _ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 ROUNDINGS = ("even", "away", "stochastic")
 SCALE_RULES = ("floor", "no_saturation", "ceil", "rceil")
@@ -226,7 +237,64 @@ class NvOperand(NamedTuple):
     cols: int
 
 
-Operand = Union[MxOperand, Int8Operand, FloatOperand, NvOperand]
+class CodebookOperand(NamedTuple):
+    """An NF4 or BNB_FP4 operand: the 4-bit codes [rows, blocks, 64] (int64; the
+    padding holds the code of 0) and each block's FP32 absmax [rows, blocks]
+    (NaN for a block that held NaN or Inf)."""
+    spec: FormatSpec
+    codes: torch.Tensor
+    absmax: torch.Tensor
+    cols: int
+
+
+Operand = Union[MxOperand, Int8Operand, FloatOperand, NvOperand, CodebookOperand]
+
+
+def codebook_table(fmt: Union[str, FormatSpec]) -> torch.Tensor:
+    """The 16 FP32 values of a codebook format by code (mx::CodebookTable)."""
+    spec = format_spec(fmt)
+    if spec.name == "NF4":
+        return torch.tensor(_NF4, dtype=torch.float64).float()  # FP32 values: exact
+    # FP32 divisions are correctly rounded: each magnitude is fp32(p / q).
+    p = torch.tensor([float(a) for a, _ in _FP4_RATIONALS], dtype=torch.float32)
+    q = torch.tensor([float(b) for _, b in _FP4_RATIONALS], dtype=torch.float32)
+    magnitude = p / q
+    return torch.cat([magnitude, -magnitude])
+
+
+def _codebook_thresholds(values: torch.Tensor) -> torch.Tensor:
+    """FP32 nearest each exact midpoint of neighbouring (sorted) FP32 values."""
+    d = values.double()
+    return ((d[:-1] + d[1:]) / 2.0).float()
+
+
+def _codebook_codes(spec: FormatSpec, n: torch.Tensor) -> torch.Tensor:
+    """mx::CodebookCode of normalized FP32 values: how many thresholds each is
+    strictly above (NF4), or the same over |n| with the sign of n < 0 (FP4)."""
+    table = codebook_table(spec).to(n.device)
+    if spec.name == "NF4":
+        return (n[..., None] > _codebook_thresholds(table)).sum(-1)
+    ascending = torch.tensor(_FP4_ASCENDING, dtype=torch.int64, device=n.device)
+    thresholds = _codebook_thresholds(table[ascending])
+    index = (n.abs()[..., None] > thresholds).sum(-1)
+    return ascending[index] | ((n < 0).to(torch.int64) << 3)
+
+
+def _quantize_codebook(spec: FormatSpec, x: torch.Tensor) -> CodebookOperand:
+    """mx::QuantizeCodebookBlock per block of 64: n = x · fp32(1 / absmax) (one
+    division x / absmax where the reciprocal overflows), the codes of n; a NaN/Inf
+    block absmax NaN, it and an all-zero block the codes of 0."""
+    v, nan, amax = _blocks(x, CODEBOOK_BLOCK)
+    zero_code = 7 if spec.name == "NF4" else 0
+    reciprocal = 1.0 / amax
+    finite = torch.isfinite(reciprocal)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    n = torch.where(finite[:, :, None], v * reciprocal[:, :, None], v / safe[:, :, None])
+    codes = _codebook_codes(spec, torch.where(torch.isfinite(n), n, torch.zeros_like(n)))
+    plain = (~nan & (amax > 0))[:, :, None]
+    codes = torch.where(plain, codes, torch.full_like(codes, zero_code))
+    absmax = torch.where(nan, torch.full_like(amax, float("nan")), amax)
+    return CodebookOperand(spec, codes.contiguous(), absmax.contiguous(), x.shape[1])
 
 
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
@@ -310,6 +378,8 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even
         raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
     if scale_rule not in SCALE_RULES:
         raise ValueError(f"scale_rule: expected one of {SCALE_RULES}, got {scale_rule!r}")
+    if spec.kind == "codebook":  # its thresholds decide, whatever the rounding
+        return _quantize_codebook(spec, _as_float32(x, "x"))
     if rounding == "stochastic" and seed is None:
         raise ValueError("seed: required with rounding='stochastic' (the random bits' key)")
     x = _as_float32(x, "x")
@@ -477,6 +547,10 @@ def dequantize(op: Operand) -> torch.Tensor:
         return op.values
     if isinstance(op, Int8Operand):
         return op.codes * op.scale[:, None]
+    if isinstance(op, CodebookOperand):
+        table = codebook_table(op.spec).to(op.codes.device)
+        values = table[op.codes] * op.absmax[:, :, None]  # one FP32 multiply
+        return values.reshape(values.shape[0], -1)[:, :op.cols]
     if isinstance(op, NvOperand):
         # (element · S) exact, then · the tensor scale: one FP32 rounding.
         values = (op.fixed * 0.5 * op.scale[:, :, None]) * op.tensor_scale[:, None, None]
@@ -500,12 +574,15 @@ def nv_scale_bytes(op: NvOperand) -> torch.Tensor:
     return torch.where(torch.isnan(op.scale), torch.full_like(code, 0x7F), code).to(torch.uint8)
 
 
-def element_codes(op: Union[MxOperand, NvOperand],
+def element_codes(op: Union[MxOperand, NvOperand, CodebookOperand],
                   signs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The element codes, one per byte, [rows, cols] uint8. `signs` (the input, or
     anything with its signs) sets the sign bit of codes that rounded to zero;
     without it they are +0. A block whose scale is NaN has codes 0, as
-    mx::QuantizeBlock writes them, whatever the signs."""
+    mx::QuantizeBlock writes them, whatever the signs. A codebook operand's codes
+    are its own (signs are not read)."""
+    if isinstance(op, CodebookOperand):
+        return op.codes.reshape(op.codes.shape[0], -1)[:, :op.cols].to(torch.uint8)
     spec = op.spec
     fixed = op.fixed.double().reshape(op.fixed.shape[0], -1)[:, :op.cols]
     magnitude = fixed.abs()
@@ -591,7 +668,7 @@ def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch
 def _data(op: Operand) -> torch.Tensor:
     """The operand's main tensor (rows first)."""
     return op.fixed if isinstance(op, (MxOperand, NvOperand)) else \
-        op.codes if isinstance(op, Int8Operand) else op.values
+        op.codes if isinstance(op, (Int8Operand, CodebookOperand)) else op.values
 
 
 def _rows(op: Operand) -> int:

@@ -78,9 +78,8 @@ __all__ = ["OBJECTIVES", "Episode", "SearchConfig", "SearchResult", "search"]
 
 OBJECTIVES = ("lm", "rollout", "reward", "update")
 PHASES = ("rollout", "reward", "update")
-# The poster's action set was {nf4, fp4, int8, fp16, bf16, fp32}; mxserve's 4-bit
-# formats stand in for NF4 and bitsandbytes' FP4 until those land (issue 35).
-DEFAULT_FORMATS = ("NVFP4", "MXFP4_E2M1", "INT8", "FP16", "BF16", "FP32")
+# The poster's action set: {nf4, fp4, int8, fp16, bf16, fp32}, FP4 bitsandbytes'.
+DEFAULT_FORMATS = ("NF4", "BNB_FP4", "INT8", "FP16", "BF16", "FP32")
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 ForwardFn = Callable[[nn.Module, Any], Any]

@@ -1,0 +1,101 @@
+#include "mx/codebook.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+namespace mx {
+namespace {
+
+// NF4: bitsandbytes' published FP32 constants, sorted (code = index).
+constexpr std::array<float, 16> kNf4 = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+// bitsandbytes FP4: the magnitude of each 3-bit code (sign in bit 3), each the
+// FP32 nearest the rational (division is correctly rounded).
+const std::array<float, 8> kFp4Magnitudes = {0.0f,        1.0f / 192.0f, 2.0f / 3.0f, 1.0f,
+                                             1.0f / 3.0f, 0.5f,          1.0f / 6.0f, 0.25f};
+
+// The 3-bit codes of the FP4 magnitudes in ascending order.
+constexpr std::array<uint8_t, 8> kFp4Ascending = {0b000, 0b001, 0b110, 0b111,
+                                                  0b100, 0b101, 0b010, 0b011};
+
+float Midpoint(float a, float b) {
+  // Exact in double (two FP32 values), then one rounding to FP32.
+  return static_cast<float>((static_cast<double>(a) + static_cast<double>(b)) / 2.0);
+}
+
+struct Tables {
+  std::array<float, 16> fp4;
+  std::array<float, 15> nf4_thresholds;
+  std::array<float, 7> fp4_thresholds;  // between ascending magnitudes
+};
+
+const Tables& GetTables() {
+  static const Tables tables = [] {
+    Tables t{};
+    for (int code = 0; code < 16; ++code) {
+      const float m = kFp4Magnitudes[code & 7];
+      t.fp4[code] = code & 8 ? -m : m;
+    }
+    for (int i = 0; i < 15; ++i) t.nf4_thresholds[i] = Midpoint(kNf4[i], kNf4[i + 1]);
+    for (int i = 0; i < 7; ++i) {
+      t.fp4_thresholds[i] =
+          Midpoint(kFp4Magnitudes[kFp4Ascending[i]], kFp4Magnitudes[kFp4Ascending[i + 1]]);
+    }
+    return t;
+  }();
+  return tables;
+}
+
+// How many thresholds n lies above (strictly): its index among the entries.
+template <size_t N>
+int Above(const std::array<float, N>& thresholds, float n) {
+  int i = 0;
+  while (i < static_cast<int>(N) && n > thresholds[i]) ++i;
+  return i;
+}
+
+}  // namespace
+
+const std::array<float, 16>& CodebookTable(Format format) {
+  assert(Traits(format).kind == FormatKind::kCodebook);
+  return format == Format::kNf4 ? kNf4 : GetTables().fp4;
+}
+
+uint8_t CodebookCode(Format format, float n) {
+  if (format == Format::kNf4) return static_cast<uint8_t>(Above(GetTables().nf4_thresholds, n));
+  const uint8_t sign = n < 0.0f ? 8 : 0;
+  return static_cast<uint8_t>(sign |
+                              kFp4Ascending[Above(GetTables().fp4_thresholds, std::fabs(n))]);
+}
+
+uint8_t CodebookZeroCode(Format format) { return format == Format::kNf4 ? 7 : 0; }
+
+float QuantizeCodebookBlock(Format format, std::span<const float> values,
+                            std::span<uint8_t> codes) {
+  assert(values.size() <= kCodebookBlockSize && codes.size() == values.size());
+  float absmax = 0.0f;
+  bool special = false;
+  for (const float v : values) {
+    special |= !std::isfinite(v);
+    absmax = std::max(absmax, std::fabs(v));
+  }
+  if (special || absmax == 0.0f) {
+    std::fill(codes.begin(), codes.end(), CodebookZeroCode(format));
+    return special ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+  }
+  const float reciprocal = 1.0f / absmax;
+  const bool multiply = std::isfinite(reciprocal);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float n = multiply ? values[i] * reciprocal : values[i] / absmax;
+    codes[i] = CodebookCode(format, n);
+  }
+  return absmax;
+}
+
+}  // namespace mx

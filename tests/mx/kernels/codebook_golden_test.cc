@@ -1,0 +1,143 @@
+// tests/golden/codebook.json — NF4 and bitsandbytes FP4: quantization (codes and
+// FP32 absmax per block of 64) and their GEMM on the float path, written by an
+// exact rational model (tests/golden/make_codebook_vectors.py) that shares no
+// code with mx/ — reproduced bit for bit by the reference quantizer and GEMM and
+// by the fast quantizers and kernels at every ISA level this CPU runs, by rows
+// and by columns, on one thread and across a pool.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "mx/codebook.h"
+#include "mx/kernels/cpu_features.h"
+#include "mx/kernels/linear.h"
+#include "mx/kernels/quantize_fast.h"
+#include "mx/kernels/thread_pool.h"
+#include "mx/packed.h"
+#include "mx/reference_gemm.h"
+#include "nlohmann/json.hpp"
+#include "tests/same_bits.h"
+
+namespace {
+
+using mx::Format;
+
+std::vector<float> Floats(const nlohmann::json& hexes) {
+  std::vector<float> out;
+  for (const auto& h : hexes) {
+    out.push_back(
+        std::bit_cast<float>(static_cast<uint32_t>(std::stoul(h.get<std::string>(), nullptr, 16))));
+  }
+  return out;
+}
+
+const nlohmann::json& Golden() {
+  static const nlohmann::json* json = [] {
+    std::ifstream in(MXSERVE_SOURCE_DIR "/tests/golden/codebook.json");
+    EXPECT_TRUE(in.good()) << "tests/golden/codebook.json not found";
+    return new nlohmann::json(in.good() ? nlohmann::json::parse(in) : nlohmann::json::object());
+  }();
+  return *json;
+}
+
+void ExpectCase(const mx::QuantizedMatrix& m, const nlohmann::json& c, const std::string& where) {
+  const int64_t rows = c.at("rows"), cols = c.at("cols");
+  ASSERT_TRUE(mx::ValidateLayout(m).ok()) << where;
+  const std::vector<uint8_t> codes = c.at("codes").get<std::vector<uint8_t>>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < cols; ++k) {
+      ASSERT_EQ(mx::ElementCode(m, r, k), codes[r * cols + k]) << where << " at " << r << ", " << k;
+    }
+  }
+  const std::vector<float> absmax = Floats(c.at("absmax"));
+  const int64_t blocks = mx::BlocksPerRow(m.format, cols);
+  ASSERT_EQ(static_cast<int64_t>(absmax.size()), rows * blocks) << where;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      EXPECT_TRUE(mx_test::SameBits(mx::CodebookAbsmax(m, r, b), absmax[r * blocks + b]))
+          << where << " block " << r << ", " << b;
+    }
+  }
+}
+
+TEST(CodebookGolden, EveryQuantizerWritesEveryCase) {
+  ASSERT_GE(Golden().at("quantize").size(), 8u);
+  mx::kernels::ThreadPool pool(2);
+  for (const nlohmann::json& c : Golden().at("quantize")) {
+    const std::string id = c.at("id");
+    const Format format = mx::ParseFormat(c.at("format").get<std::string>()).value();
+    const int64_t rows = c.at("rows"), cols = c.at("cols");
+    const std::vector<float> values = Floats(c.at("values"));
+    ExpectCase(*mx::QuantizeRows(values, rows, cols, format), c, id + " reference");
+    std::vector<float> transposed(values.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < cols; ++k) transposed[k * rows + r] = values[r * cols + k];
+    }
+    ExpectCase(*mx::QuantizeColumns(transposed, cols, rows, format), c, id + " by columns");
+    for (const mx::kernels::Isa isa : mx::kernels::AvailableIsas()) {
+      const std::string where = absl::StrCat(id, " ", mx::kernels::IsaName(isa));
+      ExpectCase(*mx::kernels::QuantizeRows(values, rows, cols, format, {}, isa, &pool), c, where);
+      ExpectCase(*mx::kernels::QuantizeColumns(transposed, cols, rows, format, {}, isa, &pool), c,
+                 where + " by columns");
+    }
+    // The rounding modes do not apply: stochastic rounding writes the same bytes.
+    const mx::QuantizeOptions stochastic{.rounding = mx::Rounding::kStochastic, .seed = 9};
+    ExpectCase(*mx::QuantizeRows(values, rows, cols, format, stochastic), c, id + " stochastic");
+  }
+}
+
+TEST(CodebookGolden, EveryGemmGivesEveryCase) {
+  ASSERT_GE(Golden().at("gemm").size(), 3u);
+  mx::kernels::ThreadPool pool(2);
+  for (const nlohmann::json& c : Golden().at("gemm")) {
+    const std::string id = c.at("id");
+    const Format fa = mx::ParseFormat(c.at("format_a").get<std::string>()).value();
+    const Format fb = mx::ParseFormat(c.at("format_b").get<std::string>()).value();
+    const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
+    const std::vector<float> a = Floats(c.at("a")), b = Floats(c.at("b")), want = Floats(c.at("c"));
+    const std::vector<float> bias = c.at("bias").is_null() ? std::vector<float>{} : Floats(c.at("bias"));
+    const mx::QuantizedMatrix qa = *mx::QuantizeRows(a, m, k, fa);
+    const mx::QuantizedMatrix qb = *mx::QuantizeColumns(b, k, n, fb);
+    EXPECT_TRUE(mx_test::SameBitsAll(*mx::ReferenceLinear(qa, qb, bias), want)) << id;
+    if (bias.empty()) {
+      EXPECT_TRUE(mx_test::SameBitsAll(*mx::ReferenceGemm(a, fa, b, fb, m, k, n), want)) << id;
+    }
+    const mx::kernels::PackedWeight w = *mx::kernels::PackedWeight::Pack(qb);
+    for (const mx::kernels::Isa isa : mx::kernels::AvailableIsas()) {
+      std::vector<float> y(m * n);
+      const auto info = mx::kernels::Linear(qa, w, bias, y, {.isa = isa, .pool = &pool});
+      ASSERT_TRUE(info.ok()) << info.status();
+      EXPECT_TRUE(mx_test::SameBitsAll(y, want)) << id << " " << info->name;
+    }
+    const mx::QuantizedMatrix back = w.Unpacked();
+    EXPECT_EQ(back.elements, qb.elements) << id;
+    EXPECT_EQ(back.block_scales, qb.block_scales) << id;
+  }
+}
+
+// The tables and thresholds the contract states, pinned by hand.
+TEST(Codebook, TablesAndTiesAreBitsandbytes) {
+  EXPECT_EQ(mx::CodebookTable(Format::kNf4)[7], 0.0f);
+  EXPECT_EQ(mx::CodebookTable(Format::kNf4)[15], 1.0f);
+  EXPECT_EQ(mx::CodebookTable(Format::kBnbFp4)[0b0011], 1.0f);
+  EXPECT_EQ(mx::CodebookTable(Format::kBnbFp4)[0b0001], 1.0f / 192.0f);
+  EXPECT_EQ(mx::CodebookTable(Format::kBnbFp4)[0b1101], -0.5f);
+  // NF4: 0.8614784 lies on the 0.7229568 | 1.0 threshold and stays down.
+  const float top = static_cast<float>((0.7229568362236023 + 1.0) / 2.0);
+  EXPECT_EQ(mx::CodebookCode(Format::kNf4, top), 14);
+  EXPECT_EQ(mx::CodebookCode(Format::kNf4, std::nextafter(top, 2.0f)), 15);
+  // FP4: 0.29166666 (between 1/4 and 1/3) stays at 1/4, sign from n < 0.
+  const float mid = static_cast<float>((0.25 + static_cast<double>(1.0f / 3.0f)) / 2.0);
+  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, mid), 0b0111);
+  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, -std::nextafter(mid, 1.0f)), 0b1100);
+  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, -1e-6f), 0b1000);  // bnb's -0
+  EXPECT_EQ(mx::CodebookCode(Format::kNf4, -1e-6f), 7);
+}
+
+}  // namespace
