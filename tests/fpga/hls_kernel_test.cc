@@ -18,6 +18,7 @@
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
 #include "nlohmann/json.hpp"
+#include "tests/golden_json.h"
 #include "tests/same_bits.h"
 
 namespace {
@@ -164,58 +165,26 @@ TEST(HlsKernel, RandomNvfp4CodesAndScalesMatchReference) {
   }
 }
 
-// tests/golden/nvfp4.json's GEMMs (an independent rational model of the
-// recipe): the kernel gives every case's bits.
-TEST(HlsKernel, Nvfp4GoldenGemms) {
-  std::ifstream in(MXSERVE_SOURCE_DIR "/tests/golden/nvfp4.json");
-  ASSERT_TRUE(in.good()) << "tests/golden/nvfp4.json not found";
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  const auto floats = [](const nlohmann::json& hexes) {
-    std::vector<float> out;
-    for (const auto& h : hexes) {
-      out.push_back(std::bit_cast<float>(
-          static_cast<uint32_t>(std::stoul(h.get<std::string>(), nullptr, 16))));
+// The golden GEMMs of tests/golden/nvfp4.json (NVFP4 × NVFP4: the nv_blocks
+// datapath) and codebook.json (NF4, bnb FP4: the float path with the kernel's
+// own ROMs), each written by an independent rational model: every case's bits.
+TEST(HlsKernel, GoldenGemmsOfNvfp4AndTheCodebooks) {
+  for (const char* file : {"nvfp4.json", "codebook.json"}) {
+    const nlohmann::json golden =
+        mx_test::LoadGolden(absl::StrCat(MXSERVE_SOURCE_DIR "/tests/golden/", file));
+    ASSERT_GE(golden.value("gemm", nlohmann::json::array()).size(), 3u) << file;
+    for (const nlohmann::json& c : golden.at("gemm")) {
+      const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
+      const Format fa = mx::ParseFormat(c.value("format_a", std::string("NVFP4"))).value();
+      const Format fb = mx::ParseFormat(c.value("format_b", std::string("NVFP4"))).value();
+      const std::vector<float> bias = mx_test::HexFloatsOrEmpty(c.at("bias"));
+      const QuantizedMatrix qa = *mx::QuantizeRows(mx_test::HexFloats(c.at("a")), m, k, fa);
+      const QuantizedMatrix qb = *mx::QuantizeColumns(mx_test::HexFloats(c.at("b")), k, n, fb);
+      std::vector<float> y(m * n);
+      ASSERT_TRUE(fpga::RunKernelOnHost(fpga::ToDevice(qa), fpga::ToDevice(qb), bias, y).ok());
+      EXPECT_TRUE(mx_test::SameBitsAll(y, mx_test::HexFloats(c.at("c")))) << file << " " << c.at("id");
+      EXPECT_EQ(fpga::KernelName(fa, fb), fa == Format::kNvfp4 ? "hls/nv_blocks" : "hls/float");
     }
-    return out;
-  };
-  ASSERT_GE(golden.at("gemm").size(), 3u);
-  for (const nlohmann::json& c : golden.at("gemm")) {
-    const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
-    const std::vector<float> bias = c.at("bias").is_null() ? std::vector<float>{} : floats(c.at("bias"));
-    const QuantizedMatrix qa = *mx::QuantizeRows(floats(c.at("a")), m, k, Format::kNvfp4);
-    const QuantizedMatrix qb = *mx::QuantizeColumns(floats(c.at("b")), k, n, Format::kNvfp4);
-    std::vector<float> y(m * n);
-    ASSERT_TRUE(fpga::RunKernelOnHost(fpga::ToDevice(qa), fpga::ToDevice(qb), bias, y).ok());
-    EXPECT_TRUE(mx_test::SameBitsAll(y, floats(c.at("c")))) << c.at("id");
-  }
-}
-
-// tests/golden/codebook.json's GEMMs (NF4, bnb FP4: the float path with the
-// kernel's own ROMs): every case's bits.
-TEST(HlsKernel, CodebookGoldenGemms) {
-  std::ifstream in(MXSERVE_SOURCE_DIR "/tests/golden/codebook.json");
-  ASSERT_TRUE(in.good()) << "tests/golden/codebook.json not found";
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  const auto floats = [](const nlohmann::json& hexes) {
-    std::vector<float> out;
-    for (const auto& h : hexes) {
-      out.push_back(std::bit_cast<float>(
-          static_cast<uint32_t>(std::stoul(h.get<std::string>(), nullptr, 16))));
-    }
-    return out;
-  };
-  ASSERT_GE(golden.at("gemm").size(), 3u);
-  for (const nlohmann::json& c : golden.at("gemm")) {
-    const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
-    const Format fa = mx::ParseFormat(c.at("format_a").get<std::string>()).value();
-    const Format fb = mx::ParseFormat(c.at("format_b").get<std::string>()).value();
-    const std::vector<float> bias = c.at("bias").is_null() ? std::vector<float>{} : floats(c.at("bias"));
-    const QuantizedMatrix qa = *mx::QuantizeRows(floats(c.at("a")), m, k, fa);
-    const QuantizedMatrix qb = *mx::QuantizeColumns(floats(c.at("b")), k, n, fb);
-    std::vector<float> y(m * n);
-    ASSERT_TRUE(fpga::RunKernelOnHost(fpga::ToDevice(qa), fpga::ToDevice(qb), bias, y).ok());
-    EXPECT_TRUE(mx_test::SameBitsAll(y, floats(c.at("c")))) << c.at("id");
-    EXPECT_EQ(fpga::KernelName(fa, fb), "hls/float");
   }
 }
 

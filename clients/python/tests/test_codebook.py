@@ -16,16 +16,11 @@ import mxserve  # noqa: E402
 from mxserve.torch import emulator as em  # noqa: E402
 
 from conftest import Daemon, REPO  # noqa: E402
-from test_emulator import assert_same_bits  # noqa: E402
+from test_emulator import assert_same_bits, hex_floats as floats  # noqa: E402
 
 VECTORS = REPO / "tests" / "golden" / "codebook.json"
 MXCTL = REPO / "build" / "bin" / "mxctl"
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def floats(hexes) -> torch.Tensor:
-    bits = torch.tensor([int(h, 16) for h in hexes], dtype=torch.int64)
-    return torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32).view(torch.float32)
 
 
 def golden():

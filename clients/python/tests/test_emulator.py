@@ -37,6 +37,12 @@ def bits(t: torch.Tensor, zero_sign: bool = True) -> np.ndarray:
     return a.view(np.uint32)
 
 
+def hex_floats(hexes) -> torch.Tensor:
+    """FP32 values from the golden files' 8-digit hex bit patterns."""
+    bits = torch.tensor([int(h, 16) for h in hexes], dtype=torch.int64)
+    return torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32).view(torch.float32)
+
+
 def assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str,
                      zero_sign: bool = True) -> None:
     g, w = bits(got, zero_sign), bits(want, zero_sign)

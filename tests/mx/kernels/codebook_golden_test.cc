@@ -9,7 +9,6 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,27 +21,17 @@
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
 #include "nlohmann/json.hpp"
+#include "tests/golden_json.h"
 #include "tests/same_bits.h"
 
 namespace {
 
 using mx::Format;
-
-std::vector<float> Floats(const nlohmann::json& hexes) {
-  std::vector<float> out;
-  for (const auto& h : hexes) {
-    out.push_back(
-        std::bit_cast<float>(static_cast<uint32_t>(std::stoul(h.get<std::string>(), nullptr, 16))));
-  }
-  return out;
-}
+using mx_test::HexFloats;
 
 const nlohmann::json& Golden() {
-  static const nlohmann::json* json = [] {
-    std::ifstream in(MXSERVE_SOURCE_DIR "/tests/golden/codebook.json");
-    EXPECT_TRUE(in.good()) << "tests/golden/codebook.json not found";
-    return new nlohmann::json(in.good() ? nlohmann::json::parse(in) : nlohmann::json::object());
-  }();
+  static const nlohmann::json* json =
+      new nlohmann::json(mx_test::LoadGolden(MXSERVE_SOURCE_DIR "/tests/golden/codebook.json"));
   return *json;
 }
 
@@ -55,7 +44,7 @@ void ExpectCase(const mx::QuantizedMatrix& m, const nlohmann::json& c, const std
       ASSERT_EQ(mx::ElementCode(m, r, k), codes[r * cols + k]) << where << " at " << r << ", " << k;
     }
   }
-  const std::vector<float> absmax = Floats(c.at("absmax"));
+  const std::vector<float> absmax = HexFloats(c.at("absmax"));
   const int64_t blocks = mx::BlocksPerRow(m.format, cols);
   ASSERT_EQ(static_cast<int64_t>(absmax.size()), rows * blocks) << where;
   for (int64_t r = 0; r < rows; ++r) {
@@ -73,7 +62,7 @@ TEST(CodebookGolden, EveryQuantizerWritesEveryCase) {
     const std::string id = c.at("id");
     const Format format = mx::ParseFormat(c.at("format").get<std::string>()).value();
     const int64_t rows = c.at("rows"), cols = c.at("cols");
-    const std::vector<float> values = Floats(c.at("values"));
+    const std::vector<float> values = HexFloats(c.at("values"));
     ExpectCase(*mx::QuantizeRows(values, rows, cols, format), c, id + " reference");
     std::vector<float> transposed(values.size());
     for (int64_t r = 0; r < rows; ++r) {
@@ -100,8 +89,8 @@ TEST(CodebookGolden, EveryGemmGivesEveryCase) {
     const Format fa = mx::ParseFormat(c.at("format_a").get<std::string>()).value();
     const Format fb = mx::ParseFormat(c.at("format_b").get<std::string>()).value();
     const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
-    const std::vector<float> a = Floats(c.at("a")), b = Floats(c.at("b")), want = Floats(c.at("c"));
-    const std::vector<float> bias = c.at("bias").is_null() ? std::vector<float>{} : Floats(c.at("bias"));
+    const std::vector<float> a = HexFloats(c.at("a")), b = HexFloats(c.at("b"));
+    const std::vector<float> want = HexFloats(c.at("c")), bias = mx_test::HexFloatsOrEmpty(c.at("bias"));
     const mx::QuantizedMatrix qa = *mx::QuantizeRows(a, m, k, fa);
     const mx::QuantizedMatrix qb = *mx::QuantizeColumns(b, k, n, fb);
     EXPECT_TRUE(mx_test::SameBitsAll(*mx::ReferenceLinear(qa, qb, bias), want)) << id;

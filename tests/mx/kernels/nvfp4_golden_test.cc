@@ -9,7 +9,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,27 +22,17 @@
 #include "mx/quantize.h"
 #include "mx/reference_gemm.h"
 #include "nlohmann/json.hpp"
+#include "tests/golden_json.h"
 #include "tests/same_bits.h"
 
 namespace {
 
 using mx::Format;
-
-std::vector<float> Floats(const nlohmann::json& hexes) {
-  std::vector<float> out;
-  for (const auto& h : hexes) {
-    out.push_back(
-        std::bit_cast<float>(static_cast<uint32_t>(std::stoul(h.get<std::string>(), nullptr, 16))));
-  }
-  return out;
-}
+using mx_test::HexFloats;
 
 const nlohmann::json& Golden() {
-  static const nlohmann::json* json = [] {
-    std::ifstream in(MXSERVE_SOURCE_DIR "/tests/golden/nvfp4.json");
-    EXPECT_TRUE(in.good()) << "tests/golden/nvfp4.json not found";
-    return new nlohmann::json(in.good() ? nlohmann::json::parse(in) : nlohmann::json::object());
-  }();
+  static const nlohmann::json* json =
+      new nlohmann::json(mx_test::LoadGolden(MXSERVE_SOURCE_DIR "/tests/golden/nvfp4.json"));
   return *json;
 }
 
@@ -70,10 +59,10 @@ TEST(Nvfp4Golden, EveryQuantizerWritesEveryCase) {
   for (const nlohmann::json& c : Golden().at("quantize")) {
     const std::string id = c.at("id");
     const int64_t rows = c.at("rows"), cols = c.at("cols");
-    const std::vector<float> values = Floats(c.at("values"));
+    const std::vector<float> values = HexFloats(c.at("values"));
     mx::QuantizeOptions options;
     if (c.at("given_tensor_scale").get<bool>()) {
-      options.tensor_scale = Floats(nlohmann::json::array({c.at("tensor_scale")}))[0];
+      options.tensor_scale = HexFloats(nlohmann::json::array({c.at("tensor_scale")}))[0];
     }
     ExpectCase(*mx::QuantizeRows(values, rows, cols, Format::kNvfp4, options), c, id + " reference");
     // By columns: the transpose, quantized along its columns, is the same matrix.
@@ -100,8 +89,8 @@ TEST(Nvfp4Golden, EveryGemmGivesEveryCase) {
   for (const nlohmann::json& c : Golden().at("gemm")) {
     const std::string id = c.at("id");
     const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
-    const std::vector<float> a = Floats(c.at("a")), b = Floats(c.at("b")), want = Floats(c.at("c"));
-    const std::vector<float> bias = c.at("bias").is_null() ? std::vector<float>{} : Floats(c.at("bias"));
+    const std::vector<float> a = HexFloats(c.at("a")), b = HexFloats(c.at("b"));
+    const std::vector<float> want = HexFloats(c.at("c")), bias = mx_test::HexFloatsOrEmpty(c.at("bias"));
     const mx::QuantizedMatrix qa = *mx::QuantizeRows(a, m, k, Format::kNvfp4);
     const mx::QuantizedMatrix qb = *mx::QuantizeColumns(b, k, n, Format::kNvfp4);
     EXPECT_TRUE(mx_test::SameBitsAll(*mx::ReferenceLinear(qa, qb, bias), want)) << id;
