@@ -15,14 +15,20 @@ constexpr std::array<float, 16> kNf4 = {
     0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
 
-// bitsandbytes FP4: the magnitude of each 3-bit code (sign in bit 3), each the
-// FP32 nearest the rational (division is correctly rounded).
-const std::array<float, 8> kFp4Magnitudes = {0.0f,        1.0f / 192.0f, 2.0f / 3.0f, 1.0f,
-                                             1.0f / 3.0f, 0.5f,          1.0f / 6.0f, 0.25f};
+// bitsandbytes FP4: the magnitude of each 3-bit code (sign in bit 3), its
+// dequantization constants (each is the FP32 nearest the rational k/12).
+constexpr std::array<float, 8> kFp4Magnitudes = {0.0f,        5.208333333e-03f, 0.66666667f,
+                                                 1.0f,        0.33333333f,      0.5f,
+                                                 0.16666667f, 0.25f};
 
-// The 3-bit codes of the FP4 magnitudes in ascending order.
+// The 3-bit codes of the FP4 magnitudes in ascending order, and bitsandbytes'
+// thresholds between them (dQuantizeFP4's decimal literals: the midpoints to six
+// to eight digits, not the FP32 midpoints — 0.583333 lies 6 ULPs below 7/12).
 constexpr std::array<uint8_t, 8> kFp4Ascending = {0b000, 0b001, 0b110, 0b111,
                                                   0b100, 0b101, 0b010, 0b011};
+constexpr std::array<float, 7> kFp4Thresholds = {0.00260417f, 0.0859375f, 0.20833333f,
+                                                 0.29166667f, 0.4166667f, 0.583333f,
+                                                 0.8333333f};
 
 float Midpoint(float a, float b) {
   // Exact in double (two FP32 values), then one rounding to FP32.
@@ -32,7 +38,6 @@ float Midpoint(float a, float b) {
 struct Tables {
   std::array<float, 16> fp4;
   std::array<float, 15> nf4_thresholds;
-  std::array<float, 7> fp4_thresholds;  // between ascending magnitudes
 };
 
 const Tables& GetTables() {
@@ -42,11 +47,9 @@ const Tables& GetTables() {
       const float m = kFp4Magnitudes[code & 7];
       t.fp4[code] = code & 8 ? -m : m;
     }
+    // NF4: the FP32 nearest each exact midpoint, which is what bitsandbytes'
+    // dQuantizeNF4 literals round to (all 15 checked).
     for (int i = 0; i < 15; ++i) t.nf4_thresholds[i] = Midpoint(kNf4[i], kNf4[i + 1]);
-    for (int i = 0; i < 7; ++i) {
-      t.fp4_thresholds[i] =
-          Midpoint(kFp4Magnitudes[kFp4Ascending[i]], kFp4Magnitudes[kFp4Ascending[i + 1]]);
-    }
     return t;
   }();
   return tables;
@@ -70,8 +73,7 @@ const std::array<float, 16>& CodebookTable(Format format) {
 uint8_t CodebookCode(Format format, float n) {
   if (format == Format::kNf4) return static_cast<uint8_t>(Above(GetTables().nf4_thresholds, n));
   const uint8_t sign = n < 0.0f ? 8 : 0;
-  return static_cast<uint8_t>(sign |
-                              kFp4Ascending[Above(GetTables().fp4_thresholds, std::fabs(n))]);
+  return static_cast<uint8_t>(sign | kFp4Ascending[Above(kFp4Thresholds, std::fabs(n))]);
 }
 
 uint8_t CodebookZeroCode(Format format) { return format == Format::kNf4 ? 7 : 0; }

@@ -5,14 +5,17 @@
 //
 // The contract (mx/README.md, "Codebook formats"):
 //  - tables: NF4's 16 values as bitsandbytes publishes them (FP32 constants,
-//    sorted, code = index; code 7 is 0); FP4's eight magnitudes {0, 1/192, 1/6,
-//    1/4, 1/3, 1/2, 2/3, 1} (each fp32 of the rational) under bitsandbytes' codes
-//    (bit 3 the sign; 0b0011 is 1, 0b0001 is 1/192), negatives mirrored;
-//  - thresholds: the FP32 value nearest (ties to even) the exact midpoint of two
-//    neighbouring table values; a value above a threshold goes up, one on it
-//    stays down (bitsandbytes' `x > threshold` tree). FP4 thresholds its
-//    magnitude and takes the sign of n < 0 (a -0 or a value rounding to 0 keeps
-//    the sign bit as bitsandbytes' does: code 8 for small negatives);
+//    sorted, code = index; code 7 is 0); FP4's eight magnitudes, bitsandbytes'
+//    dequantization constants for {0, 1/192, 2/3, 1, 1/3, 1/2, 1/6, 1/4} under
+//    its codes 0..7 (0b0011 is 1, 0b0001 is 1/192), code 8 | c the negative
+//    (code 8 is -0);
+//  - thresholds: NF4's are the FP32 nearest the exact midpoint of two
+//    neighbouring values; FP4's are bitsandbytes' decimal literals (0.00260417,
+//    0.0859375, 0.20833333, 0.29166667, 0.4166667, 0.583333, 0.8333333), which
+//    are not all FP32 midpoints. A value above a threshold goes up, one on it
+//    stays down (bitsandbytes' `x > threshold` trees). FP4 thresholds |n| and
+//    takes the sign bit from n < 0: a small negative value is code 8, a -0 (not
+//    below 0) code 0, as in bitsandbytes;
 //  - normalization: n = fp32(x · fp32(1 / absmax)), bitsandbytes' reciprocal
 //    multiply; where 1 / absmax overflows FP32 (absmax below 2^-128) n is the
 //    one division fp32(x / absmax) instead (bitsandbytes gives Inf and NaN there);

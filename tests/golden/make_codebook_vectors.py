@@ -7,11 +7,13 @@ code with mx/ or the torch emulator; its FP32 rounding helpers are the NVFP4
 generator's (make_nvfp4_vectors.py, the test tree's own). The recipe (mx/codebook.h):
 
 - tables: NF4's values as bitsandbytes publishes them (decimal strings, each
-  rounded to FP32), sorted, code = index; FP4's magnitudes fp32(p/q) for p/q in
-  {0, 1/192, 2/3, 1, 1/3, 1/2, 1/6, 1/4} under codes 0..7, negatives under 8..15;
-- thresholds: fp32 of the exact midpoint of neighbouring (sorted) table values; a
-  normalized value n above a threshold goes up (NF4: code = how many thresholds
-  lie below n; FP4: the same over |n|, sign bit from n < 0);
+  rounded to FP32), sorted, code = index; FP4's magnitudes, bitsandbytes'
+  decimal constants for {0, 1/192, 2/3, 1, 1/3, 1/2, 1/6, 1/4}, under codes 0..7,
+  negatives under 8..15 (code 8 is -0);
+- thresholds: NF4 fp32 of the exact midpoint of neighbouring (sorted) values;
+  FP4 bitsandbytes' decimal literals, each rounded to FP32. A normalized value n
+  above a threshold goes up (NF4: code = how many thresholds lie below n; FP4:
+  the same over |n|, sign bit from n < 0);
 - per block of 64 (a short last block padded with the code of 0): a block with
   NaN or Inf gets absmax NaN and the codes of 0, an all-zero block absmax 0 and
   the codes of 0; else absmax = max |v|, r = fp32(1 / absmax), n = fp32(v · r),
@@ -44,16 +46,18 @@ NF4_DECIMALS = ("-1.0", "-0.6961928009986877", "-0.5250730514526367", "-0.394917
                 "0.07958029955625534", "0.16093020141124725", "0.24611230194568634",
                 "0.33791524171829224", "0.44070982933044434", "0.5626170039176941",
                 "0.7229568362236023", "1.0")
-FP4_RATIONALS = (Fraction(0), Fraction(1, 192), Fraction(2, 3), Fraction(1), Fraction(1, 3),
-                 Fraction(1, 2), Fraction(1, 6), Fraction(1, 4))
+FP4_DECIMALS = ("0.0", "5.208333333e-03", "0.66666667", "1.0", "0.33333333", "0.5",
+                "0.16666667", "0.25")
+FP4_THRESHOLDS = ("0.00260417", "0.0859375", "0.20833333", "0.29166667", "0.4166667",
+                  "0.583333", "0.8333333")
 
 
 def table(fmt: str):
     """The 16 FP32 values by code, as Fractions."""
     if fmt == "NF4":
         return [Fraction(f32(Fraction(d))) for d in NF4_DECIMALS]
-    magnitudes = [Fraction(f32(r)) for r in FP4_RATIONALS]
-    return magnitudes + [-m for m in magnitudes]
+    magnitudes = [Fraction(f32(Fraction(d))) for d in FP4_DECIMALS]
+    return magnitudes + [-m for m in magnitudes]  # code 8's -0: see dequantize
 
 
 def thresholds(values):
@@ -65,7 +69,8 @@ def code_of(fmt: str, n: Fraction, negative: bool) -> int:
     if fmt == "NF4":
         return sum(1 for thr in thresholds(t) if n > thr)
     ascending = sorted(range(8), key=lambda c: t[c])
-    index = sum(1 for thr in thresholds([t[c] for c in ascending]) if abs(n) > thr)
+    fp4_thresholds = [Fraction(f32(Fraction(d))) for d in FP4_THRESHOLDS]
+    index = sum(1 for thr in fp4_thresholds if abs(n) > thr)
     return ascending[index] | (8 if negative else 0)
 
 
@@ -109,8 +114,13 @@ def dequantize(fmt: str, codes, absmax, rows: int, cols: int):
     out = []
     for r in range(rows):
         for c in range(cols):
-            a = absmax[r * blocks + c // BLOCK]
-            out.append(float("nan") if math.isnan(a) else f32(t[codes[r * cols + c]] * Fraction(a)))
+            a, code = absmax[r * blocks + c // BLOCK], codes[r * cols + c]
+            if math.isnan(a):
+                out.append(float("nan"))
+            elif t[code] == 0:  # zero times absmax >= 0: FP4's code 8 is -0
+                out.append(-0.0 if fmt == "BNB_FP4" and code == 8 else 0.0)
+            else:
+                out.append(f32(t[code] * Fraction(a)))
     return out
 
 
@@ -151,7 +161,8 @@ def quantize_cases():
     for fmt in ("NF4", "BNB_FP4"):
         t = table(fmt)
         ordered = sorted(set(t))
-        thr = thresholds(ordered)
+        thr = thresholds(ordered) if fmt == "NF4" else \
+            [Fraction(f32(Fraction(d))) for d in FP4_THRESHOLDS]
         # Every table value, every threshold and its FP32 neighbours, with 1.0 in the
         # block so that absmax is 1 and n is the value itself.
         edge = [1.0] + [float(v) for v in ordered]

@@ -297,6 +297,8 @@ def test_config_errors_name_the_field():
                                                  r"positive number"),
                         ({"candidates": ["NF5"]}, r"generate.candidates\[0\]: expected a format"),
                         ({"fraction": 0.5}, r"generate.fraction: unknown key"),
+                        ({"budget_bits": 6, "relative_budget": 0.5},
+                         r"generate.budget_bits: give a bits budget or a joules budget"),
                         ({"phases": ["warmup"]}, r"generate.phases\[0\]: expected a phase")):
         with pytest.raises(experiment.ConfigError, match=message):
             experiment.load_config({"configurations": [

@@ -137,6 +137,9 @@ def test_bad_arguments_are_named(session):
     with pytest.raises(ValueError, match="budget_bits: the cheapest formats of .* need 4.508, "
                                          "more than 3"):
         run(session, budget_bits=3.0)
+    # Two budgets of different kinds may admit no assignment although each alone does.
+    with pytest.raises(ValueError, match="budget_bits: give a bits budget or a joules budget"):
+        run(session, budget_bits=8.0, relative_budget=0.5)
     with pytest.raises(ValueError, match="format: unknown format 'NF5'"):
         run(session, formats=("NF5",))
     with pytest.raises(ValueError, match="layers: model .* has no layer 'nope'"):

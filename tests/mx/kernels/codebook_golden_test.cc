@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -121,10 +122,15 @@ TEST(Codebook, TablesAndTiesAreBitsandbytes) {
   const float top = static_cast<float>((0.7229568362236023 + 1.0) / 2.0);
   EXPECT_EQ(mx::CodebookCode(Format::kNf4, top), 14);
   EXPECT_EQ(mx::CodebookCode(Format::kNf4, std::nextafter(top, 2.0f)), 15);
-  // FP4: 0.29166666 (between 1/4 and 1/3) stays at 1/4, sign from n < 0.
-  const float mid = static_cast<float>((0.25 + static_cast<double>(1.0f / 3.0f)) / 2.0);
-  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, mid), 0b0111);
-  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, -std::nextafter(mid, 1.0f)), 0b1100);
+  // FP4: bitsandbytes' literal thresholds, not the FP32 midpoints: 0.29166667
+  // stays at 1/4 and the next float goes to 1/3 (sign from n < 0); 0.5833332
+  // lies above 0.583333 and goes to 2/3, though the midpoint of 1/2 and 2/3 is
+  // higher; 0.0026041685 lies below 0.00260417 and stays at 0.
+  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, 0.29166667f), 0b0111);
+  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, -std::nextafter(0.29166667f, 1.0f)), 0b1100);
+  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, 0.5833332f), 0b0010);
+  EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, 0.0026041685f), 0b0000);
+  EXPECT_TRUE(std::signbit(mx::CodebookTable(Format::kBnbFp4)[8]));  // code 8 is -0
   EXPECT_EQ(mx::CodebookCode(Format::kBnbFp4, -1e-6f), 0b1000);  // bnb's -0
   EXPECT_EQ(mx::CodebookCode(Format::kNf4, -1e-6f), 7);
 }

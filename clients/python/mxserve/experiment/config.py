@@ -245,6 +245,9 @@ def _check_rl(where: str, spec: Mapping) -> Dict[str, Any]:
             _check_value(f"{where}.{key}", spec[key], float, 0)
             if not spec[key] > 0:
                 raise ConfigError(f"{where}.{key}: expected a positive number, got {spec[key]!r}")
+    if "budget_bits" in spec and ("relative_budget" in spec or "budget_joules" in spec):
+        raise ConfigError(f"{where}.budget_bits: give a bits budget or a joules budget "
+                          "(relative_budget, budget_joules), not both")
     _check_value(f"{where}.episodes", spec.get("episodes", 1), int, 1)
     _check_value(f"{where}.seed", spec.get("seed", 0), int, 0)
     if "high" in spec:

@@ -119,14 +119,16 @@ _SPECS = {s.name: s for s in (
 )}
 NV_BLOCK = 16  # mx::kNvBlockSize
 CODEBOOK_BLOCK = 64  # mx::kCodebookBlockSize
-# mx/codebook.h: NF4's published FP32 values (sorted, code = index), and bnb FP4's
-# magnitudes by 3-bit code (each the FP32 nearest the rational; bit 3 the sign).
+# mx/codebook.h: NF4's published FP32 values (sorted, code = index); bnb FP4's
+# magnitudes by 3-bit code (its dequantization constants; bit 3 the sign) and its
+# quantizer's thresholds between the ascending magnitudes (decimal literals).
 _NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
         -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
         0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
         0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
-_FP4_RATIONALS = ((0, 1), (1, 192), (2, 3), (1, 1), (1, 3), (1, 2), (1, 6), (1, 4))
+_FP4 = (0.0, 5.208333333e-03, 0.66666667, 1.0, 0.33333333, 0.5, 0.16666667, 0.25)
 _FP4_ASCENDING = (0b000, 0b001, 0b110, 0b111, 0b100, 0b101, 0b010, 0b011)
+_FP4_THRESHOLDS = (0.00260417, 0.0859375, 0.20833333, 0.29166667, 0.4166667, 0.583333, 0.8333333)
 _ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 ROUNDINGS = ("even", "away", "stochastic")
 SCALE_RULES = ("floor", "no_saturation", "ceil", "rceil")
@@ -253,12 +255,11 @@ Operand = Union[MxOperand, Int8Operand, FloatOperand, NvOperand, CodebookOperand
 def codebook_table(fmt: Union[str, FormatSpec]) -> torch.Tensor:
     """The 16 FP32 values of a codebook format by code (mx::CodebookTable)."""
     spec = format_spec(fmt)
+    # Decimal → FP64 → FP32: the golden vectors (exact decimal → FP32) hold these
+    # to the same FP32 values.
     if spec.name == "NF4":
-        return torch.tensor(_NF4, dtype=torch.float64).float()  # FP32 values: exact
-    # FP32 divisions are correctly rounded: each magnitude is fp32(p / q).
-    p = torch.tensor([float(a) for a, _ in _FP4_RATIONALS], dtype=torch.float32)
-    q = torch.tensor([float(b) for _, b in _FP4_RATIONALS], dtype=torch.float32)
-    magnitude = p / q
+        return torch.tensor(_NF4, dtype=torch.float64).float()
+    magnitude = torch.tensor(_FP4, dtype=torch.float64).float()
     return torch.cat([magnitude, -magnitude])
 
 
@@ -275,7 +276,7 @@ def _codebook_codes(spec: FormatSpec, n: torch.Tensor) -> torch.Tensor:
     if spec.name == "NF4":
         return (n[..., None] > _codebook_thresholds(table)).sum(-1)
     ascending = torch.tensor(_FP4_ASCENDING, dtype=torch.int64, device=n.device)
-    thresholds = _codebook_thresholds(table[ascending])
+    thresholds = torch.tensor(_FP4_THRESHOLDS, dtype=torch.float64, device=n.device).float()
     index = (n.abs()[..., None] > thresholds).sum(-1)
     return ascending[index] | ((n < 0).to(torch.int64) << 3)
 

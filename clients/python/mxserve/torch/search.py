@@ -35,18 +35,20 @@ the phase the policy is for (`objective`):
 - "update": (cos − 1) + d·saved, cos the cosine between the quantized and the
   FP32 gradients of the loss over the searched layers' weights.
 
-A budget (`budget_bits`: mean bits per weight element over the searched layers,
-scales included; `budget_joules`: the FPGA model's joules for one forward of
-`budget_tokens` tokens through them; `relative_budget`: the same as a fraction
-of all-FP16's) is enforced by masking: an action is open
+A budget — one kind: `budget_bits` (mean bits per weight element over the
+searched layers, scales included) or joules (`budget_joules`: the FPGA model's
+joules for one forward of `budget_tokens` tokens through them; `relative_budget`:
+the same as a fraction of all-FP16's; the tighter if both) — is enforced by
+masking: an action is open
 only if the cheapest formats for the layers left still fit, so every episode,
 and the answer, is within it.
 
-With compute="local", the float formats (FP32, the reference, and FP16/BF16)
-run the emulator's fast float path during a search (`float_path`): one GEMM
-within the contract's tolerance instead of the daemon's fma chain, many times
-faster on a CPU; the rewards compare formats, and the MX, NVFP4 and INT8 paths
-keep the daemon's bits either way.
+With compute="local", every pair the contract computes on its float path (FP32,
+the reference; FP16, BF16; NF4 and BNB_FP4; mixed kinds) runs the emulator's fast
+float path during a search (`float_path`): one GEMM within the contract's
+tolerance instead of the daemon's fma chain, many times faster on a CPU; the
+rewards compare formats, and the MX, NVFP4 and INT8 pairs keep the daemon's bits
+either way.
 
 The weights the agent chooses for do not change during the search: the poster's
 short fine-tuning of the quantized and the reference model after each choice is
@@ -140,6 +142,13 @@ class SearchConfig:
             if value is not None and not (isinstance(value, (int, float)) and value > 0
                                           and math.isfinite(value)):
                 raise ValueError(f"{name}: expected a positive number, got {value!r}")
+        if self.budget_bits is not None and (self.budget_joules is not None or
+                                             self.relative_budget is not None):
+            # Masking keeps one additive budget exactly (the cheapest formats for
+            # the layers left must still fit); two of different kinds may admit no
+            # assignment at all although each alone does.
+            raise ValueError("budget_bits: give a bits budget or a joules budget "
+                             "(budget_joules, relative_budget), not both")
         if not 0.0 <= self.reward_ema < 1.0:
             raise ValueError(f"reward_ema: expected a number in [0, 1), got {self.reward_ema!r}")
         if self.float_path not in ("fast", "exact"):
@@ -445,6 +454,9 @@ def search(session: OffloadSession, batches: Iterable[Any], config: Optional[Sea
                 previous[chosen[-1] if chosen else len(formats)] = 1.0
                 state = torch.cat([features[i], torch.tensor([i / len(names), ema]), previous])
                 mask = open_actions(i, spent)
+                if not bool(mask.any()):  # cannot happen with one budget; never pick blind
+                    raise RuntimeError(f"search: no format of {', '.join(formats)} keeps layer "
+                                       f"{names[i]!r} within the budget")
                 with torch.no_grad():
                     dist, value = agent(state, mask)
                     action = int(dist.probs.argmax()) if greedy else \
