@@ -30,30 +30,28 @@ constexpr std::array<float, 7> kFp4Thresholds = {0.00260417f, 0.0859375f, 0.2083
                                                  0.29166667f, 0.4166667f, 0.583333f,
                                                  0.8333333f};
 
-float Midpoint(float a, float b) {
+constexpr float Midpoint(float a, float b) {
   // Exact in double (two FP32 values), then one rounding to FP32.
   return static_cast<float>((static_cast<double>(a) + static_cast<double>(b)) / 2.0);
 }
 
-struct Tables {
-  std::array<float, 16> fp4;
-  std::array<float, 15> nf4_thresholds;
-};
+// The FP4 table by code, negatives mirrored (code 8 is -0).
+constexpr std::array<float, 16> kFp4 = [] {
+  std::array<float, 16> t{};
+  for (int code = 0; code < 16; ++code) {
+    const float m = kFp4Magnitudes[code & 7];
+    t[code] = code & 8 ? -m : m;
+  }
+  return t;
+}();
 
-const Tables& GetTables() {
-  static const Tables tables = [] {
-    Tables t{};
-    for (int code = 0; code < 16; ++code) {
-      const float m = kFp4Magnitudes[code & 7];
-      t.fp4[code] = code & 8 ? -m : m;
-    }
-    // NF4: the FP32 nearest each exact midpoint, which is what bitsandbytes'
-    // dQuantizeNF4 literals round to (all 15 checked).
-    for (int i = 0; i < 15; ++i) t.nf4_thresholds[i] = Midpoint(kNf4[i], kNf4[i + 1]);
-    return t;
-  }();
-  return tables;
-}
+// NF4: the FP32 nearest each exact midpoint, which is what bitsandbytes'
+// dQuantizeNF4 literals round to (all 15 checked).
+constexpr std::array<float, 15> kNf4Thresholds = [] {
+  std::array<float, 15> t{};
+  for (int i = 0; i < 15; ++i) t[i] = Midpoint(kNf4[i], kNf4[i + 1]);
+  return t;
+}();
 
 // How many thresholds n lies above (strictly): its index among the entries.
 template <size_t N>
@@ -67,11 +65,11 @@ int Above(const std::array<float, N>& thresholds, float n) {
 
 const std::array<float, 16>& CodebookTable(Format format) {
   assert(Traits(format).kind == FormatKind::kCodebook);
-  return format == Format::kNf4 ? kNf4 : GetTables().fp4;
+  return format == Format::kNf4 ? kNf4 : kFp4;
 }
 
 uint8_t CodebookCode(Format format, float n) {
-  if (format == Format::kNf4) return static_cast<uint8_t>(Above(GetTables().nf4_thresholds, n));
+  if (format == Format::kNf4) return static_cast<uint8_t>(Above(kNf4Thresholds, n));
   const uint8_t sign = n < 0.0f ? 8 : 0;
   return static_cast<uint8_t>(sign | kFp4Ascending[Above(kFp4Thresholds, std::fabs(n))]);
 }

@@ -288,9 +288,11 @@ def _quantize_codebook(spec: FormatSpec, x: torch.Tensor) -> CodebookOperand:
     v, nan, amax = _blocks(x, CODEBOOK_BLOCK)
     zero_code = 7 if spec.name == "NF4" else 0
     reciprocal = 1.0 / amax
-    finite = torch.isfinite(reciprocal)
-    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    n = torch.where(finite[:, :, None], v * reciprocal[:, :, None], v / safe[:, :, None])
+    n = v * reciprocal[:, :, None]
+    overflowed = ~torch.isfinite(reciprocal) & (amax > 0)
+    if bool(overflowed.any()):  # rare: absmax below 2^-128 divides once instead
+        n = torch.where(overflowed[:, :, None], v / torch.where(overflowed, amax, 1.0)[:, :, None],
+                        n)
     codes = _codebook_codes(spec, torch.where(torch.isfinite(n), n, torch.zeros_like(n)))
     plain = (~nan & (amax > 0))[:, :, None]
     codes = torch.where(plain, codes, torch.full_like(codes, zero_code))
