@@ -53,7 +53,7 @@ except Exception as error:  # noqa: BLE001  (e.g. stubs a protobuf runtime refus
 from mxserve.torch import emulator as em  # noqa: E402
 
 FORMATS = ["MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1", "MXINT8",
-           "INT8", "BF16", "FP16", "FP32", "NVFP4", "NF4", "BNB_FP4"]
+           "INT8", "BF16", "FP16", "FP32", "NVFP4", "NF4", "BNB_FP4", "LO_BCQ"]
 # Qwen2.5-0.5B's linear layers (out, in): q, k (= v), o, gate (= up), down, lm_head.
 QWEN_LAYERS = {"q_proj": (896, 896), "k_proj": (128, 896), "o_proj": (896, 896),
                "up_proj": (4864, 896), "down_proj": (896, 4864), "lm_head": (151936, 896)}
@@ -117,6 +117,9 @@ def operand_bits(op) -> torch.Tensor:
         return torch.cat([op.codes.reshape(-1).cpu(), op.scale.cpu()])
     if isinstance(op, em.CodebookOperand):
         return torch.cat([op.codes.reshape(-1).float().cpu(), op.absmax.reshape(-1).cpu()])
+    if isinstance(op, em.LoBcqOperand):
+        return torch.cat([op.codes.reshape(-1).float().cpu(), op.selectors.reshape(-1).float().cpu(),
+                          op.scale.reshape(-1).cpu()])
     return op.values.reshape(-1).cpu()
 
 
@@ -201,6 +204,18 @@ def check_bits(device: str, use_triton: bool, golden: pathlib.Path):
         a = hex_floats(case["a"]).reshape(case["m"], case["k"])
         b = hex_floats(case["b"]).reshape(case["k"], case["n"])
         compare(f"codebook golden gemm {case['id']}", lambda d, a=a, b=b, c=case: em.linear(
+            em.quantize(a.to(d), c["format_a"]), em.quantize(b.t().to(d), c["format_b"])))
+    # LO-BCQ's golden cases (tests/golden/lobcq.json): the format and other
+    # geometries with their own codebooks, and the GEMM.
+    lb = json.loads((REPO / "tests" / "golden" / "lobcq.json").read_text())
+    for case in lb["quantize"]:
+        v = hex_floats(case["values"]).reshape(case["rows"], case["cols"])
+        compare(f"LO-BCQ golden {case['id']}", lambda d, v=v, c=case: operand_bits(
+            em.quantize_lobcq(v.to(d), c["codebooks"], em.LoBcqGeometry(**c["geometry"]))))
+    for case in lb["gemm"]:
+        a = hex_floats(case["a"]).reshape(case["m"], case["k"])
+        b = hex_floats(case["b"]).reshape(case["k"], case["n"])
+        compare(f"LO-BCQ golden gemm {case['id']}", lambda d, a=a, b=b, c=case: em.linear(
             em.quantize(a.to(d), c["format_a"]), em.quantize(b.t().to(d), c["format_b"])))
     # Seeded stochastic rounding: the random bits and every use of them, on
     # Qwen's down_proj reduction (K = 4864) with the daemon's streams.

@@ -180,6 +180,8 @@ EncodeResult EncodeElementDetailed(Format format, float v, Rounding rounding, in
       return EncodeClampedInt8(v, rounding, scale_exponent, /*fraction_bits=*/0, random_bits);
     case FormatKind::kCodebook:  // v already normalized; the thresholds decide
       return {CodebookCode(format, std::ldexp(v, -scale_exponent)), false};
+    case FormatKind::kLoBcq:  // a block's codebook decides (mx/lobcq.h), not one value
+      return {0, false};
     case FormatKind::kMxFloat:
     case FormatKind::kNvFloat:
     case FormatKind::kFloat:
@@ -199,6 +201,8 @@ float DecodeElement(Format format, uint32_t code) {
       return static_cast<float>(static_cast<int8_t>(code));
     case FormatKind::kCodebook:
       return CodebookTable(format)[code & 15];
+    case FormatKind::kLoBcq:  // the entry of code 4 bits says nothing without its block
+      return NAN;
     case FormatKind::kMxFloat:
     case FormatKind::kNvFloat:
     case FormatKind::kFloat:

@@ -49,6 +49,10 @@ constexpr std::array<FormatTraits, kFormatCount> kFormats = {{
     {Format::kBnbFp4, "BNB_FP4", FormatKind::kCodebook, 4, 0, 0, 0, 0, 1.0, 0.0,
      static_cast<double>(1.0f / 192.0f), Specials::kNone,
      "none in codes; a NaN/Inf block gets absmax NaN and the codes of 0"},
+    // LO-BCQ: elements are INT6 codebook entries in [-31, 31] times the array's
+    // scale amax / 31 (mx/lobcq.h).
+    {Format::kLoBcq, "LO_BCQ", FormatKind::kLoBcq, 4, 0, 0, 0, 0, 31.0, 0.0, 1.0,
+     Specials::kNone, "none in codes; a NaN/Inf array gets scale NaN, selectors and codes 0"},
 }};
 
 // Traits(format) indexes the table by the enum's value.

@@ -33,15 +33,18 @@ enum class Format : uint8_t {
   kNvfp4,
   // bitsandbytes' codebook formats (mx/codebook.h): 4-bit indices into a
   // 16-entry table of values in [-1, 1], blocks of 64 along K, one FP32 absmax
-  // per block. NF4 (QLoRA's NormalFloat) and bnb's FP4. The last: kFormatCount
-  // counts up to it.
+  // per block. NF4 (QLoRA's NormalFloat) and bnb's FP4.
   kNf4,
   kBnbFp4,
+  // LO-BCQ (mx/lobcq.h), the paper's W4A4 point: arrays of 64 along K under one
+  // FP32 scale, blocks of 8 each choosing one of 16 frozen INT6 codebooks by a
+  // 4-bit selector, 4-bit codes. The last: kFormatCount counts up to it.
+  kLoBcq,
 };
 
 // How many formats there are: Format values are 0 .. kFormatCount - 1, and
 // AllFormats() lists them in that order (format.cc checks both at compile time).
-inline constexpr int kFormatCount = static_cast<int>(Format::kBnbFp4) + 1;
+inline constexpr int kFormatCount = static_cast<int>(Format::kLoBcq) + 1;
 
 enum class FormatKind : uint8_t {
   kMxFloat,  // MX block of minifloat elements
@@ -50,6 +53,7 @@ enum class FormatKind : uint8_t {
   kFloat,    // IEEE-style floats: BF16, FP16, FP32
   kNvFloat,  // NVFP4: blocks of 16 minifloats, UE4M3 block scales, FP32 tensor scale
   kCodebook,  // NF4, BNB_FP4: blocks of 64 table indices, one FP32 absmax each
+  kLoBcq,     // LO_BCQ: arrays of 64 codebook indices, FP32 scale + 16 selectors each
 };
 
 // How a minifloat reserves codes for Inf and NaN.
@@ -72,6 +76,9 @@ inline constexpr float kNvScaleMin = 0x1p-6f;  // the smallest normal UE4M3, tor
 inline constexpr uint8_t kNvScaleNan = 0x7F;
 // The size of a codebook format's block (bitsandbytes' default blocksize).
 inline constexpr int kCodebookBlockSize = 64;
+// LO_BCQ: the array (one FP32 scale) and the block (one codebook selector).
+inline constexpr int kLoBcqArraySize = 64;
+inline constexpr int kLoBcqBlockLen = 8;
 // The E8M0 byte that encodes NaN; byte b otherwise means 2^(b - 127).
 inline constexpr uint8_t kScaleNan = 0xFF;
 inline constexpr int kScaleBias = 127;
@@ -96,21 +103,27 @@ struct FormatTraits {
   absl::string_view special_encodings;  // in words, for docs and --help
 
   bool is_mx() const { return kind == FormatKind::kMxFloat || kind == FormatKind::kMxInt; }
-  // Elements share a scale per block along K: the MX, NVFP4 and codebook formats.
-  bool is_block_scaled() const {
-    return is_mx() || kind == FormatKind::kNvFloat || kind == FormatKind::kCodebook;
-  }
+  // Elements are looked up in a table (NF4, BNB_FP4, LO_BCQ): GEMMs take the
+  // float path and the rounding modes do not apply.
+  bool is_lookup() const { return kind == FormatKind::kCodebook || kind == FormatKind::kLoBcq; }
+  // Elements share a scale per block along K: the MX, NVFP4 and lookup formats.
+  bool is_block_scaled() const { return is_mx() || kind == FormatKind::kNvFloat || is_lookup(); }
   // Elements per block along K (0 for the formats without blocks).
   int block_size() const {
     return is_mx()                          ? kBlockSize
            : kind == FormatKind::kNvFloat   ? kNvBlockSize
            : kind == FormatKind::kCodebook  ? kCodebookBlockSize
+           : kind == FormatKind::kLoBcq     ? kLoBcqArraySize
                                             : 0;
   }
   // Bytes of one block's scale in block_scales: E8M0 and UE4M3 one, a codebook
-  // block's FP32 absmax four (little-endian); 0 without blocks.
+  // block's FP32 absmax four (little-endian), a LO_BCQ array's FP32 scale and its
+  // 8 selectors (nibbles, low first) eight; 0 without blocks.
   int block_scale_bytes() const {
-    return kind == FormatKind::kCodebook ? 4 : is_block_scaled() ? 1 : 0;
+    return kind == FormatKind::kCodebook ? 4
+           : kind == FormatKind::kLoBcq  ? 8
+           : is_block_scaled()           ? 1
+                                         : 0;
   }
 };
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
 #include "mx/codebook.h"
+#include "mx/lobcq.h"
 #include "mx/element.h"
 #include "mx/stochastic.h"
 
@@ -94,6 +95,32 @@ void QuantizeRowCodebook(std::span<const float> row, Format format, uint8_t* ele
     std::memcpy(scales + 4 * b, &absmax, 4);  // little-endian host
     uint8_t* block = elements + b * BlockBytes(format);
     for (int i = 0; i < kCodebookBlockSize / 2; ++i) {
+      block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+    }
+  }
+}
+
+// A LO_BCQ row: arrays of 64 (the last padded with code 0), codes nibble-packed
+// low nibble first; each array's FP32 scale (4 little-endian bytes) then its 8
+// selectors, nibble-packed low first.
+void QuantizeRowLoBcq(std::span<const float> row, uint8_t* elements, uint8_t* scales) {
+  const LoBcqGeometry geometry;
+  const int64_t arrays = BlocksPerRow(Format::kLoBcq, static_cast<int64_t>(row.size()));
+  for (int64_t a = 0; a < arrays; ++a) {
+    const size_t begin = static_cast<size_t>(a) * kLoBcqArraySize;
+    const size_t count = std::min<size_t>(kLoBcqArraySize, row.size() - begin);
+    std::array<uint8_t, kLoBcqArraySize> codes{};
+    std::array<uint8_t, kLoBcqArraySize / kLoBcqBlockLen> selectors{};
+    const float scale =
+        QuantizeLoBcqArray(geometry, DefaultLoBcqCodebooks(), row.subspan(begin, count),
+                           std::span<uint8_t>(codes.data(), count), selectors);
+    uint8_t* out = scales + 8 * a;
+    std::memcpy(out, &scale, 4);  // little-endian host
+    for (int i = 0; i < 4; ++i) {
+      out[4 + i] = static_cast<uint8_t>(selectors[2 * i] | (selectors[2 * i + 1] << 4));
+    }
+    uint8_t* block = elements + a * BlockBytes(Format::kLoBcq);
+    for (int i = 0; i < kLoBcqArraySize / 2; ++i) {
       block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
     }
   }
@@ -191,6 +218,21 @@ std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t
   return size;
 }
 
+float LoBcqScale(const QuantizedMatrix& m, int64_t row, int64_t array) {
+  float scale;
+  std::memcpy(&scale,
+              m.block_scales.data() + row * ScaleBytesPerRow(m.format, m.cols) + 8 * array, 4);
+  return scale;
+}
+
+uint32_t LoBcqSelector(const QuantizedMatrix& m, int64_t row, int64_t col) {
+  const int64_t array = col / kLoBcqArraySize;
+  const int64_t block = (col % kLoBcqArraySize) / kLoBcqBlockLen;
+  const uint8_t byte =
+      m.block_scales[row * ScaleBytesPerRow(m.format, m.cols) + 8 * array + 4 + block / 2];
+  return (byte >> ((block & 1) * 4)) & 15;
+}
+
 float CodebookAbsmax(const QuantizedMatrix& m, int64_t row, int64_t block) {
   float absmax;
   std::memcpy(&absmax,
@@ -251,6 +293,8 @@ absl::StatusOr<QuantizedMatrix> QuantizeRowsDrawing(std::span<const float> value
       m.row_scales[r] = tensor_scale;
     } else if (Traits(format).kind == FormatKind::kCodebook) {
       QuantizeRowCodebook(row, format, elements, m.block_scales.data() + r * ScaleBytesPerRow(format, cols));
+    } else if (format == Format::kLoBcq) {
+      QuantizeRowLoBcq(row, elements, m.block_scales.data() + r * ScaleBytesPerRow(format, cols));
     } else {
       StoreFloats(row, format, elements);
     }
@@ -298,7 +342,7 @@ uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col) {
   const uint8_t* base = m.elements.data() + row * RowBytes(m.format, m.cols);
   const int bits = Traits(m.format).element_bits;
   // NVFP4 and the codebooks: nibbles back to back (their blocks hold no padding).
-  if (m.format == Format::kNvfp4 || Traits(m.format).kind == FormatKind::kCodebook) {
+  if (m.format == Format::kNvfp4 || Traits(m.format).is_lookup()) {
     return ReadBits(base, col * 4, 4);
   }
   if (IsMx(m.format)) {
@@ -311,6 +355,10 @@ uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col) {
 }
 
 float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col) {
+  if (m.format == Format::kLoBcq) {
+    return LoBcqValue(DefaultLoBcqCodebooks(), LoBcqSelector(m, row, col),
+                      ElementCode(m, row, col), LoBcqScale(m, row, col / kLoBcqArraySize));
+  }
   const float element = DecodeElement(m.format, ElementCode(m, row, col));
   if (IsMx(m.format)) {
     const uint8_t scale = m.block_scales[row * BlocksPerRow(m.cols) + col / kBlockSize];

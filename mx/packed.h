@@ -60,6 +60,10 @@ inline int64_t ScaleBytesPerRow(Format format, int64_t cols) {
 }
 // A codebook block's absmax, block `b` of row `row`.
 float CodebookAbsmax(const QuantizedMatrix& m, int64_t row, int64_t block);
+// A LO_BCQ array's scale (array `array` of row `row`), and the selector of the
+// block holding column `col`.
+float LoBcqScale(const QuantizedMatrix& m, int64_t row, int64_t array);
+uint32_t LoBcqSelector(const QuantizedMatrix& m, int64_t row, int64_t col);
 // Whether an operand in `format` carries row_scales (INT8, NVFP4).
 inline bool HasRowScales(Format format) {
   return format == Format::kInt8 || format == Format::kNvfp4;

@@ -23,7 +23,7 @@ namespace {
 namespace v1 = mxserve::v1;
 
 TEST(Proto, FormatCountIsTheTableSize) {
-  EXPECT_EQ(mx::kFormatCount, 13);
+  EXPECT_EQ(mx::kFormatCount, 14);
   EXPECT_EQ(mx::AllFormats().size(), static_cast<size_t>(mx::kFormatCount));
 }
 
@@ -160,7 +160,7 @@ TEST(WireEnums, EveryValueOfEveryEnumRoundTripsThroughItsName) {
   }
   // Phase, Format, DType, Rounding, ScaleRule; TensorRole; Reference,
   // ProfileSource, GenerationKind, Score, CostMetric; WorkCallKind.
-  EXPECT_EQ(checked, 4 + 14 + 4 + 3 + 5 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
+  EXPECT_EQ(checked, 4 + 15 + 4 + 3 + 5 + 2 + 2 + 4 + 4 + 4 + 3 + 3);
 }
 
 TEST(WireEnums, ListsReadAsAMessagesExpectedValues) {

@@ -32,10 +32,11 @@ Commands (local, no server):
       --format F [--rounding even|away|stochastic --seed S]
       [--scale-rule floor|nosat|ceil|rceil] --input IN.f32 --output OUT.f32 [--scales SCALES.u8] [--codes CODES.u8]
       Blocks are 32 consecutive values (NVFP4: 16, under one tensor scale for
-      the file; NF4, BNB_FP4: 64); a short last block is padded with zeros. OUT
-      is the dequantized result; SCALES one E8M0 byte per block (MX; NVFP4:
-      UE4M3; NF4, BNB_FP4: the FP32 absmax, 4 bytes); CODES one element code
-      per byte, in the low bits (formats of <= 8 bits).
+      the file; NF4, BNB_FP4, LO_BCQ: 64); a short last block is padded with
+      zeros. OUT is the dequantized result; SCALES one E8M0 byte per block (MX;
+      NVFP4: UE4M3; NF4, BNB_FP4: the FP32 absmax, 4 bytes; LO_BCQ: the FP32
+      scale then 8 codebook selectors as nibbles, 8 bytes); CODES one element
+      code per byte, in the low bits (formats of <= 8 bits).
   gemm       C = A·B with the reference GEMM (the numerics contract), or on the
              daemon (Compute.Gemm) when --server is given; the same C either
              way, whatever the daemon's backend (mxserved --backend hls-sim
@@ -84,6 +85,8 @@ Commands (on the daemon at --server, default 127.0.0.1:50051):
       budget:    --budget B | --relative-budget R   least summed score with
                  cost <= B per token (R: a fraction of all --high), solved exactly
       tolerance: --tolerance T   least cost with summed score <= T
+      (learned, DynaQuant's RL search: Python's mxserve.torch.search, which
+      runs the whole model; then policy put)
       [--phase rollout|reward|update ...] [--high FORMAT (default FP16)]
       [--score auto|rel_error|fisher|mse] [--metric energy|time|bits]
       [--candidates F,...] [--group 'GLOB|GLOB' ...] (globs of one block share
@@ -192,12 +195,13 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
 }
 
 // Bits one element costs stored, its share of the scales included: an MX block's
-// E8M0 byte over its 32 elements, a codebook block's FP32 absmax over 64, INT8's
-// FP32 per-row scale over the row's K.
+// E8M0 byte over its 32 elements, a codebook block's FP32 absmax over 64 (a
+// LO_BCQ array's scale and selectors, 8 bytes), INT8's FP32 per-row scale over
+// the row's K.
 std::string StoredBits(const mx::FormatTraits& t) {
   if (t.is_mx()) return absl::StrFormat("%.2f", t.element_bits + 8.0 / mx::kBlockSize);
-  if (t.kind == mx::FormatKind::kCodebook) {
-    return absl::StrFormat("%.2f", t.element_bits + 32.0 / mx::kCodebookBlockSize);
+  if (t.is_lookup()) {
+    return absl::StrFormat("%.2f", t.element_bits + 8.0 * t.block_scale_bytes() / t.block_size());
   }
   if (t.kind == mx::FormatKind::kNvFloat) {
     return absl::StrFormat("%.2f+32/T", t.element_bits + 8.0 / mx::kNvBlockSize);

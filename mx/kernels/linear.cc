@@ -169,9 +169,9 @@ absl::StatusOr<PackedWeight> PackedWeight::Pack(const QuantizedMatrix& w) {
   }
   PackedWeight packed;
   packed.panels_ = internal::PackPanels(w, internal::KindFor(w.format, w.format));
-  // The reference needs the original for Inf/NaN codes; a codebook W runs as its
-  // FP32 values (the float kind), which do not give its codes back.
-  if (packed.panels_->has_special || Traits(w.format).kind == FormatKind::kCodebook) {
+  // The reference needs the original for Inf/NaN codes; a lookup-format W runs as
+  // its FP32 values (the float kind), which do not give its codes back.
+  if (packed.panels_->has_special || Traits(w.format).is_lookup()) {
     packed.original_ = std::make_shared<const QuantizedMatrix>(w);
   }
   return packed;

@@ -451,10 +451,11 @@ void PlaceRows(const QuantizedMatrix& part, int64_t first, QuantizedMatrix& m) {
 // What the branch-free MX/INT8 kernels do not take: stochastic rounding (the
 // reference's per-element encoder: an element drawing its own bits has no
 // branch-free form here yet), NVFP4 (NvRows, or the reference when stochastic)
-// and the codebooks (the reference's threshold search). SpecialRows does all.
+// and the lookup formats (the reference's threshold or codebook search).
+// SpecialRows does all.
 bool SpecialPath(Format format, const QuantizeOptions& options) {
   return options.rounding == Rounding::kStochastic || format == Format::kNvfp4 ||
-         Traits(format).kind == FormatKind::kCodebook;
+         Traits(format).is_lookup();
 }
 
 // `options` as each part of a matrix quantized in parts needs them: NVFP4's

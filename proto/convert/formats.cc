@@ -29,6 +29,7 @@ constexpr std::array<WireFormat, mx::kFormatCount> kWireFormats = {{
     {mx::Format::kNvfp4, v1::FORMAT_NVFP4},
     {mx::Format::kNf4, v1::FORMAT_NF4},
     {mx::Format::kBnbFp4, v1::FORMAT_BNB_FP4},
+    {mx::Format::kLoBcq, v1::FORMAT_LO_BCQ},
 }};
 
 constexpr bool InEnumOrder() {

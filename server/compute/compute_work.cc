@@ -526,8 +526,8 @@ namespace {
 // Whether quantizing to `format` rounds elements (the roundings apply): the MX
 // formats, NVFP4 and INT8; BF16/FP16/FP32 operands are converted to nearest even.
 bool RoundsElements(mx::Format format) {
-  // The codebooks quantize by their thresholds whatever the rounding.
-  return (mx::IsBlockScaled(format) && mx::Traits(format).kind != mx::FormatKind::kCodebook) ||
+  // The lookup formats quantize by their tables whatever the rounding.
+  return (mx::IsBlockScaled(format) && !mx::Traits(format).is_lookup()) ||
          format == mx::Format::kInt8;
 }
 

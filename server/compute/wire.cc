@@ -198,7 +198,9 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
         mx::IsBlockScaled(m.format)
             ? absl::StrCat("expected ", size.block_scale_bytes, " bytes (", m.rows, " rows x ",
                            mx::BlocksPerRow(m.format, m.cols), " blocks",
-                           mx::Traits(m.format).block_scale_bytes() == 4 ? " x 4" : "",
+                           mx::Traits(m.format).block_scale_bytes() > 1
+                               ? absl::StrCat(" x ", mx::Traits(m.format).block_scale_bytes())
+                               : "",
                            "), got ",
                            packed.block_scales().size())
             : absl::StrCat("must be empty for ", mx::FormatName(m.format)));
@@ -242,6 +244,19 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
                           absl::StrCat("block ", i / 4, "'s absmax is ", absmax, ": a ",
                                        mx::FormatName(m.format),
                                        " absmax must be non-negative and finite, or NaN"));
+      }
+    }
+  }
+  if (m.format == mx::Format::kLoBcq) {
+    // An array's scale is amax / 31: non-negative and finite, or NaN for an
+    // array that held NaN or Inf. Its 8 selector nibbles are all valid.
+    for (size_t i = 0; i + 8 <= packed.block_scales().size(); i += 8) {
+      float scale;
+      std::memcpy(&scale, packed.block_scales().data() + i, 4);
+      if (!std::isnan(scale) && !(scale >= 0.0f && std::isfinite(scale))) {
+        return FieldError(absl::StrCat(field, ".block_scales"),
+                          absl::StrCat("array ", i / 8, "'s scale is ", scale,
+                                       ": a LO_BCQ scale must be non-negative and finite, or NaN"));
       }
     }
   }

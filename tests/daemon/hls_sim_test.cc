@@ -59,6 +59,14 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
     grpc::ClientContext context;
     v1::LayerForwardResponse response;
     const grpc::Status status = Stub()->LayerForward(&context, request, &response);
+    if (format == mx::Format::kLoBcq) {  // not in the kernel: refused by name, nothing computed
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+      EXPECT_EQ(status.error_message(),
+                "format: LO_BCQ is not in the FPGA kernel (--backend hls-sim or fpga): its float "
+                "path has no codebook selector per 8 elements; --backend cpu and the torch "
+                "emulator compute it exactly (fpga/README.md)");
+      continue;
+    }
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_TRUE(SameBits(Floats(response.output()), ReferenceForward(*layer_, x, m, format)));
     EXPECT_EQ(response.info().backend(), "hls-sim");
@@ -88,6 +96,35 @@ TEST_F(HlsSimTest, EveryScaleRuleGivesTheReferenceBits) {
                                             m, k, n, options)));
     EXPECT_EQ(response.info().backend(), "hls-sim");
   }
+}
+
+// A Gemm with a LO_BCQ operand on either side is refused by name, and the daemon
+// goes on serving the same request in a format the kernel has.
+TEST_F(HlsSimTest, LoBcqIsRefusedNamingTheBackendsThatServeIt) {
+  const int64_t m = 2, k = 64, n = 3;
+  const auto a = TestValues(m * k, 28), b = TestValues(k * n, 29);
+  for (const auto& [fa, fb] : {std::pair{v1::FORMAT_LO_BCQ, v1::FORMAT_FP16},
+                               std::pair{v1::FORMAT_FP16, v1::FORMAT_LO_BCQ}}) {
+    grpc::ClientContext context;
+    v1::GemmResponse response;
+    const grpc::Status status =
+        Stub()->Gemm(&context, GemmRequest(v1::PHASE_ROLLOUT, fa, a, b, m, k, n, fb), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_EQ(status.error_message(),
+              "format: LO_BCQ is not in the FPGA kernel (--backend hls-sim): its float path has no "
+              "codebook selector per 8 elements; --backend cpu and the torch emulator compute it "
+              "exactly (fpga/README.md)");
+  }
+  grpc::ClientContext context;
+  v1::GemmResponse response;
+  ASSERT_TRUE(Stub()
+                  ->Gemm(&context,
+                         GemmRequest(v1::PHASE_ROLLOUT, v1::FORMAT_FP16, a, b, m, k, n,
+                                     v1::FORMAT_FP16),
+                         &response)
+                  .ok());
+  EXPECT_TRUE(SameBits(Floats(response.c()), *mx::ReferenceGemm(a, mx::Format::kFp16, b,
+                                                               mx::Format::kFp16, m, k, n)));
 }
 
 TEST_F(HlsSimTest, MixedGemmAndBackwardEqualReference) {

@@ -16,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "mx/lobcq.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
 #include "mxserve/v1/profiles.grpc.pb.h"
@@ -194,6 +195,44 @@ TEST_F(HostileTest, PackedCodebookAbsmaxIsChecked) {
                   "a.packed.block_scales: block 0's absmax is ");
   }
   a->set_block_scales(absmax(std::numeric_limits<float>::quiet_NaN()));  // a NaN block: fine
+  EXPECT_TRUE(CallGemm(daemon_->channel(), request).ok());
+  ExpectStillServing();
+}
+
+// A packed LO_BCQ array: its FP32 scale is checked as an absmax is; its selectors
+// pick the codebook of each block of 8 (any nibble names one of the 16).
+TEST_F(HostileTest, PackedLoBcqScalesAreChecked) {
+  v1::GemmRequest request;
+  request.set_phase(v1::PHASE_ROLLOUT);
+  const auto array = [](float scale, char selectors) {
+    return std::string(reinterpret_cast<const char*>(&scale), 4) + std::string(4, selectors);
+  };
+  auto* a = request.mutable_a()->mutable_packed();
+  a->set_format(v1::FORMAT_LO_BCQ);
+  a->set_rows(1);
+  a->set_cols(64);
+  a->set_elements(std::string(32, '\xFF'));  // 64 codes 15: each codebook's last entry
+  a->set_block_scales(array(0.5f, '\x00'));   // codebook 0: 31
+  auto* b = request.mutable_b()->mutable_packed();
+  *b = *a;
+  b->set_block_scales(array(0.5f, '\x22'));   // codebook 2: its last entry
+  v1::GemmResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(v1::Compute::NewStub(daemon_->channel())->Gemm(&context, request, &response).ok());
+  float c;
+  ASSERT_EQ(response.c().data().size(), 4u);
+  std::memcpy(&c, response.c().data().data(), 4);
+  EXPECT_EQ(c, 64.0f * (mx::DefaultLoBcqCodebooks()[0][15] * 0.5f) *
+                   (mx::DefaultLoBcqCodebooks()[2][15] * 0.5f));
+  a->set_block_scales(array(0.5f, 0).substr(0, 7));
+  EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                "a.packed.block_scales: expected 8 bytes (1 rows x 1 blocks x 8), got 7");
+  for (const float bad : {-1.0f, std::numeric_limits<float>::infinity()}) {
+    a->set_block_scales(array(bad, 0));
+    EXPECT_STATUS(CallGemm(daemon_->channel(), request), INVALID_ARGUMENT,
+                  "a.packed.block_scales: array 0's scale is ");
+  }
+  a->set_block_scales(array(std::numeric_limits<float>::quiet_NaN(), 0));  // a NaN array: fine
   EXPECT_TRUE(CallGemm(daemon_->channel(), request).ok());
   ExpectStillServing();
 }

@@ -14,7 +14,7 @@ TEST(Format, TableIsInEnumOrderAndNamesRoundTrip) {
     EXPECT_EQ(static_cast<int>(t.format), index++);
     EXPECT_EQ(mx::ParseFormat(t.name).value(), t.format);
   }
-  EXPECT_EQ(index, 13);
+  EXPECT_EQ(index, 14);
 }
 
 TEST(Format, ParseIsCaseInsensitiveWithAliases) {
@@ -38,6 +38,9 @@ TEST(Format, UnknownNameIsAnErrorListingTheChoices) {
 TEST(Format, TraitsAgreeWithTheCodec) {
   for (const mx::FormatTraits& t : mx::AllFormats()) {
     if (t.format == mx::Format::kFp32) continue;
+    // A LO_BCQ code means nothing without its block's codebook: lobcq_golden_test
+    // checks its traits against the frozen codebooks.
+    if (t.format == mx::Format::kLoBcq) continue;
     SCOPED_TRACE(std::string(t.name));
     double largest = 0.0, smallest = INFINITY;
     for (uint32_t code = 0; code < mx::CodeCount(t.format); ++code) {

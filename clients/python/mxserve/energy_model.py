@@ -52,13 +52,16 @@ DEFAULT_PATH = (_HERE.parents[3] if len(_HERE.parents) > 3 else _HERE.parent) / 
 # order of mx::Format (which is also the wire order, _wire.FORMATS).
 ELEMENT_BITS = {"MXFP8_E4M3": 8, "MXFP8_E5M2": 8, "MXFP6_E3M2": 6, "MXFP6_E2M3": 6,
                 "MXFP4_E2M1": 4, "MXINT8": 8, "INT8": 8, "BF16": 16, "FP16": 16, "FP32": 32,
-                "NVFP4": 4, "NF4": 4, "BNB_FP4": 4}
+                "NVFP4": 4, "NF4": 4, "BNB_FP4": 4, "LO_BCQ": 4}
 FORMATS = tuple(ELEMENT_BITS)
 _MX = frozenset(f for f in FORMATS if f.startswith("MX"))
 BLOCK_SIZE = 32  # mx::kBlockSize: elements per MX block along K
 NV_BLOCK_SIZE = 16  # mx::kNvBlockSize: elements per NVFP4 block
 CODEBOOK_BLOCK_SIZE = 64  # mx::kCodebookBlockSize: NF4, BNB_FP4 (one FP32 absmax each)
-_CODEBOOKS = frozenset({"NF4", "BNB_FP4"})
+_CODEBOOKS = frozenset({"NF4", "BNB_FP4", "LO_BCQ"})
+# Scale bytes per 64-element block: an FP32 absmax; LO_BCQ's FP32 scale and its
+# 8 selector nibbles.
+_CODEBOOK_SCALE_BYTES = {"NF4": 4, "BNB_FP4": 4, "LO_BCQ": 8}
 
 # The scalar parameters, each a positive number in the JSON and each with a range.
 _SCALARS = ("clock_hz", "hbm_bytes_per_second", "energy_per_byte_pj", "static_power_watts")
@@ -307,8 +310,8 @@ def packed_bytes(fmt: str, rows: int, k: int) -> float:
     mx::BlocksPerRow): MX rows are whole 32-element blocks plus one E8M0 scale
     byte per block, NVFP4 rows whole 16-element blocks plus one UE4M3 byte per
     block and an FP32 tensor scale, NF4/BNB_FP4 rows whole 64-element blocks plus
-    one FP32 absmax per block, INT8 rows one FP32 scale each, floats their
-    elements."""
+    one FP32 absmax per block (LO_BCQ: its FP32 scale and 4 selector bytes),
+    INT8 rows one FP32 scale each, floats their elements."""
     bits = ELEMENT_BITS[fmt]
     block = BLOCK_SIZE if fmt in _MX else NV_BLOCK_SIZE if fmt == "NVFP4" else \
         CODEBOOK_BLOCK_SIZE if fmt in _CODEBOOKS else 0
@@ -319,7 +322,7 @@ def packed_bytes(fmt: str, rows: int, k: int) -> float:
         row_bytes = k * bits // 8
     total = float(rows) * float(row_bytes)
     if block:
-        total += float(rows) * float((k + block - 1) // block) * (4 if fmt in _CODEBOOKS else 1)
+        total += float(rows) * float((k + block - 1) // block) * _CODEBOOK_SCALE_BYTES.get(fmt, 1)
     if fmt in ("INT8", "NVFP4"):
         total += 4.0 * float(rows)
     return total

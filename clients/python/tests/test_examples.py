@@ -59,7 +59,7 @@ def test_profile_policies(daemon, client, tmp_path):
     with open(tmp_path / "sensitivity_matrix.csv", newline="") as file:
         rows = list(csv.reader(file))
     assert rows[0][:3] == ["layer", "format", "out_features"]
-    assert len(rows) == 1 + 8 * 12, out  # 8 layers × the daemon's 12 default formats
+    assert len(rows) == 1 + 8 * 13, out  # 8 layers × the daemon's 13 default formats
     lines = re.findall(r"^profile-example-(\S+)\s+(rollout|reward|update)\s+(.+?)\s+"
                        r"([+-][0-9.]+)%$", out, re.M)
     table = {(policy, phase): (formats.split(), float(energy))

@@ -34,9 +34,9 @@ from mxserve.types import PROFILE_COLUMNS  # noqa: E402
 from mxserve.v1 import common_pb2, policies_pb2, profiles_pb2, profiles_pb2_grpc  # noqa: E402
 
 MXFP4 = "MXFP4_E2M1"
-# The daemon's default candidates: every MX format, NVFP4, INT8, BF16 and FP16.
+# The daemon's default candidates: every format but FP32.
 DEFAULT_FORMATS = {"MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3", "MXFP4_E2M1",
-                   "MXINT8", "NVFP4", "NF4", "BNB_FP4", "INT8", "BF16", "FP16"}
+                   "MXINT8", "NVFP4", "NF4", "BNB_FP4", "LO_BCQ", "INT8", "BF16", "FP16"}
 
 # --- the planted model ---------------------------------------------------------------------
 

@@ -5,7 +5,16 @@
 
 namespace mxserve {
 
+absl::Status CheckKernelFormat(mx::Format format, absl::string_view backend) {
+  if (format != mx::Format::kLoBcq) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "format: LO_BCQ is not in the FPGA kernel (--backend ", backend,
+      "): its float path has no codebook selector per 8 elements; --backend cpu and the "
+      "torch emulator compute it exactly (fpga/README.md)"));
+}
+
 absl::Status CheckWeightFits(const mx::QuantizedMatrix& w) {
+  if (absl::Status s = CheckKernelFormat(w.format, "hls-sim or fpga"); !s.ok()) return s;
   return fpga::CheckKernelShapes(/*m=*/1, w.rows, w.cols, w.cols, /*bias_size=*/0,
                                  static_cast<size_t>(w.rows));
 }

@@ -96,6 +96,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeFpgaBackend(const BackendOptions& o
 // right operand of a GEMM (fpga::CheckKernelShapes with W's own K), else its
 // INVALID_ARGUMENT.
 absl::Status CheckWeightFits(const mx::QuantizedMatrix& w);
+// For the FPGA backends: OK when the kernel has a datapath for `format`, else
+// UNIMPLEMENTED naming the format and the backends that serve it (LO_BCQ).
+absl::Status CheckKernelFormat(mx::Format format, absl::string_view backend);
 
 // The prepared weight `backend` made, as its own type; INTERNAL if another
 // backend made it (a daemon wiring error, never a client's).

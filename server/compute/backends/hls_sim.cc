@@ -49,6 +49,9 @@ class HlsSimBackend final : public Backend {
  private:
   static absl::StatusOr<std::string> Run(const mx::QuantizedMatrix& x, const fpga::DeviceOperand& w,
                                          std::span<const float> bias, std::span<float> y) {
+    for (const mx::Format format : {x.format, w.format}) {
+      if (absl::Status s = CheckKernelFormat(format, "hls-sim"); !s.ok()) return s;
+    }
     if (absl::Status s = fpga::RunKernelOnHost(fpga::ToDevice(x), w, bias, y); !s.ok()) return s;
     return fpga::KernelName(x.format, w.format);
   }

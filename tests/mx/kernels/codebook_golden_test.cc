@@ -23,6 +23,7 @@
 #include "mx/reference_gemm.h"
 #include "nlohmann/json.hpp"
 #include "tests/golden_json.h"
+#include "tests/mx/kernels/golden_gemm.h"
 #include "tests/same_bits.h"
 
 namespace {
@@ -84,31 +85,7 @@ TEST(CodebookGolden, EveryQuantizerWritesEveryCase) {
 
 TEST(CodebookGolden, EveryGemmGivesEveryCase) {
   ASSERT_GE(Golden().at("gemm").size(), 3u);
-  mx::kernels::ThreadPool pool(2);
-  for (const nlohmann::json& c : Golden().at("gemm")) {
-    const std::string id = c.at("id");
-    const Format fa = mx::ParseFormat(c.at("format_a").get<std::string>()).value();
-    const Format fb = mx::ParseFormat(c.at("format_b").get<std::string>()).value();
-    const int64_t m = c.at("m"), k = c.at("k"), n = c.at("n");
-    const std::vector<float> a = HexFloats(c.at("a")), b = HexFloats(c.at("b"));
-    const std::vector<float> want = HexFloats(c.at("c")), bias = mx_test::HexFloatsOrEmpty(c.at("bias"));
-    const mx::QuantizedMatrix qa = *mx::QuantizeRows(a, m, k, fa);
-    const mx::QuantizedMatrix qb = *mx::QuantizeColumns(b, k, n, fb);
-    EXPECT_TRUE(mx_test::SameBitsAll(*mx::ReferenceLinear(qa, qb, bias), want)) << id;
-    if (bias.empty()) {
-      EXPECT_TRUE(mx_test::SameBitsAll(*mx::ReferenceGemm(a, fa, b, fb, m, k, n), want)) << id;
-    }
-    const mx::kernels::PackedWeight w = *mx::kernels::PackedWeight::Pack(qb);
-    for (const mx::kernels::Isa isa : mx::kernels::AvailableIsas()) {
-      std::vector<float> y(m * n);
-      const auto info = mx::kernels::Linear(qa, w, bias, y, {.isa = isa, .pool = &pool});
-      ASSERT_TRUE(info.ok()) << info.status();
-      EXPECT_TRUE(mx_test::SameBitsAll(y, want)) << id << " " << info->name;
-    }
-    const mx::QuantizedMatrix back = w.Unpacked();
-    EXPECT_EQ(back.elements, qb.elements) << id;
-    EXPECT_EQ(back.block_scales, qb.block_scales) << id;
-  }
+  mx_test::ExpectEveryGoldenGemm(Golden().at("gemm"));
 }
 
 // The tables and thresholds the contract states, pinned by hand.

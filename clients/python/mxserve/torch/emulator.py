@@ -59,14 +59,16 @@ LayerForward with seed s, on any device.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import NamedTuple, Optional, Union
 
 import numpy
 import torch
 
-__all__ = ["CodebookOperand", "FloatOperand", "FormatSpec", "Int8Operand", "MxOperand",
-           "NvOperand", "Operand", "STREAMS", "codebook_table", "nv_tensor_scale",
+__all__ = ["CodebookOperand", "FloatOperand", "FormatSpec", "Int8Operand", "LOBCQ_W4A4",
+           "LoBcqGeometry", "LoBcqOperand", "MxOperand", "NvOperand", "Operand",
+           "lobcq_codebooks", "quantize_lobcq", "STREAMS", "codebook_table", "nv_tensor_scale",
            "column_sums", "dequantize", "element_codes", "format_spec", "grad_input",
            "grad_weight", "linear", "path_for", "quantize", "scale_bytes", "stochastic_bits"]
 
@@ -78,7 +80,7 @@ SCALE_BIAS = 127
 class FormatSpec:
     """One format's traits, as mx/format.cc's table has them."""
     name: str
-    kind: str           # "mx_float", "mx_int", "int8", "float", "nv_float", "codebook"
+    kind: str           # "mx_float", "mx_int", "int8", "float", "nv_float", "codebook", "lobcq"
     bits: int
     exponent_bits: int
     mantissa_bits: int
@@ -116,6 +118,7 @@ _SPECS = {s.name: s for s in (
     FormatSpec("NVFP4", "nv_float", 4, 2, 1, 1, 2, 6.0, "none"),
     FormatSpec("NF4", "codebook", 4, 0, 0, 0, 0, 1.0, "none"),
     FormatSpec("BNB_FP4", "codebook", 4, 0, 0, 0, 0, 1.0, "none"),
+    FormatSpec("LO_BCQ", "lobcq", 4, 0, 0, 0, 0, 31.0, "none"),
 )}
 NV_BLOCK = 16  # mx::kNvBlockSize
 CODEBOOK_BLOCK = 64  # mx::kCodebookBlockSize
@@ -129,6 +132,24 @@ _NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
 _FP4 = (0.0, 5.208333333e-03, 0.66666667, 1.0, 0.33333333, 0.5, 0.16666667, 0.25)
 _FP4_ASCENDING = (0b000, 0b001, 0b110, 0b111, 0b100, 0b101, 0b010, 0b011)
 _FP4_THRESHOLDS = (0.00260417, 0.0859375, 0.20833333, 0.29166667, 0.4166667, 0.583333, 0.8333333)
+_LOBCQ_DEFAULT = (  # mx/lobcq.cc's frozen set (mxserve.torch.lobcq.default_codebooks())
+    (-31, -23, -18, -14, -10, -7, -4, -1, 1, 4, 7, 10, 14, 18, 23, 31),
+    (-31, -23, -17, -13, -9, -6, -3, -1, 1, 3, 6, 9, 13, 17, 23, 31),
+    (-29, -24, -19, -15, -11, -8, -4, -1, 1, 4, 7, 11, 15, 19, 24, 29),
+    (-26, -22, -18, -14, -10, -7, -4, -1, 1, 4, 7, 10, 14, 18, 22, 26),
+    (-24, -20, -16, -12, -9, -6, -4, -1, 1, 4, 6, 9, 12, 16, 20, 24),
+    (-22, -19, -15, -12, -9, -6, -4, -1, 1, 3, 6, 9, 12, 15, 19, 22),
+    (-21, -18, -14, -11, -8, -6, -3, -1, 1, 3, 6, 8, 11, 14, 18, 21),
+    (-19, -16, -13, -10, -8, -5, -3, -1, 1, 3, 5, 8, 10, 13, 16, 19),
+    (-18, -15, -12, -10, -7, -5, -3, -1, 1, 3, 5, 7, 10, 12, 15, 18),
+    (-16, -14, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 14, 16),
+    (-15, -13, -11, -8, -6, -4, -3, -1, 1, 3, 4, 6, 8, 11, 13, 15),
+    (-14, -12, -10, -8, -6, -4, -2, -1, 1, 2, 4, 6, 8, 10, 12, 14),
+    (-13, -11, -9, -7, -5, -4, -2, -1, 1, 2, 4, 5, 7, 9, 11, 13),
+    (-11, -10, -8, -6, -5, -3, -2, -1, 1, 2, 3, 5, 6, 8, 10, 11),
+    (-10, -8, -7, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 7, 8, 10),
+    (-7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8),
+)
 _ALIASES = {"MXFP8": "MXFP8_E4M3", "MXFP6": "MXFP6_E2M3", "MXFP4": "MXFP4_E2M1"}
 ROUNDINGS = ("even", "away", "stochastic")
 SCALE_RULES = ("floor", "no_saturation", "ceil", "rceil")
@@ -249,7 +270,8 @@ class CodebookOperand(NamedTuple):
     cols: int
 
 
-Operand = Union[MxOperand, Int8Operand, FloatOperand, NvOperand, CodebookOperand]
+Operand = Union[MxOperand, Int8Operand, FloatOperand, NvOperand, CodebookOperand,
+                "LoBcqOperand"]
 
 
 def codebook_table(fmt: Union[str, FormatSpec]) -> torch.Tensor:
@@ -298,6 +320,166 @@ def _quantize_codebook(spec: FormatSpec, x: torch.Tensor) -> CodebookOperand:
     codes = torch.where(plain, codes, torch.full_like(codes, zero_code))
     absmax = torch.where(nan, torch.full_like(amax, float("nan")), amax)
     return CodebookOperand(spec, codes.contiguous(), absmax.contiguous(), x.shape[1])
+
+
+# --- LO-BCQ (mx/lobcq.h) ---------------------------------------------------------------
+#
+# Block-clustered quantization: along K, arrays of `array_len` values share one
+# FP32 scale s = fp32(amax / 31); each block of `block_len` values inside picks
+# one of `codebooks` codebooks (its selector), each of 16 INT6 entries in
+# [-31, 31]; an element's 4-bit code indexes its block's codebook and stands for
+# fp32(entry · s). The choice is exact integer arithmetic on a grid: the scaled
+# value y = fp32(x / s), clamped to [-32, 32], as t = rint(256·y); a block takes
+# the codebook with the least Σ min_k (t − 256·entry_k)² (the first on ties), an
+# element the entry nearest t (the first on ties). A NaN/Inf array has scale NaN,
+# selectors and codes 0; an array whose scale is 0 (all zero, or amax so small
+# that amax / 31 underflows) is chosen as if every t were 0.
+
+LOBCQ_ENTRY_MAX = 31  # INT6 codebook entries
+LOBCQ_GRID = 256      # t: scaled values in units of 1/256
+
+
+@dataclasses.dataclass(frozen=True)
+class LoBcqGeometry:
+    """The shape of a LO-BCQ quantization (mx::LoBcqGeometry): block length,
+    block-array length (the scale's span) and number of codebooks (≤ 16: a 4-bit
+    selector); every codebook has 16 INT6 entries (4-bit codes)."""
+    block_len: int = 8
+    array_len: int = 64
+    codebooks: int = 16
+
+    def __post_init__(self):
+        if not 1 <= self.block_len <= 64:
+            raise ValueError(f"block_len: expected 1 to 64, got {self.block_len}")
+        if not (self.block_len <= self.array_len <= 256 and self.array_len % self.block_len == 0):
+            raise ValueError(f"array_len: expected a multiple of block_len ({self.block_len}) "
+                             f"up to 256, got {self.array_len}")
+        if not 1 <= self.codebooks <= 16:
+            raise ValueError(f"codebooks: expected 1 to 16, got {self.codebooks}")
+
+    @property
+    def blocks_per_array(self) -> int:
+        return self.array_len // self.block_len
+
+    @property
+    def bits_per_element(self) -> float:
+        """4-bit codes, plus the selectors' and the FP32 scale's share."""
+        return 4.0 + math.log2(self.codebooks) / self.block_len + 32.0 / self.array_len
+
+
+LOBCQ_W4A4 = LoBcqGeometry()  # the LO_BCQ format: the paper's W4A4 point (Lb 8, Nc 16)
+
+
+class LoBcqOperand(NamedTuple):
+    """A LO-BCQ operand: codes [rows, arrays, array_len] and selectors [rows,
+    arrays, blocks per array] (int64; padding 0), each array's FP32 scale [rows,
+    arrays] (NaN for an array that held NaN or Inf), the codebooks [Nc, 16]
+    (int64 INT6 entries) and the geometry."""
+    spec: FormatSpec
+    codes: torch.Tensor
+    selectors: torch.Tensor
+    scale: torch.Tensor
+    codebooks: torch.Tensor
+    geometry: LoBcqGeometry
+    cols: int
+
+
+def lobcq_codebooks(codebooks=None, geometry: LoBcqGeometry = LOBCQ_W4A4) -> torch.Tensor:
+    """Codebooks as an int64 [Nc, 16] tensor, checked: the LO_BCQ format's frozen
+    set (mx::DefaultLoBcqCodebooks) when None."""
+    if codebooks is None:
+        if geometry.codebooks != 16:
+            raise ValueError("codebooks: the default set has 16 codebooks; pass your own for "
+                             f"geometry.codebooks = {geometry.codebooks}")
+        codebooks = _LOBCQ_DEFAULT
+    books = torch.as_tensor(codebooks).cpu()
+    if books.is_floating_point() and not bool((books == books.round()).all()):
+        raise ValueError("codebooks: expected integer entries")
+    books = books.to(torch.int64)
+    if tuple(books.shape) != (geometry.codebooks, 16):
+        raise ValueError(f"codebooks: expected shape ({geometry.codebooks}, 16), "
+                         f"got {tuple(books.shape)}")
+    if bool((books.abs() > LOBCQ_ENTRY_MAX).any()):
+        raise ValueError(f"codebooks: entries are INT6, expected -{LOBCQ_ENTRY_MAX} to "
+                         f"{LOBCQ_ENTRY_MAX}, got {int(books.min())} to {int(books.max())}")
+    return books
+
+
+def lobcq_grid(x: torch.Tensor, array_len: int):
+    """x [rows, cols] FP32 by arrays: t [rows, arrays, array_len] (int64, padding 0),
+    the scales [rows, arrays] (FP32, NaN for NaN/Inf arrays)."""
+    v, nan, amax = _blocks(x, array_len)
+    s = _f32_div(amax, torch.full_like(amax, float(LOBCQ_ENTRY_MAX)))
+    live = ~nan & (s > 0)
+    y = _f32_div(v, torch.where(live, s, torch.ones_like(s))[:, :, None])
+    y = torch.where(live[:, :, None], torch.clamp(y, -32.0, 32.0), torch.zeros_like(y))
+    t = torch.round(y * float(LOBCQ_GRID)).to(torch.int64)  # half to even, as rint
+    return t, torch.where(nan, torch.full_like(s, float("nan")), s)
+
+
+def lobcq_select(t: torch.Tensor, books: torch.Tensor, block_len: int,
+                 counted: Optional[torch.Tensor] = None):
+    """The selector of each block of t [..., blocks·block_len] and the code of each
+    value: (selectors [..., blocks], codes like t, squared errors [..., blocks]).
+    `counted` (bool like t) leaves padding out of the block errors."""
+    shape = t.shape
+    blocks = t.reshape(*shape[:-1], shape[-1] // block_len, block_len)
+    grid = (books.to(t.device) * LOBCQ_GRID)  # [Nc, 16]
+    index16 = torch.arange(16, device=t.device)
+    best_key = best_sel = best_codes = None
+    for j in range(grid.shape[0]):
+        d = blocks[..., None] - grid[j]
+        key = (d * d) * 16 + index16  # the first entry on ties
+        element = key.min(dim=-1).values
+        codes = element & 15
+        err = element >> 4
+        if counted is not None:
+            err = err * counted.reshape(blocks.shape)
+        block_err = err.sum(dim=-1)
+        block_key = block_err * 16 + j  # the first codebook on ties
+        if best_key is None:
+            best_key, best_codes = block_key, codes
+        else:
+            better = block_key < best_key
+            best_key = torch.where(better, block_key, best_key)
+            best_codes = torch.where(better[..., None], codes, best_codes)
+    return best_key & 15, best_codes.reshape(shape), best_key >> 4
+
+
+def quantize_lobcq(x: torch.Tensor, codebooks=None,
+                   geometry: LoBcqGeometry = LOBCQ_W4A4) -> LoBcqOperand:
+    """mx::QuantizeLoBcqArray over x [rows, cols] along cols. `codebooks`: int
+    [Nc, 16] INT6 entries (the format's frozen set when None) — calibrate a layer's
+    own with mxserve.torch.lobcq.calibrate."""
+    x = _as_float32(x, "x")
+    books = lobcq_codebooks(codebooks, geometry)
+    rows, cols = x.shape
+    t, scale = lobcq_grid(x, geometry.array_len)
+    counted = torch.zeros_like(t, dtype=torch.bool)
+    counted.view(rows, -1)[:, :cols] = True
+    # Rows in chunks: the search holds 16 int64s per value and codebook.
+    step = max(1, (1 << 22) // max(1, t[0].numel() * 16))
+    selectors, codes = [], []
+    for r in range(0, rows, step):
+        sel, code, _ = lobcq_select(t[r:r + step], books, geometry.block_len, counted[r:r + step])
+        selectors.append(sel)
+        codes.append(code)
+    selectors = torch.cat(selectors) if selectors else torch.zeros(
+        0, t.shape[1], geometry.blocks_per_array, dtype=torch.int64)
+    codes = torch.cat(codes) if codes else torch.zeros_like(t)
+    nan = torch.isnan(scale)
+    selectors = torch.where(nan[:, :, None], torch.zeros_like(selectors), selectors)
+    codes = torch.where(nan[:, :, None] | ~counted, torch.zeros_like(codes), codes)
+    return LoBcqOperand(_SPECS["LO_BCQ"], codes.contiguous(), selectors.contiguous(),
+                        scale.contiguous(), books, geometry, cols)
+
+
+def _dequantize_lobcq(op: LoBcqOperand) -> torch.Tensor:
+    g = op.geometry
+    sel = op.selectors.repeat_interleave(g.block_len, dim=2)
+    entries = op.codebooks.to(op.codes.device)[sel, op.codes].float()
+    values = entries * op.scale[:, :, None]  # one FP32 multiply
+    return values.reshape(values.shape[0], -1)[:, :op.cols]
 
 
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
@@ -383,6 +565,8 @@ def quantize(x: torch.Tensor, fmt: Union[str, FormatSpec], rounding: str = "even
         raise ValueError(f"scale_rule: expected one of {SCALE_RULES}, got {scale_rule!r}")
     if spec.kind == "codebook":  # its thresholds decide, whatever the rounding
         return _quantize_codebook(spec, _as_float32(x, "x"))
+    if spec.kind == "lobcq":  # its codebooks decide, whatever the rounding
+        return quantize_lobcq(x)
     if rounding == "stochastic" and seed is None:
         raise ValueError("seed: required with rounding='stochastic' (the random bits' key)")
     x = _as_float32(x, "x")
@@ -550,6 +734,8 @@ def dequantize(op: Operand) -> torch.Tensor:
         return op.values
     if isinstance(op, Int8Operand):
         return op.codes * op.scale[:, None]
+    if isinstance(op, LoBcqOperand):
+        return _dequantize_lobcq(op)
     if isinstance(op, CodebookOperand):
         table = codebook_table(op.spec).to(op.codes.device)
         values = table[op.codes] * op.absmax[:, :, None]  # one FP32 multiply
@@ -584,7 +770,7 @@ def element_codes(op: Union[MxOperand, NvOperand, CodebookOperand],
     without it they are +0. A block whose scale is NaN has codes 0, as
     mx::QuantizeBlock writes them, whatever the signs. A codebook operand's codes
     are its own (signs are not read)."""
-    if isinstance(op, CodebookOperand):
+    if isinstance(op, (CodebookOperand, LoBcqOperand)):
         return op.codes.reshape(op.codes.shape[0], -1)[:, :op.cols].to(torch.uint8)
     spec = op.spec
     fixed = op.fixed.double().reshape(op.fixed.shape[0], -1)[:, :op.cols]
@@ -671,7 +857,7 @@ def linear(x: Operand, w: Operand, bias: Optional[torch.Tensor] = None) -> torch
 def _data(op: Operand) -> torch.Tensor:
     """The operand's main tensor (rows first)."""
     return op.fixed if isinstance(op, (MxOperand, NvOperand)) else \
-        op.codes if isinstance(op, (Int8Operand, CodebookOperand)) else op.values
+        op.codes if isinstance(op, (Int8Operand, CodebookOperand, LoBcqOperand)) else op.values
 
 
 def _rows(op: Operand) -> int:
