@@ -179,6 +179,15 @@ absl::Status RunPolicyGenerate(mxclient::Client& client, const Args& args) {
   // The kind and the flag that carries its per-phase values.
   const char* value_flag = nullptr;
   google::protobuf::RepeatedPtrField<v1::PhaseValue>* values = nullptr;
+  if (kind == "rl") {
+    // DynaQuant's search runs the whole model per step (logits, attention
+    // entropy, gradients); the daemon holds linear layers, not the model graph.
+    return UsageError(
+        "--kind rl: the RL search runs the whole model on calibration batches (logits, "
+        "attention, gradients), which the daemon does not hold; run mxserve.torch.search "
+        "(clients/python/README.md, \"Learned policies\") or the experiment's generate kind "
+        "\"rl\", then mxctl policy put --file P.json");
+  }
   const std::optional<v1::GenerationKind> wire_kind = mxserve::ParseWireName<v1::GenerationKind>(kind);
   if (!wire_kind || *wire_kind == v1::GENERATION_KIND_UNSPECIFIED) {
     return UsageError(absl::StrCat("--kind: expected ", WireNames<v1::GenerationKind>(), ", got '",

@@ -296,6 +296,9 @@ TEST_F(MxctlRemote, ProfileThenGenerateFractionAndBudgetedPolicies) {
   ExpectOneErrorLine(
       Run("policy generate --model profiled --name gen-x --kind knapsack --fraction 1"), 2,
       "--kind: expected fraction, budget or tolerance");
+  ExpectOneErrorLine(
+      Run("policy generate --model profiled --name gen-x --kind rl --fraction 1"), 2,
+      "--kind rl: the RL search runs the whole model on calibration batches");
   ExpectOneErrorLine(Run("profile --model profiled --formats MXFP5"), 2,
                      "--formats: unknown format 'MXFP5'");
   ExpectOneErrorLine(Run("profile --model profiled --formats ''"), 2,

@@ -216,7 +216,7 @@ def test_an_rl_searched_configuration_runs_beside_the_others(daemon, tmp_path):
     write_hh(tmp_path / "hh")
     out = tmp_path / "out"
     rl = {"kind": "rl", "phases": ["rollout", "reward"], "candidates": ["MXFP4", "FP16"],
-          "relative_budget": 0.9, "episodes": 2, "seed": 4}
+          "relative_budget": 0.9, "episodes": 2, "seed": 4, "search_seeds": 2}
     config = hh_config(tmp_path, tmp_path / "ckpt", tmp_path / "hh", seeds=[0], configurations=[
         {"name": "FP16", "policy": "fp16-baseline"}, {"name": "RL", "generate": rl}])
     done = run_experiment(daemon, "--config", str(config), "--out", str(out))
@@ -227,6 +227,15 @@ def test_an_rl_searched_configuration_runs_beside_the_others(daemon, tmp_path):
     for phase in ("rollout", "reward"):
         search = summary["search"]["RL"][phase]
         assert search["episodes"] == 3 and search["evaluations"] > 0 and search["seconds"] > 0
+        assert search["search_joules_modelled"] > 0
+        # Two seeds: both reported, the best return kept, the spread their own.
+        seeds = search["seeds"]
+        assert [s["seed"] for s in seeds] == [4, 5]
+        returns = [s["best_return"] for s in seeds]
+        assert search["best_return"] == max(returns) and search["seed"] in (4, 5)
+        spread = search["best_return_spread"]
+        assert spread["min"] == min(returns) and spread["max"] == max(returns)
+        assert spread["std"] == pytest.approx(abs(returns[0] - returns[1]) / 2 ** 0.5)
     assert "spearman" in summary["search"]["RL"]["reward"]
     assert "kl" in summary["search"]["RL"]["rollout"]
 

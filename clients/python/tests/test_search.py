@@ -59,9 +59,13 @@ def test_a_search_is_within_budget_reproducible_and_a_policy(client, session, mo
     again = run(session, phase="rollout", budget_bits=10.0, seed=3)
     assert [e.formats for e in again.episodes] == [e.formats for e in first.episodes]
     assert [e.rewards for e in again.episodes] == [e.rewards for e in first.episodes]
+    # Its own cost on the FPGA model: the GEMMs of its evaluations, the same for
+    # the same seed.
+    assert first.search_joules > 0 and again.search_joules == first.search_joules
 
     document = first.policy("rl-test")
     assert "RL-searched" in document["description"] and "seed 3" in document["description"]
+    assert "J modelled for the search" in document["description"]
     client.put_policy(document)
     try:
         table = client.resolve_policy(model_name, "rl-test").table()

@@ -122,7 +122,7 @@ _GENERATE_KEYS = {"kind", "low", "high", "fraction", "budget", "relative_budget"
                   "candidates", "metric", "score", "groups", "phases"}
 # kind "rl": mxserve.torch.search's recipe (run here, not by the daemon).
 _RL_KEYS = {"kind", "high", "candidates", "phases", "relative_budget", "budget_bits",
-            "budget_joules", "episodes", "seed"}
+            "budget_joules", "episodes", "seed", "search_seeds"}
 
 
 @dataclasses.dataclass
@@ -238,7 +238,9 @@ def _check_generate(where: str, spec: Any) -> Dict[str, Any]:
 def _check_rl(where: str, spec: Mapping) -> Dict[str, Any]:
     """kind "rl": the search's phases (default rollout), candidate formats (default
     the search's), budget (relative_budget, budget_bits, budget_joules: positive
-    numbers), episodes and seed, and `high`, the format of the phases not searched."""
+    numbers), episodes and seed, search_seeds (searches per phase, seeds seed,
+    seed + 1, ...: the best return is kept, every one reported), and `high`, the
+    format of the phases not searched."""
     spec = _check_keys(where, spec, _RL_KEYS)
     for key in ("relative_budget", "budget_bits", "budget_joules"):
         if key in spec:
@@ -250,6 +252,7 @@ def _check_rl(where: str, spec: Mapping) -> Dict[str, Any]:
                           "(relative_budget, budget_joules), not both")
     _check_value(f"{where}.episodes", spec.get("episodes", 1), int, 1)
     _check_value(f"{where}.seed", spec.get("seed", 0), int, 0)
+    _check_value(f"{where}.search_seeds", spec.get("search_seeds", 1), int, 1)
     if "high" in spec:
         _check_format(f"{where}.high", spec["high"])
     candidates = _check_value(f"{where}.candidates", spec.get("candidates", ["FP16"]), list)

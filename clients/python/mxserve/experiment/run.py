@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+import numpy as np
+
 import torch
 
 from mxserve import stats
@@ -398,14 +400,49 @@ def _masked_next_token_loss(logits: torch.Tensor, batch: Any) -> torch.Tensor:
     return (per_token * weights).sum() / weights.sum().clamp(min=1.0)
 
 
+def _search_one(client: Client, experiment: Experiment, task: Task, prefix: str,
+                spec: Mapping[str, Any], phase: str, seed: int):
+    """One mxserve.torch.search of `phase` with `seed`, on the local emulator."""
+    from mxserve.torch import search as mxsearch
+
+    config = mxsearch.SearchConfig(
+        phase=phase, formats=spec.get("candidates", mxsearch.DEFAULT_FORMATS),
+        episodes=spec.get("episodes", 24), seed=seed,
+        relative_budget=spec.get("relative_budget"), budget_bits=spec.get("budget_bits"),
+        budget_joules=spec.get("budget_joules"))
+    policy_model = PolicyWithValue(task.new_policy())
+    if phase == "reward":
+        model, forward, loss = task.new_reward(), None, None
+    else:
+        model = policy_model
+        forward = lambda m, b: m(b[0], b[1])[0]  # noqa: E731 (the logits)
+        loss = _masked_next_token_loss
+    batches = _calibration_rollouts(experiment, task, policy_model)
+    session = offload(model, client, f"{prefix}.search", replace=True, compute="local")
+    try:
+        layers = [n for n in session.layers if n != "value_head"]
+        return mxsearch.search(session, batches, config, layers=layers, forward=forward,
+                               loss=loss, progress=False)
+    finally:
+        session.restore()
+
+
+def _search_summary(result) -> Dict[str, Any]:
+    return {"seed": result.config.seed, "seconds": round(result.seconds, 3),
+            "evaluations": result.evaluations, "episodes": len(result.episodes),
+            "search_joules_modelled": result.search_joules, "best_return": result.best.total,
+            "bits_per_weight": result.best.bits_per_weight,
+            "modelled_joules": result.best.joules, **result.final_metrics}
+
+
 def _search_policies(client: Client, experiment: Experiment, task: Task, prefix: str,
                      configurations: List[Configuration], progress: Progress) -> Dict[str, Any]:
     """Kind "rl": one mxserve.torch.search per configuration and phase, on the local
     emulator (the policy model for rollout and update, the reward model for
     reward), its answers joined into one policy with `high` on the phases not
-    searched. Returns each search's cost and result for the summary."""
-    from mxserve.torch import search as mxsearch
-
+    searched. With search_seeds > 1 each phase is searched once per seed and the
+    best return kept; every seed's result and the spread of the returns go to
+    the summary. Returns each search's cost and result for the summary."""
     costs: Dict[str, Any] = {}
     for c in configurations:
         spec = dict(c.generate)
@@ -413,38 +450,25 @@ def _search_policies(client: Client, experiment: Experiment, task: Task, prefix:
         high = spec.get("high", "FP16")
         rules, runs = [], {}
         for phase in phases:
-            progress(f"searching {c.name}'s {phase} formats (mxserve.torch.search)")
-            config = mxsearch.SearchConfig(
-                phase=phase, formats=spec.get("candidates", mxsearch.DEFAULT_FORMATS),
-                episodes=spec.get("episodes", 24), seed=spec.get("seed", 0),
-                relative_budget=spec.get("relative_budget"), budget_bits=spec.get("budget_bits"),
-                budget_joules=spec.get("budget_joules"))
-            policy_model = PolicyWithValue(task.new_policy())
-            if phase == "reward":
-                model, forward, loss = task.new_reward(), None, None
-            else:
-                model = policy_model
-                forward = lambda m, b: m(b[0], b[1])[0]  # noqa: E731 (the logits)
-                loss = _masked_next_token_loss
-            batches = _calibration_rollouts(experiment, task, policy_model)
-            session = offload(model, client, f"{prefix}.search", replace=True, compute="local")
-            try:
-                layers = [n for n in session.layers if n != "value_head"]
-                result = mxsearch.search(session, batches, config, layers=layers,
-                                         forward=forward, loss=loss, progress=False)
-            finally:
-                session.restore()
-            rules += result.policy("x")["rules"]
-            runs[phase] = {"seconds": round(result.seconds, 3),
-                           "evaluations": result.evaluations, "episodes": len(result.episodes),
-                           "best_return": result.best.total,
-                           "bits_per_weight": result.best.bits_per_weight,
-                           "modelled_joules": result.best.joules, **result.final_metrics}
+            seeds = range(spec.get("seed", 0), spec.get("seed", 0) + spec.get("search_seeds", 1))
+            tried = []
+            for seed in seeds:
+                progress(f"searching {c.name}'s {phase} formats (mxserve.torch.search, seed {seed})")
+                tried.append(_search_one(client, experiment, task, prefix, spec, phase, seed))
+            best = max(tried, key=lambda r: r.best.total)  # the search's own objective
+            rules += best.policy("x")["rules"]
+            runs[phase] = _search_summary(best)
+            if len(tried) > 1:
+                returns = np.array([r.best.total for r in tried])
+                runs[phase]["seeds"] = [_search_summary(r) for r in tried]
+                runs[phase]["best_return_spread"] = {
+                    "mean": float(returns.mean()), "std": float(returns.std(ddof=1)),
+                    "min": float(returns.min()), "max": float(returns.max())}
         name = f"{prefix}.{c.name}"
         description = (f"experiment {experiment.name}: {c.name}, RL-searched "
                        f"(mxserve.torch.search) for {', '.join(phases)}: " +
-                       "; ".join(f"{p} {r['episodes']} episodes, {r['seconds']} s"
-                                 for p, r in runs.items()))
+                       "; ".join(f"{p} {r['episodes']} episodes, seed {r['seed']}, "
+                                 f"{r['seconds']} s" for p, r in runs.items()))
         client.put_policy({"name": name, "description": description,
                            "defaults": {p: high for p in PHASES}, "rules": rules})
         c.policy_name = name

@@ -181,6 +181,10 @@ class SearchResult:
     seconds: float
     evaluations: int             # model passes over the batches (cache misses)
     final_metrics: Dict[str, float] = field(default_factory=dict)
+    # What the search itself cost on the FPGA model: the joules of every GEMM its
+    # evaluations ran, priced as the daemon books calls (the session's work
+    # ledger; mxserve.energy_model.phase_joules). Modelled, not measured.
+    search_joules: float = 0.0
 
     @property
     def assignment(self) -> Dict[str, str]:
@@ -200,7 +204,7 @@ class SearchResult:
             f"{c.resolved_objective()}, {len(self.episodes)} episodes, seed {c.seed}, {budget}; "
             f"best return {self.best.total:.4g}, {self.best.bits_per_weight:.3g} bits/weight, "
             f"{self.best.joules:.3g} J modelled; {self.seconds:.1f} s, "
-            f"{self.evaluations} evaluations")
+            f"{self.evaluations} evaluations, {self.search_joules:.3g} J modelled for the search")
         defaults = {p: others for p in PHASES}
         rules = [{"phase": c.phase, "layers": layer, "format": fmt}
                  for layer, fmt in zip(self.layers, self.best.formats)]
@@ -434,6 +438,7 @@ def search(session: OffloadSession, batches: Iterable[Any], config: Optional[Sea
     float_env = os.environ.get("MXSERVE_EMULATOR_FLOAT")
     os.environ["MXSERVE_EMULATOR_FLOAT"] = config.float_path
     started = time.monotonic()
+    work_before = energy_model.work_counts(session.work())
     try:
         evaluator = _Evaluator(session, names, batches, config, forward, loss)
         features = torch.tensor(_layer_features(session, names, batches, forward, loss,
@@ -493,8 +498,12 @@ def search(session: OffloadSession, batches: Iterable[Any], config: Optional[Sea
         episodes.append(greedy)
         best = max(episodes, key=lambda x: (x.total, x.greedy))
         final = evaluator.metrics(best.formats)
+        spent = {key: count - work_before.get(key, 0)
+                 for key, count in energy_model.work_counts(session.work()).items()}
+        search_joules = sum(energy_model.phase_joules(
+            {key: count for key, count in spent.items() if count > 0}, params).values())
         return SearchResult(config, tuple(names), best, episodes, time.monotonic() - started,
-                            evaluator.evaluations, dict(final))
+                            evaluator.evaluations, dict(final), search_joules)
     finally:
         for n, fmt in pins.items():
             session.layers[n].format = fmt
