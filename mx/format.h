@@ -53,7 +53,7 @@ enum class FormatKind : uint8_t {
   kFloat,    // IEEE-style floats: BF16, FP16, FP32
   kNvFloat,  // NVFP4: blocks of 16 minifloats, UE4M3 block scales, FP32 tensor scale
   kCodebook,  // NF4, BNB_FP4: blocks of 64 table indices, one FP32 absmax each
-  kLoBcq,     // LO_BCQ: arrays of 64 codebook indices, FP32 scale + 16 selectors each
+  kLoBcq,     // LO_BCQ: arrays of 64 codebook indices, an FP32 scale and 8 selectors each
 };
 
 // How a minifloat reserves codes for Inf and NaN.

@@ -1,7 +1,6 @@
 #include "mx/lobcq.h"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <limits>
 
@@ -75,12 +74,21 @@ absl::Status ValidateLoBcq(const LoBcqGeometry& g, std::span<const LoBcqCodebook
   return absl::OkStatus();
 }
 
-float QuantizeLoBcqArray(const LoBcqGeometry& g, std::span<const LoBcqCodebook> codebooks,
-                         std::span<const float> values, std::span<uint8_t> codes,
-                         std::span<uint8_t> selectors) {
-  assert(ValidateLoBcq(g, codebooks).ok());
-  assert(values.size() <= static_cast<size_t>(g.array_len) && codes.size() == values.size());
-  assert(selectors.size() == static_cast<size_t>(g.blocks_per_array()));
+absl::StatusOr<float> QuantizeLoBcqArray(const LoBcqGeometry& g,
+                                         std::span<const LoBcqCodebook> codebooks,
+                                         std::span<const float> values, std::span<uint8_t> codes,
+                                         std::span<uint8_t> selectors) {
+  if (absl::Status s = ValidateLoBcq(g, codebooks); !s.ok()) return s;
+  if (values.size() > static_cast<size_t>(g.array_len)) {
+    return absl::InvalidArgumentError(absl::StrCat("values: expected at most array_len (",
+                                                   g.array_len, "), got ", values.size()));
+  }
+  if (codes.size() != values.size() ||
+      selectors.size() != static_cast<size_t>(g.blocks_per_array())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codes, selectors: expected ", values.size(), " and ", g.blocks_per_array(), ", got ",
+        codes.size(), " and ", selectors.size()));
+  }
   std::fill(selectors.begin(), selectors.end(), 0);
   float amax = 0.0f;
   for (float v : values) {

@@ -28,9 +28,11 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <span>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "mx/format.h"
 
 namespace mx {
@@ -62,13 +64,18 @@ absl::Status ValidateLoBcq(const LoBcqGeometry& geometry,
 // One array (at most geometry.array_len values; a short one is padded): writes a
 // code per value and a selector per block (blocks_per_array of them; whole
 // blocks of padding get 0) and returns the array's scale (NaN for NaN/Inf).
-float QuantizeLoBcqArray(const LoBcqGeometry& geometry, std::span<const LoBcqCodebook> codebooks,
-                         std::span<const float> values, std::span<uint8_t> codes,
-                         std::span<uint8_t> selectors);
+// INVALID_ARGUMENT for a bad geometry or codebooks (ValidateLoBcq), more values
+// than array_len, or spans of the wrong size.
+absl::StatusOr<float> QuantizeLoBcqArray(const LoBcqGeometry& geometry,
+                                         std::span<const LoBcqCodebook> codebooks,
+                                         std::span<const float> values, std::span<uint8_t> codes,
+                                         std::span<uint8_t> selectors);
 
-// An element's value: fp32(C[selector][code] · scale).
+// An element's value: fp32(C[selector][code] · scale); NaN for a selector past
+// the codebooks.
 inline float LoBcqValue(std::span<const LoBcqCodebook> codebooks, uint32_t selector,
                         uint32_t code, float scale) {
+  if (selector >= codebooks.size()) return std::numeric_limits<float>::quiet_NaN();
   return static_cast<float>(codebooks[selector][code & 15]) * scale;
 }
 

@@ -111,9 +111,10 @@ void QuantizeRowLoBcq(std::span<const float> row, uint8_t* elements, uint8_t* sc
     const size_t count = std::min<size_t>(kLoBcqArraySize, row.size() - begin);
     std::array<uint8_t, kLoBcqArraySize> codes{};
     std::array<uint8_t, kLoBcqArraySize / kLoBcqBlockLen> selectors{};
+    // The format's own geometry and frozen codebooks: always valid.
     const float scale =
-        QuantizeLoBcqArray(geometry, DefaultLoBcqCodebooks(), row.subspan(begin, count),
-                           std::span<uint8_t>(codes.data(), count), selectors);
+        *QuantizeLoBcqArray(geometry, DefaultLoBcqCodebooks(), row.subspan(begin, count),
+                            std::span<uint8_t>(codes.data(), count), selectors);
     uint8_t* out = scales + 8 * a;
     std::memcpy(out, &scale, 4);  // little-endian host
     for (int i = 0; i < 4; ++i) {

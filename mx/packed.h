@@ -32,6 +32,9 @@ struct QuantizedMatrix {
   // like MXFP4's, 8 bytes a block, the row padded to whole blocks). NF4,
   // BNB_FP4: rows × BlocksPerRow(format, cols) FP32 absmax values, 4 bytes each,
   // little-endian (blocks of 64; elements nibble-packed, 32 bytes a block).
+  // LO_BCQ: rows × BlocksPerRow(kLoBcq, cols) arrays of 8 bytes, the FP32 scale
+  // (little-endian) then 8 codebook selectors nibble-packed low first (arrays of
+  // 64; elements nibble-packed, 32 bytes an array).
   std::vector<uint8_t> block_scales;
   // INT8: one FP32 scale per row (value = code · scale; NaN for a row that held
   // NaN or Inf). NVFP4: the per-tensor FP32 scale of the tensor each row came

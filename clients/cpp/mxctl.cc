@@ -220,8 +220,10 @@ void PrintFormats() {
   }
   std::printf("\nbits: one element; stored: with its share of the scales (an MX block's E8M0\n"
               "byte per 32 elements; NVFP4's UE4M3 byte per 16, plus one FP32 scale per\n"
-              "tensor of T elements; NF4's and BNB_FP4's FP32 absmax per 64; INT8's FP32\n"
-              "scale per row of K). NF4 and BNB_FP4 elements are table values in [-1, 1].\n");
+              "tensor of T elements; NF4's and BNB_FP4's FP32 absmax per 64; LO_BCQ's FP32\n"
+              "scale and 8 codebook selectors per 64; INT8's FP32 scale per row of K). NF4\n"
+              "and BNB_FP4 elements are table values in [-1, 1]; LO_BCQ's are INT6 codebook\n"
+              "entries times the array's scale (max normal, min subnorm: at scale 1).\n");
 }
 
 absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& remote,

@@ -119,7 +119,7 @@ mxhls::HwFormat HwFormatOf(mx::Format format) {
     case mx::Format::kNvfp4: return mxhls::kHwNvfp4;
     case mx::Format::kNf4: return mxhls::kHwNf4;
     case mx::Format::kBnbFp4: return mxhls::kHwBnbFp4;
-    case mx::Format::kLoBcq: break;  // not in the kernel: CheckKernelFormat refuses it first
+    case mx::Format::kLoBcq: break;  // not in the kernel: the backends refuse it before any layout
   }
   return mxhls::kHwFp32;
 }

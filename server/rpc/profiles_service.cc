@@ -78,8 +78,17 @@ absl::StatusOr<mx::Format> RequiredFormat(v1::Format format, absl::string_view f
 absl::Status ShuttingDown() { return absl::UnavailableError("the daemon is shutting down"); }
 
 // The formats a config names, checked: none repeated, none unspecified.
-absl::StatusOr<std::vector<mx::Format>> ConfigFormats(const v1::ProfileConfig& config) {
-  if (config.formats().empty()) return DefaultProfileFormats();
+absl::StatusOr<std::vector<mx::Format>> ConfigFormats(const v1::ProfileConfig& config,
+                                                      const Backend* backend) {
+  if (config.formats().empty()) {
+    // Every format but FP32 that this daemon's backend computes: a policy
+    // generated from the profile must be one the daemon can serve.
+    std::vector<mx::Format> formats;
+    for (mx::Format f : DefaultProfileFormats()) {
+      if (backend == nullptr || backend->Serves(f).ok()) formats.push_back(f);
+    }
+    return formats;
+  }
   std::vector<mx::Format> formats;
   for (int i = 0; i < config.formats_size(); ++i) {
     const std::string field = absl::StrCat("config.formats[", i, "]");
@@ -212,7 +221,7 @@ class ProfileReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const v1::ProfileConfig& config = request_.config();
     MX_RETURN_IF_ERROR(record_.CheckModelOwner(config.model()));
     ProfileBuilder::Options options;
-    MX_ASSIGN_OR_RETURN(options.formats, ConfigFormats(config));
+    MX_ASSIGN_OR_RETURN(options.formats, ConfigFormats(config, core_.backend));
     MX_ASSIGN_OR_RETURN(options.reference, FromProto(config.reference(), "config.reference"));
     options.batch_tokens = config.batch_tokens() == 0 ? 128 : config.batch_tokens();
     if (options.batch_tokens < 1 || options.batch_tokens > kMaxProfileBatchTokens) {

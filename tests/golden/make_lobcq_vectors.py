@@ -184,6 +184,12 @@ def quantize_cases(books):
     special[256:320] = [0.0] * 64                           # array 4: s underflows to 0
     special[256 + 7], special[256 + 40] = 2.0 ** -148, -2.0 ** -149
     case("special-arrays", 1, 5 * 64, special)
+    # amax = 46·2^-149: s = fp32(46/31 · 2^-149) rounds to 2^-149, so y = k for
+    # k·2^-149 and y = 46 is clamped to 32. These blocks pick another codebook
+    # with the clamp at 32 than with none or with a clamp at 31 (found by search).
+    tiny = [k * 2.0 ** -149 for k in (46, 27, -13, -26, 18, 26, -17, -22,
+                                      46, 22, 1, -27, 26, -22, 26, 13)]
+    case("clamped", 1, len(tiny), tiny)
     # Other geometries, other codebooks: the quantizer's parameters.
     for geometry in ({"block_len": 4, "array_len": 32, "codebooks": 4},
                      {"block_len": 2, "array_len": 16, "codebooks": 8},

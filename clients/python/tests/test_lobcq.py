@@ -22,6 +22,7 @@ from mxserve.torch import lobcq  # noqa: E402
 
 from conftest import Daemon, REPO  # noqa: E402
 from test_codebook import run_mxctl_gemm  # noqa: E402
+from test_profile import register_small  # noqa: E402
 from test_emulator import assert_same_bits, hex_floats as floats  # noqa: E402
 
 VECTORS = REPO / "tests" / "golden" / "lobcq.json"
@@ -144,6 +145,15 @@ def test_hls_sim_refuses_lo_bcq_by_name_and_keeps_serving():
             assert "--backend cpu and the torch emulator compute it exactly" in \
                 refused.value.message
             assert c.gemm(a, b, "NF4", phase="rollout").output.shape == (2, 3)
+            # Its profiles offer only what it serves: a policy generated from
+            # them is one this daemon can run.
+            register_small(c, "lobcq-hls")
+            try:
+                profile = c.profile("lobcq-hls")
+                assert "LO_BCQ" not in profile.formats and "NF4" in profile.formats
+                assert len(profile.formats) == len(em._SPECS) - 2  # all but FP32, LO_BCQ
+            finally:
+                c.delete_model("lobcq-hls")
     finally:
         assert d.stop() == 0, "\n".join(d.log_lines[-20:])
 
@@ -181,6 +191,15 @@ def test_calibration_descends_is_reproducible_and_beats_the_frozen_set_on_its_da
     op = em.quantize_lobcq(x, books, g)
     err = (em.dequantize(op) - x).pow(2).mean()
     assert 0 < float(err) < float(x.pow(2).mean()) / 50
+
+
+def test_the_frozen_set_is_what_calibration_gives():
+    """python -m mxserve.torch.lobcq --check: the tables are the documented
+    calibration's output (about half a minute on two cores)."""
+    done = subprocess.run([sys.executable, "-m", "mxserve.torch.lobcq", "--check"],
+                          capture_output=True, text=True, timeout=600,
+                          cwd=REPO / "clients" / "python")
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_calibration_and_quantizer_refuse_bad_input_by_field():

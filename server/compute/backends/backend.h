@@ -39,6 +39,10 @@ class Backend {
   // so what is left to measure is its own overhead (validation, scheduling,
   // batching, serialization), and answers zeros of the right shape.
   virtual bool computes() const { return true; }
+  // OK when this backend computes `format`, else the status a request in it
+  // gets (UNIMPLEMENTED naming the backends that serve it). Profiles leave
+  // such formats out of their default candidates.
+  virtual absl::Status Serves(mx::Format) const { return absl::OkStatus(); }
   // A layer's quantized weight (N rows of K) in this backend's own form, made
   // once per (layer version, format, layout) and shared by every request.
   virtual absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(

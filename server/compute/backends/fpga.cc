@@ -28,6 +28,9 @@ class FpgaBackend final : public Backend {
  public:
   explicit FpgaBackend(std::unique_ptr<fpga::XrtGemmDevice> device) : device_(std::move(device)) {}
   absl::string_view name() const override { return "fpga"; }
+  absl::Status Serves(mx::Format format) const override {
+    return CheckKernelFormat(format, name());
+  }
 
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
       mx::QuantizedMatrix w) override {

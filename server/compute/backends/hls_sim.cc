@@ -25,6 +25,9 @@ class DeviceWeight final : public PreparedWeight {
 class HlsSimBackend final : public Backend {
  public:
   absl::string_view name() const override { return "hls-sim"; }
+  absl::Status Serves(mx::Format format) const override {
+    return CheckKernelFormat(format, name());
+  }
 
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
       mx::QuantizedMatrix w) override {
@@ -43,6 +46,8 @@ class HlsSimBackend final : public Backend {
 
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                                      std::span<const float> bias, std::span<float> y) override {
+    // Refused before W is laid out for the card (it has no layout for LO_BCQ).
+    if (absl::Status s = CheckKernelFormat(w.format, name()); !s.ok()) return s;
     return Run(x, fpga::ToDevice(w), bias, y);
   }
 

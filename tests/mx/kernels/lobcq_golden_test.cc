@@ -7,6 +7,7 @@
 // and by columns, on one thread and across a pool.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -85,7 +86,7 @@ TEST(LoBcqGolden, TheArrayQuantizerWritesEveryCaseAtEveryGeometry) {
       for (int64_t a = 0; a < arrays; ++a) {
         const int64_t begin = a * g.array_len, count = std::min<int64_t>(g.array_len, cols - begin);
         std::vector<uint8_t> got_codes(count), got_selectors(g.blocks_per_array());
-        const float scale = mx::QuantizeLoBcqArray(
+        const float scale = *mx::QuantizeLoBcqArray(
             g, books, std::span<const float>(values.data() + r * cols + begin, count), got_codes,
             got_selectors);
         const std::string where = absl::StrCat(id, " row ", r, " array ", a);
@@ -176,6 +177,23 @@ TEST(LoBcq, GeometryAndCodebooksAreChecked) {
   bad[3][5] = 32;
   EXPECT_EQ(mx::ValidateLoBcq({}, bad).message(),
             "codebooks[3][5]: expected an INT6 entry in [-31, 31], got 32");
+  // The array quantizer checks what it is given instead of overrunning.
+  std::vector<float> values(65, 1.0f);
+  std::vector<uint8_t> codes(65), selectors(8);
+  EXPECT_EQ(mx::QuantizeLoBcqArray({}, books, values, codes, selectors).status().message(),
+            "values: expected at most array_len (64), got 65");
+  EXPECT_EQ(mx::QuantizeLoBcqArray({}, books, std::span<const float>(values.data(), 64),
+                                   std::span<uint8_t>(codes.data(), 64),
+                                   std::span<uint8_t>(selectors.data(), 7))
+                .status()
+                .message(),
+            "codes, selectors: expected 64 and 8, got 64 and 7");
+  EXPECT_EQ(mx::QuantizeLoBcqArray({}, bad, std::span<const float>(values.data(), 8),
+                                   std::span<uint8_t>(codes.data(), 8), selectors)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(std::isnan(mx::LoBcqValue(std::span(books.data(), 4), 4, 0, 1.0f)));
   // The format's traits: 4-bit codes, 8 scale bytes per 64 (5 bits per value).
   const mx::FormatTraits& t = mx::Traits(Format::kLoBcq);
   EXPECT_TRUE(t.is_lookup());

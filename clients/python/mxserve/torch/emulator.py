@@ -458,14 +458,14 @@ def quantize_lobcq(x: torch.Tensor, codebooks=None,
     counted = torch.zeros_like(t, dtype=torch.bool)
     counted.view(rows, -1)[:, :cols] = True
     # Rows in chunks: the search holds 16 int64s per value and codebook.
-    step = max(1, (1 << 22) // max(1, t[0].numel() * 16))
+    step = max(1, (1 << 22) // max(1, t.shape[1] * t.shape[2] * 16))
     selectors, codes = [], []
     for r in range(0, rows, step):
         sel, code, _ = lobcq_select(t[r:r + step], books, geometry.block_len, counted[r:r + step])
         selectors.append(sel)
         codes.append(code)
     selectors = torch.cat(selectors) if selectors else torch.zeros(
-        0, t.shape[1], geometry.blocks_per_array, dtype=torch.int64)
+        0, t.shape[1], geometry.blocks_per_array, dtype=torch.int64, device=t.device)
     codes = torch.cat(codes) if codes else torch.zeros_like(t)
     nan = torch.isnan(scale)
     selectors = torch.where(nan[:, :, None], torch.zeros_like(selectors), selectors)
