@@ -333,7 +333,7 @@ TEST_F(AuthTest, OwnershipScenario) {
     const grpc::Status s = DeleteModelAs(daemon_->channel(), kAlice, "alice-model-2");
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
-  const std::string log = daemon_->Log();
+  const std::string log = daemon_->AwaitLog("model_deleted model=alice-model owner=alice by=root");
   EXPECT_TRUE(absl::StrContains(log, "model_registered model=alice-model owner=alice")) << log;
   EXPECT_TRUE(absl::StrContains(log, "model_deleted model=alice-model owner=alice by=root"));
 }

@@ -134,6 +134,18 @@ std::string DaemonProcess::Log() const {
   return log_;
 }
 
+std::string DaemonProcess::AwaitLog(const std::string& needle,
+                                    std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::string log = Log();
+    if (log.find(needle) != std::string::npos || std::chrono::steady_clock::now() >= deadline) {
+      return log;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 std::string ScrapeMetrics(const std::string& address) {
   const size_t colon = address.rfind(':');
   const int port = std::atoi(address.substr(colon + 1).c_str());

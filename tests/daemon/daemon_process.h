@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +36,11 @@ class DaemonProcess {
   int Stop(double timeout_seconds = 20);
   // Everything the daemon wrote to stderr so far.
   std::string Log() const;
+  // The log once it holds `needle` (a reader thread copies the daemon's stderr,
+  // so a line written as an RPC returns may arrive just after), or as it is
+  // when `timeout` passes without it.
+  std::string AwaitLog(const std::string& needle,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 
  private:
   void ReadLoop(int fd);
