@@ -125,6 +125,13 @@ struct FormatTraits {
            : is_block_scaled()           ? 1
                                          : 0;
   }
+  // Bits an element costs stored with its block's scale share (MX 8.25 for
+  // FP8, NF4 4.5, LO_BCQ 5); INT8's row scale and NVFP4's tensor scale are not
+  // in it (they depend on K and the tensor).
+  double bits_with_block_scale() const {
+    return element_bits +
+           (is_block_scaled() ? 8.0 * block_scale_bytes() / block_size() : 0.0);
+  }
 };
 
 // Every format, in the order of the enum.

@@ -106,35 +106,31 @@ absl::StatusOr<float> QuantizeLoBcqArray(const LoBcqGeometry& g,
       t[i] = static_cast<int64_t>(std::nearbyint(y * static_cast<float>(kLoBcqGrid)));
     }
   }
-  // The nearest entry of codebook j to t, and its squared distance.
-  auto nearest = [&](int j, int64_t ti, int64_t* err) {
-    int best = 0;
-    int64_t best_err = std::numeric_limits<int64_t>::max();
-    for (int k = 0; k < 16; ++k) {
-      const int64_t d = ti - int64_t{kLoBcqGrid} * codebooks[j][k];
-      if (d * d < best_err) best = k, best_err = d * d;
-    }
-    *err = best_err;
-    return best;
-  };
+  // Per block, each codebook's nearest entries and their summed squared
+  // distance; the first strictly smaller sum (entry, codebook) wins, so ties go
+  // to the lowest index. The winning codebook's codes are kept as found.
   for (int b = 0; b * g.block_len < static_cast<int>(values.size()); ++b) {
     const int begin = b * g.block_len;
     const int end = std::min<int>(begin + g.block_len, static_cast<int>(values.size()));
-    int best_j = 0;
     int64_t best_sum = std::numeric_limits<int64_t>::max();
+    std::array<uint8_t, 64> block_codes;  // block_len <= 64
     for (int j = 0; j < g.codebooks; ++j) {
       int64_t sum = 0;
       for (int i = begin; i < end; ++i) {
-        int64_t err;
-        nearest(j, t[i], &err);
-        sum += err;
+        int best = 0;
+        int64_t best_err = std::numeric_limits<int64_t>::max();
+        for (int k = 0; k < 16; ++k) {
+          const int64_t d = t[i] - int64_t{kLoBcqGrid} * codebooks[j][k];
+          if (d * d < best_err) best = k, best_err = d * d;
+        }
+        block_codes[i - begin] = static_cast<uint8_t>(best);
+        sum += best_err;
       }
-      if (sum < best_sum) best_j = j, best_sum = sum;
-    }
-    selectors[b] = static_cast<uint8_t>(best_j);
-    for (int i = begin; i < end; ++i) {
-      int64_t err;
-      codes[i] = static_cast<uint8_t>(nearest(best_j, t[i], &err));
+      if (sum < best_sum) {
+        best_sum = sum;
+        selectors[b] = static_cast<uint8_t>(j);
+        std::copy(block_codes.begin(), block_codes.begin() + (end - begin), codes.begin() + begin);
+      }
     }
   }
   return scale;

@@ -80,6 +80,14 @@ float QuantizeRowInt8(std::span<const float> row, const QuantizeOptions& options
   return scale;
 }
 
+// Codes (4 bits each, an even count) two to a byte, low nibble first: NVFP4's,
+// the codebooks' and LO_BCQ's elements, and LO_BCQ's selectors.
+void PackNibbles(std::span<const uint8_t> codes, uint8_t* out) {
+  for (size_t i = 0; i < codes.size() / 2; ++i) {
+    out[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
+  }
+}
+
 // A codebook row: blocks of 64 (the last padded with the code of 0), codes
 // nibble-packed low nibble first, each block's absmax as 4 little-endian bytes.
 void QuantizeRowCodebook(std::span<const float> row, Format format, uint8_t* elements,
@@ -93,10 +101,7 @@ void QuantizeRowCodebook(std::span<const float> row, Format format, uint8_t* ele
     const float absmax = QuantizeCodebookBlock(format, row.subspan(begin, count),
                                                std::span<uint8_t>(codes.data(), count));
     std::memcpy(scales + 4 * b, &absmax, 4);  // little-endian host
-    uint8_t* block = elements + b * BlockBytes(format);
-    for (int i = 0; i < kCodebookBlockSize / 2; ++i) {
-      block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
-    }
+    PackNibbles(codes, elements + b * BlockBytes(format));
   }
 }
 
@@ -115,15 +120,9 @@ void QuantizeRowLoBcq(std::span<const float> row, uint8_t* elements, uint8_t* sc
     const float scale =
         *QuantizeLoBcqArray(geometry, DefaultLoBcqCodebooks(), row.subspan(begin, count),
                             std::span<uint8_t>(codes.data(), count), selectors);
-    uint8_t* out = scales + 8 * a;
-    std::memcpy(out, &scale, 4);  // little-endian host
-    for (int i = 0; i < 4; ++i) {
-      out[4 + i] = static_cast<uint8_t>(selectors[2 * i] | (selectors[2 * i + 1] << 4));
-    }
-    uint8_t* block = elements + a * BlockBytes(Format::kLoBcq);
-    for (int i = 0; i < kLoBcqArraySize / 2; ++i) {
-      block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
-    }
+    std::memcpy(scales + 8 * a, &scale, 4);  // little-endian host
+    PackNibbles(selectors, scales + 8 * a + 4);
+    PackNibbles(codes, elements + a * BlockBytes(Format::kLoBcq));
   }
 }
 
@@ -143,10 +142,7 @@ void QuantizeRowNv(std::span<const float> row, float tensor_scale, const Quantiz
     }
     scales[b] = QuantizeNvBlock(row.subspan(begin, count), tensor_scale,
                                 std::span<uint8_t>(codes.data(), count), options, block_random);
-    uint8_t* block = elements + b * BlockBytes(Format::kNvfp4);
-    for (int i = 0; i < kNvBlockSize / 2; ++i) {
-      block[i] = static_cast<uint8_t>(codes[2 * i] | (codes[2 * i + 1] << 4));
-    }
+    PackNibbles(codes, elements + b * BlockBytes(Format::kNvfp4));
   }
 }
 
@@ -219,12 +215,6 @@ std::optional<LayoutSize> CheckedLayoutSize(Format format, int64_t rows, int64_t
   return size;
 }
 
-float LoBcqScale(const QuantizedMatrix& m, int64_t row, int64_t array) {
-  float scale;
-  std::memcpy(&scale,
-              m.block_scales.data() + row * ScaleBytesPerRow(m.format, m.cols) + 8 * array, 4);
-  return scale;
-}
 
 uint32_t LoBcqSelector(const QuantizedMatrix& m, int64_t row, int64_t col) {
   const int64_t array = col / kLoBcqArraySize;
@@ -234,11 +224,13 @@ uint32_t LoBcqSelector(const QuantizedMatrix& m, int64_t row, int64_t col) {
   return (byte >> ((block & 1) * 4)) & 15;
 }
 
-float CodebookAbsmax(const QuantizedMatrix& m, int64_t row, int64_t block) {
-  float absmax;
-  std::memcpy(&absmax,
-              m.block_scales.data() + row * ScaleBytesPerRow(m.format, m.cols) + 4 * block, 4);
-  return absmax;
+float LookupScale(const QuantizedMatrix& m, int64_t row, int64_t block) {
+  float scale;
+  std::memcpy(&scale,
+              m.block_scales.data() + row * ScaleBytesPerRow(m.format, m.cols) +
+                  block * Traits(m.format).block_scale_bytes(),
+              4);
+  return scale;
 }
 
 int64_t RowBytes(Format format, int64_t cols) {
@@ -358,7 +350,7 @@ uint32_t ElementCode(const QuantizedMatrix& m, int64_t row, int64_t col) {
 float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col) {
   if (m.format == Format::kLoBcq) {
     return LoBcqValue(DefaultLoBcqCodebooks(), LoBcqSelector(m, row, col),
-                      ElementCode(m, row, col), LoBcqScale(m, row, col / kLoBcqArraySize));
+                      ElementCode(m, row, col), LookupScale(m, row, col / kLoBcqArraySize));
   }
   const float element = DecodeElement(m.format, ElementCode(m, row, col));
   if (IsMx(m.format)) {
@@ -371,7 +363,7 @@ float ElementValue(const QuantizedMatrix& m, int64_t row, int64_t col) {
   if (m.format == Format::kInt8) return element * m.row_scales[row];
   if (Traits(m.format).kind == FormatKind::kCodebook) {
     return CodebookValue(m.format, ElementCode(m, row, col),
-                         CodebookAbsmax(m, row, col / kCodebookBlockSize));
+                         LookupScale(m, row, col / kCodebookBlockSize));
   }
   if (m.format == Format::kNvfp4) {
     // element · block scale is exact (2 and 4 significant bits; NaN for a NaN

@@ -61,11 +61,10 @@ inline int64_t BlockBytes(Format format) {
 inline int64_t ScaleBytesPerRow(Format format, int64_t cols) {
   return BlocksPerRow(format, cols) * Traits(format).block_scale_bytes();
 }
-// A codebook block's absmax, block `b` of row `row`.
-float CodebookAbsmax(const QuantizedMatrix& m, int64_t row, int64_t block);
-// A LO_BCQ array's scale (array `array` of row `row`), and the selector of the
-// block holding column `col`.
-float LoBcqScale(const QuantizedMatrix& m, int64_t row, int64_t array);
+// A lookup format's FP32 block scale, block `block` of row `row`: NF4's and
+// BNB_FP4's absmax, LO_BCQ's array scale (the first 4 bytes of its 8).
+float LookupScale(const QuantizedMatrix& m, int64_t row, int64_t block);
+// LO_BCQ: the codebook selector of the block holding column `col`.
 uint32_t LoBcqSelector(const QuantizedMatrix& m, int64_t row, int64_t col);
 // Whether an operand in `format` carries row_scales (INT8, NVFP4).
 inline bool HasRowScales(Format format) {

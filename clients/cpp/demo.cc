@@ -30,13 +30,10 @@ std::vector<float> ActivationLike(int64_t rows, int64_t cols, std::mt19937& rng)
 
 double BitsPerValue(mx::Format format, int64_t cols) {
   const mx::FormatTraits& t = mx::Traits(format);
-  if (t.is_mx()) return t.element_bits + 8.0 / mx::kBlockSize;
-  // NVFP4: a UE4M3 byte per 16, and the one FP32 tensor scale over the demo's tensor.
-  if (format == mx::Format::kNvfp4) return t.element_bits + 8.0 / mx::kNvBlockSize;
-  // NF4, BNB_FP4: an FP32 absmax per 64; LO_BCQ its scale and 8 selectors per 64.
-  if (t.is_lookup()) return t.element_bits + 8.0 * t.block_scale_bytes() / t.block_size();
+  // INT8's FP32 row scale over the row; the block formats' scales over their
+  // blocks (NVFP4's one tensor scale over the demo's tensor is left out).
   if (format == mx::Format::kInt8) return 8.0 + 32.0 / static_cast<double>(cols);
-  return t.element_bits;
+  return t.bits_with_block_scale();
 }
 
 // Signal-to-quantization-noise ratio in dB.

@@ -199,14 +199,11 @@ absl::StatusOr<RemoteContext> TakeGlobalFlags(std::vector<std::string>& args) {
 // LO_BCQ array's scale and selectors, 8 bytes), INT8's FP32 per-row scale over
 // the row's K.
 std::string StoredBits(const mx::FormatTraits& t) {
-  if (t.is_mx()) return absl::StrFormat("%.2f", t.element_bits + 8.0 / mx::kBlockSize);
-  if (t.is_lookup()) {
-    return absl::StrFormat("%.2f", t.element_bits + 8.0 * t.block_scale_bytes() / t.block_size());
-  }
   if (t.kind == mx::FormatKind::kNvFloat) {
-    return absl::StrFormat("%.2f+32/T", t.element_bits + 8.0 / mx::kNvBlockSize);
+    return absl::StrFormat("%.2f+32/T", t.bits_with_block_scale());
   }
   if (t.kind == mx::FormatKind::kInt8) return absl::StrCat(t.element_bits, "+32/K");
+  if (t.is_block_scaled()) return absl::StrFormat("%.2f", t.bits_with_block_scale());
   return absl::StrCat(t.element_bits);
 }
 

@@ -80,7 +80,7 @@ void CodebookToDevice(const mx::QuantizedMatrix& m, int64_t row_words, DeviceOpe
     std::memcpy(d.elements.data() + r * row_words, m.elements.data() + r * mx_row_bytes,
                 row_words * 8);
     for (int64_t b = 0; b < blocks; ++b) {
-      const float absmax = mx::CodebookAbsmax(m, r, b / 2);
+      const float absmax = mx::LookupScale(m, r, b / 2);
       std::memcpy(scales + 4 * (r * blocks + b), &absmax, 4);
     }
   }

@@ -589,6 +589,8 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareGemm(const ComputeContext& core
     b_shape.cols_name = "N";
   }
   MX_ASSIGN_OR_RETURN(Activation b, DecodeActivation(core, request.b(), "b", b_shape, format_b));
+  MX_RETURN_IF_ERROR(core.backend->Serves(a.format));
+  MX_RETURN_IF_ERROR(core.backend->Serves(b.format));
   MX_RETURN_IF_ERROR(TakeSeed(options,
                               (a.dense && RoundsElements(a.format)) ||
                                   (b.dense && RoundsElements(b.format)),
@@ -623,6 +625,7 @@ absl::StatusOr<LayerRequest> ResolveLayerRequest(const ComputeContext& core, con
       ResolveLayerChoice(
           core, view, phase, request.format(), request.scale_rule(),
           request.has_rounding() ? std::optional(request.rounding()) : std::nullopt));
+  MX_RETURN_IF_ERROR(core.backend->Serves(choice.format));
   mx::QuantizeOptions options;
   options.scale_rule = choice.scale_rule;
   options.rounding = choice.rounding;
@@ -646,6 +649,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
       Activation x,
       DecodeActivation(core, request.input(), "input", shape,
                        request.input().has_packed() ? std::nullopt : std::optional(layer.format)));
+  MX_RETURN_IF_ERROR(core.backend->Serves(x.format));  // a packed input's own
   MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output",
                                      "split the input's rows (M) over several requests"));
   return std::make_unique<ForwardItem>(core, call, std::move(done), request.run(), layer.phase,

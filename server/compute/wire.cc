@@ -233,30 +233,23 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
       }
     }
   }
-  if (mx::Traits(m.format).kind == mx::FormatKind::kCodebook) {
-    // A block's absmax is a magnitude: non-negative and finite, or NaN for a
-    // block that held NaN or Inf.
-    for (size_t i = 0; i + 4 <= packed.block_scales().size(); i += 4) {
-      float absmax;
-      std::memcpy(&absmax, packed.block_scales().data() + i, 4);
-      if (!std::isnan(absmax) && !(absmax >= 0.0f && std::isfinite(absmax))) {
+  if (mx::Traits(m.format).is_lookup()) {
+    // Each block's FP32 (its first 4 bytes: NF4/BNB_FP4's absmax, LO_BCQ's
+    // array scale amax / 31) is a magnitude: non-negative and finite, or NaN
+    // for a block that held NaN or Inf. LO_BCQ's 8 selector nibbles are all
+    // valid.
+    const bool lobcq = m.format == mx::Format::kLoBcq;
+    const char* block = lobcq ? "array" : "block";
+    const char* what = lobcq ? "scale" : "absmax";
+    const size_t stride = mx::Traits(m.format).block_scale_bytes();
+    for (size_t i = 0; i + stride <= packed.block_scales().size(); i += stride) {
+      float v;
+      std::memcpy(&v, packed.block_scales().data() + i, 4);
+      if (!std::isnan(v) && !(v >= 0.0f && std::isfinite(v))) {
         return FieldError(absl::StrCat(field, ".block_scales"),
-                          absl::StrCat("block ", i / 4, "'s absmax is ", absmax, ": a ",
-                                       mx::FormatName(m.format),
-                                       " absmax must be non-negative and finite, or NaN"));
-      }
-    }
-  }
-  if (m.format == mx::Format::kLoBcq) {
-    // An array's scale is amax / 31: non-negative and finite, or NaN for an
-    // array that held NaN or Inf. Its 8 selector nibbles are all valid.
-    for (size_t i = 0; i + 8 <= packed.block_scales().size(); i += 8) {
-      float scale;
-      std::memcpy(&scale, packed.block_scales().data() + i, 4);
-      if (!std::isnan(scale) && !(scale >= 0.0f && std::isfinite(scale))) {
-        return FieldError(absl::StrCat(field, ".block_scales"),
-                          absl::StrCat("array ", i / 8, "'s scale is ", scale,
-                                       ": a LO_BCQ scale must be non-negative and finite, or NaN"));
+                          absl::StrCat(block, " ", i / stride, "'s ", what, " is ", v, ": a ",
+                                       mx::FormatName(m.format), " ", what,
+                                       " must be non-negative and finite, or NaN"));
       }
     }
   }

@@ -62,7 +62,7 @@ TEST_F(HlsSimTest, LayerForwardEqualsReferenceForEveryFormat) {
     if (format == mx::Format::kLoBcq) {  // not in the kernel: refused by name, nothing computed
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
       EXPECT_EQ(status.error_message(),
-                "format: LO_BCQ is not in the FPGA kernel (--backend hls-sim or fpga): its float "
+                "format: LO_BCQ is not in the FPGA kernel (--backend hls-sim): its float "
                 "path has no codebook selector per 8 elements; --backend cpu and the torch "
                 "emulator compute it exactly (fpga/README.md)");
       continue;

@@ -312,7 +312,7 @@ TEST(HlsKernel, DeviceBuffersRoundTrip) {
         for (int b = 0; b < 2; ++b) {
           float absmax;
           std::memcpy(&absmax, reinterpret_cast<const uint8_t*>(d.scales.data()) + 4 * (r * 2 + b), 4);
-          EXPECT_EQ(absmax, mx::CodebookAbsmax(m, r, 0)) << r;
+          EXPECT_EQ(absmax, mx::LookupScale(m, r, 0)) << r;
         }
       }
     } else if (f == Format::kNvfp4) {

@@ -136,9 +136,17 @@ def fma(x: float, w: float, y: float) -> float:
 
 def gemm(fa: str, fb: str, a, b, m: int, k: int, n: int, bias):
     """C = A·B: A quantized by rows to fa, B by columns to fb, the fma chain."""
-    qa = dequantize(fa, *quantize(fa, a, m, k), m, k)
-    bt = [b[i * n + j] for j in range(n) for i in range(k)]
-    qb = dequantize(fb, *quantize(fb, bt, n, k), n, k)
+    return float_path_gemm(lambda v: dequantize(fa, *quantize(fa, v, m, k), m, k),
+                           lambda v: dequantize(fb, *quantize(fb, v, n, k), n, k),
+                           a, b, m, k, n, bias)
+
+
+def float_path_gemm(values_a, values_b, a, b, m: int, k: int, n: int, bias):
+    """The float path: A (m × k, row-major) and B (k × n) each turned into the
+    values they stand for along K (values_a(a), values_b(Bᵀ as n rows of k)),
+    then y = fp32(x·w + y) over k ascending from +0.0 or the bias."""
+    qa = values_a(a)
+    qb = values_b([b[i * n + j] for j in range(n) for i in range(k)])
     c = []
     for i in range(m):
         for j in range(n):

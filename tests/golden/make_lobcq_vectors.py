@@ -39,7 +39,7 @@ import sys
 from fractions import Fraction
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from make_codebook_vectors import fma  # noqa: E402
+from make_codebook_vectors import float_path_gemm  # noqa: E402
 from make_nvfp4_vectors import bits_of, f32, float_of, hexes  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -132,17 +132,8 @@ def values_of(fmt, values, rows, cols, books):
 
 
 def gemm(fa, fb, a, b, m, k, n, bias, books):
-    qa = values_of(fa, a, m, k, books)
-    bt = [b[i * n + j] for j in range(n) for i in range(k)]
-    qb = values_of(fb, bt, n, k, books)
-    c = []
-    for i in range(m):
-        for j in range(n):
-            y = 0.0 if bias is None else bias[j]
-            for t in range(k):
-                y = fma(qa[i * k + t], qb[j * k + t], y)
-            c.append(y)
-    return c
+    return float_path_gemm(lambda v: values_of(fa, v, m, k, books),
+                           lambda v: values_of(fb, v, n, k, books), a, b, m, k, n, bias)
 
 
 def quantize_cases(books):

@@ -58,10 +58,10 @@ _MX = frozenset(f for f in FORMATS if f.startswith("MX"))
 BLOCK_SIZE = 32  # mx::kBlockSize: elements per MX block along K
 NV_BLOCK_SIZE = 16  # mx::kNvBlockSize: elements per NVFP4 block
 CODEBOOK_BLOCK_SIZE = 64  # mx::kCodebookBlockSize: NF4, BNB_FP4 (one FP32 absmax each)
-_CODEBOOKS = frozenset({"NF4", "BNB_FP4", "LO_BCQ"})
-# Scale bytes per 64-element block: an FP32 absmax; LO_BCQ's FP32 scale and its
-# 8 selector nibbles.
+# The lookup formats and their scale bytes per 64-element block: an FP32 absmax;
+# LO_BCQ's FP32 scale and its 8 selector nibbles (mx::FormatTraits::block_scale_bytes).
 _CODEBOOK_SCALE_BYTES = {"NF4": 4, "BNB_FP4": 4, "LO_BCQ": 8}
+_CODEBOOKS = frozenset(_CODEBOOK_SCALE_BYTES)
 
 # The scalar parameters, each a positive number in the JSON and each with a range.
 _SCALARS = ("clock_hz", "hbm_bytes_per_second", "energy_per_byte_pj", "static_power_watts")

@@ -22,6 +22,14 @@ from daemon_process import DaemonProcess  # noqa: E402  (this directory)
 REPO = HERE.parent.parent.parent
 
 
+def check_golden_generator(script: str) -> None:
+    """tests/golden/<script> --check: the checked-in golden file is what its
+    generator writes."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "golden" / script), "--check"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def python_env(**extra):
     """Environment for a child `python3 -m mxserve...`: this checkout's package first."""
     path = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))

@@ -5,7 +5,6 @@ daemon's Gemm on the cpu and hls-sim (FPGA kernel) backends."""
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ torch = pytest.importorskip("torch")
 import mxserve  # noqa: E402
 from mxserve.torch import emulator as em  # noqa: E402
 
-from conftest import Daemon, REPO  # noqa: E402
+from conftest import Daemon, REPO, check_golden_generator  # noqa: E402
 from test_emulator import assert_same_bits, hex_floats as floats  # noqa: E402
 
 VECTORS = REPO / "tests" / "golden" / "codebook.json"
@@ -28,10 +27,7 @@ def golden():
 
 
 def test_checked_in_vectors_are_what_the_generator_writes():
-    generator = REPO / "tests" / "golden" / "make_codebook_vectors.py"
-    done = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    check_golden_generator("make_codebook_vectors.py")
 
 
 @pytest.mark.parametrize("device", DEVICES)

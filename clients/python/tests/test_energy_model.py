@@ -81,6 +81,18 @@ def test_a_mixed_pair_runs_at_the_slower_rate_and_the_higher_energy(shipped):
                                      rel=1e-12)
 
 
+def test_lo_bcq_by_hand(shipped):
+    # LO_BCQ X and W, M 8, N 128, K 64: INT8's 2 lanes, 1.8 pJ (the lookup
+    # before the multiplier). Cycles 1 · 1 · 2 blocks · 32 / 2 = 32. Bytes: a row
+    # of 64 is one array, 32 B of codes + 8 of scale and selectors: X 8 · 40 =
+    # 320, W 128 · 40 = 5,120, Y 8 · 128 · 4 = 4,096; 9,536, port-bound.
+    e = em.estimate_gemm(shipped, "LO_BCQ", "LO_BCQ", 8, 128, 64)
+    assert e.cycles == 32.0
+    assert e.bytes == 9536.0
+    assert e.joules == pytest.approx(65536 * 1.8e-12 + 9536 * 31.2e-12 + 25 * 9536 / 38.4e9,
+                                     rel=1e-12)
+
+
 def test_packed_bytes_follow_mx_row_layout():
     # One row of K = 33: MX rounds up to 2 blocks (+2 scale bytes); others are exact.
     assert em.packed_bytes("MXFP4_E2M1", 1, 33) == 2 * 16 + 2

@@ -20,7 +20,7 @@ from mxserve import energy_model  # noqa: E402
 from mxserve.torch import emulator as em  # noqa: E402
 from mxserve.torch import lobcq  # noqa: E402
 
-from conftest import Daemon, REPO  # noqa: E402
+from conftest import Daemon, REPO, check_golden_generator  # noqa: E402
 from test_codebook import run_mxctl_gemm  # noqa: E402
 from test_profile import register_small  # noqa: E402
 from test_emulator import assert_same_bits, hex_floats as floats  # noqa: E402
@@ -39,10 +39,7 @@ def geometry_of(case):
 
 
 def test_checked_in_vectors_are_what_the_generator_writes():
-    generator = REPO / "tests" / "golden" / "make_lobcq_vectors.py"
-    done = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    check_golden_generator("make_lobcq_vectors.py")
 
 
 def test_the_frozen_codebooks_are_the_golden_ones():

@@ -5,12 +5,9 @@ LayerBackward on the cpu backend bit for bit, and the golden GEMMs on the cpu an
 hls-sim (FPGA kernel) backends and through `mxctl gemm`."""
 
 import json
-import pathlib
 import struct
 import subprocess
-import sys
 
-import grpc
 import numpy as np
 import pytest
 
@@ -20,7 +17,7 @@ import mxserve  # noqa: E402
 from mxserve.torch import emulator as em  # noqa: E402
 from mxserve.types import LayerSpec  # noqa: E402
 
-from conftest import Daemon, REPO  # noqa: E402
+from conftest import Daemon, REPO, check_golden_generator  # noqa: E402
 from test_emulator import assert_same_bits, hex_floats as floats, hostile  # noqa: E402
 
 VECTORS = REPO / "tests" / "golden" / "nvfp4.json"
@@ -33,10 +30,7 @@ def golden():
 
 
 def test_checked_in_vectors_are_what_the_generator_writes():
-    generator = REPO / "tests" / "golden" / "make_nvfp4_vectors.py"
-    done = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    check_golden_generator("make_nvfp4_vectors.py")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from mxserve import energy_model  # noqa: E402
 from mxserve.torch import search  # noqa: E402
 from mxserve.rlhf import trainer as rlhf  # noqa: E402
 from mxserve.rlhf.models import ModelConfig, build_model  # noqa: E402
@@ -43,7 +44,14 @@ def run(session, **overrides):
 
 
 def test_a_search_is_within_budget_reproducible_and_a_policy(client, session, model_name):
+    session.reset_work()
     first = run(session, phase="rollout", budget_bits=10.0, seed=3)
+    # Its own cost: every GEMM its evaluations ran, each priced by the FPGA model.
+    params = energy_model.load_energy_model()
+    assert first.search_joules == pytest.approx(sum(
+        row["count"] * energy_model.estimate_gemm(params, row["x_format"], row["w_format"],
+                                                  row["m"], row["n"], row["k"]).joules
+        for row in session.work()), rel=1e-12)
     layers = list(session.layers)
     assert first.layers == tuple(layers)
     assert len(first.episodes) == 5 and first.episodes[-1].greedy  # 4 sampled, then greedy

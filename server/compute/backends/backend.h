@@ -40,8 +40,10 @@ class Backend {
   // batching, serialization), and answers zeros of the right shape.
   virtual bool computes() const { return true; }
   // OK when this backend computes `format`, else the status a request in it
-  // gets (UNIMPLEMENTED naming the backends that serve it). Profiles leave
-  // such formats out of their default candidates.
+  // gets (UNIMPLEMENTED naming the backends that serve it). Requests are
+  // checked against it when they are prepared, before anything is quantized
+  // (compute_work.cc), so Linear never sees such a format; profiles leave such
+  // formats out of their default candidates.
   virtual absl::Status Serves(mx::Format) const { return absl::OkStatus(); }
   // A layer's quantized weight (N rows of K) in this backend's own form, made
   // once per (layer version, format, layout) and shared by every request.
@@ -100,8 +102,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeFpgaBackend(const BackendOptions& o
 // right operand of a GEMM (fpga::CheckKernelShapes with W's own K), else its
 // INVALID_ARGUMENT.
 absl::Status CheckWeightFits(const mx::QuantizedMatrix& w);
-// For the FPGA backends: OK when the kernel has a datapath for `format`, else
-// UNIMPLEMENTED naming the format and the backends that serve it (LO_BCQ).
+// For the FPGA backends' Serves and PrepareWeight (the publish warm-up prepares
+// copies outside any request): OK when the kernel has a datapath for `format`,
+// else UNIMPLEMENTED naming the format and the backends that serve it (LO_BCQ).
 absl::Status CheckKernelFormat(mx::Format format, absl::string_view backend);
 
 // The prepared weight `backend` made, as its own type; INTERNAL if another

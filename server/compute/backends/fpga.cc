@@ -44,14 +44,10 @@ class FpgaBackend final : public Backend {
                                      std::span<const float> bias, std::span<float> y) override {
     absl::StatusOr<const ResidentWeight*> own = Own<ResidentWeight>(w, name());
     if (!own.ok()) return own.status();
-    if (absl::Status s = CheckKernelFormat(x.format, name()); !s.ok()) return s;
     return device_->Linear(x, (*own)->weight(), bias, y);
   }
   absl::StatusOr<std::string> Linear(const mx::QuantizedMatrix& x, const mx::QuantizedMatrix& w,
                                      std::span<const float> bias, std::span<float> y) override {
-    for (const mx::Format format : {x.format, w.format}) {
-      if (absl::Status s = CheckKernelFormat(format, name()); !s.ok()) return s;
-    }
     return device_->Linear(x, w, bias, y);
   }
   std::optional<double> BoardPowerWatts() const override { return device_->LatestPowerWatts(); }

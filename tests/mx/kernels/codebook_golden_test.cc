@@ -51,7 +51,7 @@ void ExpectCase(const mx::QuantizedMatrix& m, const nlohmann::json& c, const std
   ASSERT_EQ(static_cast<int64_t>(absmax.size()), rows * blocks) << where;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
-      EXPECT_TRUE(mx_test::SameBits(mx::CodebookAbsmax(m, r, b), absmax[r * blocks + b]))
+      EXPECT_TRUE(mx_test::SameBits(mx::LookupScale(m, r, b), absmax[r * blocks + b]))
           << where << " block " << r << ", " << b;
     }
   }

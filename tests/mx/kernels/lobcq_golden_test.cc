@@ -120,7 +120,7 @@ void ExpectFormatCase(const mx::QuantizedMatrix& m, const nlohmann::json& c,
           << where << " at " << r << ", " << k;
     }
     for (int64_t a = 0; a < arrays; ++a) {
-      EXPECT_TRUE(mx_test::SameBits(mx::LoBcqScale(m, r, a), scales[r * arrays + a]))
+      EXPECT_TRUE(mx_test::SameBits(mx::LookupScale(m, r, a), scales[r * arrays + a]))
           << where << " array " << r << ", " << a;
     }
   }

@@ -344,7 +344,6 @@ def _generate_policies(client: Client, experiment: Experiment, task: Task, prefi
     model = PolicyWithValue(task.new_policy())
     session = offload(model, client, f"{prefix}.profile", replace=True)
     try:
-        rows = task.train_prompts[:experiment.ppo.batch_size * experiment.profile_batches]
         with session.local():
             batches = _calibration_rollouts(experiment, task, model)
         layers = [name for name in session.layers if name != "value_head"]
@@ -400,16 +399,15 @@ def _masked_next_token_loss(logits: torch.Tensor, batch: Any) -> torch.Tensor:
     return (per_token * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-def _search_one(client: Client, experiment: Experiment, task: Task, prefix: str,
-                spec: Mapping[str, Any], phase: str, seed: int):
-    """One mxserve.torch.search of `phase` with `seed`, on the local emulator."""
+def _search_phase(client: Client, experiment: Experiment, task: Task, prefix: str,
+                  spec: Mapping[str, Any], phase: str, seeds: range, progress: Progress,
+                  name: str) -> list:
+    """mxserve.torch.search of `phase` once per seed, on the local emulator: the
+    policy model for rollout and update, the reward model for reward. The model,
+    its calibration rollouts and the offload session are made once and shared by
+    the seeds (a search restores the layers' pins when it ends)."""
     from mxserve.torch import search as mxsearch
 
-    config = mxsearch.SearchConfig(
-        phase=phase, formats=spec.get("candidates", mxsearch.DEFAULT_FORMATS),
-        episodes=spec.get("episodes", 24), seed=seed,
-        relative_budget=spec.get("relative_budget"), budget_bits=spec.get("budget_bits"),
-        budget_joules=spec.get("budget_joules"))
     policy_model = PolicyWithValue(task.new_policy())
     if phase == "reward":
         model, forward, loss = task.new_reward(), None, None
@@ -421,8 +419,17 @@ def _search_one(client: Client, experiment: Experiment, task: Task, prefix: str,
     session = offload(model, client, f"{prefix}.search", replace=True, compute="local")
     try:
         layers = [n for n in session.layers if n != "value_head"]
-        return mxsearch.search(session, batches, config, layers=layers, forward=forward,
-                               loss=loss, progress=False)
+        results = []
+        for seed in seeds:
+            progress(f"searching {name}'s {phase} formats (mxserve.torch.search, seed {seed})")
+            config = mxsearch.SearchConfig(
+                phase=phase, formats=spec.get("candidates", mxsearch.DEFAULT_FORMATS),
+                episodes=spec.get("episodes", 24), seed=seed,
+                relative_budget=spec.get("relative_budget"), budget_bits=spec.get("budget_bits"),
+                budget_joules=spec.get("budget_joules"))
+            results.append(mxsearch.search(session, batches, config, layers=layers,
+                                           forward=forward, loss=loss, progress=False))
+        return results
     finally:
         session.restore()
 
@@ -451,10 +458,8 @@ def _search_policies(client: Client, experiment: Experiment, task: Task, prefix:
         rules, runs = [], {}
         for phase in phases:
             seeds = range(spec.get("seed", 0), spec.get("seed", 0) + spec.get("search_seeds", 1))
-            tried = []
-            for seed in seeds:
-                progress(f"searching {c.name}'s {phase} formats (mxserve.torch.search, seed {seed})")
-                tried.append(_search_one(client, experiment, task, prefix, spec, phase, seed))
+            tried = _search_phase(client, experiment, task, prefix, spec, phase, seeds, progress,
+                                  c.name)
             best = max(tried, key=lambda r: r.best.total)  # the search's own objective
             rules += best.policy("x")["rules"]
             runs[phase] = _search_summary(best)

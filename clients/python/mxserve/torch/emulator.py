@@ -426,7 +426,7 @@ def lobcq_select(t: torch.Tensor, books: torch.Tensor, block_len: int,
     blocks = t.reshape(*shape[:-1], shape[-1] // block_len, block_len)
     grid = (books.to(t.device) * LOBCQ_GRID)  # [Nc, 16]
     index16 = torch.arange(16, device=t.device)
-    best_key = best_sel = best_codes = None
+    best_key = best_codes = None
     for j in range(grid.shape[0]):
         d = blocks[..., None] - grid[j]
         key = (d * d) * 16 + index16  # the first entry on ties

@@ -44,10 +44,13 @@ __all__ = ["CalibrationReport", "calibrate", "default_codebooks", "quantization_
 @dataclasses.dataclass
 class CalibrationReport:
     """How a calibration went: the mean squared error on the grid (units of
-    (s/256)²) after each round, the rounds run and the blocks used."""
+    (s/256)²) after each round, and the blocks used."""
     mse: List[float]
-    rounds: int
     blocks: int
+
+    @property
+    def rounds(self) -> int:
+        return len(self.mse)
 
 
 def _grid_blocks(samples: Iterable[torch.Tensor], geometry: LoBcqGeometry) -> torch.Tensor:
@@ -178,7 +181,7 @@ def calibrate(samples: Sequence[torch.Tensor], geometry: LoBcqGeometry = LOBCQ_W
             best, best_mse = books.clone(), mse
         if len(history) > 1 and history[-2] - mse <= tolerance * history[-2]:
             break
-    return _canonical(best), CalibrationReport(history, len(history), n)
+    return _canonical(best), CalibrationReport(history, n)
 
 
 def default_codebooks(seed: int = 35):
