@@ -3,13 +3,16 @@
 // CpuSupports() said the CPU has them.
 //
 // A 16-column panel of W is exactly one zmm of int32 or float lanes, so a tile
-// is up to 4 rows × one panel in four accumulators, and the integer kinds need
-// no int16 stage: vpdpbusd (u8·s8, four products per lane) and vpdpwssd (s16·s16,
-// two) add straight into int32, exact for every pair those kinds take. Within a
-// lane the sum over blocks runs in ascending block order, as everywhere.
+// is up to 8 rows × one panel in eight accumulators — enough independent chains
+// to keep two FMA/VNNI pipes busy through their latency, and at M = 8 (one
+// decode step of a batch) W is read once — and the integer kinds need no int16
+// stage: vpdpbusd (u8·s8, four products per lane) and vpdpwssd (s16·s16, two)
+// add straight into int32, exact for every pair those kinds take. Within a lane
+// the sum over blocks runs in ascending block order, as everywhere.
 //
-// kMxF64 (pairs with MXFP8) runs FP64 FMAs, 8 lanes per zmm, two per panel;
-// kInt8 the int16 pairs of its packing through vpdpwssd over the whole K. The
+// kMxF64 (pairs with MXFP8) runs its narrow blocks as shifted int16 through
+// vpdpwssd and the rest as FP64 FMAs (MxF64Tile below); kInt8 the int16 pairs
+// of its packing through vpdpwssd over the whole K. The
 // table of which kinds each level has is kHasKernel (gemm_internal.h), and the
 // tests check that it and Avx512Tile below agree.
 //
@@ -24,7 +27,9 @@
 #define MX_AVX512_ENTRY Avx512Tile
 #endif
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "mx/kernels/gemm_internal.h"
 
@@ -39,9 +44,45 @@ inline __m512i Broadcast32(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-// The tile's 16 columns of row r in a register, and back.
-inline __m512 LoadRow(const Tile& tile, int r) { return _mm512_loadu_ps(tile.y[r]); }
-inline void StoreRow(Tile& tile, int r, __m512 v) { _mm512_storeu_ps(tile.y[r], v); }
+// vpdpbusd / vpdpwssd: acc += the lane's 4 u8·s8 / 2 s16·s16 products. GCC 12
+// copies the accumulator into a fresh register around each VNNI intrinsic and
+// spills under the pressure of eight rows (half the speed of MXINT8 at M = 512);
+// the instruction accumulates in place, and so does this asm. Clang and the
+// SIMDe build take the intrinsics.
+inline __m512i Dpbusd(__m512i acc, __m512i u8, __m512i s8) {
+#if defined(MX_KERNELS_EMULATED) || defined(__clang__)
+  return _mm512_dpbusd_epi32(acc, u8, s8);
+#else
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+#endif
+}
+inline __m512i Dpwssd(__m512i acc, __m512i a, __m512i b) {
+#if defined(MX_KERNELS_EMULATED) || defined(__clang__)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+#endif
+}
+
+// Where a tile's outputs go: the panel's columns that are in Y, as a lane mask,
+// so the sums live in registers from the bias to the store (no Tile buffer).
+struct Out {
+  int64_t n0;
+  __mmask16 cols;
+
+  Out(const Problem& p, int64_t panel)
+      : n0(panel * kPanel),
+        cols(static_cast<__mmask16>((1u << std::min<int64_t>(kPanel, p.n - n0)) - 1)) {}
+  // The bias, or +0.0: where every output's sum starts.
+  __m512 Start(const Problem& p) const {
+    return p.bias ? _mm512_maskz_loadu_ps(cols, p.bias + n0) : _mm512_setzero_ps();
+  }
+  void Store(const Problem& p, int64_t row, __m512 v) const {
+    _mm512_mask_storeu_ps(p.y + row * p.n + n0, cols, v);
+  }
+};
 
 // The fast epilogue: y += (float(dot) · 2^ex) · 2^ew, one rounding (FastScalesOk).
 inline __m512 FastEpilogue(__m512i dot, float x_scale, __m512 w_scale, __m512 y) {
@@ -59,9 +100,9 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
   const I8Weights512<kNibbles> weights(w, panel);
-  Tile tile(p, panel, true);
+  const Out out(p, panel);
   __m512 y[MR];
-  for (int r = 0; r < MR; ++r) y[r] = LoadRow(tile, r);
+  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   for (int64_t b = 0; b < x.blocks; ++b) {
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) {
@@ -72,8 +113,8 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
       weights.Pair(group, w0, w1);
       for (int r = 0; r < MR; ++r) {
         const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
-        acc[r] = _mm512_dpbusd_epi32(acc[r], w0, Broadcast32(xr));
-        acc[r] = _mm512_dpbusd_epi32(acc[r], w1, Broadcast32(xr + 4));
+        acc[r] = Dpbusd(acc[r], w0, Broadcast32(xr));
+        acc[r] = Dpbusd(acc[r], w1, Broadcast32(xr + 4));
       }
     }
     const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
@@ -81,12 +122,12 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
       y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
     }
   }
-  for (int r = 0; r < MR; ++r) StoreRow(tile, r, y[r]);
-  tile.Store(p, row0, MR);
+  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
 // acc[r] += Σ over k-pairs [first, last) of row r's int16 pair · the panel's, per
-// lane (vpdpwssd): the inner loop of kMxI16 (one block's 16 pairs) and INT8 (all).
+// lane (vpdpwssd): the inner loop of kMxI16 (one block's 16 pairs), INT8 (all of
+// K) and kMxF64's int16 path (one block of shifted integers).
 template <int MR>
 void I16Pairs(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t first, int64_t last,
               __m512i* acc) {
@@ -94,8 +135,7 @@ void I16Pairs(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t first,
   for (int64_t pair = first; pair < last; ++pair) {
     const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
     for (int r = 0; r < MR; ++r) {
-      acc[r] =
-          _mm512_dpwssd_epi32(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
+      acc[r] = Dpwssd(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
     }
   }
 }
@@ -105,11 +145,10 @@ template <int MR>
 void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
-  const int64_t kp = x.k_padded;
-  const int16_t* wp = w.i16.data() + panel * kp * kPanel;
-  Tile tile(p, panel, true);
+  const int16_t* wp = w.i16.data() + panel * x.k_padded * kPanel;
+  const Out out(p, panel);
   __m512 y[MR];
-  for (int r = 0; r < MR; ++r) y[r] = LoadRow(tile, r);
+  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   for (int64_t b = 0; b < x.blocks; ++b) {
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
@@ -119,8 +158,7 @@ void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
       y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
     }
   }
-  for (int r = 0; r < MR; ++r) StoreRow(tile, r, y[r]);
-  tile.Store(p, row0, MR);
+  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
 // INT8: the whole K in int32 (vpdpwssd on the int16 pairs; exact: the driver
@@ -132,7 +170,7 @@ void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
   const int16_t* wp = w.i16.data() + panel * kp * kPanel;
-  Tile tile(p, panel, false);
+  const Out out(p, panel);
   __m512i acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
   I16Pairs<MR>(x, wp, row0, 0, kp / 2, acc);
@@ -140,56 +178,149 @@ void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) {
     __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x.scale[row0 + r]));
     v = _mm512_mul_ps(v, ws);
-    StoreRow(tile, r, v);
+    if (p.bias) v = _mm512_add_ps(v, out.Start(p));  // no bias: v itself, −0 kept
+    out.Store(p, row0 + r, v);
   }
-  if (p.bias) {
-    for (int r = 0; r < MR; ++r) {
-      for (int j = 0; j < tile.cols; ++j) tile.y[r][j] += p.bias[tile.n0 + j];
-    }
-  }
-  tile.Store(p, row0, MR);
 }
 
-// kMxF64: W's FP16 element values widened to doubles, 8 lanes per zmm, FP64 FMAs
-// per block (exact: the driver checked that every block sum fits 53 bits), then
-// the wide epilogue float(dot · 2^ex · 2^ew) added to y block by block.
+// One block of kMxF64 in FP64, rows [row0, row0 + MR): W's FP16 element values
+// widened to doubles, 8 lanes per zmm, two per panel, FP64 FMAs (exact: the
+// block sum fits 53 bits, or the driver redoes the output, RedoWideOutputs),
+// then each row's block result float(dot · 2^ex · 2^ew) into out[r].
 template <int MR>
-void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+inline void MxF64Block(const Problem& p, int64_t row0, int64_t panel, int64_t b, __m512* out) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
   const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
-  Tile tile(p, panel, true);
-  __m512 y[MR];
-  for (int r = 0; r < MR; ++r) y[r] = LoadRow(tile, r);
-  for (int64_t b = 0; b < x.blocks; ++b) {
-    __m512d acc[MR][2];
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_pd();
-    for (int64_t k = b * kBlockSize; k < (b + 1) * kBlockSize; ++k) {
-      const __m512 wf =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * kPanel)));
-      const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
-      const __m512d w1 = _mm512_cvtps_pd(
-          _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(wf), 1)));
-      for (int r = 0; r < MR; ++r) {
-        const __m512d xv = _mm512_set1_pd(x.f64[(row0 + r) * kp + k]);
-        acc[r][0] = _mm512_fmadd_pd(xv, w0, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_pd(xv, w1, acc[r][1]);
-      }
-    }
-    const double* ws = w.scale_d.data() + (panel * x.blocks + b) * kPanel;
-    const __m512d ws0 = _mm512_loadu_pd(ws), ws1 = _mm512_loadu_pd(ws + 8);
+  __m512d acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_pd();
+  for (int64_t k = b * kBlockSize; k < (b + 1) * kBlockSize; ++k) {
+    const __m512 wf =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * kPanel)));
+    const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
+    const __m512d w1 = _mm512_cvtps_pd(
+        _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(wf), 1)));
     for (int r = 0; r < MR; ++r) {
-      const __m512d xs = _mm512_set1_pd(x.scale_d[(row0 + r) * x.blocks + b]);
-      const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0], xs), ws0));
-      const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][1], xs), ws1));
-      const __m512 block = _mm512_castsi512_ps(_mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
-      y[r] = _mm512_add_ps(y[r], block);
+      const __m512d xv = _mm512_set1_pd(x.f64[(row0 + r) * kp + k]);
+      acc[r][0] = _mm512_fmadd_pd(xv, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_pd(xv, w1, acc[r][1]);
     }
   }
-  for (int r = 0; r < MR; ++r) StoreRow(tile, r, y[r]);
-  tile.Store(p, row0, MR);
+  const double* ws = w.scale_d.data() + (panel * x.blocks + b) * kPanel;
+  const __m512d ws0 = _mm512_loadu_pd(ws), ws1 = _mm512_loadu_pd(ws + 8);
+  for (int r = 0; r < MR; ++r) {
+    const __m512d xs = _mm512_set1_pd(x.scale_d[(row0 + r) * x.blocks + b]);
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0], xs), ws0));
+    const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][1], xs), ws1));
+    out[r] = _mm512_castsi512_ps(_mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
+  }
+}
+
+// kMxF64 without the int16 path (scales the fast epilogue cannot take): every
+// block in FP64, added to y block by block.
+template <int MR>
+void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const Out out(p, panel);
+  __m512 y[MR];
+  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
+  for (int64_t b = 0; b < p.x->blocks; ++b) {
+    __m512 block[MR];
+    MxF64Block<MR>(p, row0, panel, b, block);
+    for (int r = 0; r < MR; ++r) y[r] = _mm512_add_ps(y[r], block[r]);
+  }
+  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
+}
+
+// True when row `row`'s block b pairs exactly with every lane's in int16
+// (ShiftedPairFits), lane by lane: for the rows the panel-wide bound rejects.
+bool RowFitsEveryLane(const Problem& p, int64_t row, int64_t panel, int64_t b) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int x_span = x.span_bits[row * x.blocks + b], x_l1 = x.l1_bits[row * x.blocks + b];
+  const uint8_t* span = w.lane_span.data() + (panel * w.blocks + b) * kPanel;
+  const uint8_t* l1 = w.lane_l1.data() + (panel * w.blocks + b) * kPanel;
+  bool fits = true;  // padding lanes hold zero blocks, which fit
+  for (int j = 0; j < kPanel; ++j) fits &= ShiftedPairFits(x_span, x_l1, span[j], l1[j]);
+  return fits;
+}
+
+// kMxF64 (pairs with MXFP8) when the scales allow the fast epilogue for every
+// block (FastScalesOk with 31-bit dots). Each row's block takes one of two paths
+// that give the same correctly rounded block result, so the bits do not depend
+// on which one ran:
+//   int16: where the row's block pairs exactly with every lane's
+//          (ShiftedPairFits: against the panel's widest lane first, then lane
+//          by lane), vpdpwssd on the shifted integers — 32 products per
+//          instruction against FP64's 8 — and the fast epilogue;
+//   FP64:  the other rows (MxF64Block, one row or the whole tile at once).
+// A first pass finds the FP64 rows of every block and computes their block
+// results in order; the second runs the int16 path and adds each block, taking
+// those results where it must, so the hot loop makes no calls (which would
+// spill the sixteen accumulators). Gaussian data quantized to E4M3 or E5M2
+// spans about 10 bits a block: most blocks take the int16 path.
+template <int MR>
+void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  constexpr unsigned kAllRows = (1u << MR) - 1;
+  thread_local std::vector<uint8_t> fp64_rows;  // per block, bit r: row r takes FP64
+  struct alignas(64) Result {  // one row's block result (std::vector<__m512> drops the alignment)
+    float lanes[kPanel];
+  };
+  thread_local std::vector<Result> fp64_results;
+  fp64_rows.assign(x.blocks, 0);
+  fp64_results.clear();
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    const int64_t pb = panel * x.blocks + b;
+    const int w_span = w.panel_span[pb], w_l1 = w.panel_l1[pb];
+    // A lane too wide for int16 sends every row to FP64.
+    unsigned rows = w_span > kShiftedI16Bits ? kAllRows : 0;
+    for (int r = 0; r < MR && rows != kAllRows; ++r) {
+      const int64_t at = (row0 + r) * x.blocks + b;
+      if (!ShiftedPairFits(x.span_bits[at], x.l1_bits[at], w_span, w_l1) &&
+          !RowFitsEveryLane(p, row0 + r, panel, b)) {
+        rows |= 1u << r;
+      }
+    }
+    fp64_rows[b] = static_cast<uint8_t>(rows);
+    if (rows == kAllRows) {
+      __m512 block[MR];
+      MxF64Block<MR>(p, row0, panel, b, block);
+      for (int r = 0; r < MR; ++r) _mm512_store_ps(fp64_results.emplace_back().lanes, block[r]);
+    } else {
+      for (int r = 0; r < MR; ++r) {
+        if (rows >> r & 1) {
+          __m512 block[1];
+          MxF64Block<1>(p, row0 + r, panel, b, block);
+          _mm512_store_ps(fp64_results.emplace_back().lanes, block[0]);
+        }
+      }
+    }
+  }
+
+  const int16_t* wi = w.i16.data() + panel * x.k_padded * kPanel;
+  const Result* next = fp64_results.data();
+  const Out out(p, panel);
+  __m512 y[MR];
+  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    const unsigned rows = fp64_rows[b];
+    if (rows == kAllRows) {
+      for (int r = 0; r < MR; ++r) y[r] = _mm512_add_ps(y[r], _mm512_load_ps(next++->lanes));
+      continue;
+    }
+    __m512i acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
+    I16Pairs<MR>(x, wi, row0, b * 16, b * 16 + 16, acc);
+    const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      y[r] = rows >> r & 1 ? _mm512_add_ps(y[r], _mm512_load_ps(next++->lanes))
+                           : FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
 // Float kind: per output, fma over k ascending from the bias — the reference's
@@ -213,9 +344,9 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
-  Tile tile(p, panel, true);
+  const Out out(p, panel);
   __m512 y[MR];
-  for (int r = 0; r < MR; ++r) y[r] = LoadRow(tile, r);
+  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   const int64_t w_base = panel * kp * kPanel;
   for (int64_t k = 0; k < w.k; ++k) {
     const __m512 wv = LoadFloats<kStore>(w, w_base + k * kPanel);
@@ -223,8 +354,7 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
       y[r] = _mm512_fmadd_ps(_mm512_set1_ps(x.f32[(row0 + r) * kp + k]), wv, y[r]);
     }
   }
-  for (int r = 0; r < MR; ++r) StoreRow(tile, r, y[r]);
-  tile.Store(p, row0, MR);
+  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
 }  // namespace
@@ -233,22 +363,22 @@ TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
   switch (kind) {
     case Kind::kMxI8:
       if (!p.fast_scales) return nullptr;
-      return p.w->nibbles ? MX_BY_ROWS(MxI8Tile, true) : MX_BY_ROWS(MxI8Tile, false);
+      return p.w->nibbles ? MX_BY_ROWS_8(MxI8Tile, true) : MX_BY_ROWS_8(MxI8Tile, false);
     case Kind::kMxI16:
-      return p.fast_scales ? MX_BY_ROWS(MxI16Tile) : nullptr;
+      return p.fast_scales ? MX_BY_ROWS_8(MxI16Tile) : nullptr;
     case Kind::kF32:
       switch (p.w->float_store) {
         case Format::kFp16:
-          return MX_BY_ROWS(F32Tile, Format::kFp16);
+          return MX_BY_ROWS_8(F32Tile, Format::kFp16);
         case Format::kBf16:
-          return MX_BY_ROWS(F32Tile, Format::kBf16);
+          return MX_BY_ROWS_8(F32Tile, Format::kBf16);
         default:
-          return MX_BY_ROWS(F32Tile, Format::kFp32);
+          return MX_BY_ROWS_8(F32Tile, Format::kFp32);
       }
     case Kind::kMxF64:
-      return MX_BY_ROWS(MxF64Tile);
+      return p.fast_scales ? MX_BY_ROWS_8(MxF64ShiftedTile) : MX_BY_ROWS_8(MxF64Tile);
     case Kind::kInt8:
-      return MX_BY_ROWS(Int8Tile);
+      return MX_BY_ROWS_8(Int8Tile);
     case Kind::kNvI8:
       return nullptr;  // the avx2 level's kernel runs (kHasKernel)
   }

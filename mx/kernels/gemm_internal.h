@@ -18,6 +18,15 @@
 //           it spans at most 53 bits (always for E4M3). E5M2 blocks can span
 //           more: the driver finds the outputs with such a pair of blocks after
 //           the tiles and computes them again exactly (RedoWideOutputs).
+//           Narrow blocks also come as int16 (the avx512 level's fast path):
+//           a block whose fixed-point elements span at most 15 bits is stored
+//           shifted right by its lowest set bit (exact: every element is a
+//           multiple of it), the shift folded into its scale. For a pair of
+//           such blocks |Σ x'w'| <= max|x'| · Σ|w'| < 2^(span_x + l1_w), with
+//           l1 the bit width of a block's Σ|v'|, and likewise with the roles
+//           swapped: where either bound is at most 2^31 the dot is exact in
+//           int32 (vpdpwssd wraps, but the true sum fits) and takes the fast
+//           epilogue (FastScalesOk with 31-bit dots). ShiftedPairFits says it.
 //   kInt8   INT8 × INT8 (per-row scales): int16 path over the whole K.
 //   kNvI8   NVFP4 × NVFP4: E2M1 elements as in kMxI8 (±12 in units of 2^-1, W
 //           as u8 w + 12), blocks of 16. The block result, float(dot) · S_x/2 ·
@@ -76,8 +85,23 @@ struct ScaleRange {
   bool empty() const { return min > max; }
 };
 
-// True when the fast float epilogue is exact for every pair of blocks.
-bool FastScalesOk(const ScaleRange& x, const ScaleRange& w);
+// True when the fast float epilogue, float(dot) · 2^ex · 2^ew with
+// 1 <= |dot| < 2^dot_bits, is exact for every pair of blocks.
+bool FastScalesOk(const ScaleRange& x, const ScaleRange& w, int dot_bits);
+struct DecodedX;
+struct WeightPanels;
+// The same for a pair of operands, with the bound on |dot| of their kind.
+bool FastScalesOk(const DecodedX& x, const WeightPanels& w);
+
+// Integer block dots of kMxF64's int16 path: each operand's block at most 15
+// bits wide (int16), the dot below 2^31.
+inline constexpr int kShiftedI16Bits = 15, kShiftedDotBits = 31;
+// True when the int16 path computes the dot of an X block (span, l1 bits) and a
+// W block exactly (see kMxF64 above).
+constexpr bool ShiftedPairFits(int x_span, int x_l1, int w_span, int w_l1) {
+  return x_span <= kShiftedI16Bits && w_span <= kShiftedI16Bits &&
+         std::min(x_span + w_l1, x_l1 + w_span) <= kShiftedDotBits;
+}
 
 // W converted for one kind: N rows padded to whole panels, K to whole blocks of
 // 32, padding zero. Element (n, k) of panel p = n / 16, lane j = n % 16:
@@ -88,11 +112,15 @@ bool FastScalesOk(const ScaleRange& x, const ScaleRange& w);
 //           vpshufb gives the kernel the same bytes as the wide layout
 //   kMxI16  i16 [p][k/2][16][2]
 //   kInt8   i16 [p][k/2][16][2]
-//   kMxF64  u16 [p][k][16]        FP16 bits of the element's value (exact)
+//   kMxF64  u16 [p][k][16]        FP16 bits of the element's value (exact),
+//           and i16 [p][k/2][16][2]: the block's fixed-point elements shifted
+//           right by the block's lowest set bit where the block spans at most
+//           kShiftedI16Bits (else 0, never read: the FP64 path takes it)
 //   kNvI8   u8  [p][k/4][16][4]   w + 12, as kMxI8's wide storage (blocks of 16)
 //   kF32    [p][k][16] in W's own precision: f32 (FP32, and any other format
 //           dequantized), or u16 FP16/BF16 bits (float_store says which)
-// Scales, MX kinds and kNvI8: [p][block][16] (kNvI8: S/2, NaN for a NaN block);
+// Scales, MX kinds and kNvI8: [p][block][16] (kNvI8: S/2, NaN for a NaN block;
+// kMxF64: `scale` is the int16 path's 2^(ew + shift), `scale_d` the FP64 path's);
 // kInt8: [p][16] (the row scales); kF32: none. kNvI8 also keeps the tensor scale
 // of each row of W in tensor_scale.
 struct WeightPanels {
@@ -114,16 +142,24 @@ struct WeightPanels {
   bool has_special = false;  // an element code is Inf or NaN: the reference path
   int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, N × blocks (row-major)
+  std::vector<uint8_t> l1_bits;     // kMxF64: every block's l1 bits, N × blocks (row-major)
+  std::vector<uint8_t> panel_span;  // kMxF64: widest span of each [p][block] over its lanes
+  std::vector<uint8_t> panel_l1;    // kMxF64: largest l1 bits of each [p][block] over its lanes
+  std::vector<uint8_t> lane_span;   // kMxF64: span_bits again as [p][block][16] (0 in padding)
+  std::vector<uint8_t> lane_l1;     // kMxF64: l1_bits again as [p][block][16]
   std::vector<float> tensor_scale;  // kNvI8: W's row scales, N values
 
   size_t bytes() const {
-    return u8.size() + scale_bytes.size() + span_bits.size() + 2 * (i16.size() + f16.size()) +
+    return u8.size() + scale_bytes.size() + span_bits.size() + l1_bits.size() +
+           panel_span.size() + panel_l1.size() + lane_span.size() + lane_l1.size() +
+           2 * (i16.size() + f16.size()) +
            4 * (f32.size() + scale.size() + tensor_scale.size()) + 8 * scale_d.size();
   }
 };
 
 // X decoded for one kind: row-major rows × k_padded, padding zero.
-//   kMxI8/kNvI8 i8, kMxI16/kInt8 i16, kMxF64 f64 (element values), kF32 f32.
+//   kMxI8/kNvI8 i8, kMxI16/kInt8 i16, kMxF64 f64 (element values) and i16 (the
+//   shifted integers of blocks spanning at most kShiftedI16Bits, as W's), kF32 f32.
 // Scales [row][block] for MX kinds (as in WeightPanels), [row] for kInt8.
 struct DecodedX {
   Kind kind = Kind::kF32;
@@ -140,6 +176,7 @@ struct DecodedX {
   bool has_special = false;
   int max_span_bits = 0;
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, rows × blocks
+  std::vector<uint8_t> l1_bits;    // kMxF64: every block's l1 bits, rows × blocks
 };
 
 // One GEMM as the tile kernels see it.
@@ -154,6 +191,9 @@ struct Problem {
 };
 
 inline constexpr int kMaxTileRows = 4;
+// Rows per call of the avx512 level's kernels: eight rows of accumulators keep
+// both vector pipes busy through the FMA/VNNI latency (four left them half idle).
+inline constexpr int kAvx512TileRows = 8;
 // Rows per call of the amx level's kernel (one AMX tile of X).
 inline constexpr int kAmxTileRows = 16;
 
@@ -200,13 +240,28 @@ struct alignas(32) Tile {
     }                                                                                 \
   })
 
+// The same for the avx512 level's kAvx512TileRows (1..8).
+#define MX_BY_ROWS_8(tile, ...)                                                      \
+  (+[](const Problem& p_, int64_t row0_, int rows_, int64_t panel_) {                 \
+    switch (rows_) {                                                                  \
+      case 1: return tile<1 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 2: return tile<2 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 3: return tile<3 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 4: return tile<4 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 5: return tile<5 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 6: return tile<6 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      case 7: return tile<7 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);    \
+      default: return tile<8 __VA_OPT__(, ) __VA_ARGS__>(p_, row0_, rows_, panel_);   \
+    }                                                                                 \
+  })
+
 // The kMxI8 bytes (w + offset) of one block of a panel, [k in block][lane], from
 // either storage: for the scalar kernel; the SIMD kernels read whole vectors.
 void I8WeightBlock(const WeightPanels& w, int64_t panel, int64_t block,
                    uint8_t (&out)[kBlockSize][kPanel]);
 
 // Computes y[row0, row0 + rows) × [16·panel, 16·panel + 16) ∩ N, all of K, from
-// the bias (or +0.0). rows <= kMaxTileRows.
+// the bias (or +0.0). rows <= TileRows(level) of the level it belongs to.
 using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel);
 
 // Which ISA levels have a tile kernel of their own for each kind: the one table
@@ -241,6 +296,11 @@ static_assert(
       return true;
     }(),
     "the scalar level has every kind: the last resort of the driver");
+
+// Rows a tile function of `level` takes per call.
+constexpr int TileRows(Isa level) {
+  return level == Isa::kAmx ? kAmxTileRows : level == Isa::kAvx512 ? kAvx512TileRows : kMaxTileRows;
+}
 
 bool HasKernel(Isa level, Kind kind);
 // The best level at or below `requested` that has a kernel for `kind`.

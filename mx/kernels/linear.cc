@@ -227,7 +227,7 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
                             y.data(),
                             x.format,
                             w.rows(),
-                            internal::FastScalesOk(decoded.range, panels->range)};
+                            internal::FastScalesOk(decoded, *panels)};
   // The best level that has a kernel for this kind (kHasKernel) and takes these
   // operands: a level may decline scales its fast epilogue cannot take exactly,
   // and then the next level down that has the kind runs, scalar in the end.
@@ -240,7 +240,7 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
     tile = internal::TileAt(isa, kind, problem);
     if (tile != nullptr) {
       info.name = internal::KernelName(isa, kind);
-      if (isa == Isa::kAmx) tile_rows = internal::kAmxTileRows;
+      tile_rows = internal::TileRows(isa);
       break;
     }
     if (isa == Isa::kScalar) {

@@ -82,13 +82,19 @@ int I8Offset(Format w) {
   }
 }
 
-bool FastScalesOk(const ScaleRange& x, const ScaleRange& w) {
-  // t = float(dot)·2^ex with 1 <= |dot| < 2^23 must be normal: ex in [-126, 104];
-  // 2^ew must be a normal float; dot·2^(ex+ew) normal again.
-  if (!x.empty() && (x.min < -126 || x.max > 104)) return false;
+bool FastScalesOk(const DecodedX& x, const WeightPanels& w) {
+  // Dots of the int8/int16 kinds stay below 2^23; kMxF64's int16 path's below 2^31.
+  return FastScalesOk(x.range, w.range, x.kind == Kind::kMxF64 ? kShiftedDotBits : 23);
+}
+
+bool FastScalesOk(const ScaleRange& x, const ScaleRange& w, int dot_bits) {
+  // t = float(dot)·2^ex with 1 <= |dot| < 2^dot_bits must be normal: ex in
+  // [-126, 127 - dot_bits]; 2^ew must be a normal float; dot·2^(ex+ew) normal again.
+  const int top = 127 - dot_bits;
+  if (!x.empty() && (x.min < -126 || x.max > top)) return false;
   if (!w.empty() && (w.min < -126 || w.max > 127)) return false;
   if (x.empty() || w.empty()) return true;
-  return x.min + w.min >= -126 && x.max + w.max <= 104;
+  return x.min + w.min >= -126 && x.max + w.max <= top;
 }
 
 const CodeTable& Codes(Format format) {
@@ -136,15 +142,18 @@ void UnpackCodes(Format format, const uint8_t* row, int64_t blocks, uint8_t* cod
 
 BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes) {
   BlockInfo info;
-  uint64_t any = 0, largest = 0;
+  uint64_t any = 0, largest = 0, sum = 0;  // 32 magnitudes below 2^33: no overflow
   for (int i = 0; i < kBlockSize; ++i) {
     info.special |= table.special[codes[i]];
     const uint64_t magnitude = static_cast<uint64_t>(std::abs(table.fixed[codes[i]]));
     any |= magnitude;
+    sum += magnitude;
     largest = std::max(largest, magnitude);
   }
   info.all_zero = any == 0;
-  info.span_bits = info.all_zero ? 0 : std::bit_width(largest) - std::countr_zero(any);
+  info.low_bit = info.all_zero ? 0 : std::countr_zero(any);
+  info.span_bits = info.all_zero ? 0 : std::bit_width(largest) - info.low_bit;
+  info.l1_bits = static_cast<int>(std::bit_width(sum >> info.low_bit));
   return info;
 }
 
@@ -309,7 +318,13 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       break;
     case Kind::kMxF64:
       p.f16.assign(lanes * kp, 0);
+      p.i16.assign(lanes * kp, 0);
       p.span_bits.assign(w.rows * p.blocks, 0);
+      p.l1_bits.assign(w.rows * p.blocks, 0);
+      p.panel_span.assign(p.panels * p.blocks, 0);
+      p.panel_l1.assign(p.panels * p.blocks, 0);
+      p.lane_span.assign(lanes * p.blocks, 0);
+      p.lane_l1.assign(lanes * p.blocks, 0);
       break;
     case Kind::kNvI8:
       break;  // PackNvPanels
@@ -359,6 +374,8 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
   p.scale_d.assign(lanes * p.blocks, 0.0);
   p.scale_bytes = w.block_scales;
   std::vector<uint8_t> codes(kp);
+  std::vector<int> block_low_bit(p.blocks, 0);        // kMxF64, this row
+  std::vector<uint8_t> block_narrow(p.blocks, false);  // kMxF64: span <= kShiftedI16Bits
   const int64_t row_bytes = RowBytes(w.format, w.cols);
   for (int64_t n = 0; n < w.rows; ++n) {
     UnpackCodes(w.format, w.elements.data() + n * row_bytes, p.blocks, codes.data());
@@ -366,13 +383,31 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       const BlockInfo info = InspectBlock(table, codes.data() + b * kBlockSize);
       p.has_special |= info.special;
       p.max_span_bits = std::max(p.max_span_bits, info.span_bits);
-      if (kind == Kind::kMxF64) p.span_bits[n * p.blocks + b] = static_cast<uint8_t>(info.span_bits);
-      const BlockScales s =
-          ScalesOf(w.block_scales[n * p.blocks + b], fraction_bits, info.all_zero);
-      if (s.counts) p.range.Add(s.exponent);
+      const uint8_t scale_byte = w.block_scales[n * p.blocks + b];
+      const BlockScales s = ScalesOf(scale_byte, fraction_bits, info.all_zero);
       const int64_t at = ((n / kPanel) * p.blocks + b) * kPanel + n % kPanel;
-      p.scale[at] = static_cast<float>(s.fast);
       p.scale_d[at] = s.wide;
+      if (kind == Kind::kMxF64) {
+        p.span_bits[n * p.blocks + b] = static_cast<uint8_t>(info.span_bits);
+        p.l1_bits[n * p.blocks + b] = static_cast<uint8_t>(info.l1_bits);
+        p.lane_span[at] = static_cast<uint8_t>(info.span_bits);
+        p.lane_l1[at] = static_cast<uint8_t>(info.l1_bits);
+        const int64_t panel_block = (n / kPanel) * p.blocks + b;
+        p.panel_span[panel_block] =
+            std::max(p.panel_span[panel_block], static_cast<uint8_t>(info.span_bits));
+        p.panel_l1[panel_block] =
+            std::max(p.panel_l1[panel_block], static_cast<uint8_t>(info.l1_bits));
+        // The int16 path's scale: 2^(S - 127 - F + low_bit) for the shifted integers.
+        const BlockScales shifted =
+            ScalesOf(scale_byte, table.fraction_bits - info.low_bit, info.all_zero);
+        if (shifted.counts && info.span_bits <= kShiftedI16Bits) p.range.Add(shifted.exponent);
+        p.scale[at] = static_cast<float>(shifted.fast);
+        block_low_bit[b] = info.low_bit;
+        block_narrow[b] = info.span_bits <= kShiftedI16Bits;
+      } else {
+        if (s.counts) p.range.Add(s.exponent);
+        p.scale[at] = static_cast<float>(s.fast);
+      }
     }
     // All of K padded: a client may pack non-zero codes into a short block's
     // padding, and the reference multiplies them too.
@@ -391,6 +426,10 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
           break;
         default:  // kMxF64
           p.f16[pair_index(n, k, 1)] = FloatToFp16(table.value[code]);
+          if (block_narrow[k / kBlockSize]) {
+            p.i16[pair_index(n, k, 2)] =
+                static_cast<int16_t>(table.fixed[code] >> block_low_bit[k / kBlockSize]);
+          }
           break;
       }
     }
@@ -523,7 +562,9 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       break;
     default:
       d.f64.assign(x.rows * kp, 0.0);
+      d.i16.assign(x.rows * kp, 0);
       d.span_bits.assign(x.rows * d.blocks, 0);
+      d.l1_bits.assign(x.rows * d.blocks, 0);
       break;
   }
   d.scale.assign(x.rows * d.blocks, 0.0f);
@@ -546,6 +587,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     double* const scale_d = d.scale_d.data();
     int32_t* const block_offset = d.block_offset.data();
     uint8_t* const span_bits = d.span_bits.data();
+    uint8_t* const l1_bits = d.l1_bits.data();
     const int64_t* const fixed = table.fixed.data();
     const float* const value = table.value.data();
     const int64_t blocks = d.blocks;
@@ -559,9 +601,18 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
         facts.max_span_bits = std::max(facts.max_span_bits, info.span_bits);
         const int64_t at_block = r * blocks + b;
         const BlockScales s = ScalesOf(x.block_scales[at_block], fraction_bits, info.all_zero);
-        if (s.counts) facts.range.Add(s.exponent);
-        scale[at_block] = static_cast<float>(s.fast);
         scale_d[at_block] = s.wide;
+        if (kind == Kind::kMxF64) {  // the int16 path's scale, as in PackPanels
+          const BlockScales shifted = ScalesOf(
+              x.block_scales[at_block], table.fraction_bits - info.low_bit, info.all_zero);
+          if (shifted.counts && info.span_bits <= kShiftedI16Bits) {
+            facts.range.Add(shifted.exponent);
+          }
+          scale[at_block] = static_cast<float>(shifted.fast);
+        } else {
+          if (s.counts) facts.range.Add(s.exponent);
+          scale[at_block] = static_cast<float>(s.fast);
+        }
         const int64_t at = r * kp + b * kBlockSize;
         if (kind == Kind::kMxI8) {
           int32_t sum = 0;
@@ -576,6 +627,12 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
         } else {
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);
+          l1_bits[at_block] = static_cast<uint8_t>(info.l1_bits);
+          if (info.span_bits <= kShiftedI16Bits) {
+            for (int i = 0; i < kBlockSize; ++i) {
+              i16[at + i] = static_cast<int16_t>(fixed[block[i]] >> info.low_bit);
+            }
+          }
         }
       }
     }

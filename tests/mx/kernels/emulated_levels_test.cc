@@ -30,7 +30,7 @@ struct Level {
 };
 
 const Level& Avx512Level() {
-  static const Level level{{internal::Avx512TileEmulated, "avx512-simde", internal::kMaxTileRows},
+  static const Level level{{internal::Avx512TileEmulated, "avx512-simde", internal::kAvx512TileRows},
                            Isa::kAvx512};
   return level;
 }
@@ -162,6 +162,20 @@ TEST_P(EmulatedLevel, WideE5m2BlocksAreRedoneExactly) {
     // 31 bits of X's block with E5M2's or E4M3's widest (31, 17): both pairs
     // pass 53 bits.
     EXPECT_EQ(name, Expected(internal::Kind::kMxF64) + "+exact_wide") << what;
+  }
+}
+
+// kMxF64's int16 path at and past its bounds (Int16Bounds): rows of a tile split
+// between int16 and FP64, whole tiles in FP64, E4M3 and E5M2.
+TEST_P(EmulatedLevel, MxFp8Int16PathBounds) {
+  ThreadPool pool(2);
+  for (Format xf : {Format::kMxfp8E4m3, Format::kMxfp8E5m2}) {
+    for (Format wf : {Format::kMxfp8E4m3, Format::kMxfp8E5m2}) {
+      const Int16BoundsCase c = Int16Bounds(xf, wf);
+      const std::string what = absl::StrCat(FormatName(xf), " x ", FormatName(wf));
+      const std::string name = Run(c.x, c.w, c.bias, what, &pool);
+      EXPECT_EQ(name.substr(0, name.find('+')), Expected(internal::Kind::kMxF64)) << what;
+    }
   }
 }
 

@@ -201,6 +201,65 @@ TEST_P(LinearAtIsa, WideE5m2BlocksAmongOrdinaryOnes) {
   }
 }
 
+// kMxF64's int16 path at and past its bounds (Int16Bounds), for E4M3 and E5M2 on
+// either side, M = 19 (two avx512 tiles of 8 and one of 3) and two threads.
+TEST_P(LinearAtIsa, MxFp8Int16PathBoundsMatchReference) {
+  ThreadPool pool(2);
+  for (Format xf : {Format::kMxfp8E4m3, Format::kMxfp8E5m2}) {
+    for (Format wf : {Format::kMxfp8E4m3, Format::kMxfp8E5m2}) {
+      const Int16BoundsCase c = Int16Bounds(xf, wf);
+      const std::string what = absl::StrCat(FormatName(xf), " x ", FormatName(wf));
+      KernelInfo info;
+      ExpectSameAsReference(c.x, c.w, c.bias, GetParam(), what, &pool, &info);
+      EXPECT_EQ(info.name.substr(0, info.name.find('+')),
+                KernelNameFor(xf, wf, GetParam()))
+          << what;
+    }
+  }
+}
+
+// The planted heavy pair really is past int32: the shifted integers' dot of an
+// E4M3 heavy row and heavy column exceeds 2^31, and ShiftedPairFits says no; the
+// Gaussian blocks beside them fit.
+TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
+  const Int16BoundsCase c = Int16Bounds(Format::kMxfp8E4m3, Format::kMxfp8E4m3);
+  const internal::CodeTable& table = internal::Codes(Format::kMxfp8E4m3);
+  const auto block = [&](const QuantizedMatrix& m, int64_t row, int64_t b) {
+    const uint8_t* codes = m.elements.data() + row * RowBytes(m.format, m.cols) + b * kBlockSize;
+    const internal::BlockInfo info = internal::InspectBlock(table, codes);
+    std::vector<int64_t> shifted(kBlockSize);
+    for (int i = 0; i < kBlockSize; ++i) shifted[i] = table.fixed[codes[i]] >> info.low_bit;
+    return std::pair{info, shifted};
+  };
+  const auto [xi, xs] = block(c.x, c.heavy_rows[0], 1);
+  const auto [wi, ws] = block(c.w, c.heavy_cols[0], 1);
+  EXPECT_EQ(xi.span_bits, 15);
+  EXPECT_EQ(wi.span_bits, 15);
+  int64_t dot = 0;
+  for (int i = 0; i < kBlockSize; ++i) dot += xs[i] * ws[i];
+  EXPECT_GT(dot, int64_t{1} << 31);
+  EXPECT_FALSE(internal::ShiftedPairFits(xi.span_bits, xi.l1_bits, wi.span_bits, wi.l1_bits));
+  const auto [gx, unused_x] = block(c.x, 1, 0);
+  const auto [gw, unused_w] = block(c.w, 1, 0);
+  EXPECT_TRUE(internal::ShiftedPairFits(gx.span_bits, gx.l1_bits, gw.span_bits, gw.l1_bits));
+  const auto [tiny, unused_t] = block(c.x, 0, 3);  // 448 among 2^-6: span 15, L1 2^15 + 31·1
+  EXPECT_EQ(tiny.span_bits, 15);
+  EXPECT_EQ(tiny.l1_bits, 15);
+  const auto [wide, unused_d] = block(c.w, 9, 2);  // 448 beside 2^-9
+  EXPECT_EQ(wide.span_bits, 18);
+}
+
+// The bound itself: int16 on each side, then the smaller of the two
+// max-times-L1 bounds at most 2^31.
+TEST(Int16PathTest, ShiftedPairFitsKnownAnswers) {
+  EXPECT_TRUE(internal::ShiftedPairFits(0, 0, 0, 0));      // zero blocks
+  EXPECT_TRUE(internal::ShiftedPairFits(15, 16, 15, 16));  // 2^15 · 2^16 = 2^31
+  EXPECT_FALSE(internal::ShiftedPairFits(15, 17, 15, 17));
+  EXPECT_TRUE(internal::ShiftedPairFits(15, 20, 10, 16));  // 15 + 16 on one side
+  EXPECT_FALSE(internal::ShiftedPairFits(16, 16, 1, 1));   // not int16
+  EXPECT_FALSE(internal::ShiftedPairFits(1, 1, 16, 16));
+}
+
 // Which kernel runs: the best level at or below the one asked for that has the
 // kind (kHasKernel: scalar and avx2 have every kind, avx512 and amx some),
 // unless the fast epilogue would round differently (extreme scales), then the

@@ -72,6 +72,45 @@ inline QuantizedMatrix Quantize(const std::vector<float>& v, int64_t rows, int64
   return QuantizeRows(v, rows, cols, f).value();
 }
 
+// Operands for kMxF64's int16 path (gemm_internal.h) at and past its bounds, on a
+// ragged shape with bias: Gaussian blocks (the int16 path) among planted ones —
+// rows of X whose block is 31 × 448 and one 2^-6 (span 15, but the pair with a
+// like block of W has |Σ x'w'| > 2^31: int32 would wrap, so FP64 must take it),
+// W rows with a subnormal beside 448 (span 18, too wide for int16: the whole
+// tile goes to FP64), and blocks holding one large element and tiny ones (span
+// 15 but a small L1 norm: still the int16 path). `heavy_rows` / `heavy_cols`
+// say where the 448 blocks are (block 1).
+struct Int16BoundsCase {
+  QuantizedMatrix x, w;
+  std::vector<float> bias;
+  std::vector<int64_t> heavy_rows = {3, 12, 13}, heavy_cols = {5, 20};
+};
+inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
+  const int64_t m = 19, n = 37, k = 150;
+  std::vector<float> xv = Gaussian(m * k, 61), wv = Gaussian(n * k, 62);
+  Int16BoundsCase c;
+  const auto heavy = [&](std::vector<float>& v, int64_t row) {
+    std::fill_n(v.begin() + row * k + 32, 32, 448.0f);
+    v[row * k + 32 + 7] = 0x1p-6f;
+  };
+  for (int64_t i : c.heavy_rows) heavy(xv, i);
+  for (int64_t j : c.heavy_cols) heavy(wv, j);
+  for (int64_t j : {9, 31}) {  // block 2: span 18
+    wv[j * k + 64] = 448.0f;
+    wv[j * k + 65] = 0x1p-9f;
+  }
+  for (int64_t r : {0, 7, 18}) {  // block 3: one large element, the rest tiny
+    std::fill_n(xv.begin() + r * k + 96, 32, 0x1p-6f);
+    xv[r * k + 100] = -448.0f;
+    std::fill_n(wv.begin() + (r + 2) * k + 96, 32, -0x1p-6f);
+    wv[(r + 2) * k + 101] = 448.0f;
+  }
+  c.x = Quantize(xv, m, k, x_format);
+  c.w = Quantize(wv, n, k, w_format);
+  c.bias = Gaussian(n, 63);
+  return c;
+}
+
 // The kernel table (internal::kHasKernel) against a level's tile function: for
 // ordinary operands (Gaussian values, scales the fast epilogue takes) of every
 // pair of formats, hence every kind and every layout of it (MXFP4 nibbles, FP16
@@ -98,7 +137,7 @@ inline void ExpectTileFunctionMatchesTheTable(
           .y = nullptr,
           .x_format = tx.format,
           .n = n,
-          .fast_scales = internal::FastScalesOk(decoded.range, panels->range)};
+          .fast_scales = internal::FastScalesOk(decoded, *panels)};
       const std::string pair =
           absl::StrCat(what, ": ", tx.name, " x ", tw.name, " (", internal::KindName(kind), ")");
       ASSERT_TRUE(problem.fast_scales) << pair << ": not ordinary operands";

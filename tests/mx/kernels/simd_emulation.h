@@ -57,6 +57,23 @@ inline __m256 CvtpdPs(__m512d a) {
   return _mm256_loadu_ps(out);
 }
 
+// Masked loads and stores (SIMDe 0.7 has neither): only the lanes in the mask
+// are read or written, as the hardware's, which never touches the others.
+inline __m512 MaskzLoaduPs(uint16_t mask, const void* p) {
+  float lanes[16] = {};
+  for (int i = 0; i < 16; ++i) {
+    if (mask >> i & 1) std::memcpy(&lanes[i], static_cast<const float*>(p) + i, 4);
+  }
+  return _mm512_loadu_ps(lanes);
+}
+inline void MaskStoreuPs(void* p, uint16_t mask, __m512 v) {
+  float lanes[16];
+  _mm512_storeu_ps(lanes, v);
+  for (int i = 0; i < 16; ++i) {
+    if (mask >> i & 1) std::memcpy(static_cast<float*>(p) + i, &lanes[i], 4);
+  }
+}
+
 // AMX: eight tile registers of up to 16 rows × 64 bytes per thread, shaped by
 // the 64-byte configuration (palette 1: colsb[i] at bytes 16 + 2i, rows[i] at
 // byte 48 + i), with the semantics of the Intel SDM for the instructions below.
@@ -124,6 +141,8 @@ inline void TileDpbsud(int c, int a, int b) {
 #define _mm512_cvtph_ps mx::kernels::emulated::CvtphPs
 #define _mm512_cvtps_pd mx::kernels::emulated::CvtpsPd
 #define _mm512_cvtpd_ps mx::kernels::emulated::CvtpdPs
+#define _mm512_maskz_loadu_ps mx::kernels::emulated::MaskzLoaduPs
+#define _mm512_mask_storeu_ps mx::kernels::emulated::MaskStoreuPs
 #define _tile_loadconfig(config) mx::kernels::emulated::TileLoadConfig(config)
 #define _tile_release() mx::kernels::emulated::TileRelease()
 #define _tile_zero(t) mx::kernels::emulated::TileZero(t)
