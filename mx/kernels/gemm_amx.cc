@@ -12,7 +12,7 @@
 // epilogue, not the multiply, bounds this kernel.
 //
 // Other kinds run the best level below that has them (kHasKernel in
-// gemm_internal.h: avx512 for kMxI16 and kF32, avx2 for kMxF64 and kInt8).
+// gemm_internal.h: avx512 for all but kNvI8, which runs avx2).
 //
 // Tests compile this file against an AMX emulation and SIMDe
 // (tests/mx/kernels/simd_emulation.h); the entry point is then AmxTileEmulated.

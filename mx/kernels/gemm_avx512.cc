@@ -11,7 +11,7 @@
 // the sum over blocks runs in ascending block order, as everywhere.
 //
 // kMxF64 (pairs with MXFP8) runs its narrow blocks as shifted int16 through
-// vpdpwssd and the rest as FP64 FMAs (MxF64Tile below); kInt8 the int16 pairs
+// vpdpwssd and the rest as FP64 FMAs (MxF64ShiftedTile below); kInt8 the int16 pairs
 // of its packing through vpdpwssd over the whole K. The
 // table of which kinds each level has is kHasKernel (gemm_internal.h), and the
 // tests check that it and Avx512Tile below agree.
@@ -29,7 +29,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "mx/kernels/gemm_internal.h"
 
@@ -265,13 +264,11 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   constexpr unsigned kAllRows = (1u << MR) - 1;
-  thread_local std::vector<uint8_t> fp64_rows;  // per block, bit r: row r takes FP64
-  struct alignas(64) Result {  // one row's block result (std::vector<__m512> drops the alignment)
-    float lanes[kPanel];
-  };
-  thread_local std::vector<Result> fp64_results;
-  fp64_rows.assign(x.blocks, 0);
-  fp64_results.clear();
+  // Per block, bit r: row r takes FP64; and those rows' block results, 16 floats
+  // each, in (block, row) order: at most every row of every block.
+  uint8_t* const fp64_rows = ScratchBytes(x.blocks);
+  float* const fp64_results = ScratchFloats(x.blocks * MR * kPanel);
+  float* result = fp64_results;
   for (int64_t b = 0; b < x.blocks; ++b) {
     const int64_t pb = panel * x.blocks + b;
     const int w_span = w.panel_span[pb], w_l1 = w.panel_l1[pb];
@@ -288,27 +285,28 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
     if (rows == kAllRows) {
       __m512 block[MR];
       MxF64Block<MR>(p, row0, panel, b, block);
-      for (int r = 0; r < MR; ++r) _mm512_store_ps(fp64_results.emplace_back().lanes, block[r]);
+      for (int r = 0; r < MR; ++r, result += kPanel) _mm512_storeu_ps(result, block[r]);
     } else {
       for (int r = 0; r < MR; ++r) {
         if (rows >> r & 1) {
           __m512 block[1];
           MxF64Block<1>(p, row0 + r, panel, b, block);
-          _mm512_store_ps(fp64_results.emplace_back().lanes, block[0]);
+          _mm512_storeu_ps(result, block[0]);
+          result += kPanel;
         }
       }
     }
   }
 
   const int16_t* wi = w.i16.data() + panel * x.k_padded * kPanel;
-  const Result* next = fp64_results.data();
+  const float* next = fp64_results;
   const Out out(p, panel);
   __m512 y[MR];
   for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   for (int64_t b = 0; b < x.blocks; ++b) {
     const unsigned rows = fp64_rows[b];
     if (rows == kAllRows) {
-      for (int r = 0; r < MR; ++r) y[r] = _mm512_add_ps(y[r], _mm512_load_ps(next++->lanes));
+      for (int r = 0; r < MR; ++r, next += kPanel) y[r] = _mm512_add_ps(y[r], _mm512_loadu_ps(next));
       continue;
     }
     __m512i acc[MR];
@@ -316,8 +314,12 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
     I16Pairs<MR>(x, wi, row0, b * 16, b * 16 + 16, acc);
     const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
     for (int r = 0; r < MR; ++r) {
-      y[r] = rows >> r & 1 ? _mm512_add_ps(y[r], _mm512_load_ps(next++->lanes))
-                           : FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
+      if (rows >> r & 1) {
+        y[r] = _mm512_add_ps(y[r], _mm512_loadu_ps(next));
+        next += kPanel;
+      } else {
+        y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
+      }
     }
   }
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);

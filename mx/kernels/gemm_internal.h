@@ -39,9 +39,10 @@
 //
 // Block result (contract step 1): dot · 2^(ex + ew) rounded once to FP32, with
 // ex = scale_x − 127 − F_x (F = the format's fraction bits) and likewise ew.
-//   fast  (avx2 kinds kMxI8/kMxI16): t = float(dot) · 2^ex, y = fma(t, 2^ew, y).
-//         Exact only while every scale keeps t and t·2^ew normal; the driver
-//         checks the exponent ranges of both operands first (FastScalesOk).
+//   fast  (kMxI8/kMxI16, and kMxF64's int16 path at avx512): t = float(dot) ·
+//         2^ex, y = fma(t, 2^ew, y). Exact only while every scale keeps t and
+//         t·2^ew normal; the driver checks the exponent ranges of both operands
+//         first (FastScalesOk).
 //   wide  (scalar, kMxF64): float(double(dot) · 2^ex · 2^ew): the product is
 //         exact in FP64 and the conversion is the one rounding, subnormals and
 //         overflow included.
@@ -187,7 +188,7 @@ struct Problem {
   float* y;           // M × N row-major
   Format x_format;
   int64_t n;
-  bool fast_scales;   // the fast epilogue is exact for this pair (kMxI8/kMxI16)
+  bool fast_scales;   // the fast epilogue is exact for this pair (kMxI8/kMxI16, kMxF64's int16)
 };
 
 inline constexpr int kMaxTileRows = 4;
@@ -296,6 +297,14 @@ static_assert(
       return true;
     }(),
     "the scalar level has every kind: the last resort of the driver");
+
+// This thread's scratch for tile kernels that need more than registers (kMxF64's
+// FP64 block results), at least `count` elements, valid until this thread's next
+// call for the same type. Defined in linear.cc, baseline code: a SIMD file that
+// instantiated std::vector itself would define weak symbols the linker could
+// share with the scalar level (tests/mx/kernels/isa_objects_test.sh).
+uint8_t* ScratchBytes(size_t count);
+float* ScratchFloats(size_t count);
 
 // Rows a tile function of `level` takes per call.
 constexpr int TileRows(Isa level) {

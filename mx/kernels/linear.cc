@@ -18,7 +18,7 @@ namespace {
 
 using internal::Kind;
 
-// Rows of X per task: 64 tiles of 4. A task walks its rows against one panel of
+// Rows of X per task: 64 tiles of 4 (32 of 8 at avx512). A task walks its rows against one panel of
 // W, which stays in L1 meanwhile; X's rows stay in L2 across panels.
 constexpr int64_t kRowsPerTask = 256;
 
@@ -126,7 +126,28 @@ void RedoWideOutputs(const internal::Problem& p, int64_t first, int64_t end, int
   }
 }
 
+struct Scratch {
+  std::vector<uint8_t> bytes;
+  std::vector<float> floats;
+};
+Scratch& ThisThreadsScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
 }  // namespace
+
+uint8_t* internal::ScratchBytes(size_t count) {
+  std::vector<uint8_t>& v = ThisThreadsScratch().bytes;
+  if (v.size() < count) v.resize(count);
+  return v.data();
+}
+
+float* internal::ScratchFloats(size_t count) {
+  std::vector<float>& v = ThisThreadsScratch().floats;
+  if (v.size() < count) v.resize(count);
+  return v.data();
+}
 
 bool internal::HasKernel(Isa level, Kind kind) {
   return kHasKernel[static_cast<int>(kind)][static_cast<int>(level)];

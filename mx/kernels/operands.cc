@@ -142,7 +142,7 @@ void UnpackCodes(Format format, const uint8_t* row, int64_t blocks, uint8_t* cod
 
 BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes) {
   BlockInfo info;
-  uint64_t any = 0, largest = 0, sum = 0;  // 32 magnitudes below 2^33: no overflow
+  uint64_t any = 0, largest = 0, sum = 0;  // 32 magnitudes below 2^32: no overflow
   for (int i = 0; i < kBlockSize; ++i) {
     info.special |= table.special[codes[i]];
     const uint64_t magnitude = static_cast<uint64_t>(std::abs(table.fixed[codes[i]]));

@@ -179,6 +179,13 @@ TEST_P(EmulatedLevel, MxFp8Int16PathBounds) {
   }
 }
 
+// Shifted scales past the int16 path's fast-epilogue limit: the FP64-only tiles.
+TEST_P(EmulatedLevel, MxFp8HugeShiftedScales) {
+  const auto [x, w] = HugeShiftedScales(Format::kMxfp8E4m3, Format::kMxfp8E4m3);
+  const std::string name = Run(x, w, {}, "huge shifted scales");
+  EXPECT_EQ(name, Expected(internal::Kind::kMxF64));
+}
+
 // MXINT8 W against MXFP4 X: the widest kMxI8 bytes (w + 127 up to 254), where the
 // avx2 kernel needs int16 groups and these do not. NaN and all-zero blocks, and
 // two threads (AMX tile state is per thread).

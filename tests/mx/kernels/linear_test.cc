@@ -218,8 +218,9 @@ TEST_P(LinearAtIsa, MxFp8Int16PathBoundsMatchReference) {
   }
 }
 
-// The planted heavy pair really is past int32: the shifted integers' dot of an
-// E4M3 heavy row and heavy column exceeds 2^31, and ShiftedPairFits says no; the
+// The planted heavy pair really is past int32: its bound is 2^32, one bit over,
+// the shifted integers' dot of an E4M3 heavy row and heavy column exceeds 2^31,
+// and ShiftedPairFits says no (a bound one bit looser would wrap int32 here); the
 // Gaussian blocks beside them fit.
 TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
   const Int16BoundsCase c = Int16Bounds(Format::kMxfp8E4m3, Format::kMxfp8E4m3);
@@ -235,6 +236,8 @@ TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
   const auto [wi, ws] = block(c.w, c.heavy_cols[0], 1);
   EXPECT_EQ(xi.span_bits, 15);
   EXPECT_EQ(wi.span_bits, 15);
+  EXPECT_EQ(xi.l1_bits, 17);  // 4 · 28672 + 1
+  EXPECT_EQ(wi.l1_bits, 17);
   int64_t dot = 0;
   for (int i = 0; i < kBlockSize; ++i) dot += xs[i] * ws[i];
   EXPECT_GT(dot, int64_t{1} << 31);
@@ -242,11 +245,23 @@ TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
   const auto [gx, unused_x] = block(c.x, 1, 0);
   const auto [gw, unused_w] = block(c.w, 1, 0);
   EXPECT_TRUE(internal::ShiftedPairFits(gx.span_bits, gx.l1_bits, gw.span_bits, gw.l1_bits));
-  const auto [tiny, unused_t] = block(c.x, 0, 3);  // 448 among 2^-6: span 15, L1 2^15 + 31·1
+  const auto [tiny, unused_t] = block(c.x, 0, 3);  // 448 among 2^-6: span 15, L1 28672 + 31
   EXPECT_EQ(tiny.span_bits, 15);
   EXPECT_EQ(tiny.l1_bits, 15);
   const auto [wide, unused_d] = block(c.w, 9, 2);  // 448 beside 2^-9
   EXPECT_EQ(wide.span_bits, 18);
+}
+
+// Shifted scales past the int16 path's fast-epilogue limit (HugeShiftedScales):
+// the call runs the FP64 tiles and keeps the reference's finite results.
+TEST_P(LinearAtIsa, MxFp8HugeShiftedScalesMatchReference) {
+  for (Format xf : {Format::kMxfp8E4m3, Format::kMxfp8E5m2}) {
+    const auto [x, w] = HugeShiftedScales(xf, Format::kMxfp8E4m3);
+    ExpectSameAsReference(x, w, {}, GetParam(), absl::StrCat(FormatName(xf), " huge scales"));
+    const std::vector<float> y = ReferenceLinear(x, w).value();
+    EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float v) { return std::isfinite(v); }));
+    EXPECT_EQ(y[0], 12544.0f);  // 448 · 2^106 · 448 · 2^-110, where float(dot) · 2^100 is Inf
+  }
 }
 
 // The bound itself: int16 on each side, then the smaller of the two

@@ -74,12 +74,13 @@ inline QuantizedMatrix Quantize(const std::vector<float>& v, int64_t rows, int64
 
 // Operands for kMxF64's int16 path (gemm_internal.h) at and past its bounds, on a
 // ragged shape with bias: Gaussian blocks (the int16 path) among planted ones —
-// rows of X whose block is 31 × 448 and one 2^-6 (span 15, but the pair with a
-// like block of W has |Σ x'w'| > 2^31: int32 would wrap, so FP64 must take it),
-// W rows with a subnormal beside 448 (span 18, too wide for int16: the whole
-// tile goes to FP64), and blocks holding one large element and tiny ones (span
-// 15 but a small L1 norm: still the int16 path). `heavy_rows` / `heavy_cols`
-// say where the 448 blocks are (block 1).
+// rows of X whose block holds four 448s and one 2^-6 (span 15, L1 17 bits: the
+// bound is 2^32, one bit past int32, and the pair with a like block of W really
+// has Σ x'w' > 2^31, so FP64 must take it), W rows with a subnormal beside 448
+// (span 18, too wide for int16: the whole tile goes to FP64), blocks holding one
+// large element and tiny ones (span 15, L1 15 bits: still int16), a NaN block
+// and an all-zero block. `heavy_rows` / `heavy_cols` say where the 448 blocks
+// are (block 1).
 struct Int16BoundsCase {
   QuantizedMatrix x, w;
   std::vector<float> bias;
@@ -90,7 +91,8 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
   std::vector<float> xv = Gaussian(m * k, 61), wv = Gaussian(n * k, 62);
   Int16BoundsCase c;
   const auto heavy = [&](std::vector<float>& v, int64_t row) {
-    std::fill_n(v.begin() + row * k + 32, 32, 448.0f);
+    std::fill_n(v.begin() + row * k + 32, 32, 0.0f);
+    std::fill_n(v.begin() + row * k + 32, 4, 448.0f);
     v[row * k + 32 + 7] = 0x1p-6f;
   };
   for (int64_t i : c.heavy_rows) heavy(xv, i);
@@ -105,10 +107,32 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
     std::fill_n(wv.begin() + (r + 2) * k + 96, 32, -0x1p-6f);
     wv[(r + 2) * k + 101] = 448.0f;
   }
+  xv[6 * k + 70] = std::nanf("");                     // X row 6, block 2: NaN scale
+  std::fill_n(wv.begin() + 11 * k + 32, 32, 0.0f);    // W row 11, block 1: all zero
   c.x = Quantize(xv, m, k, x_format);
   c.w = Quantize(wv, n, k, w_format);
   c.bias = Gaussian(n, 63);
   return c;
+}
+
+// Operands at the edge of the int16 path's fast epilogue: X's blocks near 2^114
+// (shifted exponent 100: within the 23-bit-dot kinds' limit of 104, past the
+// 31-bit dots' 96), W's near 2^-102, so the results are ordinary floats but
+// float(dot) · 2^100 would overflow. FastScalesOk must send the call to the FP64
+// tiles.
+inline std::pair<QuantizedMatrix, QuantizedMatrix> HugeShiftedScales(Format x_format,
+                                                                     Format w_format) {
+  const int64_t m = 9, n = 17, k = 64;
+  std::vector<float> xv(m * k, 0.0f), wv(n * k, 0.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    xv[i * k + 32] = 448.0f * 0x1p106f;
+    xv[i * k + 33 + i % 5] = 0x1p100f;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    wv[j * k + 32] = 448.0f * 0x1p-110f;
+    wv[j * k + 34 + j % 7] = -0x1p-116f;
+  }
+  return {Quantize(xv, m, k, x_format), Quantize(wv, n, k, w_format)};
 }
 
 // The kernel table (internal::kHasKernel) against a level's tile function: for
