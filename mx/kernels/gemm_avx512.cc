@@ -11,8 +11,8 @@
 // the sum over blocks runs in ascending block order, as everywhere.
 //
 // kMxF64 (pairs with MXFP8) runs its narrow blocks as shifted int16 through
-// vpdpwssd and the rest as FP64 FMAs (MxF64ShiftedTile below); kInt8 the int16 pairs
-// of its packing through vpdpwssd over the whole K. The
+// vpdpwssd and the rest as FP64 FMAs (MxF64ShiftedTile below); kInt8 and
+// MXINT8 × MXINT8 the u8 copy of W (w + 128) through vpdpbusd. The
 // table of which kinds each level has is kHasKernel (gemm_internal.h), and the
 // tests check that it and Avx512Tile below agree.
 //
@@ -160,19 +160,26 @@ void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
-// INT8: the whole K in int32 (vpdpwssd on the int16 pairs; exact: the driver
-// caps K at 2^17), then (float(dot) · scale_x) · scale_w, then the bias, in the
-// reference's order (no fused multiply-add).
+// INT8: the whole K in int32 — vpdpbusd on W's u8 copy (w + 128) and X's bytes,
+// from −128 · Σ x, four products per lane per instruction; exact: the true dot
+// fits int32 (the driver caps K) and the wrapping sums in between cancel — then
+// (float(dot) · scale_x) · scale_w, then the bias, in the reference's order (no
+// fused multiply-add).
 template <int MR>
 void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
-  const int16_t* wp = w.i16.data() + panel * kp * kPanel;
+  const uint8_t* wp = w.u8.data() + panel * kp * kPanel;
   const Out out(p, panel);
   __m512i acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-  I16Pairs<MR>(x, wp, row0, 0, kp / 2, acc);
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_set1_epi32(x.block_offset[row0 + r]);
+  for (int64_t group = 0; group < kp / 4; ++group) {
+    const __m512i wv = _mm512_loadu_si512(wp + group * 4 * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      acc[r] = Dpbusd(acc[r], wv, Broadcast32(x.i8.data() + (row0 + r) * kp + group * 4));
+    }
+  }
   const __m512 ws = _mm512_loadu_ps(w.scale.data() + panel * kPanel);
   for (int r = 0; r < MR; ++r) {
     __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x.scale[row0 + r]));
@@ -367,7 +374,10 @@ TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
       if (!p.fast_scales) return nullptr;
       return p.w->nibbles ? MX_BY_ROWS_8(MxI8Tile, true) : MX_BY_ROWS_8(MxI8Tile, false);
     case Kind::kMxI16:
-      return p.fast_scales ? MX_BY_ROWS_8(MxI16Tile) : nullptr;
+      if (!p.fast_scales) return nullptr;
+      // MXINT8 × MXINT8: the u8/i8 copies through kMxI8's vpdpbusd tile.
+      return !p.x->i8.empty() && !p.w->u8.empty() ? MX_BY_ROWS_8(MxI8Tile, false)
+                                                  : MX_BY_ROWS_8(MxI16Tile);
     case Kind::kF32:
       switch (p.w->float_store) {
         case Format::kFp16:

@@ -111,8 +111,9 @@ constexpr bool ShiftedPairFits(int x_span, int x_l1, int w_span, int w_l1) {
 //           k % 4) holding the 4-bit codes of groups 2q (low nibble) and 2q + 1
 //           (high nibble); nibble_lut turns a code into w + offset, so a
 //           vpshufb gives the kernel the same bytes as the wide layout
-//   kMxI16  i16 [p][k/2][16][2]
-//   kInt8   i16 [p][k/2][16][2]
+//   kMxI16  i16 [p][k/2][16][2]; MXINT8 W also u8 [p][k/4][16][4] w + 128
+//   kInt8   i16 [p][k/2][16][2] and u8 [p][k/4][16][4] w + 128 (kU8Offset,
+//           operands.h: for vpdpbusd at avx512)
 //   kMxF64  u16 [p][k][16]        FP16 bits of the element's value (exact),
 //           and i16 [p][k/2][16][2]: the block's fixed-point elements shifted
 //           right by the block's lowest set bit where the block spans at most
@@ -159,7 +160,8 @@ struct WeightPanels {
 };
 
 // X decoded for one kind: row-major rows × k_padded, padding zero.
-//   kMxI8/kNvI8 i8, kMxI16/kInt8 i16, kMxF64 f64 (element values) and i16 (the
+//   kMxI8/kNvI8 i8, kMxI16/kInt8 i16 (and i8 with block_offset where W has
+//   the u8 copy: kInt8, MXINT8 × MXINT8), kMxF64 f64 (element values) and i16 (the
 //   shifted integers of blocks spanning at most kShiftedI16Bits, as W's), kF32 f32.
 // Scales [row][block] for MX kinds (as in WeightPanels), [row] for kInt8.
 struct DecodedX {
@@ -171,7 +173,7 @@ struct DecodedX {
   std::vector<float> f32;
   std::vector<float> scale;
   std::vector<double> scale_d;
-  std::vector<int32_t> block_offset;  // kMxI8, kNvI8: −offset_w · Σ x over the block
+  std::vector<int32_t> block_offset;  // kMxI8, kNvI8 (and i8 copies): −offset_w · Σ x over the block (kInt8: the row)
   std::vector<float> tensor_scale;    // kNvI8: X's row scales
   ScaleRange range;
   bool has_special = false;

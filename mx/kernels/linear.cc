@@ -22,8 +22,9 @@ using internal::Kind;
 // W, which stays in L1 meanwhile; X's rows stay in L2 across panels.
 constexpr int64_t kRowsPerTask = 256;
 
-// INT8 sums over all of K in int32: 127 · 127 · K must stay below 2^31.
-constexpr int64_t kMaxInt8K = int64_t{1} << 17;
+// INT8 sums over all of K in int32: 128 · 128 · K (a client may pack −128) must
+// stay below 2^31.
+constexpr int64_t kMaxInt8K = ((int64_t{1} << 31) - 1) / (128 * 128);
 
 absl::Status CheckArguments(const QuantizedMatrix& x, const PackedWeight& w,
                             std::span<const float> bias, size_t y_size) {

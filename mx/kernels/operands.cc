@@ -315,6 +315,12 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
     case Kind::kMxI16:
     case Kind::kInt8:
       p.i16.assign(lanes * kp, 0);
+      // INT8 and MXINT8 W also as u8 w + 128 in kMxI8's layout, for vpdpbusd
+      // (avx512): twice the products per instruction of the int16 pairs.
+      if (HasU8Copy(kind, w.format)) {
+        p.i8_offset = kU8Offset;
+        p.u8.assign(lanes * kp, static_cast<uint8_t>(kU8Offset));
+      }
       break;
     case Kind::kMxF64:
       p.f16.assign(lanes * kp, 0);
@@ -360,7 +366,9 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
     for (int64_t n = 0; n < w.rows; ++n) {
       p.scale[n] = w.row_scales[n];
       for (int64_t k = 0; k < w.cols; ++k) {
-        p.i16[pair_index(n, k, 2)] = static_cast<int8_t>(w.elements[n * w.cols + k]);
+        const int8_t v = static_cast<int8_t>(w.elements[n * w.cols + k]);
+        p.i16[pair_index(n, k, 2)] = v;
+        p.u8[pair_index(n, k, 4)] = static_cast<uint8_t>(v + kU8Offset);
       }
     }
     return out;
@@ -423,6 +431,9 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
           break;
         case Kind::kMxI16:
           p.i16[pair_index(n, k, 2)] = static_cast<int16_t>(table.fixed[code]);
+          if (!p.u8.empty()) {
+            p.u8[pair_index(n, k, 4)] = static_cast<uint8_t>(table.fixed[code] + kU8Offset);
+          }
           break;
         default:  // kMxF64
           p.f16[pair_index(n, k, 1)] = FloatToFp16(table.value[code]);
@@ -542,11 +553,18 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   }
   if (kind == Kind::kInt8) {
     d.i16.assign(x.rows * kp, 0);
+    d.i8.assign(x.rows * kp, 0);
+    d.block_offset.assign(x.rows, 0);  // one "block", all of K: −128 · Σ x
     d.scale = x.row_scales;
     for (int64_t r = 0; r < x.rows; ++r) {
+      int32_t sum = 0;  // |Σ x| <= 128 · 2^17: the driver caps K
       for (int64_t c = 0; c < x.cols; ++c) {
-        d.i16[r * kp + c] = static_cast<int8_t>(x.elements[r * x.cols + c]);
+        const int8_t v = static_cast<int8_t>(x.elements[r * x.cols + c]);
+        d.i16[r * kp + c] = v;
+        d.i8[r * kp + c] = v;
+        sum += v;
       }
+      d.block_offset[r] = -kU8Offset * sum;
     }
     return d;
   }
@@ -559,6 +577,10 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       break;
     case Kind::kMxI16:
       d.i16.assign(x.rows * kp, 0);
+      if (HasU8Copy(kind, x.format) && HasU8Copy(kind, w_format)) {  // W has u8 w + 128
+        d.i8.assign(x.rows * kp, 0);
+        d.block_offset.assign(x.rows * d.blocks, 0);
+      }
       break;
     default:
       d.f64.assign(x.rows * kp, 0.0);
@@ -569,7 +591,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   }
   d.scale.assign(x.rows * d.blocks, 0.0f);
   d.scale_d.assign(x.rows * d.blocks, 0.0);
-  const int offset = kind == Kind::kMxI8 ? I8Offset(w_format) : 0;
+  const int offset = kind == Kind::kMxI8 ? I8Offset(w_format) : kU8Offset;
+  const bool with_i8 = kind == Kind::kMxI8 || !d.i8.empty();
   const int64_t row_bytes = RowBytes(x.format, x.cols);
   // What a range of rows contributes to the operand-wide facts.
   struct Facts {
@@ -624,6 +647,14 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           block_offset[at_block] = -offset * sum;
         } else if (kind == Kind::kMxI16) {
           for (int i = 0; i < kBlockSize; ++i) i16[at + i] = static_cast<int16_t>(fixed[block[i]]);
+          if (with_i8) {  // MXINT8 × MXINT8: the bytes and the offset's share, as kMxI8's
+            int32_t sum = 0;
+            for (int i = 0; i < kBlockSize; ++i) {
+              i8[at + i] = static_cast<int8_t>(fixed[block[i]]);
+              sum += static_cast<int32_t>(fixed[block[i]]);
+            }
+            block_offset[at_block] = -offset * sum;
+          }
         } else {
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);

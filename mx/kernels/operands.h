@@ -44,6 +44,14 @@ struct BlockScales {
 };
 BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero);
 
+// INT8 and MXINT8 operands of kInt8 / kMxI16 get a second copy for vpdpbusd: W
+// as u8 w + kU8Offset (kMxI8's layout), X as i8 with the offset's share,
+// −kU8Offset · Σ x, per block (kMxI16: both operands MXINT8) or per row (kInt8).
+inline constexpr int kU8Offset = 128;
+inline bool HasU8Copy(Kind kind, Format format) {
+  return kind == Kind::kInt8 || (kind == Kind::kMxI16 && format == Format::kMxint8);
+}
+
 std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind);
 // The exchange layout back from panels: the same values and scales, so the
 // reference computes the same bits from it (a −0 element may come back as +0).

@@ -179,6 +179,20 @@ TEST_P(EmulatedLevel, MxFp8Int16PathBounds) {
   }
 }
 
+// INT8 and MXINT8 × MXINT8 through W's u8 copy (vpdpbusd at avx512) at their
+// extreme, every element −128, beside Gaussian operands.
+TEST_P(EmulatedLevel, Int8AndMxint8BytePaths) {
+  const std::vector<float> bias = Gaussian(21, 9);
+  const std::string int8 = Run(AllMinus128Int8(9, 1000, 0x1p-12f),
+                               AllMinus128Int8(21, 1000, 0x1p-3f), bias, "INT8 -128");
+  EXPECT_EQ(int8, Expected(internal::Kind::kInt8));
+  const std::string mxint8 = Run(AllMinus128Mxint8(9, 100, 170), AllMinus128Mxint8(21, 100, 140),
+                                 bias, "MXINT8 -128");
+  EXPECT_EQ(mxint8, Expected(internal::Kind::kMxI16));
+  Run(Quantize(Gaussian(11 * 90, 10), 11, 90, Format::kMxint8),
+      Quantize(Gaussian(21 * 90, 11), 21, 90, Format::kMxint8), bias, "MXINT8 Gaussian");
+}
+
 // Shifted scales past the int16 path's fast-epilogue limit: the FP64-only tiles.
 TEST_P(EmulatedLevel, MxFp8HugeShiftedScales) {
   const auto [x, w] = HugeShiftedScales(Format::kMxfp8E4m3, Format::kMxfp8E4m3);

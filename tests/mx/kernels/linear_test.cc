@@ -74,6 +74,31 @@ TEST_P(LinearAtIsa, Int8AndFloatFormatsMatchReference) {
   }
 }
 
+// The extremes of the integer kinds' byte paths: every element −128 (a client's
+// own packing; the quantizers stop at ±127), where w + 128 is 0 and the offset
+// correction carries the whole dot. INT8 at the largest K whose dot fits int32
+// (128 · 128 · 131071 < 2^31) runs the kernels; one more column could reach
+// 2^31 and goes to the reference. MXINT8 × MXINT8 with the largest scales
+// whose results stay finite.
+TEST_P(LinearAtIsa, Int8AndMxint8MinusOneTwentyEightEverywhere) {
+  const auto int8 = AllMinus128Int8;
+  const auto mxint8 = AllMinus128Mxint8;
+  const int64_t k_max = 131071;
+  KernelInfo info;
+  ExpectSameAsReference(int8(2, k_max, 0x1p-20f), int8(17, k_max, 0x1p-3f), Gaussian(17, 5),
+                        GetParam(), "INT8 -128, K = 131071", nullptr, &info);
+  EXPECT_EQ(info.name, KernelNameFor(Format::kInt8, Format::kInt8, GetParam()));
+  EXPECT_EQ(ReferenceLinear(int8(1, k_max, 1.0f), int8(1, k_max, 1.0f)).value()[0],
+            128.0f * 128.0f * k_max);
+  ExpectSameAsReference(int8(1, k_max + 1, 1.0f), int8(3, k_max + 1, 1.0f), {}, GetParam(),
+                        "INT8 -128, K = 131072", nullptr, &info);
+  EXPECT_EQ(info.name, "reference");
+
+  ExpectSameAsReference(mxint8(9, 100, 170), mxint8(18, 100, 140), Gaussian(18, 6), GetParam(),
+                        "MXINT8 -128", nullptr, &info);
+  EXPECT_EQ(info.name, KernelNameFor(Format::kMxint8, Format::kMxint8, GetParam()));
+}
+
 // BF16/FP16/FP32 are held to an FP64 reference with a tolerance, as the contract
 // asks: |y − y64| <= K · 2^-24 · Σ|x·w| + |bias| · 2^-24.
 TEST_P(LinearAtIsa, FloatFormatsWithinToleranceOfFp64) {

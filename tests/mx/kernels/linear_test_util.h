@@ -72,6 +72,28 @@ inline QuantizedMatrix Quantize(const std::vector<float>& v, int64_t rows, int64
   return QuantizeRows(v, rows, cols, f).value();
 }
 
+// INT8 / MXINT8 operands whose every element is −128 (code 0x80): the byte
+// paths' extreme, where W's u8 copy (w + 128) is 0 and the offset correction
+// carries the whole dot.
+inline QuantizedMatrix AllMinus128Int8(int64_t rows, int64_t cols, float scale) {
+  QuantizedMatrix m;
+  m.format = Format::kInt8;
+  m.rows = rows;
+  m.cols = cols;
+  m.elements.assign(rows * cols, 0x80);
+  m.row_scales.assign(rows, scale);
+  return m;
+}
+inline QuantizedMatrix AllMinus128Mxint8(int64_t rows, int64_t cols, uint8_t scale) {
+  QuantizedMatrix m;
+  m.format = Format::kMxint8;
+  m.rows = rows;
+  m.cols = cols;
+  m.elements.assign(rows * RowBytes(Format::kMxint8, cols), 0x80);
+  m.block_scales.assign(rows * BlocksPerRow(cols), scale);
+  return m;
+}
+
 // Operands for kMxF64's int16 path (gemm_internal.h) at and past its bounds, on a
 // ragged shape with bias: Gaussian blocks (the int16 path) among planted ones —
 // rows of X whose block holds four 448s and one 2^-6 (span 15, L1 17 bits: the
