@@ -124,17 +124,16 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
-// acc[r] += Σ over k-pairs [first, last) of row r's int16 pair · the panel's, per
-// lane (vpdpwssd): the inner loop of kMxI16 (one block's 16 pairs), INT8 (all of
-// K) and kMxF64's int16 path (one block of shifted integers).
+// acc[r] += Σ over X's k-pairs [first, first + 16) of row r's int16 pair · W's,
+// per lane (vpdpwssd), W's 16 pairs of 16 lanes from `wp`: one block, the inner
+// loop of kMxI16 and of kMxF64's int16 path.
 template <int MR>
-void I16Pairs(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t first, int64_t last,
-              __m512i* acc) {
-  const int64_t kp = x.k_padded;
-  for (int64_t pair = first; pair < last; ++pair) {
+void I16Block(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t first, __m512i* acc) {
+  const int16_t* xp = x.i16.data() + row0 * x.k_padded + 2 * first;
+  for (int pair = 0; pair < kBlockSize / 2; ++pair) {
     const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
     for (int r = 0; r < MR; ++r) {
-      acc[r] = Dpwssd(acc[r], wv, Broadcast32(x.i16.data() + (row0 + r) * kp + 2 * pair));
+      acc[r] = Dpwssd(acc[r], wv, Broadcast32(xp + r * x.k_padded + 2 * pair));
     }
   }
 }
@@ -151,7 +150,7 @@ void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int64_t b = 0; b < x.blocks; ++b) {
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-    I16Pairs<MR>(x, wp, row0, b * 16, b * 16 + 16, acc);
+    I16Block<MR>(x, wp + b * kBlockSize * kPanel, row0, b * 16, acc);
     const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
     for (int r = 0; r < MR; ++r) {
       y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
@@ -199,29 +198,102 @@ inline void MxF64Block(const Problem& p, int64_t row0, int64_t panel, int64_t b,
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
   const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
-  __m512d acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_pd();
-  for (int64_t k = b * kBlockSize; k < (b + 1) * kBlockSize; ++k) {
-    const __m512 wf =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * kPanel)));
-    const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
-    const __m512d w1 = _mm512_cvtps_pd(
-        _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(wf), 1)));
-    for (int r = 0; r < MR; ++r) {
-      const __m512d xv = _mm512_set1_pd(x.f64[(row0 + r) * kp + k]);
-      acc[r][0] = _mm512_fmadd_pd(xv, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_pd(xv, w1, acc[r][1]);
+  // Few rows make few FMA chains, each 32 deep: then k goes round kChains
+  // accumulators. Any order of the sum is exact (every partial sum fits 53 bits,
+  // or the driver redoes the output).
+  constexpr int kChains = MR < 4 ? 4 : 1;
+  __m512d acc[MR][kChains][2];
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < kChains; ++c) acc[r][c][0] = acc[r][c][1] = _mm512_setzero_pd();
+  }
+  for (int64_t k0 = b * kBlockSize; k0 < (b + 1) * kBlockSize; k0 += kChains) {
+    for (int c = 0; c < kChains; ++c) {
+      const int64_t k = k0 + c;
+      const __m512 wf =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * kPanel)));
+      const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
+      const __m512d w1 = _mm512_cvtps_pd(
+          _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(wf), 1)));
+      for (int r = 0; r < MR; ++r) {
+        const __m512d xv = _mm512_set1_pd(x.f64[(row0 + r) * kp + k]);
+        acc[r][c][0] = _mm512_fmadd_pd(xv, w0, acc[r][c][0]);
+        acc[r][c][1] = _mm512_fmadd_pd(xv, w1, acc[r][c][1]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 1; c < kChains; ++c) {
+      acc[r][0][0] = _mm512_add_pd(acc[r][0][0], acc[r][c][0]);
+      acc[r][0][1] = _mm512_add_pd(acc[r][0][1], acc[r][c][1]);
     }
   }
   const double* ws = w.scale_d.data() + (panel * x.blocks + b) * kPanel;
   const __m512d ws0 = _mm512_loadu_pd(ws), ws1 = _mm512_loadu_pd(ws + 8);
   for (int r = 0; r < MR; ++r) {
     const __m512d xs = _mm512_set1_pd(x.scale_d[(row0 + r) * x.blocks + b]);
-    const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0], xs), ws0));
-    const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][1], xs), ws1));
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0][0], xs), ws0));
+    const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0][1], xs), ws1));
     out[r] = _mm512_castsi512_ps(_mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
   }
+}
+
+// The largest l1 bits of W's lanes for which MxF64SplitRowBlock is exact: the
+// high byte's dot is below 2^(7 + l1) and must fit int32.
+inline constexpr int kSplitRowMaxWL1 = 23;
+
+// One row's block of kMxF64 whose X block is int16 (span <= 15) but fails the
+// int32 bound against some lane. X split into bytes, x' = (x' >> 8) · 2^8 +
+// (x' & 255): each part's dot with W, |x' >> 8| < 2^7 and x' & 255 < 2^8
+// against Σ|w'| < 2^l1 with l1 <= kSplitRowMaxWL1, fits int32 (split W lanes
+// joined there as in the int16 path), and the two are joined exactly in FP64
+// and scaled there, one rounding to FP32. No FP16 conversions: on Zen 5 those
+// made MxF64Block<1> cost some twenty int16 row blocks.
+template <bool kSplitW>
+__m512 MxF64SplitRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t b) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t pb = panel * x.blocks + b;
+  const int16_t* wp = w.i16.data() + (panel * x.k_padded + b * kBlockSize) * kPanel;
+  const int16_t* wl = kSplitW ? w.i16_lo.data() + w.split_at[pb] : nullptr;
+  const int16_t* xp = x.i16.data() + row * x.k_padded + b * kBlockSize;
+  const __m512i low_byte = _mm512_set1_epi16(0x00FF);
+  __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  __m512i low[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int pair = 0; pair < kBlockSize / 2; ++pair) {
+    const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
+    const __m512i xv = Broadcast32(xp + 2 * pair);
+    const __m512i xh = _mm512_srai_epi16(xv, 8), xl = _mm512_and_si512(xv, low_byte);
+    high[0] = Dpwssd(high[0], wv, xh);
+    low[0] = Dpwssd(low[0], wv, xl);
+    if constexpr (kSplitW) {  // the low limbs, joined below
+      const __m512i lv = _mm512_loadu_si512(wl + pair * 2 * kPanel);
+      high[1] = Dpwssd(high[1], lv, xh);
+      low[1] = Dpwssd(low[1], lv, xl);
+    }
+  }
+  __m512i h = high[0], l = low[0];
+  if constexpr (kSplitW) {
+    const __m512i shift = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.split_shift.data() + pb * kPanel)));
+    h = _mm512_add_epi32(_mm512_sllv_epi32(h, shift), high[1]);
+    l = _mm512_add_epi32(_mm512_sllv_epi32(l, shift), low[1]);
+  }
+  const __m512d xs = _mm512_set1_pd(x.scale[row * x.blocks + b]);
+  const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
+  __m256 half[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m256i hi32 = i ? _mm512_extracti64x4_epi64(h, 1) : _mm512_castsi512_si256(h);
+    const __m256i lo32 = i ? _mm512_extracti64x4_epi64(l, 1) : _mm512_castsi512_si256(l);
+    const __m256 ws_half =
+        i ? _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(ws), 1))
+          : _mm512_castps512_ps256(ws);
+    const __m512d dot = _mm512_fmadd_pd(_mm512_cvtepi32_pd(hi32), _mm512_set1_pd(256.0),
+                                        _mm512_cvtepi32_pd(lo32));
+    half[i] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(dot, xs), _mm512_cvtps_pd(ws_half)));
+  }
+  return _mm512_castsi512_ps(_mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_castps_si256(half[0])), _mm256_castps_si256(half[1]), 1));
 }
 
 // kMxF64 without the int16 path (scales the fast epilogue cannot take): every
@@ -239,27 +311,15 @@ void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
-// True when row `row`'s block b pairs exactly with every lane's in int16
-// (ShiftedPairFits), lane by lane: for the rows the panel-wide bound rejects.
-bool RowFitsEveryLane(const Problem& p, int64_t row, int64_t panel, int64_t b) {
-  const DecodedX& x = *p.x;
-  const WeightPanels& w = *p.w;
-  const int x_span = x.span_bits[row * x.blocks + b], x_l1 = x.l1_bits[row * x.blocks + b];
-  const uint8_t* span = w.lane_span.data() + (panel * w.blocks + b) * kPanel;
-  const uint8_t* l1 = w.lane_l1.data() + (panel * w.blocks + b) * kPanel;
-  bool fits = true;  // padding lanes hold zero blocks, which fit
-  for (int j = 0; j < kPanel; ++j) fits &= ShiftedPairFits(x_span, x_l1, span[j], l1[j]);
-  return fits;
-}
-
 // kMxF64 (pairs with MXFP8) when the scales allow the fast epilogue for every
 // block (FastScalesOk with 31-bit dots). Each row's block takes one of two paths
 // that give the same correctly rounded block result, so the bits do not depend
 // on which one ran:
 //   int16: where the row's block pairs exactly with every lane's
-//          (ShiftedPairFits: against the panel's widest lane first, then lane
-//          by lane), vpdpwssd on the shifted integers — 32 products per
-//          instruction against FP64's 8 — and the fast epilogue;
+//          (ShiftedPairFits, looked up in W's fit_below), vpdpwssd on the
+//          shifted integers — 32 products per instruction against FP64's 8;
+//          twice where W's block has split lanes, the limbs joined in int32 —
+//          and the fast epilogue;
 //   FP64:  the other rows (MxF64Block, one row or the whole tile at once).
 // A first pass finds the FP64 rows of every block and computes their block
 // results in order; the second runs the int16 path and adds each block, taking
@@ -277,16 +337,12 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   float* const fp64_results = ScratchFloats(x.blocks * MR * kPanel);
   float* result = fp64_results;
   for (int64_t b = 0; b < x.blocks; ++b) {
-    const int64_t pb = panel * x.blocks + b;
-    const int w_span = w.panel_span[pb], w_l1 = w.panel_l1[pb];
-    // A lane too wide for int16 sends every row to FP64.
-    unsigned rows = w_span > kShiftedI16Bits ? kAllRows : 0;
-    for (int r = 0; r < MR && rows != kAllRows; ++r) {
+    const uint8_t* fit = w.fit_below.data() + (panel * x.blocks + b) * (kShiftedI16Bits + 1);
+    unsigned rows = 0;
+    for (int r = 0; r < MR; ++r) {
       const int64_t at = (row0 + r) * x.blocks + b;
-      if (!ShiftedPairFits(x.span_bits[at], x.l1_bits[at], w_span, w_l1) &&
-          !RowFitsEveryLane(p, row0 + r, panel, b)) {
-        rows |= 1u << r;
-      }
+      const int x_span = x.span_bits[at];
+      if (x_span > kShiftedI16Bits || x.l1_bits[at] >= fit[x_span]) rows |= 1u << r;
     }
     fp64_rows[b] = static_cast<uint8_t>(rows);
     if (rows == kAllRows) {
@@ -294,10 +350,17 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
       MxF64Block<MR>(p, row0, panel, b, block);
       for (int r = 0; r < MR; ++r, result += kPanel) _mm512_storeu_ps(result, block[r]);
     } else {
+      const bool split_w = w.split_at[panel * x.blocks + b] >= 0;
+      const bool split_row_ok = w.panel_l1[panel * x.blocks + b] <= kSplitRowMaxWL1;
       for (int r = 0; r < MR; ++r) {
         if (rows >> r & 1) {
           __m512 block[1];
-          MxF64Block<1>(p, row0 + r, panel, b, block);
+          if (split_row_ok && x.span_bits[(row0 + r) * x.blocks + b] <= kShiftedI16Bits) {
+            block[0] = split_w ? MxF64SplitRowBlock<true>(p, row0 + r, panel, b)
+                               : MxF64SplitRowBlock<false>(p, row0 + r, panel, b);
+          } else {
+            MxF64Block<1>(p, row0 + r, panel, b, block);
+          }
           _mm512_storeu_ps(result, block[0]);
           result += kPanel;
         }
@@ -318,7 +381,18 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
     }
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-    I16Pairs<MR>(x, wi, row0, b * 16, b * 16 + 16, acc);
+    I16Block<MR>(x, wi + b * kBlockSize * kPanel, row0, b * 16, acc);
+    if (const int32_t lo = w.split_at[panel * x.blocks + b]; lo >= 0) {
+      // Split lanes: acc · 2^s + Σ x'l, wrapping int32 (exact: the true dot fits).
+      __m512i low[MR];
+      for (int r = 0; r < MR; ++r) low[r] = _mm512_setzero_si512();
+      I16Block<MR>(x, w.i16_lo.data() + lo, row0, b * 16, low);
+      const __m512i shift = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+          w.split_shift.data() + (panel * x.blocks + b) * kPanel)));
+      for (int r = 0; r < MR; ++r) {
+        acc[r] = _mm512_add_epi32(_mm512_sllv_epi32(acc[r], shift), low[r]);
+      }
+    }
     const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
     for (int r = 0; r < MR; ++r) {
       if (rows >> r & 1) {

@@ -27,6 +27,11 @@
 //           swapped: where either bound is at most 2^31 the dot is exact in
 //           int32 (vpdpwssd wraps, but the true sum fits) and takes the fast
 //           epilogue (FastScalesOk with 31-bit dots). ShiftedPairFits says it.
+//           A W block spanning 16 to 30 bits is split into two int16 limbs,
+//           w' = h · 2^s + l with s = span − 15, h = w' >> s and 0 <= l < 2^s:
+//           the dot is (Σ x'h) · 2^s + Σ x'l, computed in wrapping int32 —
+//           exact wherever the bound above holds for w' itself, since the true
+//           sum fits and every step is exact mod 2^32.
 //   kInt8   INT8 × INT8 (per-row scales): int16 path over the whole K.
 //   kNvI8   NVFP4 × NVFP4: E2M1 elements as in kMxI8 (±12 in units of 2^-1, W
 //           as u8 w + 12), blocks of 16. The block result, float(dot) · S_x/2 ·
@@ -94,14 +99,24 @@ struct WeightPanels;
 // The same for a pair of operands, with the bound on |dot| of their kind.
 bool FastScalesOk(const DecodedX& x, const WeightPanels& w);
 
-// Integer block dots of kMxF64's int16 path: each operand's block at most 15
-// bits wide (int16), the dot below 2^31.
-inline constexpr int kShiftedI16Bits = 15, kShiftedDotBits = 31;
+// Integer block dots of kMxF64's int16 path: X's block at most 15 bits wide
+// (int16), W's at most 30 (two int16 limbs beyond 15), the dot below 2^31.
+inline constexpr int kShiftedI16Bits = 15, kShiftedSplitBits = 30, kShiftedDotBits = 31;
 // True when the int16 path computes the dot of an X block (span, l1 bits) and a
 // W block exactly (see kMxF64 above).
 constexpr bool ShiftedPairFits(int x_span, int x_l1, int w_span, int w_l1) {
-  return x_span <= kShiftedI16Bits && w_span <= kShiftedI16Bits &&
+  return x_span <= kShiftedI16Bits && w_span <= kShiftedSplitBits &&
          std::min(x_span + w_l1, x_l1 + w_span) <= kShiftedDotBits;
+}
+// ShiftedPairFits for one W block, as a bound on X's l1 bits: for an X block of
+// span x_span <= 15 the pair fits iff x_l1 < FitBelow(x_span, w_span, w_l1)
+// (fits iff x_span + w_l1 <= 31, or else x_l1 <= 31 − w_span). A panel's block
+// keeps the smallest over its lanes for each x_span (WeightPanels::fit_below):
+// one lookup tells whether a row of X pairs exactly with all 16 lanes.
+constexpr int FitBelow(int x_span, int w_span, int w_l1) {
+  if (w_span > kShiftedSplitBits) return 0;
+  if (x_span + w_l1 <= kShiftedDotBits) return 255;  // any X l1 (they stop at 20)
+  return std::max(0, kShiftedDotBits + 1 - w_span);
 }
 
 // W converted for one kind: N rows padded to whole panels, K to whole blocks of
@@ -117,7 +132,11 @@ constexpr bool ShiftedPairFits(int x_span, int x_l1, int w_span, int w_l1) {
 //   kMxF64  u16 [p][k][16]        FP16 bits of the element's value (exact),
 //           and i16 [p][k/2][16][2]: the block's fixed-point elements shifted
 //           right by the block's lowest set bit where the block spans at most
-//           kShiftedI16Bits (else 0, never read: the FP64 path takes it)
+//           kShiftedI16Bits, the high limb h where it spans at most
+//           kShiftedSplitBits (else 0, never read: the FP64 path takes it); the
+//           low limbs l of a panel's block with any split lane in i16_lo,
+//           [16][16][2] from split_at[p][block] (−1: none), the lanes' shifts s
+//           in split_shift [p][block][16] (0: not split)
 //   kNvI8   u8  [p][k/4][16][4]   w + 12, as kMxI8's wide storage (blocks of 16)
 //   kF32    [p][k][16] in W's own precision: f32 (FP32, and any other format
 //           dequantized), or u16 FP16/BF16 bits (float_store says which)
@@ -145,15 +164,16 @@ struct WeightPanels {
   int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, N × blocks (row-major)
   std::vector<uint8_t> l1_bits;     // kMxF64: every block's l1 bits, N × blocks (row-major)
-  std::vector<uint8_t> panel_span;  // kMxF64: widest span of each [p][block] over its lanes
-  std::vector<uint8_t> panel_l1;    // kMxF64: largest l1 bits of each [p][block] over its lanes
-  std::vector<uint8_t> lane_span;   // kMxF64: span_bits again as [p][block][16] (0 in padding)
-  std::vector<uint8_t> lane_l1;     // kMxF64: l1_bits again as [p][block][16]
+  std::vector<uint8_t> fit_below;   // kMxF64: [p][block][x_span 0..15], see FitBelow
+  std::vector<uint8_t> panel_l1;    // kMxF64: [p][block], the largest l1 bits of its lanes
+  std::vector<int16_t> i16_lo;       // kMxF64: the low limbs of split blocks (see above)
+  std::vector<int32_t> split_at;     // kMxF64: [p][block], offset into i16_lo or −1
+  std::vector<uint8_t> split_shift;  // kMxF64: [p][block][16] limb shift s, 0 unsplit
   std::vector<float> tensor_scale;  // kNvI8: W's row scales, N values
 
   size_t bytes() const {
     return u8.size() + scale_bytes.size() + span_bits.size() + l1_bits.size() +
-           panel_span.size() + panel_l1.size() + lane_span.size() + lane_l1.size() +
+           fit_below.size() + panel_l1.size() + split_shift.size() + 2 * i16_lo.size() + 4 * split_at.size() +
            2 * (i16.size() + f16.size()) +
            4 * (f32.size() + scale.size() + tensor_scale.size()) + 8 * scale_d.size();
   }

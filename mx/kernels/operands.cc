@@ -327,10 +327,10 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       p.i16.assign(lanes * kp, 0);
       p.span_bits.assign(w.rows * p.blocks, 0);
       p.l1_bits.assign(w.rows * p.blocks, 0);
-      p.panel_span.assign(p.panels * p.blocks, 0);
+      p.fit_below.assign(p.panels * p.blocks * (kShiftedI16Bits + 1), 255);  // zero lanes fit
       p.panel_l1.assign(p.panels * p.blocks, 0);
-      p.lane_span.assign(lanes * p.blocks, 0);
-      p.lane_l1.assign(lanes * p.blocks, 0);
+      p.split_at.assign(p.panels * p.blocks, -1);
+      p.split_shift.assign(lanes * p.blocks, 0);
       break;
     case Kind::kNvI8:
       break;  // PackNvPanels
@@ -382,8 +382,9 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
   p.scale_d.assign(lanes * p.blocks, 0.0);
   p.scale_bytes = w.block_scales;
   std::vector<uint8_t> codes(kp);
-  std::vector<int> block_low_bit(p.blocks, 0);        // kMxF64, this row
-  std::vector<uint8_t> block_narrow(p.blocks, false);  // kMxF64: span <= kShiftedI16Bits
+  // kMxF64, this row's blocks: the lowest set bit, and the int16 limb shift s
+  // (0: one limb; -1: too wide for the int16 path).
+  std::vector<int> block_low_bit(p.blocks, 0), block_split(p.blocks, -1);
   const int64_t row_bytes = RowBytes(w.format, w.cols);
   for (int64_t n = 0; n < w.rows; ++n) {
     UnpackCodes(w.format, w.elements.data() + n * row_bytes, p.blocks, codes.data());
@@ -398,20 +399,31 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       if (kind == Kind::kMxF64) {
         p.span_bits[n * p.blocks + b] = static_cast<uint8_t>(info.span_bits);
         p.l1_bits[n * p.blocks + b] = static_cast<uint8_t>(info.l1_bits);
-        p.lane_span[at] = static_cast<uint8_t>(info.span_bits);
-        p.lane_l1[at] = static_cast<uint8_t>(info.l1_bits);
         const int64_t panel_block = (n / kPanel) * p.blocks + b;
-        p.panel_span[panel_block] =
-            std::max(p.panel_span[panel_block], static_cast<uint8_t>(info.span_bits));
         p.panel_l1[panel_block] =
             std::max(p.panel_l1[panel_block], static_cast<uint8_t>(info.l1_bits));
+        uint8_t* fit = p.fit_below.data() + panel_block * (kShiftedI16Bits + 1);
+        for (int x_span = 0; x_span <= kShiftedI16Bits; ++x_span) {
+          fit[x_span] = static_cast<uint8_t>(
+              std::min<int>(fit[x_span], FitBelow(x_span, info.span_bits, info.l1_bits)));
+        }
         // The int16 path's scale: 2^(S - 127 - F + low_bit) for the shifted integers.
         const BlockScales shifted =
             ScalesOf(scale_byte, table.fraction_bits - info.low_bit, info.all_zero);
-        if (shifted.counts && info.span_bits <= kShiftedI16Bits) p.range.Add(shifted.exponent);
+        if (shifted.counts && info.span_bits <= kShiftedSplitBits) p.range.Add(shifted.exponent);
         p.scale[at] = static_cast<float>(shifted.fast);
         block_low_bit[b] = info.low_bit;
-        block_narrow[b] = info.span_bits <= kShiftedI16Bits;
+        block_split[b] = info.span_bits <= kShiftedSplitBits
+                             ? std::max(0, info.span_bits - kShiftedI16Bits)
+                             : -1;
+        if (block_split[b] > 0) {
+          p.split_shift[at] = static_cast<uint8_t>(block_split[b]);
+          int32_t& lo = p.split_at[panel_block];
+          if (lo < 0) {
+            lo = static_cast<int32_t>(p.i16_lo.size());
+            p.i16_lo.resize(p.i16_lo.size() + kBlockSize * kPanel, 0);
+          }
+        }
       } else {
         if (s.counts) p.range.Add(s.exponent);
         p.scale[at] = static_cast<float>(s.fast);
@@ -437,9 +449,15 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
           break;
         default:  // kMxF64
           p.f16[pair_index(n, k, 1)] = FloatToFp16(table.value[code]);
-          if (block_narrow[k / kBlockSize]) {
-            p.i16[pair_index(n, k, 2)] =
-                static_cast<int16_t>(table.fixed[code] >> block_low_bit[k / kBlockSize]);
+          if (const int split = block_split[k / kBlockSize]; split >= 0) {
+            const int64_t v = table.fixed[code] >> block_low_bit[k / kBlockSize];
+            const int64_t high = v >> split;  // floor: the low limb is v − high · 2^s >= 0
+            p.i16[pair_index(n, k, 2)] = static_cast<int16_t>(high);
+            if (split > 0) {
+              const int64_t pb = (n / kPanel) * p.blocks + k / kBlockSize;
+              const int64_t in_block = ((k % kBlockSize) / 2 * kPanel + n % kPanel) * 2 + k % 2;
+              p.i16_lo[p.split_at[pb] + in_block] = static_cast<int16_t>(v - (high << split));
+            }
           }
           break;
       }

@@ -277,6 +277,22 @@ TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
   EXPECT_EQ(wide.span_bits, 18);
 }
 
+// FitBelow (the per-panel lookup the avx512 tile uses) says exactly what
+// ShiftedPairFits says, for every X span an int16 block can have.
+TEST(Int16PathTest, FitBelowAgreesWithShiftedPairFits) {
+  for (int x_span = 0; x_span <= internal::kShiftedI16Bits; ++x_span) {
+    for (int x_l1 = x_span; x_l1 <= x_span + 5; ++x_l1) {
+      for (int w_span = 0; w_span <= 33; ++w_span) {
+        for (int w_l1 = w_span; w_l1 <= w_span + 5; ++w_l1) {
+          EXPECT_EQ(x_l1 < internal::FitBelow(x_span, w_span, w_l1),
+                    internal::ShiftedPairFits(x_span, x_l1, w_span, w_l1))
+              << x_span << " " << x_l1 << " " << w_span << " " << w_l1;
+        }
+      }
+    }
+  }
+}
+
 // Shifted scales past the int16 path's fast-epilogue limit (HugeShiftedScales):
 // the call runs the FP64 tiles and keeps the reference's finite results.
 TEST_P(LinearAtIsa, MxFp8HugeShiftedScalesMatchReference) {
@@ -289,15 +305,17 @@ TEST_P(LinearAtIsa, MxFp8HugeShiftedScalesMatchReference) {
   }
 }
 
-// The bound itself: int16 on each side, then the smaller of the two
-// max-times-L1 bounds at most 2^31.
+// The bound itself: X in int16, W in two int16 limbs at most, then the smaller
+// of the two max-times-L1 bounds at most 2^31.
 TEST(Int16PathTest, ShiftedPairFitsKnownAnswers) {
   EXPECT_TRUE(internal::ShiftedPairFits(0, 0, 0, 0));      // zero blocks
   EXPECT_TRUE(internal::ShiftedPairFits(15, 16, 15, 16));  // 2^15 · 2^16 = 2^31
   EXPECT_FALSE(internal::ShiftedPairFits(15, 17, 15, 17));
   EXPECT_TRUE(internal::ShiftedPairFits(15, 20, 10, 16));  // 15 + 16 on one side
-  EXPECT_FALSE(internal::ShiftedPairFits(16, 16, 1, 1));   // not int16
-  EXPECT_FALSE(internal::ShiftedPairFits(1, 1, 16, 16));
+  EXPECT_FALSE(internal::ShiftedPairFits(16, 16, 1, 1));   // X not int16
+  EXPECT_TRUE(internal::ShiftedPairFits(1, 1, 16, 16));    // W split in two limbs
+  EXPECT_TRUE(internal::ShiftedPairFits(1, 1, 30, 30));
+  EXPECT_FALSE(internal::ShiftedPairFits(1, 1, 31, 31));   // past two limbs
 }
 
 // Which kernel runs: the best level at or below the one asked for that has the

@@ -118,6 +118,12 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
     v[row * k + 32 + 7] = 0x1p-6f;
   };
   for (int64_t i : c.heavy_rows) heavy(xv, i);
+  // X row 12's block 2 too: it fails the bound against W rows 9 and 31 (below),
+  // whose blocks are split into two limbs, so that row runs X split in bytes
+  // against split W.
+  std::fill_n(xv.begin() + 12 * k + 64, 32, 0.0f);
+  std::fill_n(xv.begin() + 12 * k + 64, 4, -448.0f);
+  xv[12 * k + 64 + 9] = 0x1p-6f;
   for (int64_t j : c.heavy_cols) heavy(wv, j);
   for (int64_t j : {9, 31}) {  // block 2: span 18
     wv[j * k + 64] = 448.0f;

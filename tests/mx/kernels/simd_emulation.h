@@ -57,6 +57,21 @@ inline __m256 CvtpdPs(__m512d a) {
   return _mm256_loadu_ps(out);
 }
 
+inline __m512d Cvtepi32Pd(__m256i a) {
+  int32_t in[8];
+  double out[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
+  for (int i = 0; i < 8; ++i) out[i] = in[i];
+  return _mm512_loadu_pd(out);
+}
+inline __m512i Cvtepu8Epi32(__m128i a) {
+  uint8_t in[16];
+  int32_t out[16];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(in), a);
+  for (int i = 0; i < 16; ++i) out[i] = in[i];
+  return _mm512_loadu_si512(out);
+}
+
 // Masked loads and stores (SIMDe 0.7 has neither): only the lanes in the mask
 // are read or written, as the hardware's, which never touches the others.
 inline __m512 MaskzLoaduPs(uint16_t mask, const void* p) {
@@ -138,6 +153,8 @@ inline void TileDpbsud(int c, int a, int b) {
 #undef _tile_dpbsud
 #define _mm512_cvtepi32_ps mx::kernels::emulated::Cvtepi32Ps
 #define _mm512_cvtepu16_epi32 mx::kernels::emulated::Cvtepu16Epi32
+#define _mm512_cvtepu8_epi32 mx::kernels::emulated::Cvtepu8Epi32
+#define _mm512_cvtepi32_pd mx::kernels::emulated::Cvtepi32Pd
 #define _mm512_cvtph_ps mx::kernels::emulated::CvtphPs
 #define _mm512_cvtps_pd mx::kernels::emulated::CvtpsPd
 #define _mm512_cvtpd_ps mx::kernels::emulated::CvtpdPs
