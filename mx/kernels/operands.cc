@@ -575,14 +575,16 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     d.block_offset.assign(x.rows, 0);  // one "block", all of K: −128 · Σ x
     d.scale = x.row_scales;
     for (int64_t r = 0; r < x.rows; ++r) {
-      int32_t sum = 0;  // |Σ x| <= 128 · 2^17: the driver caps K
+      int64_t sum = 0;  // decoded before the driver checks K: any K
       for (int64_t c = 0; c < x.cols; ++c) {
         const int8_t v = static_cast<int8_t>(x.elements[r * x.cols + c]);
         d.i16[r * kp + c] = v;
         d.i8[r * kp + c] = v;
         sum += v;
       }
-      d.block_offset[r] = -kU8Offset * sum;
+      // −128 · Σ x reaches 2^31 at the K cap: kept mod 2^32, as the kernel's
+      // wrapping int32 sums are (the true dot fits, so the wraps cancel).
+      d.block_offset[r] = static_cast<int32_t>(static_cast<uint32_t>(-kU8Offset * sum));
     }
     return d;
   }
