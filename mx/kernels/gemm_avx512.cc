@@ -242,43 +242,54 @@ inline void MxF64Block(const Problem& p, int64_t row0, int64_t panel, int64_t b,
 // high byte's dot is below 2^(7 + l1) and must fit int32.
 inline constexpr int kSplitRowMaxWL1 = 23;
 
-// One row's block of kMxF64 whose X block is int16 (span <= 15) but fails the
-// int32 bound against some lane. X split into bytes, x' = (x' >> 8) · 2^8 +
-// (x' & 255): each part's dot with W, |x' >> 8| < 2^7 and x' & 255 < 2^8
-// against Σ|w'| < 2^l1 with l1 <= kSplitRowMaxWL1, fits int32 (split W lanes
-// joined there as in the int16 path), and the two are joined exactly in FP64
-// and scaled there, one rounding to FP32. No FP16 conversions: on Zen 5 those
-// made MxF64Block<1> cost some twenty int16 row blocks.
-template <bool kSplitW>
+// One row's block of kMxF64 that fails the int32 bound against some lane, its
+// X block in one int16 limb x' or two, x' = h · 2^t + l (kSplitX: span 16 to
+// 30). The int16 limb (x' or h) split into bytes, (v >> 8) · 2^8 + (v & 255):
+// each part's dot with W, |v >> 8| < 2^7 and v & 255 < 2^8 against Σ|w'| < 2^l1
+// with l1 <= kSplitRowMaxWL1, fits int32 (split W lanes joined there as in the
+// int16 path), as does l's (l < 2^t, t + l1 <= 31: the caller checks); all are
+// joined exactly in FP64 (below 2^53: spans <= 30 and l1 <= 23) and scaled
+// there, one rounding to FP32. No FP16 conversions: on Zen 5 those made
+// MxF64Block<1> cost some twenty int16 row blocks.
+template <bool kSplitW, bool kSplitX>
 __m512 MxF64SplitRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t b) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t pb = panel * x.blocks + b;
   const int16_t* wp = w.i16.data() + (panel * x.k_padded + b * kBlockSize) * kPanel;
   const int16_t* wl = kSplitW ? w.i16_lo.data() + w.split_at[pb] : nullptr;
-  const int16_t* xp = x.i16.data() + row * x.k_padded + b * kBlockSize;
+  const int64_t at = row * x.k_padded + b * kBlockSize;
+  const int16_t* xp = x.i16.data() + at;
+  const int16_t* xq = kSplitX ? x.i16_lo.data() + at : nullptr;
   const __m512i low_byte = _mm512_set1_epi16(0x00FF);
   __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
   __m512i low[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+  __m512i limb[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // kSplitX: Σ l·w'
   for (int pair = 0; pair < kBlockSize / 2; ++pair) {
     const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
     const __m512i xv = Broadcast32(xp + 2 * pair);
     const __m512i xh = _mm512_srai_epi16(xv, 8), xl = _mm512_and_si512(xv, low_byte);
     high[0] = Dpwssd(high[0], wv, xh);
     low[0] = Dpwssd(low[0], wv, xl);
+    if constexpr (kSplitX) limb[0] = Dpwssd(limb[0], wv, Broadcast32(xq + 2 * pair));
     if constexpr (kSplitW) {  // the low limbs, joined below
       const __m512i lv = _mm512_loadu_si512(wl + pair * 2 * kPanel);
       high[1] = Dpwssd(high[1], lv, xh);
       low[1] = Dpwssd(low[1], lv, xl);
+      if constexpr (kSplitX) limb[1] = Dpwssd(limb[1], lv, Broadcast32(xq + 2 * pair));
     }
   }
-  __m512i h = high[0], l = low[0];
+  __m512i h = high[0], l = low[0], q = limb[0];
   if constexpr (kSplitW) {
     const __m512i shift = _mm512_cvtepu8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.split_shift.data() + pb * kPanel)));
     h = _mm512_add_epi32(_mm512_sllv_epi32(h, shift), high[1]);
     l = _mm512_add_epi32(_mm512_sllv_epi32(l, shift), low[1]);
+    q = _mm512_add_epi32(_mm512_sllv_epi32(q, shift), limb[1]);
   }
+  // 2^t for X's high limb (1 unsplit).
+  const __m512d limb_scale =
+      _mm512_set1_pd(kSplitX ? static_cast<double>(1 << x.split_shift[row * x.blocks + b]) : 1.0);
   const __m512d xs = _mm512_set1_pd(x.scale[row * x.blocks + b]);
   const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
   __m256 half[2];
@@ -288,8 +299,12 @@ __m512 MxF64SplitRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t 
     const __m256 ws_half =
         i ? _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(ws), 1))
           : _mm512_castps512_ps256(ws);
-    const __m512d dot = _mm512_fmadd_pd(_mm512_cvtepi32_pd(hi32), _mm512_set1_pd(256.0),
-                                        _mm512_cvtepi32_pd(lo32));
+    __m512d dot = _mm512_fmadd_pd(_mm512_cvtepi32_pd(hi32), _mm512_set1_pd(256.0),
+                                  _mm512_cvtepi32_pd(lo32));
+    if constexpr (kSplitX) {
+      const __m256i q32 = i ? _mm512_extracti64x4_epi64(q, 1) : _mm512_castsi512_si256(q);
+      dot = _mm512_fmadd_pd(dot, limb_scale, _mm512_cvtepi32_pd(q32));
+    }
     half[i] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(dot, xs), _mm512_cvtps_pd(ws_half)));
   }
   return _mm512_castsi512_ps(_mm512_inserti64x4(
@@ -351,13 +366,19 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
       for (int r = 0; r < MR; ++r, result += kPanel) _mm512_storeu_ps(result, block[r]);
     } else {
       const bool split_w = w.split_at[panel * x.blocks + b] >= 0;
-      const bool split_row_ok = w.panel_l1[panel * x.blocks + b] <= kSplitRowMaxWL1;
+      const int w_l1 = w.panel_l1[panel * x.blocks + b];
       for (int r = 0; r < MR; ++r) {
         if (rows >> r & 1) {
           __m512 block[1];
-          if (split_row_ok && x.span_bits[(row0 + r) * x.blocks + b] <= kShiftedI16Bits) {
-            block[0] = split_w ? MxF64SplitRowBlock<true>(p, row0 + r, panel, b)
-                               : MxF64SplitRowBlock<false>(p, row0 + r, panel, b);
+          const int64_t at = (row0 + r) * x.blocks + b;
+          const int x_span = x.span_bits[at], t = x.split_shift[at];
+          if (w_l1 <= kSplitRowMaxWL1 && x_span <= kShiftedI16Bits) {
+            block[0] = split_w ? MxF64SplitRowBlock<true, false>(p, row0 + r, panel, b)
+                               : MxF64SplitRowBlock<false, false>(p, row0 + r, panel, b);
+          } else if (w_l1 <= kSplitRowMaxWL1 && x_span <= kShiftedSplitBits &&
+                     t + w_l1 <= kShiftedDotBits) {
+            block[0] = split_w ? MxF64SplitRowBlock<true, true>(p, row0 + r, panel, b)
+                               : MxF64SplitRowBlock<false, true>(p, row0 + r, panel, b);
           } else {
             MxF64Block<1>(p, row0 + r, panel, b, block);
           }

@@ -182,7 +182,8 @@ struct WeightPanels {
 // X decoded for one kind: row-major rows × k_padded, padding zero.
 //   kMxI8/kNvI8 i8, kMxI16/kInt8 i16 (and i8 with block_offset where W has
 //   the u8 copy: kInt8, MXINT8 × MXINT8), kMxF64 f64 (element values) and i16 (the
-//   shifted integers of blocks spanning at most kShiftedI16Bits, as W's), kF32 f32.
+//   shifted integers of blocks spanning at most kShiftedI16Bits, as W's; the high
+//   limb up to kShiftedSplitBits, see i16_lo), kF32 f32.
 // Scales [row][block] for MX kinds (as in WeightPanels), [row] for kInt8.
 struct DecodedX {
   Kind kind = Kind::kF32;
@@ -200,6 +201,10 @@ struct DecodedX {
   int max_span_bits = 0;
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, rows × blocks
   std::vector<uint8_t> l1_bits;    // kMxF64: every block's l1 bits, rows × blocks
+  // kMxF64: a block spanning 16 to 30 bits as two limbs, x' = h · 2^t + l: h in
+  // i16, l here (rows × k_padded, 0 elsewhere), t in split_shift (rows × blocks).
+  std::vector<int16_t> i16_lo;
+  std::vector<uint8_t> split_shift;
 };
 
 // One GEMM as the tile kernels see it.

@@ -605,6 +605,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     default:
       d.f64.assign(x.rows * kp, 0.0);
       d.i16.assign(x.rows * kp, 0);
+      d.i16_lo.assign(x.rows * kp, 0);
+      d.split_shift.assign(x.rows * d.blocks, 0);
       d.span_bits.assign(x.rows * d.blocks, 0);
       d.l1_bits.assign(x.rows * d.blocks, 0);
       break;
@@ -631,6 +633,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     int32_t* const block_offset = d.block_offset.data();
     uint8_t* const span_bits = d.span_bits.data();
     uint8_t* const l1_bits = d.l1_bits.data();
+    int16_t* const i16_lo = d.i16_lo.data();
+    uint8_t* const x_split = d.split_shift.data();
     const int64_t* const fixed = table.fixed.data();
     const float* const value = table.value.data();
     const int64_t blocks = d.blocks;
@@ -648,7 +652,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
         if (kind == Kind::kMxF64) {  // the int16 path's scale, as in PackPanels
           const BlockScales shifted = ScalesOf(
               x.block_scales[at_block], table.fraction_bits - info.low_bit, info.all_zero);
-          if (shifted.counts && info.span_bits <= kShiftedI16Bits) {
+          if (shifted.counts && info.span_bits <= kShiftedSplitBits) {
             facts.range.Add(shifted.exponent);
           }
           scale[at_block] = static_cast<float>(shifted.fast);
@@ -679,9 +683,14 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);
           l1_bits[at_block] = static_cast<uint8_t>(info.l1_bits);
-          if (info.span_bits <= kShiftedI16Bits) {
+          if (info.span_bits <= kShiftedSplitBits) {
+            // One int16 limb, or two (x' = h · 2^t + l) as W's split blocks.
+            const int t = std::max(0, info.span_bits - kShiftedI16Bits);
+            x_split[at_block] = static_cast<uint8_t>(t);
             for (int i = 0; i < kBlockSize; ++i) {
-              i16[at + i] = static_cast<int16_t>(fixed[block[i]] >> info.low_bit);
+              const int64_t v = fixed[block[i]] >> info.low_bit;
+              i16[at + i] = static_cast<int16_t>(v >> t);
+              i16_lo[at + i] = static_cast<int16_t>(v - ((v >> t) << t));
             }
           }
         }
