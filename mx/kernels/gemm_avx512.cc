@@ -327,20 +327,24 @@ void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 }
 
 // kMxF64 (pairs with MXFP8) when the scales allow the fast epilogue for every
-// block (FastScalesOk with 31-bit dots). Each row's block takes one of two paths
-// that give the same correctly rounded block result, so the bits do not depend
-// on which one ran:
+// block (FastScalesOk with 31-bit dots). Each row's block takes one of three
+// paths that give the same correctly rounded block result, so the bits do not
+// depend on which one ran:
 //   int16: where the row's block pairs exactly with every lane's
 //          (ShiftedPairFits, looked up in W's fit_below), vpdpwssd on the
 //          shifted integers — 32 products per instruction against FP64's 8;
 //          twice where W's block has split lanes, the limbs joined in int32 —
 //          and the fast epilogue;
-//   FP64:  the other rows (MxF64Block, one row or the whole tile at once).
-// A first pass finds the FP64 rows of every block and computes their block
+//   split: a row that fails the bound, X's limb split in bytes
+//          (MxF64SplitRowBlock), where W's L1 and X's span allow;
+//   FP64:  the rest (MxF64Block: one row, or the whole tile when every row
+//          fails and some need it).
+// A first pass finds the failing rows of every block and computes their block
 // results in order; the second runs the int16 path and adds each block, taking
 // those results where it must, so the hot loop makes no calls (which would
 // spill the sixteen accumulators). Gaussian data quantized to E4M3 or E5M2
-// spans about 10 bits a block: most blocks take the int16 path.
+// spans about 10 bits a block: most blocks take the int16 path, and the E4M3
+// bench's other rows all take the split.
 template <int MR>
 void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
@@ -360,32 +364,43 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
       if (x_span > kShiftedI16Bits || x.l1_bits[at] >= fit[x_span]) rows |= 1u << r;
     }
     fp64_rows[b] = static_cast<uint8_t>(rows);
-    if (rows == kAllRows) {
+    // Which failing rows the byte split can take (W's L1 within 2^23; X in one
+    // limb, or two with the low limb's dot within int32); the rest need FP64.
+    const bool split_w = w.split_at[panel * x.blocks + b] >= 0;
+    const int w_l1 = w.panel_l1[panel * x.blocks + b];
+    unsigned one_limb = 0, two_limbs = 0;
+    for (int r = 0; r < MR; ++r) {
+      if (!(rows >> r & 1) || w_l1 > kSplitRowMaxWL1) continue;
+      const int64_t at = (row0 + r) * x.blocks + b;
+      if (x.span_bits[at] <= kShiftedI16Bits) {
+        one_limb |= 1u << r;
+      } else if (x.span_bits[at] <= kShiftedSplitBits &&
+                 x.split_shift[at] + w_l1 <= kShiftedDotBits) {
+        two_limbs |= 1u << r;
+      }
+    }
+    if (MR >= 4 && rows == kAllRows && (one_limb | two_limbs) != kAllRows) {
+      // Every row fails and some need FP64: the whole tile there, its W
+      // conversions shared (a lone row pays them alone).
       __m512 block[MR];
       MxF64Block<MR>(p, row0, panel, b, block);
       for (int r = 0; r < MR; ++r, result += kPanel) _mm512_storeu_ps(result, block[r]);
-    } else {
-      const bool split_w = w.split_at[panel * x.blocks + b] >= 0;
-      const int w_l1 = w.panel_l1[panel * x.blocks + b];
-      for (int r = 0; r < MR; ++r) {
-        if (rows >> r & 1) {
-          __m512 block[1];
-          const int64_t at = (row0 + r) * x.blocks + b;
-          const int x_span = x.span_bits[at], t = x.split_shift[at];
-          if (w_l1 <= kSplitRowMaxWL1 && x_span <= kShiftedI16Bits) {
-            block[0] = split_w ? MxF64SplitRowBlock<true, false>(p, row0 + r, panel, b)
-                               : MxF64SplitRowBlock<false, false>(p, row0 + r, panel, b);
-          } else if (w_l1 <= kSplitRowMaxWL1 && x_span <= kShiftedSplitBits &&
-                     t + w_l1 <= kShiftedDotBits) {
-            block[0] = split_w ? MxF64SplitRowBlock<true, true>(p, row0 + r, panel, b)
-                               : MxF64SplitRowBlock<false, true>(p, row0 + r, panel, b);
-          } else {
-            MxF64Block<1>(p, row0 + r, panel, b, block);
-          }
-          _mm512_storeu_ps(result, block[0]);
-          result += kPanel;
-        }
+      continue;
+    }
+    for (int r = 0; r < MR; ++r) {
+      if (!(rows >> r & 1)) continue;
+      __m512 block[1];
+      if (one_limb >> r & 1) {
+        block[0] = split_w ? MxF64SplitRowBlock<true, false>(p, row0 + r, panel, b)
+                           : MxF64SplitRowBlock<false, false>(p, row0 + r, panel, b);
+      } else if (two_limbs >> r & 1) {
+        block[0] = split_w ? MxF64SplitRowBlock<true, true>(p, row0 + r, panel, b)
+                           : MxF64SplitRowBlock<false, true>(p, row0 + r, panel, b);
+      } else {
+        MxF64Block<1>(p, row0 + r, panel, b, block);
       }
+      _mm512_storeu_ps(result, block[0]);
+      result += kPanel;
     }
   }
 

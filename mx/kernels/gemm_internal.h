@@ -32,7 +32,8 @@
 //           the dot is (Σ x'h) · 2^s + Σ x'l, computed in wrapping int32 —
 //           exact wherever the bound above holds for w' itself, since the true
 //           sum fits and every step is exact mod 2^32.
-//   kInt8   INT8 × INT8 (per-row scales): int16 path over the whole K.
+//   kInt8   INT8 × INT8 (per-row scales): int32 over the whole K (int16 pairs,
+//           or at avx512 vpdpbusd on W's u8 copy).
 //   kNvI8   NVFP4 × NVFP4: E2M1 elements as in kMxI8 (±12 in units of 2^-1, W
 //           as u8 w + 12), blocks of 16. The block result, float(dot) · S_x/2 ·
 //           S_w/2 with UE4M3 scales S, is exact in FP32 (12 + 4 + 4 bits), so

@@ -8,7 +8,7 @@
 // BF16/FP16/FP32 (and pairs of different kinds) accumulate in FP32 in their own
 // order, within the tolerance documented in mx/README.md. Operands that the fast
 // kernels cannot take exactly — element codes that are Inf or NaN (only a client
-// packing its own operand can send them), INT8 with K above 2^17 — run the
+// packing its own operand can send them), INT8 with K above 131071 — run the
 // reference instead; the returned KernelInfo says so. MXFP8_E5M2 block pairs whose
 // products span more than FP64 holds cost only the outputs they touch: those are
 // computed again exactly (KernelInfo.name ends in "+exact_wide" when the call had
@@ -85,7 +85,7 @@ absl::StatusOr<KernelInfo> Linear(const QuantizedMatrix& x, const PackedWeight& 
 // below Resolve(isa) that has a kernel for the pair's kind (gemm_internal.h,
 // kHasKernel). That is the name for ordinary operands; besides, a call whose
 // scales the fast epilogue cannot take exactly runs a lower level (scalar in the
-// end), Inf/NaN element codes or INT8 with K > 2^17 run "reference", and a call
+// end), Inf/NaN element codes or INT8 with K > 131071 run "reference", and a call
 // with MXFP8_E5M2 blocks wide enough to look for pairs past FP64 adds
 // "+exact_wide".
 std::string KernelNameFor(Format x, Format w, Isa isa);

@@ -582,8 +582,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
         d.i8[r * kp + c] = v;
         sum += v;
       }
-      // −128 · Σ x reaches 2^31 at the K cap: kept mod 2^32, as the kernel's
-      // wrapping int32 sums are (the true dot fits, so the wraps cancel).
+      // −128 · Σ x passes int32 for K past the cap (then the driver takes the
+      // reference): kept mod 2^32, which is all the kernel's int32 sums need.
       d.block_offset[r] = static_cast<int32_t>(static_cast<uint32_t>(-kU8Offset * sum));
     }
     return d;

@@ -237,11 +237,19 @@ TEST(SchedulingTest, ShutdownFinishesInFlightRequests) {
   const v1::GemmRequest slow = SlowGemm();
   std::vector<std::unique_ptr<GemmCall>> calls;
   for (int i = 0; i < 3; ++i) calls.push_back(StartGemm(stub.get(), slow));
-  // Let them arrive: one running, two queued (a fixed 100 ms was not always
-  // enough under ASan on a busy machine, and the late one was refused as new
-  // work after the signal, which is right). If the first ends before the third
-  // arrives the depth never reads 2, and the wait's end still finds all three in.
-  AwaitMetric(daemon.metrics_address(), "mxserve_queue_depth", 2, 10);
+  // Let all three arrive before the signal (a late one is refused as new work
+  // after it, which is right): one running, two queued. A depth of 2 read once
+  // can also be the first two queued before the idle worker took the first
+  // (seen under ASan): the worker takes it within milliseconds, so the depth
+  // must read 2 twice, 50 ms apart (a Gemm runs about 0.15 s). If the first
+  // ends before the third arrives the depth never reads 2, and the wait's end
+  // still finds all three in.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int twice = 0; twice < 2 && std::chrono::steady_clock::now() < until;) {
+    const bool two = MetricValue(ScrapeMetrics(daemon.metrics_address()), "mxserve_queue_depth") == 2;
+    twice = two ? twice + 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(two ? 50 : 10));
+  }
   EXPECT_EQ(daemon.Stop(), 0);
   for (auto& call : calls) {
     grpc::Status s = call->done.get_future().get();

@@ -200,6 +200,12 @@ TEST_P(EmulatedLevel, MxFp8HugeShiftedScales) {
   EXPECT_EQ(name, Expected(internal::Kind::kMxF64));
 }
 
+// Two-limb X blocks count in the fast-epilogue range.
+TEST_P(EmulatedLevel, MxFp8TwoLimbXWithTinyScale) {
+  const auto [x, w] = TinyScaleWideX(Format::kMxfp8E4m3);
+  EXPECT_EQ(Run(x, w, {}, "tiny-scale two-limb X"), Expected(internal::Kind::kMxF64));
+}
+
 // MXINT8 W against MXFP4 X: the widest kMxI8 bytes (w + 127 up to 254), where the
 // avx2 kernel needs int16 groups and these do not. NaN and all-zero blocks, and
 // two threads (AMX tile state is per thread).

@@ -305,6 +305,16 @@ TEST_P(LinearAtIsa, MxFp8HugeShiftedScalesMatchReference) {
   }
 }
 
+// Two-limb X blocks count in the fast-epilogue range (TinyScaleWideX).
+TEST_P(LinearAtIsa, MxFp8TwoLimbXWithTinyScaleMatchesReference) {
+  for (Format wf : {Format::kMxfp8E4m3, Format::kMxfp8E5m2}) {
+    const auto [x, w] = TinyScaleWideX(wf);
+    ExpectSameAsReference(x, w, {}, GetParam(), absl::StrCat("tiny-scale X x ", FormatName(wf)));
+    const std::vector<float> y = ReferenceLinear(x, w).value();
+    EXPECT_GT(std::fabs(y[0]), 0.1f);
+  }
+}
+
 // The bound itself: X in int16, W in two int16 limbs at most, then the smaller
 // of the two max-times-L1 bounds at most 2^31.
 TEST(Int16PathTest, ShiftedPairFitsKnownAnswers) {

@@ -98,11 +98,11 @@ inline QuantizedMatrix AllMinus128Mxint8(int64_t rows, int64_t cols, uint8_t sca
 // ragged shape with bias: Gaussian blocks (the int16 path) among planted ones —
 // rows of X whose block holds four 448s and one 2^-6 (span 15, L1 17 bits: the
 // bound is 2^32, one bit past int32, and the pair with a like block of W really
-// has Σ x'w' > 2^31, so FP64 must take it), W rows with a subnormal beside 448
-// (span 18, too wide for int16: the whole tile goes to FP64), blocks holding one
-// large element and tiny ones (span 15, L1 15 bits: still int16), a NaN block
-// and an all-zero block. `heavy_rows` / `heavy_cols` say where the 448 blocks
-// are (block 1).
+// has Σ x'w' > 2^31, so the int16 path must not take it), W rows with a
+// subnormal beside 448 (span 18: two limbs), X rows likewise (two limbs, one
+// against split W), blocks holding one large element and tiny ones (span 15,
+// L1 15 bits: still int16), a NaN block and an all-zero block. `heavy_rows` /
+// `heavy_cols` say where the 448 blocks are (block 1).
 struct Int16BoundsCase {
   QuantizedMatrix x, w;
   std::vector<float> bias;
@@ -126,6 +126,10 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
   // it runs X split in limbs and bytes.
   xv[15 * k + 96] = 448.0f;
   xv[15 * k + 97] = 0x1p-9f;
+  // X row 16's block 2 likewise, against W rows 9 and 31's split block 2: both
+  // in two limbs.
+  xv[16 * k + 64] = -448.0f;
+  xv[16 * k + 66] = 0x1p-9f;
   std::fill_n(xv.begin() + 12 * k + 64, 32, 0.0f);
   std::fill_n(xv.begin() + 12 * k + 64, 4, -448.0f);
   xv[12 * k + 64 + 9] = 0x1p-6f;
@@ -166,6 +170,24 @@ inline std::pair<QuantizedMatrix, QuantizedMatrix> HugeShiftedScales(Format x_fo
     wv[j * k + 34 + j % 7] = -0x1p-116f;
   }
   return {Quantize(xv, m, k, x_format), Quantize(wv, n, k, w_format)};
+}
+
+// An X block of two limbs (448 beside 2^-9, 18 bits) whose shifted scale,
+// 2^(−120 − 9), is below FP32's normals: its FastScalesOk range must count it
+// (else the split path would scale by a flushed 0), sending the call to the FP64
+// tiles; the results are ordinary floats.
+inline std::pair<QuantizedMatrix, QuantizedMatrix> TinyScaleWideX(Format w_format) {
+  const int64_t m = 3, n = 17, k = 32;
+  std::vector<float> xv(m * k, 0.0f), wv(n * k, 0.0f);
+  for (int64_t i = 0; i < m; ++i) {
+    xv[i * k + 0] = 448.0f * 0x1p-120f;
+    xv[i * k + 1 + i] = 0x1p-129f;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    wv[j * k + 0] = 448.0f * 0x1p100f;
+    wv[j * k + 1 + j % 3] = 0x1p100f;
+  }
+  return {Quantize(xv, m, k, Format::kMxfp8E4m3), Quantize(wv, n, k, w_format)};
 }
 
 // The kernel table (internal::kHasKernel) against a level's tile function: for
