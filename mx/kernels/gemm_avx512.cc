@@ -65,6 +65,18 @@ inline __m512i Dpwssd(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
+// The 8-lane halves of a 16-lane vector, and back.
+inline __m256i Half(__m512i v, int i) {
+  return i ? _mm512_extracti64x4_epi64(v, 1) : _mm512_castsi512_si256(v);
+}
+inline __m256 Half(__m512 v, int i) {
+  return _mm256_castsi256_ps(Half(_mm512_castps_si512(v), i));
+}
+inline __m512 Join(__m256 lo, __m256 hi) {
+  return _mm512_castsi512_ps(_mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
+}
+
 // Where a tile's outputs go: the panel's columns that are in Y, as a lane mask,
 // so the sums live in registers from the bias to the store (no Tile buffer).
 struct Out {
@@ -124,12 +136,12 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
-// acc[r] += Σ over X's k-pairs [first, first + 16) of row r's int16 pair · W's,
-// per lane (vpdpwssd), W's 16 pairs of 16 lanes from `wp`: one block, the inner
-// loop of kMxI16 and of kMxF64's int16 path.
+// acc[r] += Σ over X's block b of row r's int16 pairs · W's, per lane
+// (vpdpwssd), W's 16 pairs of 16 lanes from `wp`: the inner loop of kMxI16 and
+// of kMxF64's int16 path.
 template <int MR>
-void I16Block(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t first, __m512i* acc) {
-  const int16_t* xp = x.i16.data() + row0 * x.k_padded + 2 * first;
+void I16Block(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t b, __m512i* acc) {
+  const int16_t* xp = x.i16.data() + row0 * x.k_padded + b * kBlockSize;
   for (int pair = 0; pair < kBlockSize / 2; ++pair) {
     const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
     for (int r = 0; r < MR; ++r) {
@@ -150,7 +162,7 @@ void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int64_t b = 0; b < x.blocks; ++b) {
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-    I16Block<MR>(x, wp + b * kBlockSize * kPanel, row0, b * 16, acc);
+    I16Block<MR>(x, wp + b * kBlockSize * kPanel, row0, b, acc);
     const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
     for (int r = 0; r < MR; ++r) {
       y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
@@ -160,8 +172,9 @@ void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 }
 
 // INT8: the whole K in int32 — vpdpbusd on W's u8 copy (w + 128) and X's bytes,
-// from −128 · Σ x, four products per lane per instruction; exact: the true dot
-// fits int32 (the driver caps K) and the wrapping sums in between cancel — then
+// from −128 · Σ x, four products per lane per instruction; exact: after any
+// prefix of K the sum is Σ_prefix x·w − 128 · Σ_rest x, within 2^14 · K < 2^31
+// (the driver caps K) — then
 // (float(dot) · scale_x) · scale_w, then the bias, in the reference's order (no
 // fused multiply-add).
 template <int MR>
@@ -231,11 +244,19 @@ inline void MxF64Block(const Problem& p, int64_t row0, int64_t panel, int64_t b,
   const __m512d ws0 = _mm512_loadu_pd(ws), ws1 = _mm512_loadu_pd(ws + 8);
   for (int r = 0; r < MR; ++r) {
     const __m512d xs = _mm512_set1_pd(x.scale_d[(row0 + r) * x.blocks + b]);
-    const __m256 lo = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0][0], xs), ws0));
-    const __m256 hi = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0][1], xs), ws1));
-    out[r] = _mm512_castsi512_ps(_mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
+    out[r] = Join(_mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0][0], xs), ws0)),
+                  _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(acc[r][0][1], xs), ws1)));
   }
+}
+
+// W's split lanes of panel block pb joined: high · 2^s + low per lane, in
+// wrapping int32 (exact wherever the joined sum fits, as the callers know).
+inline __m512i LimbShifts(const WeightPanels& w, int64_t pb) {
+  return _mm512_cvtepu8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.split_shift.data() + pb * kPanel)));
+}
+inline __m512i JoinLimbs(__m512i high, __m512i low, __m512i shifts) {
+  return _mm512_add_epi32(_mm512_sllv_epi32(high, shifts), low);
 }
 
 // The largest l1 bits of W's lanes for which MxF64SplitRowBlock is exact: the
@@ -281,11 +302,10 @@ __m512 MxF64SplitRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t 
   }
   __m512i h = high[0], l = low[0], q = limb[0];
   if constexpr (kSplitW) {
-    const __m512i shift = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.split_shift.data() + pb * kPanel)));
-    h = _mm512_add_epi32(_mm512_sllv_epi32(h, shift), high[1]);
-    l = _mm512_add_epi32(_mm512_sllv_epi32(l, shift), low[1]);
-    q = _mm512_add_epi32(_mm512_sllv_epi32(q, shift), limb[1]);
+    const __m512i shifts = LimbShifts(w, pb);
+    h = JoinLimbs(h, high[1], shifts);
+    l = JoinLimbs(l, low[1], shifts);
+    q = JoinLimbs(q, limb[1], shifts);
   }
   // 2^t for X's high limb (1 unsplit).
   const __m512d limb_scale =
@@ -294,21 +314,12 @@ __m512 MxF64SplitRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t 
   const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
   __m256 half[2];
   for (int i = 0; i < 2; ++i) {
-    const __m256i hi32 = i ? _mm512_extracti64x4_epi64(h, 1) : _mm512_castsi512_si256(h);
-    const __m256i lo32 = i ? _mm512_extracti64x4_epi64(l, 1) : _mm512_castsi512_si256(l);
-    const __m256 ws_half =
-        i ? _mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(ws), 1))
-          : _mm512_castps512_ps256(ws);
-    __m512d dot = _mm512_fmadd_pd(_mm512_cvtepi32_pd(hi32), _mm512_set1_pd(256.0),
-                                  _mm512_cvtepi32_pd(lo32));
-    if constexpr (kSplitX) {
-      const __m256i q32 = i ? _mm512_extracti64x4_epi64(q, 1) : _mm512_castsi512_si256(q);
-      dot = _mm512_fmadd_pd(dot, limb_scale, _mm512_cvtepi32_pd(q32));
-    }
-    half[i] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(dot, xs), _mm512_cvtps_pd(ws_half)));
+    __m512d dot = _mm512_fmadd_pd(_mm512_cvtepi32_pd(Half(h, i)), _mm512_set1_pd(256.0),
+                                  _mm512_cvtepi32_pd(Half(l, i)));
+    if constexpr (kSplitX) dot = _mm512_fmadd_pd(dot, limb_scale, _mm512_cvtepi32_pd(Half(q, i)));
+    half[i] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(dot, xs), _mm512_cvtps_pd(Half(ws, i))));
   }
-  return _mm512_castsi512_ps(_mm512_inserti64x4(
-      _mm512_castsi256_si512(_mm256_castps_si256(half[0])), _mm256_castps_si256(half[1]), 1));
+  return Join(half[0], half[1]);
 }
 
 // kMxF64 without the int16 path (scales the fast epilogue cannot take): every
@@ -340,7 +351,7 @@ void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 //   FP64:  the rest (MxF64Block: one row, or the whole tile when every row
 //          fails and some need it).
 // A first pass finds the failing rows of every block and computes their block
-// results in order; the second runs the int16 path and adds each block, taking
+// results in (block, row) order; the second runs the int16 path and adds each block, taking
 // those results where it must, so the hot loop makes no calls (which would
 // spill the sixteen accumulators). Gaussian data quantized to E4M3 or E5M2
 // spans about 10 bits a block: most blocks take the int16 path, and the E4M3
@@ -350,35 +361,33 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   constexpr unsigned kAllRows = (1u << MR) - 1;
-  // Per block, bit r: row r takes FP64; and those rows' block results, 16 floats
-  // each, in (block, row) order: at most every row of every block.
-  uint8_t* const fp64_rows = ScratchBytes(x.blocks);
-  float* const fp64_results = ScratchFloats(x.blocks * MR * kPanel);
-  float* result = fp64_results;
+  // Per block, bit r: row r fails the int16 path; and those rows' block results,
+  // 16 floats each, in (block, row) order: at most every row of every block.
+  uint8_t* const failing_rows = ScratchBytes(x.blocks);
+  float* const row_results = ScratchFloats(x.blocks * MR * kPanel);
+  float* result = row_results;
   for (int64_t b = 0; b < x.blocks; ++b) {
-    const uint8_t* fit = w.fit_below.data() + (panel * x.blocks + b) * (kShiftedI16Bits + 1);
-    unsigned rows = 0;
+    const int64_t pb = panel * x.blocks + b;
+    const uint8_t* fit = w.fit_below.data() + pb * (kShiftedI16Bits + 1);
+    const bool split_w = w.split_at[pb] >= 0;
+    const int w_l1 = w.panel_l1[pb];
+    // Failing rows, and which of them the byte split takes (W's L1 within
+    // 2^23; X in one limb, or two with the low limb's dot within int32); the
+    // rest need FP64.
+    unsigned rows = 0, one_limb = 0, two_limbs = 0;
     for (int r = 0; r < MR; ++r) {
       const int64_t at = (row0 + r) * x.blocks + b;
       const int x_span = x.span_bits[at];
-      if (x_span > kShiftedI16Bits || x.l1_bits[at] >= fit[x_span]) rows |= 1u << r;
-    }
-    fp64_rows[b] = static_cast<uint8_t>(rows);
-    // Which failing rows the byte split can take (W's L1 within 2^23; X in one
-    // limb, or two with the low limb's dot within int32); the rest need FP64.
-    const bool split_w = w.split_at[panel * x.blocks + b] >= 0;
-    const int w_l1 = w.panel_l1[panel * x.blocks + b];
-    unsigned one_limb = 0, two_limbs = 0;
-    for (int r = 0; r < MR; ++r) {
-      if (!(rows >> r & 1) || w_l1 > kSplitRowMaxWL1) continue;
-      const int64_t at = (row0 + r) * x.blocks + b;
-      if (x.span_bits[at] <= kShiftedI16Bits) {
+      if (x_span <= kShiftedI16Bits && x.l1_bits[at] < fit[x_span]) continue;
+      rows |= 1u << r;
+      if (w_l1 > kSplitRowMaxWL1) continue;
+      if (x_span <= kShiftedI16Bits) {
         one_limb |= 1u << r;
-      } else if (x.span_bits[at] <= kShiftedSplitBits &&
-                 x.split_shift[at] + w_l1 <= kShiftedDotBits) {
+      } else if (x_span <= kShiftedSplitBits && x.split_shift[at] + w_l1 <= kShiftedDotBits) {
         two_limbs |= 1u << r;
       }
     }
+    failing_rows[b] = static_cast<uint8_t>(rows);
     if (MR >= 4 && rows == kAllRows && (one_limb | two_limbs) != kAllRows) {
       // Every row fails and some need FP64: the whole tile there, its W
       // conversions shared (a lone row pays them alone).
@@ -405,31 +414,28 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   }
 
   const int16_t* wi = w.i16.data() + panel * x.k_padded * kPanel;
-  const float* next = fp64_results;
+  const float* next = row_results;
   const Out out(p, panel);
   __m512 y[MR];
   for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   for (int64_t b = 0; b < x.blocks; ++b) {
-    const unsigned rows = fp64_rows[b];
+    const unsigned rows = failing_rows[b];
     if (rows == kAllRows) {
       for (int r = 0; r < MR; ++r, next += kPanel) y[r] = _mm512_add_ps(y[r], _mm512_loadu_ps(next));
       continue;
     }
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-    I16Block<MR>(x, wi + b * kBlockSize * kPanel, row0, b * 16, acc);
-    if (const int32_t lo = w.split_at[panel * x.blocks + b]; lo >= 0) {
-      // Split lanes: acc · 2^s + Σ x'l, wrapping int32 (exact: the true dot fits).
+    const int64_t pb = panel * x.blocks + b;
+    I16Block<MR>(x, wi + b * kBlockSize * kPanel, row0, b, acc);
+    if (const int32_t lo = w.split_at[pb]; lo >= 0) {  // split lanes: Σ x'h · 2^s + Σ x'l
       __m512i low[MR];
       for (int r = 0; r < MR; ++r) low[r] = _mm512_setzero_si512();
-      I16Block<MR>(x, w.i16_lo.data() + lo, row0, b * 16, low);
-      const __m512i shift = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-          w.split_shift.data() + (panel * x.blocks + b) * kPanel)));
-      for (int r = 0; r < MR; ++r) {
-        acc[r] = _mm512_add_epi32(_mm512_sllv_epi32(acc[r], shift), low[r]);
-      }
+      I16Block<MR>(x, w.i16_lo.data() + lo, row0, b, low);
+      const __m512i shifts = LimbShifts(w, pb);
+      for (int r = 0; r < MR; ++r) acc[r] = JoinLimbs(acc[r], low[r], shifts);
     }
-    const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
+    const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
     for (int r = 0; r < MR; ++r) {
       if (rows >> r & 1) {
         y[r] = _mm512_add_ps(y[r], _mm512_loadu_ps(next));

@@ -31,7 +31,9 @@
 //           w' = h · 2^s + l with s = span − 15, h = w' >> s and 0 <= l < 2^s:
 //           the dot is (Σ x'h) · 2^s + Σ x'l, computed in wrapping int32 —
 //           exact wherever the bound above holds for w' itself, since the true
-//           sum fits and every step is exact mod 2^32.
+//           sum fits and every step is exact mod 2^32. X blocks of 16 to 30
+//           bits are decoded into limbs the same way (SplitLimbs, operands.h);
+//           a row failing the bound runs avx512's MxF64SplitRowBlock.
 //   kInt8   INT8 × INT8 (per-row scales): int32 over the whole K (int16 pairs,
 //           or at avx512 vpdpbusd on W's u8 copy).
 //   kNvI8   NVFP4 × NVFP4: E2M1 elements as in kMxI8 (±12 in units of 2^-1, W
@@ -142,7 +144,7 @@ constexpr int FitBelow(int x_span, int w_span, int w_l1) {
 //   kF32    [p][k][16] in W's own precision: f32 (FP32, and any other format
 //           dequantized), or u16 FP16/BF16 bits (float_store says which)
 // Scales, MX kinds and kNvI8: [p][block][16] (kNvI8: S/2, NaN for a NaN block;
-// kMxF64: `scale` is the int16 path's 2^(ew + shift), `scale_d` the FP64 path's);
+// kMxF64: `scale` is the int16 path's 2^(ew + low_bit), `scale_d` the FP64 path's);
 // kInt8: [p][16] (the row scales); kF32: none. kNvI8 also keeps the tensor scale
 // of each row of W in tensor_scale.
 struct WeightPanels {
@@ -164,7 +166,6 @@ struct WeightPanels {
   bool has_special = false;  // an element code is Inf or NaN: the reference path
   int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, N × blocks (row-major)
-  std::vector<uint8_t> l1_bits;     // kMxF64: every block's l1 bits, N × blocks (row-major)
   std::vector<uint8_t> fit_below;   // kMxF64: [p][block][x_span 0..15], see FitBelow
   std::vector<uint8_t> panel_l1;    // kMxF64: [p][block], the largest l1 bits of its lanes
   std::vector<int16_t> i16_lo;       // kMxF64: the low limbs of split blocks (see above)
@@ -173,10 +174,10 @@ struct WeightPanels {
   std::vector<float> tensor_scale;  // kNvI8: W's row scales, N values
 
   size_t bytes() const {
-    return u8.size() + scale_bytes.size() + span_bits.size() + l1_bits.size() +
-           fit_below.size() + panel_l1.size() + split_shift.size() + 2 * i16_lo.size() + 4 * split_at.size() +
-           2 * (i16.size() + f16.size()) +
-           4 * (f32.size() + scale.size() + tensor_scale.size()) + 8 * scale_d.size();
+    return u8.size() + scale_bytes.size() + span_bits.size() + fit_below.size() +
+           panel_l1.size() + split_shift.size() + 2 * (i16.size() + i16_lo.size() + f16.size()) +
+           4 * (f32.size() + scale.size() + tensor_scale.size() + split_at.size()) +
+           8 * scale_d.size();
   }
 };
 

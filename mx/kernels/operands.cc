@@ -172,6 +172,22 @@ BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero) {
   return s;
 }
 
+BlockScales ShiftedScalesOf(uint8_t scale_byte, const CodeTable& table, const BlockInfo& info) {
+  BlockScales s = ScalesOf(scale_byte, table.fraction_bits - info.low_bit, info.all_zero);
+  s.counts = s.counts && info.span_bits <= kShiftedSplitBits;
+  return s;
+}
+
+int LimbShift(const BlockInfo& info) {
+  return info.span_bits <= kShiftedSplitBits ? std::max(0, info.span_bits - kShiftedI16Bits) : -1;
+}
+
+Limbs SplitLimbs(int64_t fixed, int low_bit, int shift) {
+  const int64_t v = fixed >> low_bit;  // exact: fixed is a multiple of 2^low_bit
+  const int64_t high = v >> shift;     // floor, so the low limb is >= 0
+  return {static_cast<int16_t>(high), static_cast<int16_t>(v - (high << shift))};
+}
+
 namespace {
 
 // kNvI8: a UE4M3 block scale as the epilogue multiplies it, S · 2^-1 (the
@@ -326,7 +342,6 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       p.f16.assign(lanes * kp, 0);
       p.i16.assign(lanes * kp, 0);
       p.span_bits.assign(w.rows * p.blocks, 0);
-      p.l1_bits.assign(w.rows * p.blocks, 0);
       p.fit_below.assign(p.panels * p.blocks * (kShiftedI16Bits + 1), 255);  // zero lanes fit
       p.panel_l1.assign(p.panels * p.blocks, 0);
       p.split_at.assign(p.panels * p.blocks, -1);
@@ -382,8 +397,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
   p.scale_d.assign(lanes * p.blocks, 0.0);
   p.scale_bytes = w.block_scales;
   std::vector<uint8_t> codes(kp);
-  // kMxF64, this row's blocks: the lowest set bit, and the int16 limb shift s
-  // (0: one limb; -1: too wide for the int16 path).
+  // kMxF64, this row's blocks: the lowest set bit, and the limb shift (LimbShift).
   std::vector<int> block_low_bit(p.blocks, 0), block_split(p.blocks, -1);
   const int64_t row_bytes = RowBytes(w.format, w.cols);
   for (int64_t n = 0; n < w.rows; ++n) {
@@ -394,11 +408,15 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       p.max_span_bits = std::max(p.max_span_bits, info.span_bits);
       const uint8_t scale_byte = w.block_scales[n * p.blocks + b];
       const BlockScales s = ScalesOf(scale_byte, fraction_bits, info.all_zero);
+      // The fast epilogue's scale: kMxF64's is its int16 path's.
+      const BlockScales fast =
+          kind == Kind::kMxF64 ? ShiftedScalesOf(scale_byte, table, info) : s;
       const int64_t at = ((n / kPanel) * p.blocks + b) * kPanel + n % kPanel;
       p.scale_d[at] = s.wide;
+      p.scale[at] = static_cast<float>(fast.fast);
+      if (fast.counts) p.range.Add(fast.exponent);
       if (kind == Kind::kMxF64) {
         p.span_bits[n * p.blocks + b] = static_cast<uint8_t>(info.span_bits);
-        p.l1_bits[n * p.blocks + b] = static_cast<uint8_t>(info.l1_bits);
         const int64_t panel_block = (n / kPanel) * p.blocks + b;
         p.panel_l1[panel_block] =
             std::max(p.panel_l1[panel_block], static_cast<uint8_t>(info.l1_bits));
@@ -407,15 +425,8 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
           fit[x_span] = static_cast<uint8_t>(
               std::min<int>(fit[x_span], FitBelow(x_span, info.span_bits, info.l1_bits)));
         }
-        // The int16 path's scale: 2^(S - 127 - F + low_bit) for the shifted integers.
-        const BlockScales shifted =
-            ScalesOf(scale_byte, table.fraction_bits - info.low_bit, info.all_zero);
-        if (shifted.counts && info.span_bits <= kShiftedSplitBits) p.range.Add(shifted.exponent);
-        p.scale[at] = static_cast<float>(shifted.fast);
         block_low_bit[b] = info.low_bit;
-        block_split[b] = info.span_bits <= kShiftedSplitBits
-                             ? std::max(0, info.span_bits - kShiftedI16Bits)
-                             : -1;
+        block_split[b] = LimbShift(info);
         if (block_split[b] > 0) {
           p.split_shift[at] = static_cast<uint8_t>(block_split[b]);
           int32_t& lo = p.split_at[panel_block];
@@ -424,9 +435,6 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
             p.i16_lo.resize(p.i16_lo.size() + kBlockSize * kPanel, 0);
           }
         }
-      } else {
-        if (s.counts) p.range.Add(s.exponent);
-        p.scale[at] = static_cast<float>(s.fast);
       }
     }
     // All of K padded: a client may pack non-zero codes into a short block's
@@ -450,13 +458,12 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
         default:  // kMxF64
           p.f16[pair_index(n, k, 1)] = FloatToFp16(table.value[code]);
           if (const int split = block_split[k / kBlockSize]; split >= 0) {
-            const int64_t v = table.fixed[code] >> block_low_bit[k / kBlockSize];
-            const int64_t high = v >> split;  // floor: the low limb is v − high · 2^s >= 0
-            p.i16[pair_index(n, k, 2)] = static_cast<int16_t>(high);
-            if (split > 0) {
+            const Limbs limbs = SplitLimbs(table.fixed[code], block_low_bit[k / kBlockSize], split);
+            p.i16[pair_index(n, k, 2)] = limbs.high;
+            if (split > 0) {  // the low limb in i16_lo, the block's 16 pairs of 16 lanes
               const int64_t pb = (n / kPanel) * p.blocks + k / kBlockSize;
               const int64_t in_block = ((k % kBlockSize) / 2 * kPanel + n % kPanel) * 2 + k % 2;
-              p.i16_lo[p.split_at[pb] + in_block] = static_cast<int16_t>(v - (high << split));
+              p.i16_lo[p.split_at[pb] + in_block] = limbs.low;
             }
           }
           break;
@@ -648,20 +655,14 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
         facts.max_span_bits = std::max(facts.max_span_bits, info.span_bits);
         const int64_t at_block = r * blocks + b;
         const BlockScales s = ScalesOf(x.block_scales[at_block], fraction_bits, info.all_zero);
+        // The fast epilogue's scale, as in PackPanels.
+        const BlockScales fast =
+            kind == Kind::kMxF64 ? ShiftedScalesOf(x.block_scales[at_block], table, info) : s;
         scale_d[at_block] = s.wide;
-        if (kind == Kind::kMxF64) {  // the int16 path's scale, as in PackPanels
-          const BlockScales shifted = ScalesOf(
-              x.block_scales[at_block], table.fraction_bits - info.low_bit, info.all_zero);
-          if (shifted.counts && info.span_bits <= kShiftedSplitBits) {
-            facts.range.Add(shifted.exponent);
-          }
-          scale[at_block] = static_cast<float>(shifted.fast);
-        } else {
-          if (s.counts) facts.range.Add(s.exponent);
-          scale[at_block] = static_cast<float>(s.fast);
-        }
+        scale[at_block] = static_cast<float>(fast.fast);
+        if (fast.counts) facts.range.Add(fast.exponent);
         const int64_t at = r * kp + b * kBlockSize;
-        if (kind == Kind::kMxI8) {
+        if (with_i8) {  // kMxI8, and MXINT8 × MXINT8's copy: bytes and the offset's share
           int32_t sum = 0;
           for (int i = 0; i < kBlockSize; ++i) {
             const auto v = static_cast<int32_t>(fixed[block[i]]);
@@ -669,28 +670,19 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
             sum += v;
           }
           block_offset[at_block] = -offset * sum;
-        } else if (kind == Kind::kMxI16) {
+        }
+        if (kind == Kind::kMxI16) {
           for (int i = 0; i < kBlockSize; ++i) i16[at + i] = static_cast<int16_t>(fixed[block[i]]);
-          if (with_i8) {  // MXINT8 × MXINT8: the bytes and the offset's share, as kMxI8's
-            int32_t sum = 0;
-            for (int i = 0; i < kBlockSize; ++i) {
-              i8[at + i] = static_cast<int8_t>(fixed[block[i]]);
-              sum += static_cast<int32_t>(fixed[block[i]]);
-            }
-            block_offset[at_block] = -offset * sum;
-          }
-        } else {
+        } else if (kind == Kind::kMxF64) {
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);
           l1_bits[at_block] = static_cast<uint8_t>(info.l1_bits);
-          if (info.span_bits <= kShiftedSplitBits) {
-            // One int16 limb, or two (x' = h · 2^t + l) as W's split blocks.
-            const int t = std::max(0, info.span_bits - kShiftedI16Bits);
+          if (const int t = LimbShift(info); t >= 0) {  // one int16 limb, or two as W's
             x_split[at_block] = static_cast<uint8_t>(t);
             for (int i = 0; i < kBlockSize; ++i) {
-              const int64_t v = fixed[block[i]] >> info.low_bit;
-              i16[at + i] = static_cast<int16_t>(v >> t);
-              i16_lo[at + i] = static_cast<int16_t>(v - ((v >> t) << t));
+              const Limbs limbs = SplitLimbs(fixed[block[i]], info.low_bit, t);
+              i16[at + i] = limbs.high;
+              i16_lo[at + i] = limbs.low;
             }
           }
         }

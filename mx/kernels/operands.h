@@ -44,6 +44,19 @@ struct BlockScales {
 };
 BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero);
 
+// kMxF64's int16 path (gemm_internal.h), one block of an operand:
+// - the scale of its shifted integers, 2^(S − 127 − F + low_bit), counting in
+//   the FastScalesOk range only where the block has int16 limbs at all;
+// - the limb shift t: 0 for one limb, span − 15 for two, −1 past kShiftedSplitBits;
+// - a fixed-point element as its limbs: v = fixed >> low_bit = high · 2^t + low,
+//   0 <= low < 2^t.
+BlockScales ShiftedScalesOf(uint8_t scale_byte, const CodeTable& table, const BlockInfo& info);
+int LimbShift(const BlockInfo& info);
+struct Limbs {
+  int16_t high, low;
+};
+Limbs SplitLimbs(int64_t fixed, int low_bit, int shift);
+
 // INT8 and MXINT8 operands of kInt8 / kMxI16 get a second copy for vpdpbusd: W
 // as u8 w + kU8Offset (kMxI8's layout), X as i8 with the offset's share,
 // −kU8Offset · Σ x, per block (kMxI16: both operands MXINT8) or per row (kInt8).
