@@ -238,18 +238,22 @@ TEST_F(RegistryTest, LeasedModelsExpireUnlessNamed) {
   using std::chrono::milliseconds;
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(registry_.Register("leased", {{"fc", kOut, kIn, false}}, "D-phase-adaptive", 2).ok());
-  EXPECT_EQ(registry_.Describe("leased")->lease_seconds, 2);
   EXPECT_EQ(registry_.Describe("m")->lease_seconds, 0);
-  const auto named = std::chrono::steady_clock::now();  // the Describe just now renewed it
-  EXPECT_TRUE(registry_.DeleteExpired(named + milliseconds(1900)).empty());
+  // Times read just before a renewing call bound its renewal from below (the
+  // lease cannot end before them + 2 s), times read after it from above; one
+  // read after the call once missed by a few ms under ASan.
+  const auto naming = std::chrono::steady_clock::now();
+  EXPECT_EQ(registry_.Describe("leased")->lease_seconds, 2);  // renews it
+  EXPECT_TRUE(registry_.DeleteExpired(naming + milliseconds(1900)).empty());
   (void)registry_.List();  // listing is not naming: no renewal
-  EXPECT_TRUE(registry_.DeleteExpired(named + milliseconds(1999)).empty());
+  EXPECT_TRUE(registry_.DeleteExpired(naming + milliseconds(1999)).empty());
 
   // A lookup by name (what every compute call does) renews it; failing ones too.
+  const auto looking_up = std::chrono::steady_clock::now();
   EXPECT_EQ(registry_.Lookup("leased", "fc", 0).status().code(),
             absl::StatusCode::kFailedPrecondition);
   const auto looked_up = std::chrono::steady_clock::now();
-  EXPECT_TRUE(registry_.DeleteExpired(looked_up + milliseconds(1990)).empty());
+  EXPECT_TRUE(registry_.DeleteExpired(looking_up + milliseconds(1990)).empty());
   const uint64_t before = budget_.used();
   const auto deleted = registry_.DeleteExpired(looked_up + milliseconds(2001));
   ASSERT_EQ(deleted.size(), 1u);
