@@ -64,7 +64,19 @@ Isa Detect() {
   return Isa::kAmx;
 }
 
+bool DetectAvx512Bf16() {
+  if (CpuSupports() < Isa::kAvx512) return false;
+  unsigned a, b, c, d;
+  __cpuid_count(7, 1, a, b, c, d);
+  return a & (1u << 5);  // CPUID.(EAX=7,ECX=1):EAX[5], AVX512_BF16
+}
+
 }  // namespace
+
+bool CpuHasAvx512Bf16() {
+  static const bool has = DetectAvx512Bf16();
+  return has;
+}
 
 absl::string_view IsaName(Isa isa) {
   switch (isa) {

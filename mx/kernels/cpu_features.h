@@ -31,6 +31,11 @@ absl::StatusOr<Isa> ParseIsa(absl::string_view name);
 // tile state to this process; a refusal leaves the answer at avx512.
 Isa CpuSupports();
 
+// Whether the CPU has AVX512_BF16 (vdpbf16ps) besides the avx512 level: Zen 4
+// and later, Cooper Lake and Sapphire Rapids and later, not Ice Lake. The
+// avx512 level's BF16 × BF16 kernel needs it (internal::Kind::kBf16).
+bool CpuHasAvx512Bf16();
+
 // The levels the fast kernels have code for in this build: all four. Not every
 // level has every kind of kernel: which ones each has is one table,
 // internal::kHasKernel in gemm_internal.h, and a kind without its own kernel at a

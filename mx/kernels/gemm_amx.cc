@@ -11,6 +11,8 @@
 // instruction covers one block only (the scales change every 32 k), so the
 // epilogue, not the multiply, bounds this kernel.
 //
+// INT8 × INT8 (kInt8) runs TDPBSUD and BF16 × BF16 (kBf16) TDPBF16PS, each over
+// all of K in one C tile with one epilogue (Int8Tile, Bf16Tile).
 // Other kinds run the best level below that has them (kHasKernel in
 // gemm_internal.h: avx512 for all but kNvI8, which runs avx2).
 //
@@ -58,6 +60,11 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
+// The columns [n0, n0 + 16) that are in Y, as a lane mask.
+__mmask16 PanelColumns(const Problem& p, int64_t n0) {
+  return static_cast<__mmask16>((1u << std::min<int64_t>(kPanel, p.n - n0)) - 1);
+}
+
 template <bool kNibbles>
 void MxI8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   const DecodedX& x = *p.x;
@@ -100,11 +107,104 @@ void MxI8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   }
 }
 
+// kInt8: TDPBSUD over all of K in one C tile — X's s8 rows (A) by W's u8 copy
+// w + 128 (B, already AMX's layout), 64 k per instruction and a last 32 where
+// the blocks are odd (tiles 3 and 4, configured for it) — from zero, wrapping;
+// then X's −128 · Σx per row (block_offset) makes each sum exact mod 2^32, and
+// so exact: the driver caps K so that the true sum fits int32 (avx512's Int8Tile
+// says why). The epilogue is the reference's: (float(dot) · scale_x) · scale_w,
+// then the bias.
+#define MX_TMM_A_TAIL 3
+#define MX_TMM_B_TAIL 4
+void Int8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  TileConfig config(rows);
+  config.colsb[MX_TMM_A] = 2 * kBlockSize;  // 64 s8
+  config.rows[MX_TMM_B] = 2 * kBlockSize / 4;
+  config.colsb[MX_TMM_A_TAIL] = kBlockSize;
+  config.rows[MX_TMM_A_TAIL] = static_cast<uint8_t>(rows);
+  config.colsb[MX_TMM_B_TAIL] = kPanel * 4;
+  config.rows[MX_TMM_B_TAIL] = kBlockSize / 4;
+  _tile_loadconfig(&config);
+  _tile_zero(MX_TMM_C);
+  const int8_t* xp = x.i8.data() + row0 * kp;
+  const uint8_t* wp = w.u8.data() + panel * kp * kPanel;
+  int64_t k = 0;
+  for (; k + 2 * kBlockSize <= kp; k += 2 * kBlockSize) {
+    _tile_loadd(MX_TMM_A, xp + k, kp);
+    _tile_loadd(MX_TMM_B, wp + k * kPanel, 64);
+    _tile_dpbsud(MX_TMM_C, MX_TMM_A, MX_TMM_B);
+  }
+  if (k < kp) {
+    _tile_loadd(MX_TMM_A_TAIL, xp + k, kp);
+    _tile_loadd(MX_TMM_B_TAIL, wp + k * kPanel, 64);
+    _tile_dpbsud(MX_TMM_C, MX_TMM_A_TAIL, MX_TMM_B_TAIL);
+  }
+  alignas(64) int32_t dots[kAmxTileRows][kPanel];
+  _tile_stored(MX_TMM_C, dots, kPanel * 4);
+  _tile_release();
+  const int64_t n0 = panel * kPanel;
+  const __mmask16 cols = PanelColumns(p, n0);
+  const __m512 ws = _mm512_loadu_ps(w.scale.data() + panel * kPanel);
+  for (int r = 0; r < rows; ++r) {
+    const __m512i dot =
+        _mm512_add_epi32(_mm512_load_si512(dots[r]), _mm512_set1_epi32(x.block_offset[row0 + r]));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x.scale[row0 + r]));
+    v = _mm512_mul_ps(v, ws);
+    if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, p.bias + n0));  // −0 kept
+    _mm512_mask_storeu_ps(p.y + (row0 + r) * p.n + n0, cols, v);
+  }
+}
+
+// kBf16: TDPBF16PS, 32 k per instruction — X's 16 × 32 BF16 as they are (A),
+// W's pair layout as it is (B: 16 pairs of k × 16 lanes × 2) — summed in the C
+// tile over all of K, then the bias added once: no per-block epilogue, so the
+// tile unit, not AVX-512, sets the pace. Within the float paths' bound like
+// avx512's Bf16PairTile (the driver checked FastScalesOk).
+void Bf16Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  TileConfig config(rows);
+  config.colsb[MX_TMM_A] = kBlockSize * 2;  // 32 BF16
+  config.rows[MX_TMM_B] = kBlockSize / 2;   // 16 pairs of k
+  _tile_loadconfig(&config);
+  _tile_zero(MX_TMM_C);
+  const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
+  const uint16_t* xp = x.bf16.data() + row0 * kp;
+  for (int64_t k = 0; k < kp; k += kBlockSize) {
+    _tile_loadd(MX_TMM_A, xp + k, kp * 2);
+    _tile_loadd(MX_TMM_B, wp + k * kPanel, kPanel * 4);
+    _tile_dpbf16ps(MX_TMM_C, MX_TMM_A, MX_TMM_B);
+  }
+  alignas(64) float sums[kAmxTileRows][kPanel];
+  _tile_stored(MX_TMM_C, sums, kPanel * 4);
+  _tile_release();
+  const int64_t n0 = panel * kPanel;
+  const __mmask16 cols = PanelColumns(p, n0);
+  const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(cols, p.bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < rows; ++r) {
+    _mm512_mask_storeu_ps(p.y + (row0 + r) * p.n + n0, cols,
+                          _mm512_add_ps(bias, _mm512_load_ps(sums[r])));
+  }
+}
+
 }  // namespace
 
 TileFn MX_AMX_ENTRY(Kind kind, const Problem& p) {
-  if (kind != Kind::kMxI8 || !p.fast_scales) return nullptr;
-  return p.w->nibbles ? MxI8Tile<true> : MxI8Tile<false>;
+  switch (kind) {
+    case Kind::kMxI8:
+      if (!p.fast_scales) return nullptr;
+      return p.w->nibbles ? MxI8Tile<true> : MxI8Tile<false>;
+    case Kind::kInt8:
+      return Int8Tile;
+    case Kind::kBf16:
+      return p.fast_scales ? Bf16Tile : nullptr;  // avx512 takes the rest
+    default:
+      return nullptr;
+  }
 }
 
 }  // namespace mx::kernels::internal

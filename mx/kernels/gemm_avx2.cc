@@ -298,9 +298,25 @@ void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 
 // Float kind: per output, fma over k ascending from the bias (the reference's
 // order), 16 columns at a time.
-// 16 W values of one k as two vectors of 8 floats, from W's own precision.
+// BF16 W in pairs of k (gemm_internal.h): each 32-bit word holds one lane's
+// (k even, k odd); the even one becomes an FP32 by a left shift of 16, the odd
+// one by clearing the low half: one shift (by 16 or 0) and one mask.
+inline __m256 WidenBf16(__m256i pairs, int odd) {
+  const __m256i shifted = _mm256_sll_epi32(pairs, _mm_cvtsi32_si128(odd ? 0 : 16));
+  return _mm256_castsi256_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(-65536)));
+}
+
+// Offset of W's 16 values of k in a panel starting at `base`: [k][16], or for
+// BF16 the pair of k's 32 halves (WidenBf16 picks k's).
 template <Format kStore>
-inline void LoadFloats(const WeightPanels& w, int64_t at, __m256& w0, __m256& w1) {
+constexpr int64_t FloatsAt(int64_t base, int64_t k) {
+  return base + (kStore == Format::kBf16 ? (k & ~int64_t{1}) : k) * kPanel;
+}
+
+// 16 W values of one k as two vectors of 8 floats, from W's own precision
+// (`odd`: k is odd, for BF16's pairs).
+template <Format kStore>
+inline void LoadFloats(const WeightPanels& w, int64_t at, int odd, __m256& w0, __m256& w1) {
   if constexpr (kStore == Format::kFp32) {
     w0 = _mm256_loadu_ps(w.f32.data() + at);
     w1 = _mm256_loadu_ps(w.f32.data() + at + 8);
@@ -309,10 +325,9 @@ inline void LoadFloats(const WeightPanels& w, int64_t at, __m256& w0, __m256& w1
     if constexpr (kStore == Format::kFp16) {
       w0 = _mm256_cvtph_ps(_mm_loadu_si128(h));
       w1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
-    } else {  // BF16: the top half of an FP32
-      w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
-      w1 = _mm256_castsi256_ps(
-          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h + 1)), 16));
+    } else {  // BF16 (the top half of an FP32) in pairs of k: see WidenBf16
+      w0 = WidenBf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)), odd);
+      w1 = WidenBf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h) + 1), odd);
     }
   }
 }
@@ -335,7 +350,7 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const int64_t w_base = panel * kp * kPanel;
   for (int64_t k = 0; k < k_end; ++k) {
     __m256 w0, w1;
-    LoadFloats<kStore>(w, w_base + k * kPanel, w0, w1);
+    LoadFloats<kStore>(w, FloatsAt<kStore>(w_base, k), static_cast<int>(k & 1), w0, w1);
     __m256 xv = _mm256_broadcast_ss(x0 + k);
     c00 = _mm256_fmadd_ps(xv, w0, c00);
     c01 = _mm256_fmadd_ps(xv, w1, c01);
@@ -394,6 +409,7 @@ TileFn Avx2Tile(Kind kind, const Problem& p) {
     case Kind::kInt8: return MX_BY_ROWS(Int8Tile);
     case Kind::kNvI8: return MX_BY_ROWS(NvTile);
     case Kind::kF32:
+    case Kind::kBf16:
       switch (p.w->float_store) {
         case Format::kFp16: return MX_BY_ROWS(F32Tile, Format::kFp16);
         case Format::kBf16: return MX_BY_ROWS(F32Tile, Format::kBf16);

@@ -450,17 +450,19 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
 
 // Float kind: per output, fma over k ascending from the bias — the reference's
 // order, so these bits equal the other levels' — 16 columns per instruction.
+// W's 16 values of k: [k][16] in its precision, or BF16 in pairs of k, whose
+// 32-bit words give the even k by a left shift and the odd one by a mask.
 template <Format kStore>
-inline __m512 LoadFloats(const WeightPanels& w, int64_t at) {
+inline __m512 LoadFloats(const WeightPanels& w, int64_t base, int64_t k) {
   if constexpr (kStore == Format::kFp32) {
-    return _mm512_loadu_ps(w.f32.data() + at);
+    return _mm512_loadu_ps(w.f32.data() + base + k * kPanel);
+  } else if constexpr (kStore == Format::kFp16) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.f16.data() + base + k * kPanel)));
   } else {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.f16.data() + at));
-    if constexpr (kStore == Format::kFp16) {
-      return _mm512_cvtph_ps(h);
-    } else {  // BF16: the top half of an FP32
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
+    const __m512i pairs = _mm512_loadu_si512(w.f16.data() + base + (k & ~int64_t{1}) * kPanel);
+    const __m512i wide = (k & 1) ? pairs : _mm512_slli_epi32(pairs, 16);
+    return _mm512_castsi512_ps(_mm512_and_si512(wide, _mm512_set1_epi32(-65536)));
   }
 }
 
@@ -474,12 +476,75 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   const int64_t w_base = panel * kp * kPanel;
   for (int64_t k = 0; k < w.k; ++k) {
-    const __m512 wv = LoadFloats<kStore>(w, w_base + k * kPanel);
+    const __m512 wv = LoadFloats<kStore>(w, w_base, k);
     for (int r = 0; r < MR; ++r) {
       y[r] = _mm512_fmadd_ps(_mm512_set1_ps(x.f32[(row0 + r) * kp + k]), wv, y[r]);
     }
   }
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
+}
+
+// vdpbf16ps with X's pair broadcast: acc += w.even · x.even + w.odd · x.odd per
+// lane (kBf16, gemm_internal.h). The avx512 flags leave AVX512_BF16 out, so
+// the functions that use it say so themselves; the driver calls in only where
+// CpuHasAvx512Bf16(). Asm for the embedded broadcast ({1to16}: the pair is
+// read by the multiply's own load, no vpbroadcastd µop; 0.82× → 0.90× oneDNN
+// at M = 512 on Zen 5), with the pair's address as a register operand: an "m"
+// operand would let GCC assume the read may alias the accumulators (__m512 is
+// may_alias) and store all sixteen to the stack before every instruction. The
+// read is safe unannounced: X's bits are written by DecodeActivations, another
+// translation unit, before the driver calls the tile, and never during it.
+#ifdef MX_KERNELS_EMULATED
+#define MX_TARGET_BF16
+#else
+#define MX_TARGET_BF16 __attribute__((target("avx512bf16")))
+#endif
+MX_TARGET_BF16 inline __m512 Dpbf16(__m512 acc, __m512i w, const uint16_t* x_pair) {
+#ifdef MX_KERNELS_EMULATED
+  return _mm512_dpbf16_ps(acc, Broadcast32(x_pair), w);  // simd_emulation.h's, on the bits
+#else
+  asm("vdpbf16ps (%2)%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "r"(x_pair));
+  return acc;
+#endif
+}
+
+// kBf16: pairs of k through vdpbf16ps, W's pair layout as it is. Two sums per
+// row (k mod 4 = 0, 1 and 2, 3), added at the end: sixteen chains cover the
+// instruction's latency where eight rows alone would not. FP32 accumulation in
+// another order than the reference's, within the float paths' bound (the
+// driver ran FastScalesOk, so the instruction's flushes cannot matter).
+template <int MR>
+MX_TARGET_BF16 void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  const Out out(p, panel);
+  __m512 y0[MR], y1[MR];
+  for (int r = 0; r < MR; ++r) {
+    y0[r] = out.Start(p);
+    y1[r] = _mm512_setzero_ps();
+  }
+  const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
+  const uint16_t* xp = x.bf16.data() + row0 * kp;
+  const int64_t k_end = (w.k + 3) & ~int64_t{3};  // <= kp; both operands are 0 past w.k
+  for (int64_t k = 0; k < k_end; k += 4) {
+    const __m512i w0 = _mm512_loadu_si512(wp + k * kPanel);
+    const __m512i w1 = _mm512_loadu_si512(wp + (k + 2) * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      y0[r] = Dpbf16(y0[r], w0, xp + r * kp + k);
+      y1[r] = Dpbf16(y1[r], w1, xp + r * kp + k + 2);
+    }
+  }
+  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, _mm512_add_ps(y0[r], y1[r]));
+}
+
+// Whether this CPU runs Bf16PairTile: always under SIMDe.
+bool HasBf16Pairs() {
+#ifdef MX_KERNELS_EMULATED
+  return true;
+#else
+  return CpuHasAvx512Bf16();
+#endif
 }
 
 }  // namespace
@@ -494,6 +559,9 @@ TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
       // MXINT8 × MXINT8: the u8/i8 copies through kMxI8's vpdpbusd tile.
       return !p.x->i8.empty() && !p.w->u8.empty() ? MX_BY_ROWS_8(MxI8Tile, false)
                                                   : MX_BY_ROWS_8(MxI16Tile);
+    case Kind::kBf16:
+      if (p.fast_scales && HasBf16Pairs()) return MX_BY_ROWS_8(Bf16PairTile);
+      [[fallthrough]];  // the exact-order FMA tile: the reference's bits
     case Kind::kF32:
       switch (p.w->float_store) {
         case Format::kFp16:

@@ -42,8 +42,18 @@
 //           the fast epilogue is always exact; after the last block each
 //           output is multiplied by fp32(ts_x · ts_w) (the tensor scales) and
 //           the bias added.
-//   kF32    everything else (BF16, FP16, FP32, mixed kinds): both dequantized
-//           to FP32, FMA accumulation in any order (tolerance, not bits).
+//   kF32    everything else (FP16, FP32, mixed kinds): both dequantized to
+//           FP32, FMA accumulation in any order (tolerance, not bits).
+//   kBf16   BF16 × BF16: as kF32 (scalar and avx2 run kF32's tile, the
+//           reference's bits), and at avx512 with AVX512_BF16 pairs of k on
+//           vdpbf16ps, at amx on TDPBF16PS tiles. Those instructions treat
+//           subnormal inputs and results as zero; every other step is an FP32
+//           product (exact: 8 × 8 significand bits) and an RNE add, so the
+//           result keeps the float paths' bound |y − y64| <= K · 2^-24 · Σ|x·w|
+//           + |bias| · 2^-24 wherever no flush can matter: the driver lets them
+//           run only when every nonzero |x| and |w| is normal and every nonzero
+//           product is at least 2^kBf16MinProductExp (FastScalesOk), so that a
+//           flushed partial sum (< 2^-126) is below 2^-30 of any product.
 //
 // Block result (contract step 1): dot · 2^(ex + ew) rounded once to FP32, with
 // ex = scale_x − 127 − F_x (F = the format's fraction bits) and likewise ew.
@@ -71,7 +81,17 @@ namespace mx::kernels::internal {
 // Output columns (rows of W) per packed panel.
 inline constexpr int kPanel = 16;
 
-enum class Kind : uint8_t { kMxI8, kMxI16, kMxF64, kInt8, kNvI8, kF32 };
+enum class Kind : uint8_t { kMxI8, kMxI16, kMxF64, kInt8, kNvI8, kF32, kBf16 };
+
+// kBf16's bound on the products the pair instructions may see (see kBf16).
+inline constexpr int kBf16MinProductExp = -96;
+
+// True when W packed for kind `a` serves kind `b` as it is: the same kind, or
+// kF32 and kBf16 (one layout for float W, see WeightPanels).
+constexpr bool SharesLayout(Kind a, Kind b) {
+  const auto is_float = [](Kind k) { return k == Kind::kF32 || k == Kind::kBf16; };
+  return a == b || (is_float(a) && is_float(b));
+}
 
 const char* KindName(Kind kind);
 
@@ -141,8 +161,12 @@ constexpr int FitBelow(int x_span, int w_span, int w_l1) {
 //           [16][16][2] from split_at[p][block] (−1: none), the lanes' shifts s
 //           in split_shift [p][block][16] (0: not split)
 //   kNvI8   u8  [p][k/4][16][4]   w + 12, as kMxI8's wide storage (blocks of 16)
-//   kF32    [p][k][16] in W's own precision: f32 (FP32, and any other format
-//           dequantized), or u16 FP16/BF16 bits (float_store says which)
+//   kF32    in W's own precision (float_store says which): f32 [p][k][16]
+//   kBf16   (FP32, and any other format dequantized), u16 FP16 bits [p][k][16],
+//           or u16 BF16 bits in pairs of k, [p][k/2][16][2] — the operand
+//           layout of vdpbf16ps and of TDPBF16PS's B tile; each 32-bit word is
+//           one lane's (k even, k odd), so the exact-order kernels widen the
+//           even k by a left shift and the odd one by masking the low half.
 // Scales, MX kinds and kNvI8: [p][block][16] (kNvI8: S/2, NaN for a NaN block;
 // kMxF64: `scale` is the int16 path's 2^(ew + low_bit), `scale_d` the FP64 path's);
 // kInt8: [p][16] (the row scales); kF32: none. kNvI8 also keeps the tensor scale
@@ -159,7 +183,7 @@ struct WeightPanels {
   std::vector<double> scale_d;  // wide epilogue: 2^ew, NaN
   std::vector<uint8_t> scale_bytes;  // MX: the E8M0 bytes, N × blocks, for unpacking
   Format float_store = Format::kFp32;  // kF32: kFp32, kFp16 or kBf16
-  ScaleRange range;
+  ScaleRange range;  // MX: block scale exponents; BF16 store: exponents of nonzero values
   int i8_offset = 0;
   bool nibbles = false;                 // kMxI8 with MXFP4 W: 4-bit codes, see above
   std::array<uint8_t, 16> nibble_lut{};  // FP4 code -> w + offset
@@ -185,7 +209,7 @@ struct WeightPanels {
 //   kMxI8/kNvI8 i8, kMxI16/kInt8 i16 (and i8 with block_offset where W has
 //   the u8 copy: kInt8, MXINT8 × MXINT8), kMxF64 f64 (element values) and i16 (the
 //   shifted integers of blocks spanning at most kShiftedI16Bits, as W's; the high
-//   limb up to kShiftedSplitBits, see i16_lo), kF32 f32.
+//   limb up to kShiftedSplitBits, see i16_lo), kF32 f32, kBf16 f32 and bf16.
 // Scales [row][block] for MX kinds (as in WeightPanels), [row] for kInt8.
 struct DecodedX {
   Kind kind = Kind::kF32;
@@ -194,11 +218,12 @@ struct DecodedX {
   std::vector<int16_t> i16;
   std::vector<double> f64;
   std::vector<float> f32;
+  std::vector<uint16_t> bf16;  // kBf16: X's BF16 bits, rows × k_padded (pairs of k)
   std::vector<float> scale;
   std::vector<double> scale_d;
   std::vector<int32_t> block_offset;  // kMxI8, kNvI8 (and i8 copies): −offset_w · Σ x over the block (kInt8: the row)
   std::vector<float> tensor_scale;    // kNvI8: X's row scales
-  ScaleRange range;
+  ScaleRange range;  // MX: block scale exponents; kBf16: exponents of nonzero values
   bool has_special = false;
   int max_span_bits = 0;
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, rows × blocks
@@ -303,7 +328,7 @@ using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel)
 // here returns a kernel for ordinary operands of the kind, and one not marked
 // returns nullptr for every operand: linear_test (real levels) and
 // emulated_levels_test (avx512 and amx, on any AVX2 machine) check both ways.
-inline constexpr int kKinds = 6;
+inline constexpr int kKinds = 7;
 inline constexpr int kIsaLevels = 4;
 // kHasKernel[kind][level]. Not inline: each file that reads it gets its own
 // copy, never a weak symbol that an AVX2 object could share (see Tile below).
@@ -312,11 +337,12 @@ constexpr bool kHasKernel[kKinds][kIsaLevels] = {
     /* kMxI8  */ {true, true, true, true},
     /* kMxI16 */ {true, true, true, false},
     /* kMxF64 */ {true, true, true, false},
-    /* kInt8  */ {true, true, true, false},
+    /* kInt8  */ {true, true, true, true},
     /* kNvI8  */ {true, true, false, false},
     /* kF32   */ {true, true, true, false},
+    /* kBf16  */ {true, true, true, true},
 };
-static_assert(static_cast<int>(Kind::kF32) + 1 == kKinds &&
+static_assert(static_cast<int>(Kind::kBf16) + 1 == kKinds &&
               static_cast<int>(Isa::kAmx) + 1 == kIsaLevels);
 static_assert(
     [] {

@@ -131,10 +131,11 @@ void F32Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   float wk[kPanel];
   for (int64_t k = 0; k < w.k; ++k) {
     const int64_t at = (panel * kp + k) * kPanel;
+    const int64_t pair_at = (panel * kp + (k & ~int64_t{1})) * kPanel + (k & 1);  // BF16
     for (int j = 0; j < kPanel; ++j) {
       wk[j] = w.float_store == Format::kFp32   ? w.f32[at + j]
               : w.float_store == Format::kFp16 ? Fp16ToFloat(w.f16[at + j])
-                                               : Bf16ToFloat(w.f16[at + j]);
+                                               : Bf16ToFloat(w.f16[pair_at + 2 * j]);
     }
     for (int r = 0; r < rows; ++r) {
       const float xk = x.f32[(row0 + r) * kp + k];
@@ -153,7 +154,8 @@ TileFn ScalarTile(Kind kind) {
     case Kind::kMxF64: return MxTile<Kind::kMxF64>;
     case Kind::kInt8: return Int8Tile;
     case Kind::kNvI8: return NvTile;
-    case Kind::kF32: return F32Tile;
+    case Kind::kF32:
+    case Kind::kBf16: return F32Tile;
   }
   return nullptr;
 }

@@ -21,6 +21,15 @@ bool IsI8Element(Format f) {
 }
 bool IsI16Element(Format f) { return IsI8Element(f) || f == Format::kMxfp6E3m2; }
 
+// kBf16's range (gemm_internal.h): the exponent of a nonzero finite BF16 value,
+// floor(log2 |v|); a subnormal counts as −127, below every normal one, which is
+// all FastScalesOk needs to know of it.
+void AddBf16Exponent(uint16_t bits, ScaleRange& range) {
+  const int biased = bits >> 7 & 0xff;
+  if (biased == 0xff || (bits & 0x7fff) == 0) return;  // Inf/NaN, ±0
+  range.Add(biased == 0 ? -127 : biased - 127);
+}
+
 // MXFP4 W in kMxI8 (gemm_internal.h): the byte holding element (n, k), and
 // which nibble of it. A group pair's 64 bytes hold its 16 lanes × 4 k in order.
 int64_t NibbleByte(int64_t n, int64_t k, int64_t k_padded) {
@@ -57,6 +66,7 @@ const char* KindName(Kind kind) {
     case Kind::kInt8: return "int8";
     case Kind::kNvI8: return "nv_i8";
     case Kind::kF32: return "f32";
+    case Kind::kBf16: return "bf16";
   }
   return "?";
 }
@@ -71,6 +81,7 @@ Kind KindFor(Format x, Format w) {
   }
   if (x == Format::kInt8 && w == Format::kInt8) return Kind::kInt8;
   if (x == Format::kNvfp4 && w == Format::kNvfp4) return Kind::kNvI8;
+  if (x == Format::kBf16 && w == Format::kBf16) return Kind::kBf16;
   return Kind::kF32;
 }
 
@@ -83,6 +94,12 @@ int I8Offset(Format w) {
 }
 
 bool FastScalesOk(const DecodedX& x, const WeightPanels& w) {
+  if (x.kind == Kind::kF32) return true;  // no scales, and FMA flushes nothing
+  if (x.kind == Kind::kBf16) {  // the pair instructions' flushes cannot matter (kBf16)
+    return x.range.empty() || w.range.empty() ||
+           (x.range.min >= -126 && w.range.min >= -126 &&
+            x.range.min + w.range.min >= kBf16MinProductExp);
+  }
   // Dots of the int8/int16 kinds stay below 2^23; kMxF64's int16 path's below 2^31.
   return FastScalesOk(x.range, w.range, x.kind == Kind::kMxF64 ? kShiftedDotBits : 23);
 }
@@ -350,6 +367,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
     case Kind::kNvI8:
       break;  // PackNvPanels
     case Kind::kF32:
+    case Kind::kBf16:
       p.float_store =
           (w.format == Format::kFp16 || w.format == Format::kBf16) ? w.format : Format::kFp32;
       if (p.float_store == Format::kFp32) {
@@ -360,12 +378,15 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       break;
   }
 
-  if (kind == Kind::kF32) {
+  if (kind == Kind::kF32 || kind == Kind::kBf16) {
     if (p.float_store != Format::kFp32) {  // FP16/BF16 bits as they are: half the bytes
+      const int group = p.float_store == Format::kBf16 ? 2 : 1;
       for (int64_t n = 0; n < w.rows; ++n) {
         for (int64_t k = 0; k < w.cols; ++k) {
           const uint8_t* e = w.elements.data() + 2 * (n * w.cols + k);
-          p.f16[pair_index(n, k, 1)] = static_cast<uint16_t>(e[0] | (e[1] << 8));
+          const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
+          p.f16[pair_index(n, k, group)] = bits;
+          if (group == 2) AddBf16Exponent(bits, p.range);
         }
       }
       return out;
@@ -493,9 +514,10 @@ QuantizedMatrix UnpackPanels(const WeightPanels& p) {
     }
     return m;
   }
-  if (p.kind == Kind::kF32) {
+  if (p.kind == Kind::kF32 || p.kind == Kind::kBf16) {
     // Only W of a float format is packed for its own kind (PackedWeight::Pack).
     const int bytes = p.float_store == Format::kFp32 ? 4 : 2;
+    const int group = p.float_store == Format::kBf16 ? 2 : 1;
     m.elements.resize(p.n * p.k * bytes);
     for (int64_t n = 0; n < p.n; ++n) {
       for (int64_t k = 0; k < p.k; ++k) {
@@ -503,7 +525,7 @@ QuantizedMatrix UnpackPanels(const WeightPanels& p) {
         if (bytes == 4) {
           std::memcpy(e, &p.f32[at(n, k, 1)], 4);
         } else {
-          std::memcpy(e, &p.f16[at(n, k, 1)], 2);
+          std::memcpy(e, &p.f16[at(n, k, group)], 2);
         }
       }
     }
@@ -568,11 +590,22 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   d.blocks = BlocksPerRow(x.cols);
   d.k_padded = d.blocks * kBlockSize;
   const int64_t kp = d.k_padded;
-  if (kind == Kind::kF32) {
+  if (kind == Kind::kF32 || kind == Kind::kBf16) {
     const std::vector<float> values = DequantizeFast(x);
     d.f32.assign(x.rows * kp, 0.0f);
     for (int64_t r = 0; r < x.rows; ++r) {
       std::copy_n(values.data() + r * x.cols, x.cols, d.f32.data() + r * kp);
+    }
+    if (kind == Kind::kBf16) {  // the bits too, for the pair instructions
+      d.bf16.assign(x.rows * kp, 0);
+      for (int64_t r = 0; r < x.rows; ++r) {
+        for (int64_t c = 0; c < x.cols; ++c) {
+          const uint8_t* e = x.elements.data() + 2 * (r * x.cols + c);
+          const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
+          d.bf16[r * kp + c] = bits;
+          AddBf16Exponent(bits, d.range);
+        }
+      }
     }
     return d;
   }

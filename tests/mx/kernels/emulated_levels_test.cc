@@ -101,14 +101,50 @@ TEST_P(EmulatedLevel, EveryMxPairMatchesReference) {
 }
 
 // The float kind: FMA over k ascending from the bias, the reference's own order,
-// so even these bits match; FP32, FP16 and BF16 weights.
+// so even these bits match; FP32, FP16 and BF16 weights. BF16 × BF16 runs the
+// level's pair instructions (vdpbf16ps, TDPBF16PS), held to the float bound.
 TEST_P(EmulatedLevel, FloatFormatsMatchReference) {
   const int64_t m = 7, n = 33, k = 45;
   for (Format f : {Format::kFp32, Format::kFp16, Format::kBf16}) {
     const std::string name =
         Run(Quantize(Gaussian(m * k, 4), m, k, f), Quantize(Gaussian(n * k, 5), n, k, f),
             Gaussian(n, 6), std::string(FormatName(f)));
-    EXPECT_EQ(name, Expected(internal::Kind::kF32)) << FormatName(f);
+    EXPECT_EQ(name, Expected(internal::KindFor(f, f))) << FormatName(f);
+  }
+  // FP32 X with BF16 W: the float kind on W's pair layout, the reference's bits.
+  const std::string name = Run(Quantize(Gaussian(m * k, 7), m, k, Format::kFp32),
+                               Quantize(Gaussian(n * k, 8), n, k, Format::kBf16), Gaussian(n, 9),
+                               "FP32 x BF16");
+  EXPECT_EQ(name, Expected(internal::Kind::kF32));
+}
+
+// BF16 × BF16 on the pair instructions, modelled with their flushes
+// (simd_emulation.h): ragged shapes and odd K within the float bound, and the
+// guard — operands whose products could flush run avx2's exact-order kernel.
+TEST_P(EmulatedLevel, Bf16PairsAndTheirGuard) {
+  ThreadPool pool(2);
+  const struct { int64_t m, n, k; } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 301}};
+  uint32_t seed = 620;
+  for (const auto& s : shapes) {
+    for (bool with_bias : {false, true}) {
+      seed += 3;
+      const std::vector<float> bias = with_bias ? Gaussian(s.n, seed) : std::vector<float>{};
+      const std::string what =
+          absl::StrCat("BF16 ", s.m, "x", s.n, "x", s.k, with_bias ? " bias" : "");
+      const std::string name =
+          Run(Quantize(Gaussian(s.m * s.k, seed + 1), s.m, s.k, Format::kBf16),
+              Quantize(Gaussian(s.n * s.k, seed + 2), s.n, s.k, Format::kBf16), bias, what, &pool);
+      EXPECT_EQ(name, Expected(internal::Kind::kBf16)) << what;
+    }
+  }
+  // Where the guard says no, avx512 runs its exact-order tile (the same name:
+  // the float bound is what fails if the pairs ran) and amx declines.
+  for (const Bf16GuardCase& c : Bf16GuardCases()) {
+    const std::string name = Run(c.x, c.w, {}, c.what);
+    EXPECT_EQ(name, c.pairs || GetParam()->isa == Isa::kAvx512
+                        ? Expected(internal::Kind::kBf16)
+                        : internal::KernelName(Isa::kAvx2, internal::Kind::kBf16))
+        << c.what;
   }
 }
 
@@ -117,7 +153,10 @@ TEST_P(EmulatedLevel, FloatFormatsMatchReference) {
 // the float formats.
 TEST_P(EmulatedLevel, Int8MatchesReference) {
   ThreadPool pool(2);
-  const struct { int64_t m, n, k; } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 301}};
+  // K of one block, of whole pairs of blocks, and of pairs and one more (AMX's
+  // 64-k steps and their tail).
+  const struct { int64_t m, n, k; } shapes[] = {
+      {1, 1, 1}, {3, 17, 31}, {37, 45, 301}, {20, 19, 130}};
   uint32_t seed = 200;
   for (const auto& s : shapes) {
     for (bool with_bias : {false, true}) {

@@ -122,6 +122,28 @@ TEST_P(LinearAtIsa, FloatFormatsWithinToleranceOfFp64) {
   }
 }
 
+// BF16 × BF16 where the pair instructions could flush what the reference keeps
+// (and at the guard's edge): within the float bound at every level this CPU
+// runs; below avx512 the exact-order kernel, the reference's own bits.
+TEST_P(LinearAtIsa, Bf16GuardAndExactOrderBelowAvx512) {
+  for (const Bf16GuardCase& c : Bf16GuardCases()) {
+    KernelInfo info;
+    ExpectSameAsReference(c.x, c.w, {}, GetParam(), c.what, nullptr, &info);
+    EXPECT_EQ(info.name, KernelNameFor(Format::kBf16, Format::kBf16, GetParam())) << c.what;
+  }
+  if (GetParam() > Isa::kAvx2) return;
+  const int64_t m = 5, n = 19, k = 77;
+  const QuantizedMatrix x = Quantize(Gaussian(m * k, 640), m, k, Format::kBf16);
+  const QuantizedMatrix w = Quantize(Gaussian(n * k, 641), n, k, Format::kBf16);
+  const std::vector<float> bias = Gaussian(n, 642);
+  const std::vector<float> want = ReferenceLinear(x, w, bias).value();
+  const std::vector<float> got = Linear(x, w, bias, {.isa = GetParam()}).value();
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(SameBits(got[i], want[i])) << "y[" << i << "] = " << got[i] << ", reference "
+                                           << want[i];
+  }
+}
+
 // NaN and Inf inputs make NaN blocks; zeros make all-zero blocks (scale byte 0).
 TEST_P(LinearAtIsa, NanBlocksAndZeroBlocks) {
   const int64_t m = 6, n = 20, k = 96;
@@ -341,7 +363,7 @@ TEST_P(LinearAtIsa, ReportsTheKernelThatRan) {
   } cases[] = {{Format::kMxfp4E2m1, "mx_i8"},  {Format::kMxfp6E2m3, "mx_i8"},
                {Format::kMxint8, "mx_i16"},    {Format::kMxfp6E3m2, "mx_i16"},
                {Format::kMxfp8E4m3, "mx_f64"}, {Format::kMxfp8E5m2, "mx_f64"},
-               {Format::kInt8, "int8"},        {Format::kBf16, "f32"}};
+               {Format::kInt8, "int8"},        {Format::kBf16, "bf16"}};
   for (const auto& c : cases) {
     KernelInfo info;
     ExpectSameAsReference(Quantize(Gaussian(m * k, 41), m, k, c.format),

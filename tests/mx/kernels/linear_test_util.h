@@ -37,8 +37,41 @@ inline std::vector<float> Gaussian(size_t count, uint32_t seed, float scale = 1.
 
 using mx_test::SameBits;  // the contract's rule: any two NaNs are equal
 
+// The float paths' bound (DESIGN.md: FP32 accumulation in any order, held to
+// FP64): |y − y64| <= K · 2^-24 · Σ|x·w| + |bias| · 2^-24, with y64 the sum in
+// FP64 of the dequantized operands from the bias; a non-finite reference output
+// must be matched by the same value (any NaN for a NaN).
+inline void ExpectWithinFloatBound(const QuantizedMatrix& x, const QuantizedMatrix& w,
+                                   std::span<const float> bias, std::span<const float> y,
+                                   std::span<const float> reference, const std::string& what) {
+  const std::vector<float> xv = Dequantize(x), wv = Dequantize(w);
+  const int64_t k = x.cols;
+  int failures = 0;
+  for (int64_t i = 0; i < x.rows && failures < 5; ++i) {
+    for (int64_t j = 0; j < w.rows && failures < 5; ++j) {
+      const float got = y[i * w.rows + j], want = reference[i * w.rows + j];
+      const double b = bias.empty() ? 0.0 : double{bias[j]};
+      double exact = b, magnitude = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double product = double{xv[i * k + c]} * wv[j * k + c];
+        exact += product;
+        magnitude += std::fabs(product);
+      }
+      const double bound = k * std::ldexp(magnitude, -24) + std::ldexp(std::fabs(b), -24);
+      const bool ok = std::isfinite(want) ? std::fabs(got - exact) <= bound : SameBits(got, want);
+      if (!ok) {
+        ++failures;
+        ADD_FAILURE() << what << ": y[" << i << "][" << j << "] = " << got << ", FP64 " << exact
+                      << " ± " << bound << " (reference " << want << ")";
+      }
+    }
+  }
+}
+
 // Runs Linear (or, with `tiles`, the driver with those tried first) and compares
-// every output with the reference; on a mismatch, says where.
+// every output with the reference, bit for bit — or, for BF16 × BF16 (kBf16,
+// whose pair instructions sum in their own order), within the float paths'
+// bound; on a mismatch, says where.
 inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatrix& w,
                                   std::span<const float> bias, Isa isa, const std::string& what,
                                   ThreadPool* pool = nullptr, KernelInfo* info_out = nullptr,
@@ -52,6 +85,10 @@ inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatri
                                           : Linear(x, *packed, bias, y, options);
   ASSERT_TRUE(info.ok()) << info.status();
   if (info_out) *info_out = *info;
+  if (internal::KindFor(x.format, w.format) == internal::Kind::kBf16) {
+    ExpectWithinFloatBound(x, w, bias, y, expected, what + " kernel " + info->name);
+    return;
+  }
   int mismatches = 0;
   for (int64_t i = 0; i < x.rows && mismatches < 5; ++i) {
     for (int64_t j = 0; j < w.rows && mismatches < 5; ++j) {
@@ -231,6 +268,40 @@ inline void ExpectTileFunctionMatchesTheTable(
   for (int kind = 0; kind < internal::kKinds; ++kind) {
     EXPECT_TRUE(seen[kind]) << internal::KindName(static_cast<internal::Kind>(kind));
   }
+}
+
+// BF16 × BF16 operands on both sides of the pair instructions' guard (kBf16 in
+// gemm_internal.h: every nonzero |x| and |w| normal, every product at least
+// 2^kBf16MinProductExp), and whether the pair kernels may take them. Where they
+// may not, a pair kernel would flush what the reference keeps: the float bound
+// then fails, so these cases fail if the guard does.
+struct Bf16GuardCase {
+  const char* what;
+  QuantizedMatrix x, w;
+  bool pairs;
+};
+inline std::vector<Bf16GuardCase> Bf16GuardCases() {
+  const int64_t m = 9, n = 20, k = 70;  // two avx512 tiles of rows, a short panel
+  const auto scaled = [](int64_t rows, int64_t cols, uint32_t seed, int exponent) {
+    std::vector<float> v = Gaussian(rows * cols, seed);
+    for (float& e : v) e = std::ldexp(e < 0 ? -1.0f : 1.0f, exponent);
+    return Quantize(v, rows, cols, Format::kBf16);
+  };
+  const auto gaussian = [](int64_t rows, int64_t cols, uint32_t seed, float scale) {
+    return Quantize(Gaussian(rows * cols, seed, scale), rows, cols, Format::kBf16);
+  };
+  std::vector<Bf16GuardCase> cases;
+  cases.push_back({"products 2^-48 * 2^-48, at the bound", scaled(m, k, 600, -48),
+                   scaled(n, k, 601, -48), true});
+  cases.push_back({"products 2^-49 * 2^-48, below it", scaled(m, k, 602, -49),
+                   scaled(n, k, 603, -48), false});
+  cases.push_back({"subnormal products", gaussian(m, k, 604, 0x1p-65f),
+                   gaussian(n, k, 605, 0x1p-65f), false});
+  cases.push_back({"subnormal x", gaussian(m, k, 606, 0x1p-130f), gaussian(n, k, 607, 0x1p40f),
+                   false});
+  cases.push_back({"x all zero", Quantize(std::vector<float>(m * k, 0.0f), m, k, Format::kBf16),
+                   gaussian(n, k, 608, 1e-30f), true});
+  return cases;
 }
 
 }  // namespace mx::kernels

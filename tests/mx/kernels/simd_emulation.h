@@ -10,6 +10,7 @@
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -89,6 +90,36 @@ inline void MaskStoreuPs(void* p, uint16_t mask, __m512 v) {
   }
 }
 
+// The BF16 dot-product step of VDPBF16PS and TDPBF16PS as the Intel SDM gives
+// it: acc += a1·b1, then acc += a0·b0 (the odd pair element first), each an
+// FP32 product and an FP32 add rounded to nearest even, with subnormal inputs
+// and results flushed to zero (DAZ, FTZ) whatever MXCSR says. SIMDe's own
+// dpbf16 keeps subnormals; this one must not, or the tests of the kernels'
+// flush guard (kBf16 in gemm_internal.h) could not fail here.
+inline float FlushSubnormal(float v) {
+  return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v;
+}
+inline float Bf16Value(uint16_t bits) {
+  uint32_t u = uint32_t{bits} << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return FlushSubnormal(v);
+}
+inline float Bf16PairStep(float acc, uint32_t a, uint32_t b) {
+  acc = FlushSubnormal(acc + FlushSubnormal(Bf16Value(a >> 16) * Bf16Value(b >> 16)));
+  return FlushSubnormal(acc + FlushSubnormal(Bf16Value(a & 0xffff) * Bf16Value(b & 0xffff)));
+}
+// (On the bits: the operands as __m512i, which the kernel's emulated branch passes.)
+inline __m512 Dpbf16Ps(__m512 src, __m512i a, __m512i b) {
+  float acc[16];
+  uint32_t av[16], bv[16];
+  _mm512_storeu_ps(acc, src);
+  std::memcpy(av, &a, 64);
+  std::memcpy(bv, &b, 64);
+  for (int i = 0; i < 16; ++i) acc[i] = Bf16PairStep(FlushSubnormal(acc[i]), av[i], bv[i]);
+  return _mm512_loadu_ps(acc);
+}
+
 // AMX: eight tile registers of up to 16 rows × 64 bytes per thread, shaped by
 // the 64-byte configuration (palette 1: colsb[i] at bytes 16 + 2i, rows[i] at
 // byte 48 + i), with the semantics of the Intel SDM for the instructions below.
@@ -141,6 +172,25 @@ inline void TileDpbsud(int c, int a, int b) {
   }
 }
 
+// TDPBF16PS: C[m][n] = Bf16PairStep over k < colsb(A) / 4 of the pair A[m][k]
+// (two BF16) and B[k][n], in ascending k, as the SDM's pseudocode.
+inline void TileDpbf16ps(int c, int a, int b) {
+  for (int m = 0; m < tiles.rows[c]; ++m) {
+    for (int n = 0; n < tiles.colsb[c] / 4; ++n) {
+      float acc;
+      std::memcpy(&acc, &tiles.data[c][m][4 * n], 4);
+      acc = FlushSubnormal(acc);
+      for (int k = 0; k < tiles.colsb[a] / 4; ++k) {
+        uint32_t x, w;
+        std::memcpy(&x, &tiles.data[a][m][4 * k], 4);
+        std::memcpy(&w, &tiles.data[b][k][4 * n], 4);
+        acc = Bf16PairStep(acc, x, w);
+      }
+      std::memcpy(&tiles.data[c][m][4 * n], &acc, 4);
+    }
+  }
+}
+
 }  // namespace mx::kernels::emulated
 
 // SIMDe includes the compiler's own immintrin.h, which defines the AMX macros
@@ -151,6 +201,8 @@ inline void TileDpbsud(int c, int a, int b) {
 #undef _tile_loadd
 #undef _tile_stored
 #undef _tile_dpbsud
+#undef _tile_dpbf16ps
+#undef _mm512_dpbf16_ps
 #define _mm512_cvtepi32_ps mx::kernels::emulated::Cvtepi32Ps
 #define _mm512_cvtepu16_epi32 mx::kernels::emulated::Cvtepu16Epi32
 #define _mm512_cvtepu8_epi32 mx::kernels::emulated::Cvtepu8Epi32
@@ -166,3 +218,5 @@ inline void TileDpbsud(int c, int a, int b) {
 #define _tile_loadd(t, base, stride) mx::kernels::emulated::TileLoad(t, base, stride)
 #define _tile_stored(t, base, stride) mx::kernels::emulated::TileStore(t, base, stride)
 #define _tile_dpbsud(c, a, b) mx::kernels::emulated::TileDpbsud(c, a, b)
+#define _tile_dpbf16ps(c, a, b) mx::kernels::emulated::TileDpbf16ps(c, a, b)
+#define _mm512_dpbf16_ps mx::kernels::emulated::Dpbf16Ps
