@@ -14,7 +14,7 @@
 // INT8 × INT8 (kInt8) runs TDPBSUD and BF16 × BF16 (kBf16) TDPBF16PS, each over
 // all of K in one C tile with one epilogue (Int8Tile, Bf16Tile).
 // Other kinds run the best level below that has them (kHasKernel in
-// gemm_internal.h: avx512 for all but kNvI8, which runs avx2).
+// gemm_internal.h: avx512 for all of them).
 //
 // Tests compile this file against an AMX emulation and SIMDe
 // (tests/mx/kernels/simd_emulation.h); the entry point is then AmxTileEmulated.

@@ -136,6 +136,46 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
+// kNvI8: NVFP4's blocks of 16 k (four groups of 4) through vpdpbusd as kMxI8's
+// wide storage (w + 12, block_offset −12 · Σx), the fast epilogue per block
+// (always exact for it, gemm_internal.h); after the last block
+// y · fp32(ts_x · ts_w), then + bias: the order of the other levels.
+template <int MR>
+void NvTile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
+  const I8Weights512<false> weights(w, panel);
+  const Out out(p, panel);
+  __m512 y[MR];
+  for (int r = 0; r < MR; ++r) y[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    __m512i acc[MR];
+    for (int r = 0; r < MR; ++r) {
+      acc[r] = _mm512_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
+    }
+    for (int64_t group = b * 4; group < b * 4 + 4; group += 2) {
+      __m512i w0, w1;
+      weights.Pair(group, w0, w1);
+      for (int r = 0; r < MR; ++r) {
+        const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
+        acc[r] = Dpbusd(acc[r], w0, Broadcast32(xr));
+        acc[r] = Dpbusd(acc[r], w1, Broadcast32(xr + 4));
+      }
+    }
+    const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
+    }
+  }
+  const __m512 tw = _mm512_maskz_loadu_ps(out.cols, w.tensor_scale.data() + out.n0);
+  for (int r = 0; r < MR; ++r) {
+    const __m512 v =
+        _mm512_mul_ps(y[r], _mm512_mul_ps(_mm512_set1_ps(x.tensor_scale[row0 + r]), tw));
+    out.Store(p, row0 + r, p.bias ? _mm512_add_ps(v, out.Start(p)) : v);  // no bias: −0 kept
+  }
+}
+
 // acc[r] += Σ over X's block b of row r's int16 pairs · W's, per lane
 // (vpdpwssd), W's 16 pairs of 16 lanes from `wp`: the inner loop of kMxI16 and
 // of kMxF64's int16 path.
@@ -576,7 +616,7 @@ TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
     case Kind::kInt8:
       return MX_BY_ROWS_8(Int8Tile);
     case Kind::kNvI8:
-      return nullptr;  // the avx2 level's kernel runs (kHasKernel)
+      return MX_BY_ROWS_8(NvTile);
   }
   return nullptr;
 }

@@ -338,7 +338,7 @@ constexpr bool kHasKernel[kKinds][kIsaLevels] = {
     /* kMxI16 */ {true, true, true, false},
     /* kMxF64 */ {true, true, true, false},
     /* kInt8  */ {true, true, true, true},
-    /* kNvI8  */ {true, true, false, false},
+    /* kNvI8  */ {true, true, true, false},
     /* kF32   */ {true, true, true, false},
     /* kBf16  */ {true, true, true, true},
 };

@@ -7,7 +7,9 @@
 // on every CPU with AVX2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -145,6 +147,29 @@ TEST_P(EmulatedLevel, Bf16PairsAndTheirGuard) {
                         ? Expected(internal::Kind::kBf16)
                         : internal::KernelName(Isa::kAvx2, internal::Kind::kBf16))
         << c.what;
+  }
+}
+
+// NVFP4 × NVFP4 (blocks of 16, tensor scales after the blocks, the bias last):
+// ragged shapes, K not a multiple of 16, bias on and off, NaN and zero blocks.
+TEST_P(EmulatedLevel, Nvfp4MatchesReference) {
+  const struct { int64_t m, n, k; } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 301}};
+  uint32_t seed = 660;
+  for (const auto& s : shapes) {
+    for (bool with_bias : {false, true}) {
+      seed += 4;
+      std::vector<float> xv = Gaussian(s.m * s.k, seed + 1), wv = Gaussian(s.n * s.k, seed + 2);
+      if (s.k > 40) {
+        xv[2 * s.k + 20] = std::numeric_limits<float>::quiet_NaN();  // row 2, block 1
+        std::fill(wv.begin() + 3 * s.k, wv.begin() + 3 * s.k + 16, 0.0f);  // col 3, block 0
+      }
+      const std::vector<float> bias = with_bias ? Gaussian(s.n, seed) : std::vector<float>{};
+      const std::string what =
+          absl::StrCat("NVFP4 ", s.m, "x", s.n, "x", s.k, with_bias ? " bias" : "");
+      const std::string name = Run(Quantize(xv, s.m, s.k, Format::kNvfp4),
+                                   Quantize(wv, s.n, s.k, Format::kNvfp4), bias, what);
+      EXPECT_EQ(name, Expected(internal::Kind::kNvI8)) << what;
+    }
   }
 }
 

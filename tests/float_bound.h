@@ -1,0 +1,63 @@
+// The float paths' bound (DESIGN.md: FP32 accumulation in any order, held to an
+// FP64 reference): for Y = X·Wᵀ + bias with X and W as the operands' dequantized
+// values, |y − y64| <= K · 2^-24 · Σ|x·w| + |bias| · 2^-24. BF16 × BF16 runs on
+// pair instructions at avx512 and amx (mx/README.md, "BF16 on pair
+// instructions"), so its outputs are held to this, not to the reference's bits.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "mx/packed.h"
+
+namespace mx_test {
+
+// x: m × k and w: n × k, quantized along their rows to `format`; bias: n or none.
+// `slack` multiplies the bound (2 compares two results that each keep it).
+inline ::testing::AssertionResult WithinFloatBound(const std::vector<float>& got,
+                                                   const std::vector<float>& x,
+                                                   const std::vector<float>& w,
+                                                   const std::vector<float>& bias, int64_t m,
+                                                   int64_t k, int64_t n, mx::Format format,
+                                                   const std::vector<float>* other = nullptr,
+                                                   double slack = 1) {
+  const std::vector<float> xv = mx::Dequantize(*mx::QuantizeRows(x, m, k, format));
+  const std::vector<float> wv = mx::Dequantize(*mx::QuantizeRows(w, n, k, format));
+  if (got.size() != static_cast<size_t>(m * n)) {
+    return ::testing::AssertionFailure() << "size " << got.size() << ", expected " << m * n;
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const double b = bias.empty() ? 0.0 : double{bias[j]};
+      double exact = b, magnitude = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double product = double{xv[i * k + c]} * wv[j * k + c];
+        exact += product;
+        magnitude += std::fabs(product);
+      }
+      const double want = other ? double{(*other)[i * n + j]} : exact;
+      const double bound =
+          slack * (k * std::ldexp(magnitude, -24) + std::ldexp(std::fabs(b), -24));
+      if (!(std::fabs(got[i * n + j] - want) <= bound)) {
+        return ::testing::AssertionFailure()
+               << "y[" << i << "][" << j << "] = " << got[i * n + j] << ", expected " << want
+               << " ± " << bound;
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// b (k × n, row-major) as n × k.
+inline std::vector<float> Transposed(const std::vector<float>& b, int64_t k, int64_t n) {
+  std::vector<float> t(b.size());
+  for (int64_t r = 0; r < k; ++r) {
+    for (int64_t c = 0; c < n; ++c) t[c * k + r] = b[r * n + c];
+  }
+  return t;
+}
+
+}  // namespace mx_test
