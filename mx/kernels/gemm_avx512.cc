@@ -549,7 +549,7 @@ MX_TARGET_BF16 inline __m512 Dpbf16(__m512 acc, __m512i w, const uint16_t* x_pai
 }
 
 // kBf16: pairs of k through vdpbf16ps, W's pair layout as it is. Two sums per
-// row (k mod 4 = 0, 1 and 2, 3), added at the end: sixteen chains cover the
+// row (k mod 4 = 0, 1 and 2, 3), added at the end, then the bias: sixteen chains cover the
 // instruction's latency where eight rows alone would not. FP32 accumulation in
 // another order than the reference's, within the float paths' bound (the
 // driver ran FastScalesOk, so the instruction's flushes cannot matter).
@@ -560,10 +560,7 @@ MX_TARGET_BF16 void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t pa
   const int64_t kp = x.k_padded;
   const Out out(p, panel);
   __m512 y0[MR], y1[MR];
-  for (int r = 0; r < MR; ++r) {
-    y0[r] = out.Start(p);
-    y1[r] = _mm512_setzero_ps();
-  }
+  for (int r = 0; r < MR; ++r) y0[r] = y1[r] = _mm512_setzero_ps();
   const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
   const uint16_t* xp = x.bf16.data() + row0 * kp;
   const int64_t k_end = (w.k + 3) & ~int64_t{3};  // <= kp; both operands are 0 past w.k
@@ -575,7 +572,12 @@ MX_TARGET_BF16 void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t pa
       y1[r] = Dpbf16(y1[r], w1, xp + r * kp + k + 2);
     }
   }
-  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, _mm512_add_ps(y0[r], y1[r]));
+  // The bias after the sums, never through vdpbf16ps, which would flush a
+  // subnormal one.
+  const __m512 bias = out.Start(p);
+  for (int r = 0; r < MR; ++r) {
+    out.Store(p, row0 + r, _mm512_add_ps(bias, _mm512_add_ps(y0[r], y1[r])));
+  }
 }
 
 // Whether this CPU runs Bf16PairTile: always under SIMDe.

@@ -21,13 +21,15 @@ bool IsI8Element(Format f) {
 }
 bool IsI16Element(Format f) { return IsI8Element(f) || f == Format::kMxfp6E3m2; }
 
-// kBf16's range (gemm_internal.h): the exponent of a nonzero finite BF16 value,
-// floor(log2 |v|); a subnormal counts as −127, below every normal one, which is
-// all FastScalesOk needs to know of it.
+// kBf16's range (gemm_internal.h): the exponent of a nonzero BF16 value,
+// floor(log2 |v|); a subnormal counts as −127, below every normal one, and an
+// Inf as 128 — an operand of Infs and zeros must still meet the other side's
+// check, or a flushed subnormal there would turn Inf · w into NaN. NaN needs
+// none: it stays NaN either way.
 void AddBf16Exponent(uint16_t bits, ScaleRange& range) {
   const int biased = bits >> 7 & 0xff;
-  if (biased == 0xff || (bits & 0x7fff) == 0) return;  // Inf/NaN, ±0
-  range.Add(biased == 0 ? -127 : biased - 127);
+  if ((bits & 0x7fff) == 0 || (biased == 0xff && (bits & 0x7f) != 0)) return;  // ±0, NaN
+  range.Add(biased == 0xff ? 128 : biased == 0 ? -127 : biased - 127);
 }
 
 // MXFP4 W in kMxI8 (gemm_internal.h): the byte holding element (n, k), and

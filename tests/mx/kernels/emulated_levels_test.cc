@@ -142,7 +142,7 @@ TEST_P(EmulatedLevel, Bf16PairsAndTheirGuard) {
   // Where the guard says no, avx512 runs its exact-order tile (the same name:
   // the float bound is what fails if the pairs ran) and amx declines.
   for (const Bf16GuardCase& c : Bf16GuardCases()) {
-    const std::string name = Run(c.x, c.w, {}, c.what);
+    const std::string name = Run(c.x, c.w, c.bias, c.what);
     EXPECT_EQ(name, c.pairs || GetParam()->isa == Isa::kAvx512
                         ? Expected(internal::Kind::kBf16)
                         : internal::KernelName(Isa::kAvx2, internal::Kind::kBf16))

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -279,6 +280,7 @@ struct Bf16GuardCase {
   const char* what;
   QuantizedMatrix x, w;
   bool pairs;
+  std::vector<float> bias = {};
 };
 inline std::vector<Bf16GuardCase> Bf16GuardCases() {
   const int64_t m = 9, n = 20, k = 70;  // two avx512 tiles of rows, a short panel
@@ -299,8 +301,15 @@ inline std::vector<Bf16GuardCase> Bf16GuardCases() {
                    gaussian(n, k, 605, 0x1p-65f), false});
   cases.push_back({"subnormal x", gaussian(m, k, 606, 0x1p-130f), gaussian(n, k, 607, 0x1p40f),
                    false});
-  cases.push_back({"x all zero", Quantize(std::vector<float>(m * k, 0.0f), m, k, Format::kBf16),
-                   gaussian(n, k, 608, 1e-30f), true});
+  cases.push_back({"x all zero, a subnormal bias",
+                   Quantize(std::vector<float>(m * k, 0.0f), m, k, Format::kBf16),
+                   gaussian(n, k, 608, 1e-30f), true, std::vector<float>(n, 0x1p-140f)});
+  // Infs and zeros in X, a subnormal in W: DAZ would make Inf · w NaN.
+  std::vector<float> infs(m * k, 0.0f), tiny = Gaussian(n * k, 609);
+  for (int64_t i = 0; i < m; ++i) infs[i * k + 3] = std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) tiny[j * k + 3] = 0x1p-130f;
+  cases.push_back({"Inf x against a subnormal w", Quantize(infs, m, k, Format::kBf16),
+                   Quantize(tiny, n, k, Format::kBf16), false});
   return cases;
 }
 

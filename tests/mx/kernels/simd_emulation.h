@@ -90,12 +90,15 @@ inline void MaskStoreuPs(void* p, uint16_t mask, __m512 v) {
   }
 }
 
-// The BF16 dot-product step of VDPBF16PS and TDPBF16PS as the Intel SDM gives
-// it: acc += a1·b1, then acc += a0·b0 (the odd pair element first), each an
-// FP32 product and an FP32 add rounded to nearest even, with subnormal inputs
-// and results flushed to zero (DAZ, FTZ) whatever MXCSR says. SIMDe's own
-// dpbf16 keeps subnormals; this one must not, or the tests of the kernels'
-// flush guard (kBf16 in gemm_internal.h) could not fail here.
+// The BF16 dot-product step of VDPBF16PS and TDPBF16PS after the Intel SDM's
+// pseudocode: acc += a1·b1, then acc += a0·b0 (the odd pair element first),
+// with subnormal inputs and results flushed to zero (DAZ, FTZ) whatever MXCSR
+// says. Here each product is rounded and flushed on its own before the add;
+// hardware may fuse the two steps, but a product of two BF16 is exact in FP32
+// unless subnormal, so this differs only where it flushes more — stricter, which
+// suits a test of the guard. SIMDe's own dpbf16 keeps subnormals; this one must
+// not, or the tests of the kernels' flush guard (kBf16 in gemm_internal.h)
+// could not fail here.
 inline float FlushSubnormal(float v) {
   return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v;
 }
