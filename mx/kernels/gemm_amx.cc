@@ -34,6 +34,7 @@ namespace mx::kernels::internal {
 namespace {
 
 #include "mx/kernels/i8_weights_avx512.inc"
+#include "mx/kernels/bf16_avx512.inc"
 
 // Tile registers: C (int32 sums), A (X's block), B (W's block). Macros, not
 // constants: the intrinsics paste the number into the instruction's text.
@@ -162,7 +163,7 @@ void Int8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
 // W's pair layout as it is (B: 16 pairs of k × 16 lanes × 2) — summed in the C
 // tile over all of K, then the bias added once: no per-block epilogue, so the
 // tile unit, not AVX-512, sets the pace. Within the float paths' bound like
-// avx512's Bf16PairTile (the driver checked FastScalesOk).
+// avx512's Bf16PairTile, whose per-output guard (Bf16Checked) it shares.
 void Bf16Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
@@ -185,9 +186,10 @@ void Bf16Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   const int64_t n0 = panel * kPanel;
   const __mmask16 cols = PanelColumns(p, n0);
   const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(cols, p.bias + n0) : _mm512_setzero_ps();
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < rows; ++r) {  // the outputs the guard refuses again, in exact order
+    const __m512 v = _mm512_add_ps(bias, _mm512_load_ps(sums[r]));
     _mm512_mask_storeu_ps(p.y + (row0 + r) * p.n + n0, cols,
-                          _mm512_add_ps(bias, _mm512_load_ps(sums[r])));
+                          Bf16Checked(p, row0 + r, panel, v, bias));
   }
 }
 
@@ -201,7 +203,7 @@ TileFn MX_AMX_ENTRY(Kind kind, const Problem& p) {
     case Kind::kInt8:
       return Int8Tile;
     case Kind::kBf16:
-      return p.fast_scales ? Bf16Tile : nullptr;  // avx512 takes the rest
+      return Bf16Tile;
     default:
       return nullptr;
   }

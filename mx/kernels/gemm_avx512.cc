@@ -36,6 +36,7 @@ namespace mx::kernels::internal {
 namespace {
 
 #include "mx/kernels/i8_weights_avx512.inc"
+#include "mx/kernels/bf16_avx512.inc"
 
 inline __m512i Broadcast32(const void* p) {
   int32_t v;
@@ -490,8 +491,8 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
 
 // Float kind: per output, fma over k ascending from the bias — the reference's
 // order, so these bits equal the other levels' — 16 columns per instruction.
-// W's 16 values of k: [k][16] in its precision, or BF16 in pairs of k, whose
-// 32-bit words give the even k by a left shift and the odd one by a mask.
+// W's 16 values of k: [k][16] in its precision, or BF16 in pairs of k
+// (Bf16Lanes).
 template <Format kStore>
 inline __m512 LoadFloats(const WeightPanels& w, int64_t base, int64_t k) {
   if constexpr (kStore == Format::kFp32) {
@@ -500,9 +501,7 @@ inline __m512 LoadFloats(const WeightPanels& w, int64_t base, int64_t k) {
     return _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.f16.data() + base + k * kPanel)));
   } else {
-    const __m512i pairs = _mm512_loadu_si512(w.f16.data() + base + (k & ~int64_t{1}) * kPanel);
-    const __m512i wide = (k & 1) ? pairs : _mm512_slli_epi32(pairs, 16);
-    return _mm512_castsi512_ps(_mm512_and_si512(wide, _mm512_set1_epi32(-65536)));
+    return Bf16Lanes(w.f16.data() + base, k);
   }
 }
 
@@ -551,8 +550,8 @@ MX_TARGET_BF16 inline __m512 Dpbf16(__m512 acc, __m512i w, const uint16_t* x_pai
 // kBf16: pairs of k through vdpbf16ps, W's pair layout as it is. Two sums per
 // row (k mod 4 = 0, 1 and 2, 3), added at the end, then the bias: sixteen chains cover the
 // instruction's latency where eight rows alone would not. FP32 accumulation in
-// another order than the reference's, within the float paths' bound (the
-// driver ran FastScalesOk, so the instruction's flushes cannot matter).
+// another order than the reference's, within the float paths' bound where
+// the instruction's flushes cannot matter (Bf16Checked redoes the rest).
 template <int MR>
 MX_TARGET_BF16 void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
@@ -573,10 +572,11 @@ MX_TARGET_BF16 void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t pa
     }
   }
   // The bias after the sums, never through vdpbf16ps, which would flush a
-  // subnormal one.
+  // subnormal one; then the outputs the guard refuses, again in exact order.
   const __m512 bias = out.Start(p);
   for (int r = 0; r < MR; ++r) {
-    out.Store(p, row0 + r, _mm512_add_ps(bias, _mm512_add_ps(y0[r], y1[r])));
+    const __m512 v = _mm512_add_ps(bias, _mm512_add_ps(y0[r], y1[r]));
+    out.Store(p, row0 + r, Bf16Checked(p, row0 + r, panel, v, bias));
   }
 }
 
@@ -602,8 +602,8 @@ TileFn MX_AVX512_ENTRY(Kind kind, const Problem& p) {
       return !p.x->i8.empty() && !p.w->u8.empty() ? MX_BY_ROWS_8(MxI8Tile, false)
                                                   : MX_BY_ROWS_8(MxI16Tile);
     case Kind::kBf16:
-      if (p.fast_scales && HasBf16Pairs()) return MX_BY_ROWS_8(Bf16PairTile);
-      [[fallthrough]];  // the exact-order FMA tile: the reference's bits
+      if (HasBf16Pairs()) return MX_BY_ROWS_8(Bf16PairTile);
+      [[fallthrough]];  // no AVX512_BF16: the exact-order FMA tile, the reference's bits
     case Kind::kF32:
       switch (p.w->float_store) {
         case Format::kFp16:

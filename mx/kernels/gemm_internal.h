@@ -50,10 +50,14 @@
 //           subnormal inputs and results as zero; every other step is an FP32
 //           product (exact: 8 × 8 significand bits) and an RNE add, so the
 //           result keeps the float paths' bound |y − y64| <= K · 2^-24 · Σ|x·w|
-//           + |bias| · 2^-24 wherever no flush can matter: the driver lets them
-//           run only when every nonzero |x| and |w| is normal and every nonzero
-//           product is at least 2^kBf16MinProductExp (FastScalesOk), so that a
-//           flushed partial sum (< 2^-126) is below 2^-30 of any product.
+//           + |bias| · 2^-24 wherever no flush can matter. That is decided per
+//           output (Bf16PairsExact): every nonzero value of X's row and of W's
+//           row normal and every nonzero product at least 2^kBf16MinProductExp,
+//           so that a flushed partial sum (< 2^-126) is below 2^-30 of any
+//           product. The kernels compute a tile with the pair instructions and
+//           then the outputs that fail again in the exact order (the
+//           reference's bits): a row's bits depend on its own data and W's,
+//           never on its batch-mates or on how W is sliced.
 //
 // Block result (contract step 1): dot · 2^(ex + ew) rounded once to FP32, with
 // ex = scale_x − 127 − F_x (F = the format's fraction bits) and likewise ew.
@@ -85,6 +89,18 @@ enum class Kind : uint8_t { kMxI8, kMxI16, kMxF64, kInt8, kNvI8, kF32, kBf16 };
 
 // kBf16's bound on the products the pair instructions may see (see kBf16).
 inline constexpr int kBf16MinProductExp = -96;
+// The smallest exponent, floor(log2 |v|), of the nonzero values of a BF16 row
+// (a subnormal counts as −127, an Inf as 128), or kNoExponent where every
+// value is zero or NaN: nothing there a flush could change.
+inline constexpr int16_t kNoExponent = 1000;
+// kBf16's guard for one output, from the smallest exponents of X's row and W's
+// row: true when the pair instructions compute it within the float bound.
+// Nondecreasing in both arguments, so a panel's smallest exponent answers for
+// all its lanes at once when it passes.
+constexpr bool Bf16PairsExact(int x_min, int w_min) {
+  if (x_min == kNoExponent || w_min == kNoExponent) return true;
+  return x_min >= -126 && w_min >= -126 && x_min + w_min >= kBf16MinProductExp;
+}
 
 // True when W packed for kind `a` serves kind `b` as it is: the same kind, or
 // kF32 and kBf16 (one layout for float W, see WeightPanels).
@@ -183,7 +199,9 @@ struct WeightPanels {
   std::vector<double> scale_d;  // wide epilogue: 2^ew, NaN
   std::vector<uint8_t> scale_bytes;  // MX: the E8M0 bytes, N × blocks, for unpacking
   Format float_store = Format::kFp32;  // kF32: kFp32, kFp16 or kBf16
-  ScaleRange range;  // MX: block scale exponents; BF16 store: exponents of nonzero values
+  ScaleRange range;  // MX: block scale exponents
+  std::vector<int16_t> min_exp;        // BF16 store: per lane (panels × 16), see kNoExponent
+  std::vector<int16_t> panel_min_exp;  // BF16 store: per panel, the least of its lanes'
   int i8_offset = 0;
   bool nibbles = false;                 // kMxI8 with MXFP4 W: 4-bit codes, see above
   std::array<uint8_t, 16> nibble_lut{};  // FP4 code -> w + offset
@@ -199,7 +217,8 @@ struct WeightPanels {
 
   size_t bytes() const {
     return u8.size() + scale_bytes.size() + span_bits.size() + fit_below.size() +
-           panel_l1.size() + split_shift.size() + 2 * (i16.size() + i16_lo.size() + f16.size()) +
+           panel_l1.size() + split_shift.size() +
+           2 * (i16.size() + i16_lo.size() + f16.size() + min_exp.size() + panel_min_exp.size()) +
            4 * (f32.size() + scale.size() + tensor_scale.size() + split_at.size()) +
            8 * scale_d.size();
   }
@@ -223,7 +242,8 @@ struct DecodedX {
   std::vector<double> scale_d;
   std::vector<int32_t> block_offset;  // kMxI8, kNvI8 (and i8 copies): −offset_w · Σ x over the block (kInt8: the row)
   std::vector<float> tensor_scale;    // kNvI8: X's row scales
-  ScaleRange range;  // MX: block scale exponents; kBf16: exponents of nonzero values
+  ScaleRange range;              // MX: block scale exponents
+  std::vector<int16_t> min_exp;  // kBf16: per row, see kNoExponent
   bool has_special = false;
   int max_span_bits = 0;
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, rows × blocks

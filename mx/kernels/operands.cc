@@ -21,15 +21,12 @@ bool IsI8Element(Format f) {
 }
 bool IsI16Element(Format f) { return IsI8Element(f) || f == Format::kMxfp6E3m2; }
 
-// kBf16's range (gemm_internal.h): the exponent of a nonzero BF16 value,
-// floor(log2 |v|); a subnormal counts as −127, below every normal one, and an
-// Inf as 128 — an operand of Infs and zeros must still meet the other side's
-// check, or a flushed subnormal there would turn Inf · w into NaN. NaN needs
-// none: it stays NaN either way.
-void AddBf16Exponent(uint16_t bits, ScaleRange& range) {
+// kBf16's guard (gemm_internal.h): the exponent a BF16 value adds to its row's
+// smallest (kNoExponent: ±0 and NaN add none; NaN stays NaN either way).
+int Bf16Exponent(uint16_t bits) {
   const int biased = bits >> 7 & 0xff;
-  if ((bits & 0x7fff) == 0 || (biased == 0xff && (bits & 0x7f) != 0)) return;  // ±0, NaN
-  range.Add(biased == 0xff ? 128 : biased == 0 ? -127 : biased - 127);
+  if ((bits & 0x7fff) == 0 || (biased == 0xff && (bits & 0x7f) != 0)) return kNoExponent;
+  return biased == 0xff ? 128 : biased == 0 ? -127 : biased - 127;
 }
 
 // MXFP4 W in kMxI8 (gemm_internal.h): the byte holding element (n, k), and
@@ -96,12 +93,8 @@ int I8Offset(Format w) {
 }
 
 bool FastScalesOk(const DecodedX& x, const WeightPanels& w) {
-  if (x.kind == Kind::kF32) return true;  // no scales, and FMA flushes nothing
-  if (x.kind == Kind::kBf16) {  // the pair instructions' flushes cannot matter (kBf16)
-    return x.range.empty() || w.range.empty() ||
-           (x.range.min >= -126 && w.range.min >= -126 &&
-            x.range.min + w.range.min >= kBf16MinProductExp);
-  }
+  // No scales; kBf16's pair kernels check each output themselves (Bf16PairsExact).
+  if (x.kind == Kind::kF32 || x.kind == Kind::kBf16) return true;
   // Dots of the int8/int16 kinds stay below 2^23; kMxF64's int16 path's below 2^31.
   return FastScalesOk(x.range, w.range, x.kind == Kind::kMxF64 ? kShiftedDotBits : 23);
 }
@@ -383,12 +376,20 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
   if (kind == Kind::kF32 || kind == Kind::kBf16) {
     if (p.float_store != Format::kFp32) {  // FP16/BF16 bits as they are: half the bytes
       const int group = p.float_store == Format::kBf16 ? 2 : 1;
+      if (group == 2) {
+        p.min_exp.assign(lanes, kNoExponent);
+        p.panel_min_exp.assign(p.panels, kNoExponent);
+      }
       for (int64_t n = 0; n < w.rows; ++n) {
         for (int64_t k = 0; k < w.cols; ++k) {
           const uint8_t* e = w.elements.data() + 2 * (n * w.cols + k);
           const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
           p.f16[pair_index(n, k, group)] = bits;
-          if (group == 2) AddBf16Exponent(bits, p.range);
+          if (group == 2) {
+            const auto exp = static_cast<int16_t>(Bf16Exponent(bits));
+            p.min_exp[n] = std::min(p.min_exp[n], exp);
+            p.panel_min_exp[n / kPanel] = std::min(p.panel_min_exp[n / kPanel], exp);
+          }
         }
       }
       return out;
@@ -600,12 +601,13 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     }
     if (kind == Kind::kBf16) {  // the bits too, for the pair instructions
       d.bf16.assign(x.rows * kp, 0);
+      d.min_exp.assign(x.rows, kNoExponent);
       for (int64_t r = 0; r < x.rows; ++r) {
         for (int64_t c = 0; c < x.cols; ++c) {
           const uint8_t* e = x.elements.data() + 2 * (r * x.cols + c);
           const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
           d.bf16[r * kp + c] = bits;
-          AddBf16Exponent(bits, d.range);
+          d.min_exp[r] = std::min(d.min_exp[r], static_cast<int16_t>(Bf16Exponent(bits)));
         }
       }
     }

@@ -124,17 +124,19 @@ TEST_P(LinearAtIsa, FloatFormatsWithinToleranceOfFp64) {
 
 // BF16 × BF16 where the pair instructions could flush what the reference keeps
 // (and at the guard's edge): within the float bound at every level this CPU
-// runs; below avx512 the exact-order kernel, the reference's own bits.
+// runs, bits independent of batch-mates and W's slice; below avx512 the
+// exact-order kernel, the reference's own bits.
 TEST_P(LinearAtIsa, Bf16GuardAndExactOrderBelowAvx512) {
   for (const Bf16GuardCase& c : Bf16GuardCases()) {
     KernelInfo info;
     ExpectSameAsReference(c.x, c.w, c.bias, GetParam(), c.what, nullptr, &info);
-    // amx declines what the guard refuses; avx512 keeps the name (its exact-order tile).
-    EXPECT_EQ(info.name, c.pairs || GetParam() < Isa::kAmx
-                             ? KernelNameFor(Format::kBf16, Format::kBf16, GetParam())
-                             : internal::KernelName(Isa::kAvx512, internal::Kind::kBf16))
-        << c.what;
+    EXPECT_EQ(info.name, KernelNameFor(Format::kBf16, Format::kBf16, GetParam())) << c.what;
   }
+  ExpectBf16BitsIndependentOfBatchAndSlice(
+      [](const QuantizedMatrix& x, const QuantizedMatrix& w) {
+        return Linear(x, w, {}, {.isa = GetParam()}).value();
+      },
+      std::string(IsaName(GetParam())));
   if (GetParam() > Isa::kAvx2) return;
   const int64_t m = 5, n = 19, k = 77;
   const QuantizedMatrix x = Quantize(Gaussian(m * k, 640), m, k, Format::kBf16);

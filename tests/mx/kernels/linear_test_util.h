@@ -272,14 +272,13 @@ inline void ExpectTileFunctionMatchesTheTable(
 }
 
 // BF16 × BF16 operands on both sides of the pair instructions' guard (kBf16 in
-// gemm_internal.h: every nonzero |x| and |w| normal, every product at least
-// 2^kBf16MinProductExp), and whether the pair kernels may take them. Where they
-// may not, a pair kernel would flush what the reference keeps: the float bound
-// then fails, so these cases fail if the guard does.
+// gemm_internal.h: per output, every nonzero value of X's row and W's row
+// normal, every product at least 2^kBf16MinProductExp). Where it fails, a pair
+// kernel that did not redo the output would flush what the reference keeps, and
+// the float bound (or, for non-finite outputs, the reference's value) fails.
 struct Bf16GuardCase {
   const char* what;
   QuantizedMatrix x, w;
-  bool pairs;
   std::vector<float> bias = {};
 };
 inline std::vector<Bf16GuardCase> Bf16GuardCases() {
@@ -294,23 +293,60 @@ inline std::vector<Bf16GuardCase> Bf16GuardCases() {
   };
   std::vector<Bf16GuardCase> cases;
   cases.push_back({"products 2^-48 * 2^-48, at the bound", scaled(m, k, 600, -48),
-                   scaled(n, k, 601, -48), true});
+                   scaled(n, k, 601, -48)});
   cases.push_back({"products 2^-49 * 2^-48, below it", scaled(m, k, 602, -49),
-                   scaled(n, k, 603, -48), false});
+                   scaled(n, k, 603, -48)});
   cases.push_back({"subnormal products", gaussian(m, k, 604, 0x1p-65f),
-                   gaussian(n, k, 605, 0x1p-65f), false});
-  cases.push_back({"subnormal x", gaussian(m, k, 606, 0x1p-130f), gaussian(n, k, 607, 0x1p40f),
-                   false});
+                   gaussian(n, k, 605, 0x1p-65f)});
+  cases.push_back({"subnormal x", gaussian(m, k, 606, 0x1p-130f), gaussian(n, k, 607, 0x1p40f)});
   cases.push_back({"x all zero, a subnormal bias",
                    Quantize(std::vector<float>(m * k, 0.0f), m, k, Format::kBf16),
-                   gaussian(n, k, 608, 1e-30f), true, std::vector<float>(n, 0x1p-140f)});
+                   gaussian(n, k, 608, 1e-30f), std::vector<float>(n, 0x1p-140f)});
   // Infs and zeros in X, a subnormal in W: DAZ would make Inf · w NaN.
   std::vector<float> infs(m * k, 0.0f), tiny = Gaussian(n * k, 609);
   for (int64_t i = 0; i < m; ++i) infs[i * k + 3] = std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j) tiny[j * k + 3] = 0x1p-130f;
   cases.push_back({"Inf x against a subnormal w", Quantize(infs, m, k, Format::kBf16),
-                   Quantize(tiny, n, k, Format::kBf16), false});
+                   Quantize(tiny, n, k, Format::kBf16)});
+  // Per output: rows 2 and 7 of X tiny (2^-80), columns 5 and 17 of W holding a
+  // subnormal; every other output runs the pair instructions.
+  std::vector<float> xv = Gaussian(m * k, 610), wv = Gaussian(n * k, 611);
+  for (int64_t i : {2, 7}) {
+    for (int64_t c = 0; c < k; ++c) xv[i * k + c] *= 0x1p-80f;
+  }
+  for (int64_t j : {5, 17}) wv[j * k + 11] = 0x1p-128f;
+  cases.push_back({"tiny rows and subnormal columns among ordinary ones",
+                   Quantize(xv, m, k, Format::kBf16), Quantize(wv, n, k, Format::kBf16),
+                   Gaussian(n, 612)});
   return cases;
+}
+
+// Y of `x` and `w` as `run` computes it; BF16 × BF16 rows and columns must not
+// change bits with their batch-mates or with the slice of W they meet (the
+// guard decides per output): rows [0, 9) alone and with tiny rows after them,
+// W's rows [0, 20) alone and with rows holding a subnormal after them.
+inline void ExpectBf16BitsIndependentOfBatchAndSlice(
+    const std::function<std::vector<float>(const QuantizedMatrix&, const QuantizedMatrix&)>& run,
+    const std::string& what) {
+  const int64_t m = 9, extra = 8, n = 20, k = 100;
+  std::vector<float> xv = Gaussian((m + extra) * k, 620), wv = Gaussian(2 * n * k, 621);
+  for (int64_t i = m * k; i < (m + extra) * k; ++i) xv[i] *= 0x1p-90f;
+  for (int64_t j = n; j < 2 * n; ++j) wv[j * k + 7] = 0x1p-129f;
+  const QuantizedMatrix x_alone = Quantize({xv.begin(), xv.begin() + m * k}, m, k, Format::kBf16);
+  const QuantizedMatrix x_batch = Quantize(xv, m + extra, k, Format::kBf16);
+  const QuantizedMatrix w_slice = Quantize({wv.begin(), wv.begin() + n * k}, n, k, Format::kBf16);
+  const QuantizedMatrix w_whole = Quantize(wv, 2 * n, k, Format::kBf16);
+  const std::vector<float> alone = run(x_alone, w_slice);
+  const std::vector<float> batched = run(x_batch, w_slice);
+  const std::vector<float> whole = run(x_alone, w_whole);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_TRUE(SameBits(batched[i * n + j], alone[i * n + j]))
+          << what << ": y[" << i << "][" << j << "] in a batch with tiny rows";
+      ASSERT_TRUE(SameBits(whole[i * 2 * n + j], alone[i * n + j]))
+          << what << ": y[" << i << "][" << j << "] against W with subnormal rows";
+    }
+  }
 }
 
 }  // namespace mx::kernels
