@@ -1,7 +1,8 @@
 // The float paths' bound (DESIGN.md: FP32 accumulation in any order, held to an
 // FP64 reference): for Y = X·Wᵀ + bias with X and W as the operands' dequantized
-// values, |y − y64| <= K · 2^-24 · Σ|x·w| + |bias| · 2^-24. BF16 × BF16 runs on
-// pair instructions at avx512 and amx (mx/README.md, "BF16 on pair
+// values, |y − y64| <= K · 2^-24 · (Σ|x·w| + |bias|): K roundings, each of a
+// partial sum that may hold the bias (the reference adds it first). BF16 × BF16
+// runs on pair instructions at avx512 and amx (mx/README.md, "BF16 on pair
 // instructions"), so its outputs are held to this, not to the reference's bits.
 #pragma once
 
@@ -40,7 +41,7 @@ inline ::testing::AssertionResult WithinFloatBound(const std::vector<float>& got
       }
       const double want = other ? double{(*other)[i * n + j]} : exact;
       const double bound =
-          slack * (k * std::ldexp(magnitude, -24) + std::ldexp(std::fabs(b), -24));
+          slack * k * std::ldexp(magnitude + std::fabs(b), -24);
       if (!(std::fabs(got[i * n + j] - want) <= bound)) {
         return ::testing::AssertionFailure()
                << "y[" << i << "][" << j << "] = " << got[i * n + j] << ", expected " << want

@@ -49,8 +49,8 @@
 //           vdpbf16ps, at amx on TDPBF16PS tiles. Those instructions treat
 //           subnormal inputs and results as zero; every other step is an FP32
 //           product (exact: 8 × 8 significand bits) and an RNE add, so the
-//           result keeps the float paths' bound |y − y64| <= K · 2^-24 · Σ|x·w|
-//           + |bias| · 2^-24 wherever no flush can matter. That is decided per
+//           result keeps the float paths' bound |y − y64| <= K · 2^-24 ·
+//           (Σ|x·w| + |bias|) wherever no flush can matter. That is decided per
 //           output (Bf16PairsExact): every nonzero value of X's row and of W's
 //           row normal and every nonzero product at least 2^kBf16MinProductExp,
 //           so that a flushed partial sum (< 2^-126) is below 2^-30 of any

@@ -100,7 +100,7 @@ TEST_P(LinearAtIsa, Int8AndMxint8MinusOneTwentyEightEverywhere) {
 }
 
 // BF16/FP16/FP32 are held to an FP64 reference with a tolerance, as the contract
-// asks: |y − y64| <= K · 2^-24 · Σ|x·w| + |bias| · 2^-24.
+// asks: |y − y64| <= K · 2^-24 · (Σ|x·w| + |bias|).
 TEST_P(LinearAtIsa, FloatFormatsWithinToleranceOfFp64) {
   const int64_t m = 4, n = 21, k = 300;
   for (Format f : {Format::kBf16, Format::kFp16, Format::kFp32}) {

@@ -39,9 +39,10 @@ inline std::vector<float> Gaussian(size_t count, uint32_t seed, float scale = 1.
 using mx_test::SameBits;  // the contract's rule: any two NaNs are equal
 
 // The float paths' bound (DESIGN.md: FP32 accumulation in any order, held to
-// FP64): |y − y64| <= K · 2^-24 · Σ|x·w| + |bias| · 2^-24, with y64 the sum in
-// FP64 of the dequantized operands from the bias; a non-finite reference output
-// must be matched by the same value (any NaN for a NaN).
+// FP64): |y − y64| <= K · 2^-24 · (Σ|x·w| + |bias|) — K roundings of partial
+// sums that hold the bias where it comes first, as in the reference — with y64
+// the sum in FP64 of the dequantized operands and the bias; a non-finite
+// reference output must be matched by the same value (any NaN for a NaN).
 inline void ExpectWithinFloatBound(const QuantizedMatrix& x, const QuantizedMatrix& w,
                                    std::span<const float> bias, std::span<const float> y,
                                    std::span<const float> reference, const std::string& what) {
@@ -58,7 +59,7 @@ inline void ExpectWithinFloatBound(const QuantizedMatrix& x, const QuantizedMatr
         exact += product;
         magnitude += std::fabs(product);
       }
-      const double bound = k * std::ldexp(magnitude, -24) + std::ldexp(std::fabs(b), -24);
+      const double bound = k * std::ldexp(magnitude + std::fabs(b), -24);
       const bool ok = std::isfinite(want) ? std::fabs(got - exact) <= bound : SameBits(got, want);
       if (!ok) {
         ++failures;
