@@ -531,8 +531,9 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 // at M = 512 on Zen 5), with the pair's address as a register operand: an "m"
 // operand would let GCC assume the read may alias the accumulators (__m512 is
 // may_alias) and store all sixteen to the stack before every instruction. The
-// read is safe unannounced: X's bits are written by DecodeActivations, another
-// translation unit, before the driver calls the tile, and never during it.
+// compiler does not know the asm reads memory, so the caller must put X's bits
+// there first and keep them: Bf16PairTile's barrier does, and nothing writes X
+// during a GEMM.
 #ifdef MX_KERNELS_EMULATED
 #define MX_TARGET_BF16
 #else
@@ -562,6 +563,10 @@ MX_TARGET_BF16 void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t pa
   for (int r = 0; r < MR; ++r) y0[r] = y1[r] = _mm512_setzero_ps();
   const uint16_t* wp = w.f16.data() + panel * kp * kPanel;
   const uint16_t* xp = x.bf16.data() + row0 * kp;
+  // Dpbf16's reads go in as addresses, unannounced: this barrier puts every
+  // earlier store in memory first, and the reads, whose addresses derive from
+  // its output, cannot move above it.
+  asm volatile("" : "+r"(xp) : : "memory");
   const int64_t k_end = (w.k + 3) & ~int64_t{3};  // <= kp; both operands are 0 past w.k
   for (int64_t k = 0; k < k_end; k += 4) {
     const __m512i w0 = _mm512_loadu_si512(wp + k * kPanel);
