@@ -4,9 +4,11 @@
 //   mx::kernels::ThreadPool pool(2);                                  // caller-owned
 //   mx::kernels::Linear(quantized_x, w, bias, y, {.pool = &pool});     // per call
 //
-// MX formats (any pair) and INT8 give exactly the bits of mx::ReferenceLinear;
-// BF16/FP16/FP32 (and pairs of different kinds) accumulate in FP32 in their own
-// order, within the tolerance documented in mx/README.md. Operands that the fast
+// MX formats (any pair), NVFP4 and INT8 give exactly the bits of
+// mx::ReferenceLinear; so do FP16/FP32 (and pairs of different kinds), whose FMA
+// chains keep the reference's order. BF16 × BF16 does below avx512; at avx512
+// (with AVX512_BF16) and amx it sums pairs of products in its own order, within
+// the float paths' bound of mx/README.md ("BF16 on pair instructions"). Operands that the fast
 // kernels cannot take exactly — element codes that are Inf or NaN (only a client
 // packing its own operand can send them), INT8 with K above 131071 — run the
 // reference instead; the returned KernelInfo says so. MXFP8_E5M2 block pairs whose
