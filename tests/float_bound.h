@@ -10,11 +10,29 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "mx/packed.h"
 
 namespace mx_test {
+
+// FP64's y64 and the bound for output (i, j), from the dequantized operands
+// (x: rows × k, w: n × k) and the bias (empty or n values).
+struct FloatBound {
+  double exact, bound;
+};
+inline FloatBound FloatBoundAt(std::span<const float> xv, std::span<const float> wv,
+                               std::span<const float> bias, int64_t k, int64_t i, int64_t j) {
+  const double b = bias.empty() ? 0.0 : double{bias[j]};
+  double exact = b, magnitude = std::fabs(b);
+  for (int64_t c = 0; c < k; ++c) {
+    const double product = double{xv[i * k + c]} * wv[j * k + c];
+    exact += product;
+    magnitude += std::fabs(product);
+  }
+  return {exact, k * std::ldexp(magnitude, -24)};
+}
 
 // x: m × k and w: n × k, quantized along their rows to `format`; bias: n or none.
 // `slack` multiplies the bound (2 compares two results that each keep it).
@@ -32,16 +50,9 @@ inline ::testing::AssertionResult WithinFloatBound(const std::vector<float>& got
   }
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      const double b = bias.empty() ? 0.0 : double{bias[j]};
-      double exact = b, magnitude = 0;
-      for (int64_t c = 0; c < k; ++c) {
-        const double product = double{xv[i * k + c]} * wv[j * k + c];
-        exact += product;
-        magnitude += std::fabs(product);
-      }
-      const double want = other ? double{(*other)[i * n + j]} : exact;
-      const double bound =
-          slack * k * std::ldexp(magnitude + std::fabs(b), -24);
+      const FloatBound at = FloatBoundAt(xv, wv, bias, k, i, j);
+      const double want = other ? double{(*other)[i * n + j]} : at.exact;
+      const double bound = slack * at.bound;
       if (!(std::fabs(got[i * n + j] - want) <= bound)) {
         return ::testing::AssertionFailure()
                << "y[" << i << "][" << j << "] = " << got[i * n + j] << ", expected " << want

@@ -102,25 +102,20 @@ inline __m512 FastEpilogue(__m512i dot, float x_scale, __m512 w_scale, __m512 y)
   return _mm512_fmadd_ps(t, w_scale, y);
 }
 
-// kMxI8: u8 (w + offset) · s8 x with vpdpbusd, one k-group of 4 per
-// instruction, the offset's share subtracted through block_offset. MXFP4 W
-// (kNibbles) holds two groups' 4-bit codes in one 64-byte load — the layout of
-// gemm_internal.h puts each group's 16 lanes × 4 k in order — widened by vpshufb.
-template <int MR, bool kNibbles>
-void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+// Every block of X's rows [row0, row0 + MR) against one panel of u8 W through
+// vpdpbusd (kGroups groups of 4 k a block: 8 for MX, 4 for NVFP4's 16), from
+// the block's offset correction, and the fast epilogue into y block by block.
+template <int MR, bool kNibbles, int kGroups>
+inline void I8BlocksInto(const Problem& p, const I8Weights512<kNibbles>& weights, int64_t row0,
+                         int64_t panel, __m512* y) {
   const DecodedX& x = *p.x;
-  const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
-  const I8Weights512<kNibbles> weights(w, panel);
-  const Out out(p, panel);
-  __m512 y[MR];
-  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   for (int64_t b = 0; b < x.blocks; ++b) {
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) {
       acc[r] = _mm512_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
     }
-    for (int64_t group = b * 8; group < b * 8 + 8; group += 2) {
+    for (int64_t group = b * kGroups; group < (b + 1) * kGroups; group += 2) {
       __m512i w0, w1;
       weights.Pair(group, w0, w1);
       for (int r = 0; r < MR; ++r) {
@@ -129,11 +124,24 @@ void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
         acc[r] = Dpbusd(acc[r], w1, Broadcast32(xr + 4));
       }
     }
-    const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
+    const __m512 ws = _mm512_loadu_ps(p.w->scale.data() + (panel * x.blocks + b) * kPanel);
     for (int r = 0; r < MR; ++r) {
       y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
     }
   }
+}
+
+// kMxI8: u8 (w + offset) · s8 x with vpdpbusd, one k-group of 4 per
+// instruction, the offset's share subtracted through block_offset. MXFP4 W
+// (kNibbles) holds two groups' 4-bit codes in one 64-byte load — the layout of
+// gemm_internal.h puts each group's 16 lanes × 4 k in order — widened by vpshufb.
+template <int MR, bool kNibbles>
+void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+  const I8Weights512<kNibbles> weights(*p.w, panel);
+  const Out out(p, panel);
+  __m512 y[MR];
+  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
+  I8BlocksInto<MR, kNibbles, kBlockSize / 4>(p, weights, row0, panel, y);
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
@@ -145,30 +153,11 @@ template <int MR>
 void NvTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
-  const int64_t kp = x.k_padded;
   const I8Weights512<false> weights(w, panel);
   const Out out(p, panel);
   __m512 y[MR];
   for (int r = 0; r < MR; ++r) y[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < x.blocks; ++b) {
-    __m512i acc[MR];
-    for (int r = 0; r < MR; ++r) {
-      acc[r] = _mm512_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
-    }
-    for (int64_t group = b * 4; group < b * 4 + 4; group += 2) {
-      __m512i w0, w1;
-      weights.Pair(group, w0, w1);
-      for (int r = 0; r < MR; ++r) {
-        const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
-        acc[r] = Dpbusd(acc[r], w0, Broadcast32(xr));
-        acc[r] = Dpbusd(acc[r], w1, Broadcast32(xr + 4));
-      }
-    }
-    const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel * x.blocks + b) * kPanel);
-    for (int r = 0; r < MR; ++r) {
-      y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
-    }
-  }
+  I8BlocksInto<MR, false, 4>(p, weights, row0, panel, y);
   const __m512 tw = _mm512_maskz_loadu_ps(out.cols, w.tensor_scale.data() + out.n0);
   for (int r = 0; r < MR; ++r) {
     const __m512 v =

@@ -20,6 +20,7 @@
 #include "mx/kernels/operands.h"
 #include "mx/packed.h"
 #include "mx/reference_gemm.h"
+#include "tests/float_bound.h"
 #include "tests/same_bits.h"
 
 namespace mx::kernels {
@@ -52,19 +53,13 @@ inline void ExpectWithinFloatBound(const QuantizedMatrix& x, const QuantizedMatr
   for (int64_t i = 0; i < x.rows && failures < 5; ++i) {
     for (int64_t j = 0; j < w.rows && failures < 5; ++j) {
       const float got = y[i * w.rows + j], want = reference[i * w.rows + j];
-      const double b = bias.empty() ? 0.0 : double{bias[j]};
-      double exact = b, magnitude = 0;
-      for (int64_t c = 0; c < k; ++c) {
-        const double product = double{xv[i * k + c]} * wv[j * k + c];
-        exact += product;
-        magnitude += std::fabs(product);
-      }
-      const double bound = k * std::ldexp(magnitude + std::fabs(b), -24);
-      const bool ok = std::isfinite(want) ? std::fabs(got - exact) <= bound : SameBits(got, want);
+      const mx_test::FloatBound at = mx_test::FloatBoundAt(xv, wv, bias, k, i, j);
+      const bool ok =
+          std::isfinite(want) ? std::fabs(got - at.exact) <= at.bound : SameBits(got, want);
       if (!ok) {
         ++failures;
-        ADD_FAILURE() << what << ": y[" << i << "][" << j << "] = " << got << ", FP64 " << exact
-                      << " ± " << bound << " (reference " << want << ")";
+        ADD_FAILURE() << what << ": y[" << i << "][" << j << "] = " << got << ", FP64 "
+                      << at.exact << " ± " << at.bound << " (reference " << want << ")";
       }
     }
   }
