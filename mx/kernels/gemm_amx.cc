@@ -26,6 +26,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "mx/kernels/gemm_internal.h"

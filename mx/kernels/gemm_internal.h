@@ -50,11 +50,10 @@
 //           subnormal inputs and results as zero; every other step is an FP32
 //           product (exact: 8 × 8 significand bits) and an RNE add, so the
 //           result keeps the float paths' bound |y − y64| <= K · 2^-24 ·
-//           (Σ|x·w| + |bias|) wherever no flush can matter. That is decided per
-//           output (Bf16PairsExact): every nonzero value of X's row and of W's
-//           row normal and every nonzero product at least 2^kBf16MinProductExp,
-//           so that a flushed partial sum (< 2^-126) is below 2^-30 of any
-//           product. The kernels compute a tile with the pair instructions and
+//           (Σ|x·w| + |bias|) wherever no flush can matter and no partial sum
+//           can overflow. That is decided per output (Bf16PairsExact, from the
+//           least and greatest exponents of X's row and W's row).
+//           The kernels compute a tile with the pair instructions and
 //           then the outputs that fail again in the exact order (the
 //           reference's bits): a row's bits depend on its own data and W's,
 //           never on its batch-mates or on how W is sliced.
@@ -89,17 +88,24 @@ enum class Kind : uint8_t { kMxI8, kMxI16, kMxF64, kInt8, kNvI8, kF32, kBf16 };
 
 // kBf16's bound on the products the pair instructions may see (see kBf16).
 inline constexpr int kBf16MinProductExp = -96;
-// The smallest exponent, floor(log2 |v|), of the nonzero values of a BF16 row
-// (a subnormal counts as −127, an Inf as 128), or kNoExponent where every
-// value is zero or NaN: nothing there a flush could change.
+// The least and greatest exponents, floor(log2 |v|), of the nonzero values of a
+// BF16 row (a subnormal counts as −127, an Inf as 128); a row whose values are
+// all zero or NaN has kNoExponent and −kNoExponent: nothing there a flush or an
+// overflow could change.
 inline constexpr int16_t kNoExponent = 1000;
-// kBf16's guard for one output, from the smallest exponents of X's row and W's
-// row: true when the pair instructions compute it within the float bound.
-// Nondecreasing in both arguments, so a panel's smallest exponent answers for
-// all its lanes at once when it passes.
-constexpr bool Bf16PairsExact(int x_min, int w_min) {
+// kBf16's guard for one output, from those exponents of X's row and W's row and
+// K < 2^k_bits: true when the pair instructions compute it within the float
+// bound — no flush can matter (every nonzero value normal, every nonzero
+// product at least 2^kBf16MinProductExp, so a flushed partial sum, < 2^-126,
+// is below 2^-30 of any product) and no partial sum can overflow (each below
+// K · 2^(x_max + 1) · 2^(w_max + 1) <= 2^127, where an FMA chain might have
+// cancelled an overflowing product). Nondecreasing in the least exponents,
+// nonincreasing in the greatest, so a panel's extremes answer for all its lanes
+// at once when they pass.
+constexpr bool Bf16PairsExact(int x_min, int x_max, int w_min, int w_max, int k_bits) {
   if (x_min == kNoExponent || w_min == kNoExponent) return true;
-  return x_min >= -126 && w_min >= -126 && x_min + w_min >= kBf16MinProductExp;
+  return x_min >= -126 && w_min >= -126 && x_min + w_min >= kBf16MinProductExp &&
+         x_max + w_max + k_bits + 2 <= 127;
 }
 
 // True when W packed for kind `a` serves kind `b` as it is: the same kind, or
@@ -200,8 +206,9 @@ struct WeightPanels {
   std::vector<uint8_t> scale_bytes;  // MX: the E8M0 bytes, N × blocks, for unpacking
   Format float_store = Format::kFp32;  // kF32: kFp32, kFp16 or kBf16
   ScaleRange range;  // MX: block scale exponents
-  std::vector<int16_t> min_exp;        // BF16 store: per lane (panels × 16), see kNoExponent
-  std::vector<int16_t> panel_min_exp;  // BF16 store: per panel, the least of its lanes'
+  // BF16 store: each lane's least and greatest exponents (panels × 16, see
+  // kNoExponent), and each panel's extremes over its lanes.
+  std::vector<int16_t> min_exp, max_exp, panel_min_exp, panel_max_exp;
   int i8_offset = 0;
   bool nibbles = false;                 // kMxI8 with MXFP4 W: 4-bit codes, see above
   std::array<uint8_t, 16> nibble_lut{};  // FP4 code -> w + offset
@@ -218,7 +225,8 @@ struct WeightPanels {
   size_t bytes() const {
     return u8.size() + scale_bytes.size() + span_bits.size() + fit_below.size() +
            panel_l1.size() + split_shift.size() +
-           2 * (i16.size() + i16_lo.size() + f16.size() + min_exp.size() + panel_min_exp.size()) +
+           2 * (i16.size() + i16_lo.size() + f16.size() + min_exp.size() + max_exp.size() +
+                panel_min_exp.size() + panel_max_exp.size()) +
            4 * (f32.size() + scale.size() + tensor_scale.size() + split_at.size()) +
            8 * scale_d.size();
   }
@@ -243,7 +251,7 @@ struct DecodedX {
   std::vector<int32_t> block_offset;  // kMxI8, kNvI8 (and i8 copies): −offset_w · Σ x over the block (kInt8: the row)
   std::vector<float> tensor_scale;    // kNvI8: X's row scales
   ScaleRange range;              // MX: block scale exponents
-  std::vector<int16_t> min_exp;  // kBf16: per row, see kNoExponent
+  std::vector<int16_t> min_exp, max_exp;  // kBf16: per row, see kNoExponent
   bool has_special = false;
   int max_span_bits = 0;
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, rows × blocks

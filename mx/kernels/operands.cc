@@ -22,11 +22,15 @@ bool IsI8Element(Format f) {
 bool IsI16Element(Format f) { return IsI8Element(f) || f == Format::kMxfp6E3m2; }
 
 // kBf16's guard (gemm_internal.h): the exponent a BF16 value adds to its row's
-// smallest (kNoExponent: ±0 and NaN add none; NaN stays NaN either way).
+// extremes (kNoExponent: ±0 and NaN add none; NaN stays NaN either way).
 int Bf16Exponent(uint16_t bits) {
   const int biased = bits >> 7 & 0xff;
   if ((bits & 0x7fff) == 0 || (biased == 0xff && (bits & 0x7f) != 0)) return kNoExponent;
   return biased == 0xff ? 128 : biased == 0 ? -127 : biased - 127;
+}
+void AddBf16Exponent(int exp, int16_t& least, int16_t& greatest) {
+  least = static_cast<int16_t>(std::min<int>(least, exp));
+  greatest = static_cast<int16_t>(std::max<int>(greatest, exp));
 }
 
 // MXFP4 W in kMxI8 (gemm_internal.h): the byte holding element (n, k), and
@@ -378,17 +382,18 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       const int group = p.float_store == Format::kBf16 ? 2 : 1;
       if (group == 2) {
         p.min_exp.assign(lanes, kNoExponent);
+        p.max_exp.assign(lanes, -kNoExponent);
         p.panel_min_exp.assign(p.panels, kNoExponent);
+        p.panel_max_exp.assign(p.panels, -kNoExponent);
       }
       for (int64_t n = 0; n < w.rows; ++n) {
         for (int64_t k = 0; k < w.cols; ++k) {
           const uint8_t* e = w.elements.data() + 2 * (n * w.cols + k);
           const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
           p.f16[pair_index(n, k, group)] = bits;
-          if (group == 2) {
-            const auto exp = static_cast<int16_t>(Bf16Exponent(bits));
-            p.min_exp[n] = std::min(p.min_exp[n], exp);
-            p.panel_min_exp[n / kPanel] = std::min(p.panel_min_exp[n / kPanel], exp);
+          if (const int exp = Bf16Exponent(bits); group == 2 && exp != kNoExponent) {
+            AddBf16Exponent(exp, p.min_exp[n], p.max_exp[n]);
+            AddBf16Exponent(exp, p.panel_min_exp[n / kPanel], p.panel_max_exp[n / kPanel]);
           }
         }
       }
@@ -602,12 +607,15 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     if (kind == Kind::kBf16) {  // the bits too, for the pair instructions
       d.bf16.assign(x.rows * kp, 0);
       d.min_exp.assign(x.rows, kNoExponent);
+      d.max_exp.assign(x.rows, -kNoExponent);
       for (int64_t r = 0; r < x.rows; ++r) {
         for (int64_t c = 0; c < x.cols; ++c) {
           const uint8_t* e = x.elements.data() + 2 * (r * x.cols + c);
           const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
           d.bf16[r * kp + c] = bits;
-          d.min_exp[r] = std::min(d.min_exp[r], static_cast<int16_t>(Bf16Exponent(bits)));
+          if (const int exp = Bf16Exponent(bits); exp != kNoExponent) {
+            AddBf16Exponent(exp, d.min_exp[r], d.max_exp[r]);
+          }
         }
       }
     }

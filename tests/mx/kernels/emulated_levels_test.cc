@@ -140,17 +140,20 @@ TEST_P(EmulatedLevel, Bf16PairsAndTheirGuard) {
     }
   }
   // The guard, per output: the outputs it refuses come out of the exact order.
+  const auto run = [this](const QuantizedMatrix& x, const QuantizedMatrix& w,
+                         std::span<const float> bias = {}) {
+    std::vector<float> y(x.rows * w.rows);
+    const PackedWeight packed = PackedWeight::Pack(w).value();
+    EXPECT_TRUE(
+        internal::LinearWith(x, packed, bias, y, {.isa = Isa::kAvx2}, &GetParam()->tiles).ok());
+    return y;
+  };
   for (const Bf16GuardCase& c : Bf16GuardCases()) {
     EXPECT_EQ(Run(c.x, c.w, c.bias, c.what), Expected(internal::Kind::kBf16)) << c.what;
+    ExpectExactOrderWhereRefused(c, run(c.x, c.w, c.bias), GetParam()->tiles.name);
   }
   ExpectBf16BitsIndependentOfBatchAndSlice(
-      [this](const QuantizedMatrix& x, const QuantizedMatrix& w) {
-        std::vector<float> y(x.rows * w.rows);
-        const PackedWeight packed = PackedWeight::Pack(w).value();
-        EXPECT_TRUE(internal::LinearWith(x, packed, {}, y, {.isa = Isa::kAvx2}, &GetParam()->tiles)
-                        .ok());
-        return y;
-      },
+      [&run](const QuantizedMatrix& x, const QuantizedMatrix& w) { return run(x, w); },
       GetParam()->tiles.name);
 }
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +67,47 @@ inline void ExpectWithinFloatBound(const QuantizedMatrix& x, const QuantizedMatr
   }
 }
 
+// The least and greatest exponents of a row of BF16 values as kBf16's guard
+// counts them (gemm_internal.h): zeros and NaNs none, a subnormal −127, Inf 128.
+inline std::pair<int, int> Bf16RowExponents(std::span<const float> row) {
+  int least = internal::kNoExponent, greatest = -internal::kNoExponent;
+  for (float v : row) {
+    if (v == 0.0f || std::isnan(v)) continue;
+    const int e = std::isinf(v) ? 128 : std::fabs(v) < 0x1p-126f ? -127 : std::ilogb(v);
+    least = std::min(least, e);
+    greatest = std::max(greatest, e);
+  }
+  return {least, greatest};
+}
+
+// BF16 × BF16: the outputs the pair instructions' guard refuses
+// (internal::Bf16PairsExact, per output) are computed in the exact order at
+// every level, so they must be the reference's bits; the others only keep the
+// float bound.
+inline void ExpectRefusedOutputsHaveReferenceBits(const QuantizedMatrix& x,
+                                                  const QuantizedMatrix& w,
+                                                  std::span<const float> y,
+                                                  std::span<const float> reference,
+                                                  const std::string& what) {
+  const std::vector<float> xv = Dequantize(x), wv = Dequantize(w);
+  const int64_t k = x.cols;
+  const int k_bits = std::bit_width(static_cast<uint64_t>(k));
+  int failures = 0;
+  for (int64_t i = 0; i < x.rows && failures < 5; ++i) {
+    const auto [x_min, x_max] = Bf16RowExponents({xv.data() + i * k, static_cast<size_t>(k)});
+    for (int64_t j = 0; j < w.rows && failures < 5; ++j) {
+      const auto [w_min, w_max] = Bf16RowExponents({wv.data() + j * k, static_cast<size_t>(k)});
+      if (internal::Bf16PairsExact(x_min, x_max, w_min, w_max, k_bits)) continue;
+      const float got = y[i * w.rows + j], want = reference[i * w.rows + j];
+      if (!SameBits(got, want)) {
+        ++failures;
+        ADD_FAILURE() << what << ": y[" << i << "][" << j << "] = " << got
+                      << ", refused by the guard, differs from the reference's " << want;
+      }
+    }
+  }
+}
+
 // Runs Linear (or, with `tiles`, the driver with those tried first) and compares
 // every output with the reference, bit for bit — or, for BF16 × BF16 (kBf16,
 // whose pair instructions sum in their own order), within the float paths'
@@ -84,6 +127,7 @@ inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatri
   if (info_out) *info_out = *info;
   if (internal::KindFor(x.format, w.format) == internal::Kind::kBf16) {
     ExpectWithinFloatBound(x, w, bias, y, expected, what + " kernel " + info->name);
+    ExpectRefusedOutputsHaveReferenceBits(x, w, y, expected, what + " kernel " + info->name);
     return;
   }
   int mismatches = 0;
@@ -276,25 +320,60 @@ struct Bf16GuardCase {
   const char* what;
   QuantizedMatrix x, w;
   std::vector<float> bias = {};
+  bool exact_order = false;  // the guard refuses every output: the reference's bits
 };
+
+// Whether `y` is, bit for bit, the reference's Y of a case (checked, with a
+// message, where the case says the guard refuses every output).
+inline void ExpectExactOrderWhereRefused(const Bf16GuardCase& c, std::span<const float> y,
+                                         const std::string& what) {
+  if (!c.exact_order) return;
+  const std::vector<float> want = ReferenceLinear(c.x, c.w, c.bias).value();
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!SameBits(y[i], want[i])) {
+      ADD_FAILURE() << what << " " << c.what << ": y[" << i << "] = " << y[i]
+                    << ", the reference's " << want[i] << " (the guard refuses every output)";
+      return;
+    }
+  }
+}
 inline std::vector<Bf16GuardCase> Bf16GuardCases() {
   const int64_t m = 9, n = 20, k = 70;  // two avx512 tiles of rows, a short panel
-  const auto scaled = [](int64_t rows, int64_t cols, uint32_t seed, int exponent) {
-    std::vector<float> v = Gaussian(rows * cols, seed);
-    for (float& e : v) e = std::ldexp(e < 0 ? -1.0f : 1.0f, exponent);
-    return Quantize(v, rows, cols, Format::kBf16);
-  };
   const auto gaussian = [](int64_t rows, int64_t cols, uint32_t seed, float scale) {
     return Quantize(Gaussian(rows * cols, seed, scale), rows, cols, Format::kBf16);
   };
   std::vector<Bf16GuardCase> cases;
-  cases.push_back({"products 2^-48 * 2^-48, at the bound", scaled(m, k, 600, -48),
-                   scaled(n, k, 601, -48)});
-  cases.push_back({"products 2^-49 * 2^-48, below it", scaled(m, k, 602, -49),
-                   scaled(n, k, 603, -48)});
+  // Gaussian rows whose first value sets the least exponent: −48 and −48 make
+  // products of 2^-96 at the least, the bound (pairs); −49 and −48 fall below it
+  // (the exact order, the reference's bits, which the pairs' order would miss).
+  const auto least_at = [](int64_t rows, int64_t cols, uint32_t seed, int exponent) {
+    std::vector<float> v = Gaussian(rows * cols, seed, 0x1p-20f);
+    for (int64_t r = 0; r < rows; ++r) v[r * cols] = std::ldexp(1.0f, exponent);
+    return Quantize(v, rows, cols, Format::kBf16);
+  };
+  cases.push_back({"least products 2^-96, at the bound", least_at(m, k, 600, -48),
+                   least_at(n, k, 601, -48)});
+  cases.push_back({"least products 2^-97, below it", least_at(m, k, 602, -49),
+                   least_at(n, k, 603, -48), {}, true});
+  // A product past FP32's range that the reference's FMA chain cancels:
+  // x = (−1.5, 1.5, ...) · 2^127 against w = (1, 1.5, ...) — a pair
+  // instruction would overflow on 1.5 · 2^127 · 1.5.
+  std::vector<float> huge = Gaussian(m * k, 613), ones = Gaussian(n * k, 614);
+  for (int64_t i = 0; i < m; ++i) {
+    huge[i * k] = -0x1.8p127f;
+    huge[i * k + 1] = 0x1.8p127f;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    ones[j * k] = 1.0f;
+    ones[j * k + 1] = 1.5f;
+  }
+  cases.push_back({"an overflowing product the exact order cancels",
+                   Quantize(huge, m, k, Format::kBf16), Quantize(ones, n, k, Format::kBf16), {},
+                   true});
   cases.push_back({"subnormal products", gaussian(m, k, 604, 0x1p-65f),
-                   gaussian(n, k, 605, 0x1p-65f)});
-  cases.push_back({"subnormal x", gaussian(m, k, 606, 0x1p-130f), gaussian(n, k, 607, 0x1p40f)});
+                   gaussian(n, k, 605, 0x1p-65f), {}, true});
+  cases.push_back({"subnormal x", gaussian(m, k, 606, 0x1p-130f), gaussian(n, k, 607, 0x1p40f),
+                   {}, true});
   cases.push_back({"x all zero, a subnormal bias",
                    Quantize(std::vector<float>(m * k, 0.0f), m, k, Format::kBf16),
                    gaussian(n, k, 608, 1e-30f), std::vector<float>(n, 0x1p-140f)});
