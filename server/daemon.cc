@@ -195,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   MX_ASSIGN_OR_RETURN(
       s->backend,
       MakeBackend(options.backend, {.kernel_threads = kernel_threads,
+                                    .exact_bf16 = options.exact_bf16,
                                     .xclbin = options.xclbin,
                                     .fpga_device = static_cast<unsigned>(options.fpga_device)}));
   MX_ASSIGN_OR_RETURN(s->core.energy_model, LoadModel(options.energy_model));

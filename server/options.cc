@@ -191,6 +191,19 @@ const std::vector<FlagSpec>& Flags() {
          o.cache_update_copies = text == "cache";
          return absl::OkStatus();
        }},
+      {"bf16-sums", "pairs|exact",
+       "cpu backend, BF16 x BF16 GEMMs: 'pairs' sums pairs of products on vdpbf16ps/tdpbf16ps "
+       "where the CPU has them (AVX512_BF16, AMX), within the float formats' bound; 'exact' "
+       "keeps the reference's order, so its bits (those of the FPGA's float path) on every CPU, "
+       "at about half the speed",
+       [](const DaemonOptions& o) { return o.exact_bf16 ? "exact" : "pairs"; },
+       [](const std::string& text, DaemonOptions& o) {
+         if (text != "pairs" && text != "exact") {
+           return FlagError("bf16-sums", absl::StrCat("expected pairs or exact, got '", text, "'"));
+         }
+         o.exact_bf16 = text == "exact";
+         return absl::OkStatus();
+       }},
       {"policy-dir", "DIR",
        "where user policies persist as NAME.json (loaded at start); empty keeps them in memory",
        [](const DaemonOptions& o) { return o.policy_dir.empty() ? "''" : o.policy_dir; },

@@ -57,6 +57,10 @@ struct DaemonOptions {
   // --update-copies: false ("slice") makes update-phase weight copies per call,
   // in slices, and holds none; true ("cache") caches them as rollout copies are.
   bool cache_update_copies = false;
+  // --bf16-sums: false ("pairs") lets the cpu backend sum BF16 × BF16 on
+  // vdpbf16ps/tdpbf16ps where the CPU has them, within the float paths' bound;
+  // true ("exact") keeps the reference's order and bits on every CPU.
+  bool exact_bf16 = false;
   // Access (server/rpc/access.h): the TOKEN PRINCIPAL ROLE file (empty: no
   // authentication, every caller is "anonymous" with role admin), and quotas
   // per principal, 0 meaning unlimited.

@@ -225,7 +225,10 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
                                                 const GemmOptions& options,
                                                 const TileOverride* tiles) {
   if (absl::Status s = CheckArguments(x, w, bias, y.size()); !s.ok()) return s;
-  const Kind kind = internal::KindFor(x.format, w.format());
+  // exact_bf16: the float kind, whose kernels keep the reference's order (and
+  // share BF16 W's layout).
+  const Kind pair_kind = internal::KindFor(x.format, w.format());
+  const Kind kind = options.exact_bf16 && pair_kind == Kind::kBf16 ? Kind::kF32 : pair_kind;
 
   // A pair whose kind differs from the one W was packed for gets a temporary layout.
   std::shared_ptr<const internal::WeightPanels> temporary;

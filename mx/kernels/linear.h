@@ -66,6 +66,10 @@ struct GemmOptions {
   Isa isa = DefaultIsa();
   // Threads to split M and N across (never K); nullptr runs on the caller only.
   ThreadPool* pool = nullptr;
+  // BF16 × BF16 in the reference's order at every level (its bits, as the FPGA's
+  // float path), never on the pair instructions ("BF16 on pair instructions",
+  // mx/README.md): half the speed at avx512, the same bits on every CPU.
+  bool exact_bf16 = false;
 };
 
 // Which code computed a call: "<isa>/<kind>", e.g. "avx2/mx_i8", or

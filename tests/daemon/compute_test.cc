@@ -380,6 +380,39 @@ TEST_F(ComputeTest, StreamAnswersEveryRequestWithReferenceBits) {
 namespace mx_test {
 namespace {
 
+// --bf16-sums exact: BF16 × BF16 in the reference's order on every CPU, so
+// its bits, through the float kind's kernel (and a LayerForward too).
+TEST(Bf16SumsTest, ExactGivesTheReferenceBits) {
+  DaemonProcess daemon({"--bf16-sums", "exact", "--workers", "1"});
+  ASSERT_TRUE(daemon.ok());
+  const int bf16 = static_cast<int>(mx::Format::kBf16);
+  const int64_t m = 9, k = 300, n = 40;
+  const auto a = TestValues(m * k, 30), b = TestValues(k * n, 31);
+  auto stub = v1::Compute::NewStub(daemon.channel());
+  grpc::ClientContext context;
+  v1::GemmResponse response;
+  ASSERT_TRUE(
+      stub->Gemm(&context, GemmRequest(v1::PHASE_UPDATE, Wire(bf16), a, b, m, k, n), &response)
+          .ok());
+  EXPECT_TRUE(SameBits(Floats(response.c()),
+                       *mx::ReferenceGemm(a, mx::Format::kBf16, b, mx::Format::kBf16, m, k, n)));
+  const std::string float_kernel = mx::kernels::KernelNameFor(
+      mx::Format::kFp32, mx::Format::kBf16, mx::kernels::AvailableIsas().back());
+  EXPECT_EQ(response.info().kernel(), float_kernel);
+
+  const TestLayer layer = MakeLayer("fc", 40, 64, true, 32);
+  ASSERT_TRUE(RegisterAndPublish(daemon.channel().get(), "m", {layer}).ok());
+  const auto x = TestValues(5 * 64, 33);
+  grpc::ClientContext forward_context;
+  v1::LayerForwardResponse forward;
+  ASSERT_TRUE(stub->LayerForward(&forward_context,
+                                 ForwardRequest("m", layer, v1::PHASE_ROLLOUT, bf16, x, 5),
+                                 &forward)
+                  .ok());
+  EXPECT_TRUE(SameBits(Floats(forward.output()), ReferenceForward(layer, x, 5, mx::Format::kBf16)));
+  EXPECT_EQ(forward.info().kernel(), float_kernel);
+}
+
 TEST(NullBackendTest, AnswersZerosOfTheRightShapeWithoutComputing) {
   DaemonProcess daemon({"--backend", "null", "--workers", "1"});
   ASSERT_TRUE(daemon.ok());

@@ -78,6 +78,8 @@ struct BackendOptions {
   // included). Several scheduler workers share the pool: a GEMM that finds it
   // busy runs on its worker's thread alone, so cores are never oversubscribed.
   int kernel_threads = 1;
+  // cpu backend: BF16 × BF16 in the reference's order (--bf16-sums exact).
+  bool exact_bf16 = false;
   // fpga backend: the kernel's xclbin and the card's XRT index.
   std::string xclbin;
   unsigned fpga_device = 0;

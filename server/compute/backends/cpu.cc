@@ -1,6 +1,7 @@
 // The CPU emulation: mx/kernels at the best ISA level this CPU has (MX_ISA caps
-// it), bit for bit the reference, split across a pool of --kernel-threads. A
-// prepared weight is the kernels' packed panels.
+// it), bit for bit the reference (BF16 × BF16 within the float bound unless
+// --bf16-sums exact), split across a pool of --kernel-threads. A prepared weight
+// is the kernels' packed panels.
 #include <utility>
 
 #include "mx/kernels/linear.h"
@@ -22,7 +23,8 @@ class CpuWeight final : public PreparedWeight {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const BackendOptions& options) : pool_(options.kernel_threads) {}
+  explicit CpuBackend(const BackendOptions& options)
+      : pool_(options.kernel_threads), exact_bf16_(options.exact_bf16) {}
   absl::string_view name() const override { return "cpu"; }
 
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
@@ -51,12 +53,13 @@ class CpuBackend final : public Backend {
                                   std::span<const float> bias, std::span<float> y) {
     // mx::kernels::Linear checks every shape itself.
     absl::StatusOr<mx::kernels::KernelInfo> info =
-        mx::kernels::Linear(x, w, bias, y, {.pool = &pool_});
+        mx::kernels::Linear(x, w, bias, y, {.pool = &pool_, .exact_bf16 = exact_bf16_});
     if (!info.ok()) return info.status();
     return std::move(info->name);
   }
 
   mx::kernels::ThreadPool pool_;
+  const bool exact_bf16_;
 };
 
 }  // namespace

@@ -139,6 +139,23 @@ TEST_P(LinearAtIsa, Bf16GuardAndExactOrderBelowAvx512) {
         return Linear(x, w, {}, {.isa = GetParam()}).value();
       },
       std::string(IsaName(GetParam())));
+  // exact_bf16: the float kind's tile at every level, the reference's bits.
+  {
+    const int64_t m = 11, n = 21, k = 77;
+    const QuantizedMatrix x = Quantize(Gaussian(m * k, 643), m, k, Format::kBf16);
+    const QuantizedMatrix w = Quantize(Gaussian(n * k, 644), n, k, Format::kBf16);
+    const std::vector<float> bias = Gaussian(n, 645);
+    const std::vector<float> want = ReferenceLinear(x, w, bias).value();
+    std::vector<float> got(m * n);
+    const KernelInfo info = Linear(x, PackedWeight::Pack(w).value(), bias, got,
+                                   {.isa = GetParam(), .exact_bf16 = true})
+                                .value();
+    EXPECT_EQ(info.name, KernelNameFor(Format::kFp32, Format::kBf16, GetParam()));
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(SameBits(got[i], want[i])) << "exact_bf16: y[" << i << "] = " << got[i]
+                                             << ", reference " << want[i];
+    }
+  }
   if (GetParam() > Isa::kAvx2) return;
   const int64_t m = 5, n = 19, k = 77;
   const QuantizedMatrix x = Quantize(Gaussian(m * k, 640), m, k, Format::kBf16);

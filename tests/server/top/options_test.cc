@@ -151,6 +151,7 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--max-message-bytes=1"}, "--max-message-bytes: expected a size from 4K to 2G-1"},
       {{"--weight-memory-bytes=lots"}, "--weight-memory-bytes: expected a byte size"},
       {{"--update-copies=keep"}, "--update-copies: expected slice or cache, got 'keep'"},
+      {{"--bf16-sums=fast"}, "--bf16-sums: expected pairs or exact, got 'fast'"},
       {{"--config=/nonexistent.json"}, "--config: cannot open '/nonexistent.json'"},
   };
   for (const auto& c : cases) {
