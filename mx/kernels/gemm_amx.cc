@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
 
 #include "mx/kernels/gemm_internal.h"
 
@@ -35,6 +34,7 @@ namespace mx::kernels::internal {
 namespace {
 
 #include "mx/kernels/i8_weights_avx512.inc"
+#include "mx/kernels/panel_avx512.inc"
 #include "mx/kernels/bf16_avx512.inc"
 
 // Tile registers: C (int32 sums), A (X's block), B (W's block). Macros, not
@@ -62,11 +62,6 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-// The columns [n0, n0 + 16) that are in Y, as a lane mask.
-__mmask16 PanelColumns(const Problem& p, int64_t n0) {
-  return static_cast<__mmask16>((1u << std::min<int64_t>(kPanel, p.n - n0)) - 1);
-}
-
 template <bool kNibbles>
 void MxI8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   const DecodedX& x = *p.x;
@@ -76,13 +71,9 @@ void MxI8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
 
   const TileConfig config(rows);
   _tile_loadconfig(&config);
-  // Outputs from the bias (or +0.0), the 16 valid-or-not columns of each row.
-  const int64_t n0 = panel * kPanel;
-  const int cols = static_cast<int>(std::min<int64_t>(kPanel, p.n - n0));
-  float start[kPanel] = {};
-  for (int j = 0; j < cols && p.bias; ++j) start[j] = p.bias[n0 + j];
+  const Out out(p, panel);
   __m512 y[kAmxTileRows];
-  for (int r = 0; r < rows; ++r) y[r] = _mm512_loadu_ps(start);
+  for (int r = 0; r < rows; ++r) y[r] = out.Start(p);
   alignas(64) int32_t dots[kAmxTileRows][kPanel];
   alignas(64) uint8_t wide[kBlockSize / 4][64];  // nibbles widened: one block of B
   for (int64_t b = 0; b < x.blocks; ++b) {
@@ -97,16 +88,11 @@ void MxI8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
       const int64_t at = (row0 + r) * x.blocks + b;
       const __m512i dot =
           _mm512_add_epi32(_mm512_load_si512(dots[r]), _mm512_set1_epi32(x.block_offset[at]));
-      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x.scale[at]));
-      y[r] = _mm512_fmadd_ps(t, ws, y[r]);
+      y[r] = FastEpilogue(dot, x.scale[at], ws, y[r]);
     }
   }
   _tile_release();
-  for (int r = 0; r < rows; ++r) {
-    float out[kPanel];
-    _mm512_storeu_ps(out, y[r]);
-    std::memcpy(p.y + (row0 + r) * p.n + n0, out, cols * sizeof(float));
-  }
+  for (int r = 0; r < rows; ++r) out.Store(p, row0 + r, y[r]);
 }
 
 // kInt8: TDPBSUD over all of K in one C tile — X's s8 rows (A) by W's u8 copy
@@ -147,16 +133,12 @@ void Int8Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   alignas(64) int32_t dots[kAmxTileRows][kPanel];
   _tile_stored(MX_TMM_C, dots, kPanel * 4);
   _tile_release();
-  const int64_t n0 = panel * kPanel;
-  const __mmask16 cols = PanelColumns(p, n0);
+  const Out out(p, panel);
   const __m512 ws = _mm512_loadu_ps(w.scale.data() + panel * kPanel);
   for (int r = 0; r < rows; ++r) {
     const __m512i dot =
         _mm512_add_epi32(_mm512_load_si512(dots[r]), _mm512_set1_epi32(x.block_offset[row0 + r]));
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x.scale[row0 + r]));
-    v = _mm512_mul_ps(v, ws);
-    if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(cols, p.bias + n0));  // −0 kept
-    _mm512_mask_storeu_ps(p.y + (row0 + r) * p.n + n0, cols, v);
+    out.Store(p, row0 + r, Int8Epilogue(p, out, dot, x.scale[row0 + r], ws));
   }
 }
 
@@ -184,13 +166,11 @@ void Bf16Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   alignas(64) float sums[kAmxTileRows][kPanel];
   _tile_stored(MX_TMM_C, sums, kPanel * 4);
   _tile_release();
-  const int64_t n0 = panel * kPanel;
-  const __mmask16 cols = PanelColumns(p, n0);
-  const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(cols, p.bias + n0) : _mm512_setzero_ps();
+  const Out out(p, panel);
+  const __m512 bias = out.Start(p);
   for (int r = 0; r < rows; ++r) {  // the outputs the guard refuses again, in exact order
     const __m512 v = _mm512_add_ps(bias, _mm512_load_ps(sums[r]));
-    _mm512_mask_storeu_ps(p.y + (row0 + r) * p.n + n0, cols,
-                          Bf16Checked(p, row0 + r, panel, v, bias));
+    out.Store(p, row0 + r, Bf16Checked(p, row0 + r, panel, v, bias));
   }
 }
 

@@ -37,6 +37,7 @@ namespace mx::kernels::internal {
 namespace {
 
 #include "mx/kernels/i8_weights_avx512.inc"
+#include "mx/kernels/panel_avx512.inc"
 #include "mx/kernels/bf16_avx512.inc"
 
 inline __m512i Broadcast32(const void* p) {
@@ -77,30 +78,6 @@ inline __m256 Half(__m512 v, int i) {
 inline __m512 Join(__m256 lo, __m256 hi) {
   return _mm512_castsi512_ps(_mm512_inserti64x4(
       _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
-}
-
-// Where a tile's outputs go: the panel's columns that are in Y, as a lane mask,
-// so the sums live in registers from the bias to the store (no Tile buffer).
-struct Out {
-  int64_t n0;
-  __mmask16 cols;
-
-  Out(const Problem& p, int64_t panel)
-      : n0(panel * kPanel),
-        cols(static_cast<__mmask16>((1u << std::min<int64_t>(kPanel, p.n - n0)) - 1)) {}
-  // The bias, or +0.0: where every output's sum starts.
-  __m512 Start(const Problem& p) const {
-    return p.bias ? _mm512_maskz_loadu_ps(cols, p.bias + n0) : _mm512_setzero_ps();
-  }
-  void Store(const Problem& p, int64_t row, __m512 v) const {
-    _mm512_mask_storeu_ps(p.y + row * p.n + n0, cols, v);
-  }
-};
-
-// The fast epilogue: y += (float(dot) · 2^ex) · 2^ew, one rounding (FastScalesOk).
-inline __m512 FastEpilogue(__m512i dot, float x_scale, __m512 w_scale, __m512 y) {
-  const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(x_scale));
-  return _mm512_fmadd_ps(t, w_scale, y);
 }
 
 // Every block of X's rows [row0, row0 + MR) against one panel of u8 W through
@@ -225,10 +202,7 @@ void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   }
   const __m512 ws = _mm512_loadu_ps(w.scale.data() + panel * kPanel);
   for (int r = 0; r < MR; ++r) {
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(x.scale[row0 + r]));
-    v = _mm512_mul_ps(v, ws);
-    if (p.bias) v = _mm512_add_ps(v, out.Start(p));  // no bias: v itself, −0 kept
-    out.Store(p, row0 + r, v);
+    out.Store(p, row0 + r, Int8Epilogue(p, out, acc[r], x.scale[row0 + r], ws));
   }
 }
 
@@ -514,8 +488,8 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 }
 
 // vdpbf16ps with X's pair broadcast: acc += w.even · x.even + w.odd · x.odd per
-// lane (kBf16, gemm_internal.h). The avx512 flags leave AVX512_BF16 out, so
-// the functions that use it say so themselves; the driver calls in only where
+// lane (kBf16, gemm_internal.h). The avx512 flags leave AVX512_BF16 out (the
+// assembler takes the instruction anyway); the driver calls in only where
 // CpuHasAvx512Bf16(). Asm for the embedded broadcast ({1to16}: the pair is
 // read by the multiply's own load, no vpbroadcastd µop; 0.82× → 0.90× oneDNN
 // at M = 512 on Zen 5), with the pair's address as a register operand: an "m"
@@ -524,12 +498,7 @@ void F32Tile(const Problem& p, int64_t row0, int, int64_t panel) {
 // compiler does not know the asm reads memory, so the caller must put X's bits
 // there first and keep them: Bf16PairTile's barrier does, and nothing writes X
 // during a GEMM.
-#ifdef MX_KERNELS_EMULATED
-#define MX_TARGET_BF16
-#else
-#define MX_TARGET_BF16 __attribute__((target("avx512bf16")))
-#endif
-MX_TARGET_BF16 inline __m512 Dpbf16(__m512 acc, __m512i w, const uint16_t* x_pair) {
+inline __m512 Dpbf16(__m512 acc, __m512i w, const uint16_t* x_pair) {
 #ifdef MX_KERNELS_EMULATED
   return _mm512_dpbf16_ps(acc, Broadcast32(x_pair), w);  // simd_emulation.h's, on the bits
 #else
@@ -539,12 +508,12 @@ MX_TARGET_BF16 inline __m512 Dpbf16(__m512 acc, __m512i w, const uint16_t* x_pai
 }
 
 // kBf16: pairs of k through vdpbf16ps, W's pair layout as it is. Two sums per
-// row (k mod 4 = 0, 1 and 2, 3), added at the end, then the bias: sixteen chains cover the
-// instruction's latency where eight rows alone would not. FP32 accumulation in
+// row (k mod 4 = 0, 1 and 2, 3), added at the end, then the bias: sixteen
+// chains cover the instruction's latency where eight rows alone would not. FP32 accumulation in
 // another order than the reference's, within the float paths' bound where
 // the instruction's flushes cannot matter (Bf16Checked redoes the rest).
 template <int MR>
-MX_TARGET_BF16 void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t panel) {
+void Bf16PairTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;

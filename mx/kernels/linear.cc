@@ -232,7 +232,9 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
 
   // A pair whose kind differs from the one W was packed for gets a temporary layout.
   std::shared_ptr<const internal::WeightPanels> temporary;
-  if (!internal::SharesLayout(w.panels().kind, kind)) temporary = internal::PackPanels(w.Unpacked(), kind);
+  if (!internal::SharesLayout(w.panels().kind, kind)) {
+    temporary = internal::PackPanels(w.Unpacked(), kind);
+  }
   const internal::WeightPanels* panels = temporary ? temporary.get() : &w.panels();
   const internal::DecodedX decoded = internal::DecodeActivations(x, kind, w.format(), options.pool);
 

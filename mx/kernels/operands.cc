@@ -28,6 +28,10 @@ int Bf16Exponent(uint16_t bits) {
   if ((bits & 0x7fff) == 0 || (biased == 0xff && (bits & 0x7f) != 0)) return kNoExponent;
   return biased == 0xff ? 128 : biased == 0 ? -127 : biased - 127;
 }
+// Element `i` of a 16-bit format (FP16, BF16) as its bits: little-endian bytes.
+uint16_t HalfBits(const QuantizedMatrix& m, int64_t i) {
+  return static_cast<uint16_t>(m.elements[2 * i] | (m.elements[2 * i + 1] << 8));
+}
 void AddBf16Exponent(int exp, int16_t& least, int16_t& greatest) {
   least = static_cast<int16_t>(std::min<int>(least, exp));
   greatest = static_cast<int16_t>(std::max<int>(greatest, exp));
@@ -388,8 +392,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       }
       for (int64_t n = 0; n < w.rows; ++n) {
         for (int64_t k = 0; k < w.cols; ++k) {
-          const uint8_t* e = w.elements.data() + 2 * (n * w.cols + k);
-          const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
+          const uint16_t bits = HalfBits(w, n * w.cols + k);
           p.f16[pair_index(n, k, group)] = bits;
           if (const int exp = Bf16Exponent(bits); group == 2 && exp != kNoExponent) {
             AddBf16Exponent(exp, p.min_exp[n], p.max_exp[n]);
@@ -610,8 +613,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       d.max_exp.assign(x.rows, -kNoExponent);
       for (int64_t r = 0; r < x.rows; ++r) {
         for (int64_t c = 0; c < x.cols; ++c) {
-          const uint8_t* e = x.elements.data() + 2 * (r * x.cols + c);
-          const auto bits = static_cast<uint16_t>(e[0] | (e[1] << 8));
+          const uint16_t bits = HalfBits(x, r * x.cols + c);
           d.bf16[r * kp + c] = bits;
           if (const int exp = Bf16Exponent(bits); exp != kNoExponent) {
             AddBf16Exponent(exp, d.min_exp[r], d.max_exp[r]);
