@@ -70,6 +70,24 @@ std::function<absl::Status(const std::string&, DaemonOptions&)> BytesSetter(
   };
 }
 
+// A flag "NO|YES" for a bool field (--update-copies slice|cache, --bf16-sums
+// pairs|exact): `no` sets it false, `yes` true; the text --help shows, and the
+// setter.
+std::function<std::string(const DaemonOptions&)> ChoiceText(bool DaemonOptions::*field,
+                                                            std::string no, std::string yes) {
+  return [=](const DaemonOptions& o) { return o.*field ? yes : no; };
+}
+std::function<absl::Status(const std::string&, DaemonOptions&)> ChoiceSetter(
+    std::string name, bool DaemonOptions::*field, std::string no, std::string yes) {
+  return [=](const std::string& text, DaemonOptions& o) {
+    if (text != no && text != yes) {
+      return FlagError(name, absl::StrCat("expected ", no, " or ", yes, ", got '", text, "'"));
+    }
+    o.*field = text == yes;
+    return absl::OkStatus();
+  };
+}
+
 std::function<absl::Status(const std::string&, DaemonOptions&)> StringSetter(
     std::string DaemonOptions::*field) {
   return [field](const std::string& text, DaemonOptions& o) {
@@ -183,27 +201,15 @@ const std::vector<FlagSpec>& Flags() {
        "weights, and holds none (a trainer changes its weights every step); 'cache' keeps them "
        "like rollout copies (faster for several update calls per weight version, e.g. "
        "micro-batches; holds one copy per format and layout)",
-       [](const DaemonOptions& o) { return o.cache_update_copies ? "cache" : "slice"; },
-       [](const std::string& text, DaemonOptions& o) {
-         if (text != "slice" && text != "cache") {
-           return FlagError("update-copies", absl::StrCat("expected slice or cache, got '", text, "'"));
-         }
-         o.cache_update_copies = text == "cache";
-         return absl::OkStatus();
-       }},
+       ChoiceText(&DaemonOptions::cache_update_copies, "slice", "cache"),
+       ChoiceSetter("update-copies", &DaemonOptions::cache_update_copies, "slice", "cache")},
       {"bf16-sums", "pairs|exact",
        "cpu backend, BF16 x BF16 GEMMs: 'pairs' sums pairs of products on vdpbf16ps/tdpbf16ps "
        "where the CPU has them (AVX512_BF16, AMX), within the float formats' bound; 'exact' "
        "keeps the reference's order, so its bits (those of the FPGA's float path) on every CPU, "
        "at about half the speed",
-       [](const DaemonOptions& o) { return o.exact_bf16 ? "exact" : "pairs"; },
-       [](const std::string& text, DaemonOptions& o) {
-         if (text != "pairs" && text != "exact") {
-           return FlagError("bf16-sums", absl::StrCat("expected pairs or exact, got '", text, "'"));
-         }
-         o.exact_bf16 = text == "exact";
-         return absl::OkStatus();
-       }},
+       ChoiceText(&DaemonOptions::exact_bf16, "pairs", "exact"),
+       ChoiceSetter("bf16-sums", &DaemonOptions::exact_bf16, "pairs", "exact")},
       {"policy-dir", "DIR",
        "where user policies persist as NAME.json (loaded at start); empty keeps them in memory",
        [](const DaemonOptions& o) { return o.policy_dir.empty() ? "''" : o.policy_dir; },
