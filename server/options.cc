@@ -207,7 +207,7 @@ const std::vector<FlagSpec>& Flags() {
        "cpu backend, BF16 x BF16 GEMMs: 'pairs' sums pairs of products on vdpbf16ps/tdpbf16ps "
        "where the CPU has them (AVX512_BF16, AMX), within the float formats' bound; 'exact' "
        "keeps the reference's order, so its bits (those of the FPGA's float path) on every CPU, "
-       "at about half the speed",
+       "about 1.6x slower where the pairs run",
        ChoiceText(&DaemonOptions::exact_bf16, "pairs", "exact"),
        ChoiceSetter("bf16-sums", &DaemonOptions::exact_bf16, "pairs", "exact")},
       {"policy-dir", "DIR",

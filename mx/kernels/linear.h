@@ -68,7 +68,7 @@ struct GemmOptions {
   ThreadPool* pool = nullptr;
   // BF16 × BF16 in the reference's order at every level (its bits, as the FPGA's
   // float path), never on the pair instructions ("BF16 on pair instructions",
-  // mx/README.md): half the speed at avx512, the same bits on every CPU.
+  // mx/README.md): about 1.6× slower where those run, the same bits on every CPU.
   bool exact_bf16 = false;
 };
 
