@@ -396,9 +396,15 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
           p.f16[pair_index(n, k, group)] = bits;
           if (const int exp = Bf16Exponent(bits); group == 2 && exp != kNoExponent) {
             AddBf16Exponent(exp, p.min_exp[n], p.max_exp[n]);
-            AddBf16Exponent(exp, p.panel_min_exp[n / kPanel], p.panel_max_exp[n / kPanel]);
           }
         }
+      }
+      for (int64_t lane = 0; group == 2 && lane < lanes; ++lane) {  // each panel's extremes
+        if (p.min_exp[lane] == kNoExponent) continue;  // nothing in it
+        int16_t& least = p.panel_min_exp[lane / kPanel];
+        int16_t& greatest = p.panel_max_exp[lane / kPanel];
+        AddBf16Exponent(p.min_exp[lane], least, greatest);
+        AddBf16Exponent(p.max_exp[lane], least, greatest);
       }
       return out;
     }
@@ -601,25 +607,28 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   d.blocks = BlocksPerRow(x.cols);
   d.k_padded = d.blocks * kBlockSize;
   const int64_t kp = d.k_padded;
-  if (kind == Kind::kF32 || kind == Kind::kBf16) {
+  if (kind == Kind::kBf16) {  // one pass: the values, the bits for the pairs, the guard's
+    d.f32.assign(x.rows * kp, 0.0f);
+    d.bf16.assign(x.rows * kp, 0);
+    d.min_exp.assign(x.rows, kNoExponent);
+    d.max_exp.assign(x.rows, -kNoExponent);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      for (int64_t c = 0; c < x.cols; ++c) {
+        const uint16_t bits = HalfBits(x, r * x.cols + c);
+        d.f32[r * kp + c] = Bf16ToFloat(bits);
+        d.bf16[r * kp + c] = bits;
+        if (const int exp = Bf16Exponent(bits); exp != kNoExponent) {
+          AddBf16Exponent(exp, d.min_exp[r], d.max_exp[r]);
+        }
+      }
+    }
+    return d;
+  }
+  if (kind == Kind::kF32) {
     const std::vector<float> values = DequantizeFast(x);
     d.f32.assign(x.rows * kp, 0.0f);
     for (int64_t r = 0; r < x.rows; ++r) {
       std::copy_n(values.data() + r * x.cols, x.cols, d.f32.data() + r * kp);
-    }
-    if (kind == Kind::kBf16) {  // the bits too, for the pair instructions
-      d.bf16.assign(x.rows * kp, 0);
-      d.min_exp.assign(x.rows, kNoExponent);
-      d.max_exp.assign(x.rows, -kNoExponent);
-      for (int64_t r = 0; r < x.rows; ++r) {
-        for (int64_t c = 0; c < x.cols; ++c) {
-          const uint16_t bits = HalfBits(x, r * x.cols + c);
-          d.bf16[r * kp + c] = bits;
-          if (const int exp = Bf16Exponent(bits); exp != kNoExponent) {
-            AddBf16Exponent(exp, d.min_exp[r], d.max_exp[r]);
-          }
-        }
-      }
     }
     return d;
   }
