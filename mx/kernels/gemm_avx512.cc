@@ -144,18 +144,30 @@ void NvTile(const Problem& p, int64_t row0, int, int64_t panel) {
   }
 }
 
-// acc[r] += Σ over X's block b of row r's int16 pairs · W's, per lane
-// (vpdpwssd), W's 16 pairs of 16 lanes from `wp`: the inner loop of kMxI16 and
-// of kMxF64's int16 path.
+// acc[r] += Σ over one block of row r's int16 pairs · W's, per lane
+// (vpdpwssd): X's row r from xr[r], W's 16 pairs of 16 lanes from `wp`, the
+// pairs whose bit is set in `pairs` (a zero W pair adds nothing): the inner
+// loop of kMxI16 and of kMxF64's int16 path.
+template <int MR>
+void I16Rows(const int16_t* const* xr, const int16_t* wp, __m512i* acc, unsigned pairs = 0xFFFF) {
+  if (pairs == 0xFFFF) {
+    for (int pair = 0; pair < kBlockSize / 2; ++pair) {
+      const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
+      for (int r = 0; r < MR; ++r) acc[r] = Dpwssd(acc[r], wv, Broadcast32(xr[r] + 2 * pair));
+    }
+    return;
+  }
+  for (; pairs != 0; pairs &= pairs - 1) {
+    const int pair = std::countr_zero(pairs);
+    const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
+    for (int r = 0; r < MR; ++r) acc[r] = Dpwssd(acc[r], wv, Broadcast32(xr[r] + 2 * pair));
+  }
+}
 template <int MR>
 void I16Block(const DecodedX& x, const int16_t* wp, int64_t row0, int64_t b, __m512i* acc) {
-  const int16_t* xp = x.i16.data() + row0 * x.k_padded + b * kBlockSize;
-  for (int pair = 0; pair < kBlockSize / 2; ++pair) {
-    const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
-    for (int r = 0; r < MR; ++r) {
-      acc[r] = Dpwssd(acc[r], wv, Broadcast32(xp + r * x.k_padded + 2 * pair));
-    }
-  }
+  const int16_t* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = x.i16.data() + (row0 + r) * x.k_padded + b * kBlockSize;
+  I16Rows<MR>(xr, wp, acc);
 }
 
 // kMxI16: int16 pairs, vpdpwssd: one k-pair of the 16 lanes per instruction.
@@ -264,67 +276,49 @@ inline __m512i JoinLimbs(__m512i high, __m512i low, __m512i shifts) {
   return _mm512_add_epi32(_mm512_sllv_epi32(high, shifts), low);
 }
 
-// The largest l1 bits of W's lanes for which MxF64SplitRowBlock is exact: the
-// high byte's dot is below 2^(7 + l1) and must fit int32.
-inline constexpr int kSplitRowMaxWL1 = 23;
+// The largest l1 bits of W's lanes for which a row that fails the int16 bound
+// still runs in int16 (MxF64ShiftedTile): its residue dot, below 2^(t + l1)
+// with t = span_x + l1 − 31 and span_x <= 15, must fit int32.
+inline constexpr int kShiftedRowMaxWL1 = 23;
 
-// One row's block of kMxF64 that fails the int32 bound against some lane, its
-// X block in one int16 limb x' or two, x' = h · 2^t + l (kSplitX: span 16 to
-// 30). The int16 limb (x' or h) split into bytes, (v >> 8) · 2^8 + (v & 255):
-// each part's dot with W, |v >> 8| < 2^7 and v & 255 < 2^8 against Σ|w'| < 2^l1
-// with l1 <= kSplitRowMaxWL1, fits int32 (split W lanes joined there as in the
-// int16 path), as does l's (l < 2^t, t + l1 <= 31: the caller checks); all are
-// joined exactly in FP64 (below 2^53: spans <= 30 and l1 <= 23) and scaled
-// there, one rounding to FP32. No FP16 conversions: on Zen 5 those made
-// MxF64Block<1> cost some twenty int16 row blocks.
-template <bool kSplitW, bool kSplitX>
-__m512 MxF64SplitRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t b) {
-  const DecodedX& x = *p.x;
-  const WeightPanels& w = *p.w;
-  const int64_t pb = panel * x.blocks + b;
-  const int16_t* wp = w.i16.data() + (panel * x.k_padded + b * kBlockSize) * kPanel;
-  const int16_t* wl = kSplitW ? w.i16_lo.data() + w.split_at[pb] : nullptr;
-  const int64_t at = row * x.k_padded + b * kBlockSize;
-  const int16_t* xp = x.i16.data() + at;
-  const int16_t* xq = kSplitX ? x.i16_lo.data() + at : nullptr;
-  const __m512i low_byte = _mm512_set1_epi16(0x00FF);
-  __m512i high[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  __m512i low[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-  __m512i limb[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // kSplitX: Σ l·w'
-  for (int pair = 0; pair < kBlockSize / 2; ++pair) {
-    const __m512i wv = _mm512_loadu_si512(wp + pair * 2 * kPanel);
-    const __m512i xv = Broadcast32(xp + 2 * pair);
-    const __m512i xh = _mm512_srai_epi16(xv, 8), xl = _mm512_and_si512(xv, low_byte);
-    high[0] = Dpwssd(high[0], wv, xh);
-    low[0] = Dpwssd(low[0], wv, xl);
-    if constexpr (kSplitX) limb[0] = Dpwssd(limb[0], wv, Broadcast32(xq + 2 * pair));
-    if constexpr (kSplitW) {  // the low limbs, joined below
-      const __m512i lv = _mm512_loadu_si512(wl + pair * 2 * kPanel);
-      high[1] = Dpwssd(high[1], lv, xh);
-      low[1] = Dpwssd(low[1], lv, xl);
-      if constexpr (kSplitX) limb[1] = Dpwssd(limb[1], lv, Broadcast32(xq + 2 * pair));
-    }
+// Bit r: row row0 + r's block b does not pair exactly with every lane of W's
+// block (ShiftedPairFits, as a bound on X's l1 bits per span: `fit`, the
+// panel block's 16 entries of fit_below). Eight rows in one vpshufb from
+// X's fit_key: a tile starts a group of eight (the driver's do: tasks start at
+// multiples of 256 rows and step by kAvx512TileRows, gemm_internal.h).
+inline unsigned FailingRows(const DecodedX& x, const uint8_t* fit, int64_t row0, int rows,
+                            int64_t b) {
+  const __m128i key = _mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(x.fit_key.data() + FitKeyAt(row0, b, x.blocks)));
+  const __m128i limit = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(fit)), key);
+  // l1 < limit, unsigned: signed after flipping the top bits (SSE2, as SIMDe has it)
+  const __m128i top = _mm_set1_epi8(static_cast<char>(0x80));
+  const __m128i fits = _mm_cmpgt_epi8(_mm_xor_si128(limit, top),
+                                      _mm_xor_si128(_mm_srli_si128(key, kFitKeyRows), top));
+  return ~static_cast<unsigned>(_mm_movemask_epi8(fits)) & ((1u << rows) - 1);
+}
+
+// Σ v·w' over the k-pairs where the row's int16 block v (32 values at `v`) is
+// non-zero, per lane of W's block at `wp` (and its low limbs at `wl`, joined
+// by `shifts`): the residues of a shifted row are a few small elements, so
+// this visits a pair or two, not sixteen. Wrapping int32, exact wherever the
+// true sum fits (the callers' bounds).
+inline __m512i SparseDot(const int16_t* v, const int16_t* wp, const int16_t* wl, __m512i shifts) {
+  const __m512i values = _mm512_loadu_si512(v);
+  __m512i high = _mm512_setzero_si512(), low = _mm512_setzero_si512();
+  for (unsigned pairs = _mm512_test_epi32_mask(values, values); pairs != 0; pairs &= pairs - 1) {
+    const int pair = std::countr_zero(pairs);
+    const __m512i xv = Broadcast32(v + 2 * pair);
+    high = Dpwssd(high, _mm512_loadu_si512(wp + pair * 2 * kPanel), xv);
+    if (wl != nullptr) low = Dpwssd(low, _mm512_loadu_si512(wl + pair * 2 * kPanel), xv);
   }
-  __m512i h = high[0], l = low[0], q = limb[0];
-  if constexpr (kSplitW) {
-    const __m512i shifts = LimbShifts(w, pb);
-    h = JoinLimbs(h, high[1], shifts);
-    l = JoinLimbs(l, low[1], shifts);
-    q = JoinLimbs(q, limb[1], shifts);
-  }
-  // 2^t for X's high limb (1 unsplit).
-  const __m512d limb_scale =
-      _mm512_set1_pd(kSplitX ? static_cast<double>(1 << x.split_shift[row * x.blocks + b]) : 1.0);
-  const __m512d xs = _mm512_set1_pd(x.scale[row * x.blocks + b]);
-  const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
-  __m256 half[2];
-  for (int i = 0; i < 2; ++i) {
-    __m512d dot = _mm512_fmadd_pd(_mm512_cvtepi32_pd(Half(h, i)), _mm512_set1_pd(256.0),
-                                  _mm512_cvtepi32_pd(Half(l, i)));
-    if constexpr (kSplitX) dot = _mm512_fmadd_pd(dot, limb_scale, _mm512_cvtepi32_pd(Half(q, i)));
-    half[i] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(dot, xs), _mm512_cvtps_pd(Half(ws, i))));
-  }
-  return Join(half[0], half[1]);
+  return wl != nullptr ? JoinLimbs(high, low, shifts) : high;
+}
+
+// The lanes' int32 values widened to FP64, in two halves of 8.
+inline void WidenHalves(__m512i v, __m512d* half) {
+  half[0] = _mm512_cvtepi32_pd(Half(v, 0));
+  half[1] = _mm512_cvtepi32_pd(Half(v, 1));
 }
 
 // kMxF64 without the int16 path (scales the fast epilogue cannot take): every
@@ -342,112 +336,148 @@ void MxF64Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
 }
 
+// For a row's block that fails the int16 bound against W's block (the
+// largest l1 bits of whose lanes are w_l1): the shift t1 that makes its int16
+// values h = v >> t1 pair exactly (v: x' or X's high limb xh), or −1 where the
+// residue's dots would not fit int32 (MxF64ShiftedTile: then FP64).
+inline int ShiftedRowShift(const DecodedX& x, int64_t at, int w_l1) {
+  const int x_span = x.span_bits[at];
+  if (w_l1 > kShiftedRowMaxWL1 || x_span > kShiftedSplitBits ||
+      (x_span > kShiftedI16Bits && x.split_shift[at] + w_l1 > kShiftedDotBits)) {
+    return -1;
+  }
+  return std::max(0, std::min(x_span, kShiftedI16Bits) + w_l1 - kShiftedDotBits);
+}
+
+// The block result of a row that fails the int16 bound (MxF64ShiftedTile),
+// from `dot`, its shifted values' dot Σ h·w' (or, where ShiftedRowShift said
+// −1, from FP64: MxF64Block): Σ h·w' · 2^(t0 + t1) + Σ (v mod 2^t1)·w' · 2^t0
+// + Σ xl·w' in FP64, exact, scaled there and rounded once.
+[[gnu::noinline]] __m512 FailingRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t b,
+                                         __m512i dot) {
+  const DecodedX& x = *p.x;
+  const WeightPanels& w = *p.w;
+  const int64_t pb = panel * x.blocks + b, at = row * x.blocks + b;
+  const int t1 = ShiftedRowShift(x, at, w.panel_l1[pb]);
+  if (t1 < 0) {
+    __m512 block;
+    MxF64Block<1>(p, row, panel, b, &block);
+    return block;
+  }
+  const int64_t k0 = row * x.k_padded + b * kBlockSize;
+  const int16_t* wp = w.i16.data() + (panel * x.k_padded + b * kBlockSize) * kPanel;
+  const int32_t lo = w.split_at[pb];
+  const int16_t* wl = lo >= 0 ? w.i16_lo.data() + lo : nullptr;
+  const __m512i shifts = wl != nullptr ? LimbShifts(w, pb) : _mm512_setzero_si512();
+  const int t0 = x.span_bits[at] > kShiftedI16Bits ? x.split_shift[at] : 0;
+  alignas(64) int16_t residue[kBlockSize];  // v − (v >> t1) · 2^t1
+  const __m512i v = _mm512_loadu_si512(x.i16.data() + k0);
+  _mm512_store_si512(residue, _mm512_sub_epi16(v, _mm512_slli_epi16(_mm512_srai_epi16(v, t1), t1)));
+  __m512d exact[2], part[2];
+  WidenHalves(dot, exact);
+  WidenHalves(SparseDot(residue, wp, wl, shifts), part);
+  const __m512d high = _mm512_set1_pd(static_cast<double>(1 << t1));
+  for (int i = 0; i < 2; ++i) exact[i] = _mm512_fmadd_pd(exact[i], high, part[i]);
+  if (t0 > 0) {
+    WidenHalves(SparseDot(x.i16_lo.data() + k0, wp, wl, shifts), part);
+    const __m512d limb = _mm512_set1_pd(static_cast<double>(1 << t0));
+    for (int i = 0; i < 2; ++i) exact[i] = _mm512_fmadd_pd(exact[i], limb, part[i]);
+  }
+  const __m512d xs = _mm512_set1_pd(x.scale[at]);
+  const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
+  __m256 half[2];
+  for (int i = 0; i < 2; ++i) {
+    half[i] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(exact[i], xs), _mm512_cvtps_pd(Half(ws, i))));
+  }
+  return Join(half[0], half[1]);
+}
+
+// acc[r] = Σ x'h · 2^s + Σ x'l for a panel block with split lanes, from
+// acc[r] = Σ x'h: the low limbs' pairs that are not all zero (split_pairs).
+// Out of line: inlined, GCC 12 copies the accumulators of the hot loop above
+// it twice per vpdpwssd.
+template <int MR>
+[[gnu::noinline]] void AddLowLimbs(const WeightPanels& w, int64_t pb, const int16_t* const* xr,
+                                   __m512i* acc) {
+  __m512i low[MR];
+  for (int r = 0; r < MR; ++r) low[r] = _mm512_setzero_si512();
+  I16Rows<MR>(xr, w.i16_lo.data() + w.split_at[pb], low, w.split_pairs[pb]);
+  const __m512i shifts = LimbShifts(w, pb);
+  for (int r = 0; r < MR; ++r) acc[r] = JoinLimbs(acc[r], low[r], shifts);
+}
+
 // kMxF64 (pairs with MXFP8) when the scales allow the fast epilogue for every
-// block (FastScalesOk with 31-bit dots). Each row's block takes one of three
-// paths that give the same correctly rounded block result, so the bits do not
-// depend on which one ran:
-//   int16: where the row's block pairs exactly with every lane's
-//          (ShiftedPairFits, looked up in W's fit_below), vpdpwssd on the
-//          shifted integers — 32 products per instruction against FP64's 8;
-//          twice where W's block has split lanes, the limbs joined in int32 —
-//          and the fast epilogue;
-//   split: a row that fails the bound, X's limb split in bytes
-//          (MxF64SplitRowBlock), where W's L1 and X's span allow;
-//   FP64:  the rest (MxF64Block: one row, or the whole tile when every row
-//          fails and some need it).
-// A first pass finds the failing rows of every block and computes their block
-// results in (block, row) order; the second runs the int16 path and adds each block, taking
-// those results where it must, so the hot loop makes no calls (which would
-// spill the sixteen accumulators). Gaussian data quantized to E4M3 or E5M2
-// spans about 10 bits a block: most blocks take the int16 path, and the E4M3
-// bench's other rows all take the split.
+// block (FastScalesOk with 31-bit dots): the int16 path, with every row's block
+// in one of three classes that all add the same correctly rounded block
+// result, so the bits do not depend on which one ran:
+//   fits:    the row's block pairs exactly with every lane's (ShiftedPairFits;
+//            FailingRows tests eight rows at once): its int16 dot and the fast
+//            epilogue;
+//   shifted: the dot could pass 2^31. The row goes through the same int16 dot
+//            as h = x' >> T (X's two limbs: x' = xh · 2^t0 + xl and
+//            h = xh >> t1, T = t0 + t1), T just large enough that
+//            |Σ h·w'| < 2^(span_h + l1_w) <= 2^31, and the residue
+//            x' − h · 2^T, a few small elements, dotted apart (SparseDot:
+//            (xh mod 2^t1) and xl, each below 2^31 while t1, t0 <= 31 − l1_w);
+//            the three joined in FP64 (below 2^(span_x + l1_w) <= 2^53: exact)
+//            and scaled there, one rounding to FP32;
+//   wide:    the rest (W lanes past 2^23 in L1, X limbs that do not fit):
+//            the block in FP64 (MxF64Block).
+// Every row of the tile shares W's loads in one pass over the block (a row's
+// pointer says where its int16 values are: X itself, or the shifted copy); a
+// row that fails costs its residue's pair or two, not a pass of its own, and
+// W's low limbs only the pairs where some lane has one (split_pairs).
+// Gaussian data quantized to E4M3 or E5M2 spans about 10 bits a block: in
+// mx_bench's layer 6% of E4M3 row blocks are shifted, far fewer wide.
 template <int MR>
 void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
+  const int64_t kp = x.k_padded;
   constexpr unsigned kAllRows = (1u << MR) - 1;
-  // Per block, bit r: row r fails the int16 path; and those rows' block results,
-  // 16 floats each, in (block, row) order: at most every row of every block.
-  uint8_t* const failing_rows = ScratchBytes(x.blocks);
-  float* const row_results = ScratchFloats(x.blocks * MR * kPanel);
-  float* result = row_results;
-  for (int64_t b = 0; b < x.blocks; ++b) {
-    const int64_t pb = panel * x.blocks + b;
-    const uint8_t* fit = w.fit_below.data() + pb * (kShiftedI16Bits + 1);
-    const bool split_w = w.split_at[pb] >= 0;
-    const int w_l1 = w.panel_l1[pb];
-    // Failing rows, and which of them the byte split takes (W's L1 within
-    // 2^23; X in one limb, or two with the low limb's dot within int32); the
-    // rest need FP64.
-    unsigned rows = 0, one_limb = 0, two_limbs = 0;
-    for (int r = 0; r < MR; ++r) {
-      const int64_t at = (row0 + r) * x.blocks + b;
-      const int x_span = x.span_bits[at];
-      if (x_span <= kShiftedI16Bits && x.l1_bits[at] < fit[x_span]) continue;
-      rows |= 1u << r;
-      if (w_l1 > kSplitRowMaxWL1) continue;
-      if (x_span <= kShiftedI16Bits) {
-        one_limb |= 1u << r;
-      } else if (x_span <= kShiftedSplitBits && x.split_shift[at] + w_l1 <= kShiftedDotBits) {
-        two_limbs |= 1u << r;
-      }
-    }
-    failing_rows[b] = static_cast<uint8_t>(rows);
-    if (MR >= 4 && rows == kAllRows && (one_limb | two_limbs) != kAllRows) {
-      // Every row fails and some need FP64: the whole tile there, its W
-      // conversions shared (a lone row pays them alone).
-      __m512 block[MR];
-      MxF64Block<MR>(p, row0, panel, b, block);
-      for (int r = 0; r < MR; ++r, result += kPanel) _mm512_storeu_ps(result, block[r]);
-      continue;
-    }
-    for (int r = 0; r < MR; ++r) {
-      if (!(rows >> r & 1)) continue;
-      __m512 block[1];
-      if (one_limb >> r & 1) {
-        block[0] = split_w ? MxF64SplitRowBlock<true, false>(p, row0 + r, panel, b)
-                           : MxF64SplitRowBlock<false, false>(p, row0 + r, panel, b);
-      } else if (two_limbs >> r & 1) {
-        block[0] = split_w ? MxF64SplitRowBlock<true, true>(p, row0 + r, panel, b)
-                           : MxF64SplitRowBlock<false, true>(p, row0 + r, panel, b);
-      } else {
-        MxF64Block<1>(p, row0 + r, panel, b, block);
-      }
-      _mm512_storeu_ps(result, block[0]);
-      result += kPanel;
-    }
-  }
-
-  const int16_t* wi = w.i16.data() + panel * x.k_padded * kPanel;
-  const float* next = row_results;
+  alignas(64) int16_t shifted_x[MR][kBlockSize];  // shifted rows' h, wide rows' zeros
+  const int16_t* const wi = w.i16.data() + panel * kp * kPanel;
   const Out out(p, panel);
   __m512 y[MR];
   for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
   for (int64_t b = 0; b < x.blocks; ++b) {
-    const unsigned rows = failing_rows[b];
-    if (rows == kAllRows) {
-      for (int r = 0; r < MR; ++r, next += kPanel) y[r] = _mm512_add_ps(y[r], _mm512_loadu_ps(next));
+    const int64_t pb = panel * x.blocks + b;
+    const int32_t lo = w.split_at[pb];
+    const int16_t* const wp = wi + b * kBlockSize * kPanel;
+    const int16_t* const wl = lo >= 0 ? w.i16_lo.data() + lo : nullptr;
+    const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
+    const unsigned failing =
+        FailingRows(x, w.fit_below.data() + pb * (kShiftedI16Bits + 1), row0, MR, b);
+    const int16_t* xr[MR];
+    for (int r = 0; r < MR; ++r) xr[r] = x.i16.data() + (row0 + r) * kp + b * kBlockSize;
+
+    // Failing rows (a few blocks in ten have one): shifted copies, or zeros.
+    const int w_l1 = w.panel_l1[pb];
+    unsigned wide = 0;
+    for (unsigned rows = failing; rows != 0; rows &= rows - 1) {
+      const int r = std::countr_zero(rows);
+      const int t1 = ShiftedRowShift(x, (row0 + r) * x.blocks + b, w_l1);
+      if (t1 < 0) wide |= 1u << r;
+      _mm512_store_si512(shifted_x[r], t1 < 0 ? _mm512_setzero_si512()
+                                              : _mm512_srai_epi16(_mm512_loadu_si512(xr[r]), t1));
+      xr[r] = shifted_x[r];
+    }
+    if (MR >= 4 && wide != 0 && failing == kAllRows) {
+      // Every row fails and some need FP64: the whole tile there, W's
+      // conversions shared (a lone row pays them alone).
+      __m512 block[MR];
+      MxF64Block<MR>(p, row0, panel, b, block);
+      for (int r = 0; r < MR; ++r) y[r] = _mm512_add_ps(y[r], block[r]);
       continue;
     }
     __m512i acc[MR];
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
-    const int64_t pb = panel * x.blocks + b;
-    I16Block<MR>(x, wi + b * kBlockSize * kPanel, row0, b, acc);
-    if (const int32_t lo = w.split_at[pb]; lo >= 0) {  // split lanes: Σ x'h · 2^s + Σ x'l
-      __m512i low[MR];
-      for (int r = 0; r < MR; ++r) low[r] = _mm512_setzero_si512();
-      I16Block<MR>(x, w.i16_lo.data() + lo, row0, b, low);
-      const __m512i shifts = LimbShifts(w, pb);
-      for (int r = 0; r < MR; ++r) acc[r] = JoinLimbs(acc[r], low[r], shifts);
-    }
-    const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
+    I16Rows<MR>(xr, wp, acc);
+    if (wl != nullptr) AddLowLimbs<MR>(w, pb, xr, acc);  // split lanes: Σ x'h · 2^s + Σ x'l
     for (int r = 0; r < MR; ++r) {
-      if (rows >> r & 1) {
-        y[r] = _mm512_add_ps(y[r], _mm512_loadu_ps(next));
-        next += kPanel;
-      } else {
-        y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
-      }
+      y[r] = failing >> r & 1
+                 ? _mm512_add_ps(y[r], FailingRowBlock(p, row0 + r, panel, b, acc[r]))
+                 : FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
     }
   }
   for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);

@@ -33,7 +33,8 @@
 //           exact wherever the bound above holds for w' itself, since the true
 //           sum fits and every step is exact mod 2^32. X blocks of 16 to 30
 //           bits are decoded into limbs the same way (SplitLimbs, operands.h);
-//           a row failing the bound runs avx512's MxF64SplitRowBlock.
+//           a row failing the bound is shifted right until it fits, its few
+//           small residue elements dotted apart (avx512's MxF64ShiftedTile).
 //   kInt8   INT8 × INT8 (per-row scales): int32 over the whole K (int16 pairs,
 //           or at avx512 vpdpbusd on W's u8 copy).
 //   kNvI8   NVFP4 × NVFP4: E2M1 elements as in kMxI8 (±12 in units of 2^-1, W
@@ -219,6 +220,7 @@ struct WeightPanels {
   std::vector<uint8_t> panel_l1;    // kMxF64: [p][block], the largest l1 bits of its lanes
   std::vector<int16_t> i16_lo;       // kMxF64: the low limbs of split blocks (see above)
   std::vector<int32_t> split_at;     // kMxF64: [p][block], offset into i16_lo or −1
+  std::vector<uint16_t> split_pairs;  // kMxF64: [p][block], bit j: some low limb of pair j is not 0
   std::vector<uint8_t> split_shift;  // kMxF64: [p][block][16] limb shift s, 0 unsplit
   std::vector<float> tensor_scale;  // kNvI8: W's row scales, N values
 
@@ -227,6 +229,7 @@ struct WeightPanels {
            panel_l1.size() + split_shift.size() +
            2 * (i16.size() + i16_lo.size() + f16.size() + min_exp.size() + max_exp.size() +
                 panel_min_exp.size() + panel_max_exp.size()) +
+           2 * split_pairs.size() +
            4 * (f32.size() + scale.size() + tensor_scale.size() + split_at.size()) +
            8 * scale_d.size();
   }
@@ -260,7 +263,17 @@ struct DecodedX {
   // i16, l here (rows × k_padded, 0 elsewhere), t in split_shift (rows × blocks).
   std::vector<int16_t> i16_lo;
   std::vector<uint8_t> split_shift;
+  // kMxF64: each block's fit test for eight rows at once, [rows / 8][block][16]:
+  // bytes 0..7 the span of rows 8g..8g+7 (kNoFitSpan past kShiftedI16Bits),
+  // 8..15 their l1 bits (see FitKeyAt).
+  std::vector<uint8_t> fit_key;
 };
+
+inline constexpr int kFitKeyRows = 8;
+inline constexpr uint8_t kNoFitSpan = 0x80;  // vpshufb's index for 0: no l1 fits
+inline int64_t FitKeyAt(int64_t row, int64_t block, int64_t blocks) {
+  return ((row / kFitKeyRows) * blocks + block) * 2 * kFitKeyRows + row % kFitKeyRows;
+}
 
 // One GEMM as the tile kernels see it.
 struct Problem {
@@ -277,6 +290,8 @@ inline constexpr int kMaxTileRows = 4;
 // Rows per call of the avx512 level's kernels: eight rows of accumulators keep
 // both vector pipes busy through the FMA/VNNI latency (four left them half idle).
 inline constexpr int kAvx512TileRows = 8;
+// MxF64ShiftedTile reads X's fit_key a tile at a time.
+static_assert(kFitKeyRows == kAvx512TileRows);
 // Rows per call of the amx level's kernel (one AMX tile of X).
 inline constexpr int kAmxTileRows = 16;
 

@@ -21,6 +21,9 @@ using internal::Kind;
 // Rows of X per task: 64 tiles of 4 (32 of 8 at avx512). A task walks its rows against one panel of
 // W, which stays in L1 meanwhile; X's rows stay in L2 across panels.
 constexpr int64_t kRowsPerTask = 256;
+// Tiles start at multiples of their row count (MxF64ShiftedTile relies on it).
+static_assert(kRowsPerTask % internal::kFitKeyRows == 0 &&
+              kRowsPerTask % internal::kAmxTileRows == 0);
 
 // INT8 sums over all of K in int32: 128 · 128 · K (a client may pack −128) must
 // stay below 2^31.

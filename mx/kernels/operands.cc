@@ -365,6 +365,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       p.fit_below.assign(p.panels * p.blocks * (kShiftedI16Bits + 1), 255);  // zero lanes fit
       p.panel_l1.assign(p.panels * p.blocks, 0);
       p.split_at.assign(p.panels * p.blocks, -1);
+      p.split_pairs.assign(p.panels * p.blocks, 0);
       p.split_shift.assign(lanes * p.blocks, 0);
       break;
     case Kind::kNvI8:
@@ -502,6 +503,7 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
               const int64_t pb = (n / kPanel) * p.blocks + k / kBlockSize;
               const int64_t in_block = ((k % kBlockSize) / 2 * kPanel + n % kPanel) * 2 + k % 2;
               p.i16_lo[p.split_at[pb] + in_block] = limbs.low;
+              if (limbs.low != 0) p.split_pairs[pb] |= static_cast<uint16_t>(1u << (k % kBlockSize / 2));
             }
           }
           break;
@@ -672,6 +674,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       d.split_shift.assign(x.rows * d.blocks, 0);
       d.span_bits.assign(x.rows * d.blocks, 0);
       d.l1_bits.assign(x.rows * d.blocks, 0);
+      d.fit_key.assign((x.rows + kFitKeyRows - 1) / kFitKeyRows * d.blocks * 2 * kFitKeyRows, 0);
       break;
   }
   d.scale.assign(x.rows * d.blocks, 0.0f);
@@ -698,6 +701,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     uint8_t* const l1_bits = d.l1_bits.data();
     int16_t* const i16_lo = d.i16_lo.data();
     uint8_t* const x_split = d.split_shift.data();
+    uint8_t* const fit_key = d.fit_key.data();
     const int64_t* const fixed = table.fixed.data();
     const float* const value = table.value.data();
     const int64_t blocks = d.blocks;
@@ -733,6 +737,10 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);
           l1_bits[at_block] = static_cast<uint8_t>(info.l1_bits);
+          uint8_t* key = fit_key + FitKeyAt(r, b, blocks);
+          key[0] = info.span_bits <= kShiftedI16Bits ? static_cast<uint8_t>(info.span_bits)
+                                                     : kNoFitSpan;
+          key[kFitKeyRows] = static_cast<uint8_t>(info.l1_bits);
           if (const int t = LimbShift(info); t >= 0) {  // one int16 limb, or two as W's
             x_split[at_block] = static_cast<uint8_t>(t);
             for (int i = 0; i < kBlockSize; ++i) {

@@ -207,11 +207,11 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
   };
   for (int64_t i : c.heavy_rows) heavy(xv, i);
   // X row 12's block 2 too: it fails the bound against W rows 9 and 31 (below),
-  // whose blocks are split into two limbs, so that row runs X split in bytes
-  // against split W.
+  // whose blocks are split into two limbs, so that row runs shifted, with its
+  // residue, against split W.
   // X row 15's block 3 spans 18 bits (448 beside 2^-9): two limbs, and against
   // W's one-large-element blocks (rows 2 and 9, below) past the int32 bound, so
-  // it runs X split in limbs and bytes.
+  // it runs its high limb shifted, plus both residues.
   xv[15 * k + 96] = 448.0f;
   xv[15 * k + 97] = 0x1p-9f;
   // X row 16's block 2 likewise, against W rows 9 and 31's split block 2: both
