@@ -176,7 +176,7 @@ void Bf16Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
 
 }  // namespace
 
-TileFn MX_AMX_ENTRY(Kind kind, const Problem& p) {
+TileKernel MX_AMX_ENTRY(Kind kind, const Problem& p) {
   switch (kind) {
     case Kind::kMxI8:
       if (!p.fast_scales) return nullptr;

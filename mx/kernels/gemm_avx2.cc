@@ -388,7 +388,7 @@ int I8Groups(const Problem& p) {
 
 }  // namespace
 
-TileFn Avx2Tile(Kind kind, const Problem& p) {
+TileKernel Avx2Tile(Kind kind, const Problem& p) {
   switch (kind) {
     case Kind::kMxI8:
       if (!p.fast_scales) return nullptr;

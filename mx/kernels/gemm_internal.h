@@ -358,9 +358,19 @@ struct alignas(32) Tile {
 void I8WeightBlock(const WeightPanels& w, int64_t panel, int64_t block,
                    uint8_t (&out)[kBlockSize][kPanel]);
 
-// Computes y[row0, row0 + rows) × [16·panel, 16·panel + 16) ∩ N, all of K, from
-// the bias (or +0.0). rows <= TileRows(level) of the level it belongs to.
+// Computes y[row0, row0 + rows) × [16·panel, 16·(panel + panels)) ∩ N, all of
+// K, from the bias (or +0.0), `panels` being its TileKernel's. rows <=
+// TileRows(level) of the level it belongs to.
 using TileFn = void (*)(const Problem& p, int64_t row0, int rows, int64_t panel);
+// A level's kernel for a kind: its function and how many consecutive panels of
+// W one call takes (the driver gives each call a first panel that is a
+// multiple of it; the last call of N may have fewer).
+struct TileKernel {
+  TileFn fn = nullptr;
+  int panels = 1;
+  TileKernel(TileFn f = nullptr, int n = 1) : fn(f), panels(n) {}  // NOLINT: from a TileFn
+  explicit operator bool() const { return fn != nullptr; }
+};
 
 // Which ISA levels have a tile kernel of their own for each kind: the one table
 // of it. The driver runs a kind at LevelFor(kind, requested), and where that
@@ -418,20 +428,20 @@ std::string KernelName(Isa level, Kind kind);
 // The tile kernel of a kind at an ISA level, nullptr where the level has none
 // for that kind or declines these operands (the driver then takes the next
 // level down that has the kind).
-TileFn ScalarTile(Kind kind);
-TileFn Avx2Tile(Kind kind, const Problem& p);
-TileFn Avx512Tile(Kind kind, const Problem& p);
+TileKernel ScalarTile(Kind kind);
+TileKernel Avx2Tile(Kind kind, const Problem& p);
+TileKernel Avx512Tile(Kind kind, const Problem& p);
 // Takes up to kAmxTileRows rows per call and writes y itself (no Tile).
-TileFn AmxTile(Kind kind, const Problem& p);
+TileKernel AmxTile(Kind kind, const Problem& p);
 // The one of the four above for `level`. Only for levels this CPU runs: the
 // avx512 and amx files are compiled with those instructions.
-TileFn TileAt(Isa level, Kind kind, const Problem& p);
+TileKernel TileAt(Isa level, Kind kind, const Problem& p);
 
 // Tile kernels a test supplies in place of a level's own (the avx512 kernels
 // compiled against SIMDe run this way on CPUs without AVX-512): tried first;
 // where `select` returns nullptr the driver takes its usual levels.
 struct TileOverride {
-  TileFn (*select)(Kind kind, const Problem& p);
+  TileKernel (*select)(Kind kind, const Problem& p);
   const char* name;  // the level name KernelInfo reports for them
   int rows = kMaxTileRows;  // rows per call they take
 };

@@ -147,7 +147,7 @@ void F32Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
 
 }  // namespace
 
-TileFn ScalarTile(Kind kind) {
+TileKernel ScalarTile(Kind kind) {
   switch (kind) {
     case Kind::kMxI8: return MxTile<Kind::kMxI8>;
     case Kind::kMxI16: return MxTile<Kind::kMxI16>;

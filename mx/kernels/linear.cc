@@ -169,7 +169,7 @@ std::string internal::KernelName(Isa level, Kind kind) {
   return absl::StrCat(IsaName(level), "/", KindName(kind));
 }
 
-internal::TileFn internal::TileAt(Isa level, Kind kind, const Problem& p) {
+internal::TileKernel internal::TileAt(Isa level, Kind kind, const Problem& p) {
   switch (level) {
     case Isa::kScalar:
       return ScalarTile(kind);
@@ -261,14 +261,14 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
   // The best level that has a kernel for this kind (kHasKernel) and takes these
   // operands: a level may decline scales its fast epilogue cannot take exactly,
   // and then the next level down that has the kind runs, scalar in the end.
-  internal::TileFn tile = tiles ? tiles->select(kind, problem) : nullptr;
-  if (tile != nullptr) {
+  internal::TileKernel tile = tiles ? tiles->select(kind, problem) : nullptr;
+  if (tile) {
     info.name = absl::StrCat(tiles->name, "/", internal::KindName(kind));
   }
   int tile_rows = tiles && tile ? tiles->rows : internal::kMaxTileRows;
-  for (Isa isa = internal::LevelFor(kind, Resolve(options.isa)); tile == nullptr;) {
+  for (Isa isa = internal::LevelFor(kind, Resolve(options.isa)); !tile;) {
     tile = internal::TileAt(isa, kind, problem);
-    if (tile != nullptr) {
+    if (tile) {
       info.name = internal::KernelName(isa, kind);
       tile_rows = internal::TileRows(isa);
       break;
@@ -282,16 +282,22 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
   const bool redo_wide = MayHaveWideBlocks(decoded, *panels);
   if (redo_wide) absl::StrAppend(&info.name, "+exact_wide");
 
+  // A task: a group of rows against the panels of one call of the tile.
   const int64_t row_groups = (x.rows + kRowsPerTask - 1) / kRowsPerTask;
-  const int64_t tasks = row_groups * panels->panels;
+  const int64_t panel_groups = (panels->panels + tile.panels - 1) / tile.panels;
+  const int64_t tasks = row_groups * panel_groups;
   const auto run_task = [&](int64_t task) {
-    const int64_t panel = task % panels->panels;
-    const int64_t first = (task / panels->panels) * kRowsPerTask;
+    const int64_t panel = task % panel_groups * tile.panels;
+    const int64_t first = (task / panel_groups) * kRowsPerTask;
     const int64_t end = std::min(x.rows, first + kRowsPerTask);
     for (int64_t row = first; row < end; row += tile_rows) {
-      tile(problem, row, static_cast<int>(std::min<int64_t>(tile_rows, end - row)), panel);
+      tile.fn(problem, row, static_cast<int>(std::min<int64_t>(tile_rows, end - row)), panel);
     }
-    if (redo_wide) RedoWideOutputs(problem, first, end, panel);
+    if (redo_wide) {
+      for (int64_t q = panel; q < std::min(panels->panels, panel + tile.panels); ++q) {
+        RedoWideOutputs(problem, first, end, q);
+      }
+    }
   };
   if (options.pool != nullptr) {
     options.pool->ParallelFor(tasks, run_task);

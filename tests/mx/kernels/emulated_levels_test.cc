@@ -17,8 +17,8 @@
 #include "tests/mx/kernels/linear_test_util.h"
 
 namespace mx::kernels::internal {
-TileFn Avx512TileEmulated(Kind kind, const Problem& p);
-TileFn AmxTileEmulated(Kind kind, const Problem& p);
+TileKernel Avx512TileEmulated(Kind kind, const Problem& p);
+TileKernel AmxTileEmulated(Kind kind, const Problem& p);
 }  // namespace mx::kernels::internal
 
 namespace mx::kernels {

@@ -190,7 +190,8 @@ inline QuantizedMatrix AllMinus128Mxint8(int64_t rows, int64_t cols, uint8_t sca
 // subnormal beside 448 (span 18: two limbs), X rows likewise (two limbs, one
 // against split W), blocks holding one large element and tiny ones (span 15,
 // L1 15 bits: still int16), a NaN block and an all-zero block. `heavy_rows` /
-// `heavy_cols` say where the 448 blocks are (block 1).
+// `heavy_cols` say where the 448 blocks are (block 1; also X row 4 and W row
+// 24's block 0).
 struct Int16BoundsCase {
   QuantizedMatrix x, w;
   std::vector<float> bias;
@@ -200,12 +201,16 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
   const int64_t m = 19, n = 37, k = 150;
   std::vector<float> xv = Gaussian(m * k, 61), wv = Gaussian(n * k, 62);
   Int16BoundsCase c;
-  const auto heavy = [&](std::vector<float>& v, int64_t row) {
-    std::fill_n(v.begin() + row * k + 32, 32, 0.0f);
-    std::fill_n(v.begin() + row * k + 32, 4, 448.0f);
-    v[row * k + 32 + 7] = 0x1p-6f;
+  const auto heavy = [&](std::vector<float>& v, int64_t row, int64_t block = 1) {
+    std::fill_n(v.begin() + row * k + 32 * block, 32, 0.0f);
+    std::fill_n(v.begin() + row * k + 32 * block, 4, 448.0f);
+    v[row * k + 32 * block + 7] = 0x1p-6f;
   };
   for (int64_t i : c.heavy_rows) heavy(xv, i);
+  // X row 4 and W row 24 (panel 1) heavy in block 0 alone: a pair past int32
+  // that, of a tile of two panels (0 and 1), only the second one has.
+  heavy(xv, 4, 0);
+  heavy(wv, 24, 0);
   // X row 12's block 2 too: it fails the bound against W rows 9 and 31 (below),
   // whose blocks are split into two limbs, so that row runs shifted, with its
   // residue, against split W.
@@ -285,7 +290,7 @@ inline std::pair<QuantizedMatrix, QuantizedMatrix> TinyScaleWideX(Format w_forma
 // level has the kind.
 inline void ExpectTileFunctionMatchesTheTable(
     Isa level,
-    const std::function<internal::TileFn(internal::Kind, const internal::Problem&)>& select,
+    const std::function<internal::TileKernel(internal::Kind, const internal::Problem&)>& select,
     const std::string& what) {
   const int64_t m = 5, n = 19, k = 70;
   bool seen[internal::kKinds] = {};
@@ -308,7 +313,7 @@ inline void ExpectTileFunctionMatchesTheTable(
       const std::string pair =
           absl::StrCat(what, ": ", tx.name, " x ", tw.name, " (", internal::KindName(kind), ")");
       ASSERT_TRUE(problem.fast_scales) << pair << ": not ordinary operands";
-      const bool has_kernel = select(kind, problem) != nullptr;
+      const bool has_kernel = static_cast<bool>(select(kind, problem));
       EXPECT_EQ(has_kernel, internal::HasKernel(level, kind))
           << pair << ": the tile function returns " << (has_kernel ? "a kernel" : "none")
           << ", the table (kHasKernel) says " << IsaName(level)
