@@ -317,21 +317,23 @@ inline __m512i JoinLimbs(__m512i high, __m512i low, __m512i shifts) {
 // with t = span_x + l1 − 31 and span_x <= 15, must fit int32.
 inline constexpr int kShiftedRowMaxWL1 = 23;
 
-// Bit r: row row0 + r's block b does not pair exactly with every lane of W's
-// block (ShiftedPairFits, as a bound on X's l1 bits per span: `fit`, the
-// panel block's 16 entries of fit_below). Eight rows in one vpshufb from
-// X's fit_key: a tile starts a group of eight (the driver's do: tasks start at
-// multiples of 256 rows and step by kAvx512TileRows, gemm_internal.h).
-inline unsigned FailingRows(const DecodedX& x, const uint8_t* fit, int64_t row0, int rows,
-                            int64_t b) {
-  const __m128i key = _mm_loadu_si128(
-      reinterpret_cast<const __m128i*>(x.fit_key.data() + FitKeyAt(row0, b, x.blocks)));
-  const __m128i limit = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(fit)), key);
-  // l1 < limit, unsigned: signed after flipping the top bits (SSE2, as SIMDe has it)
-  const __m128i top = _mm_set1_epi8(static_cast<char>(0x80));
-  const __m128i fits = _mm_cmpgt_epi8(_mm_xor_si128(limit, top),
-                                      _mm_xor_si128(_mm_srli_si128(key, kFitKeyRows), top));
-  return ~static_cast<unsigned>(_mm_movemask_epi8(fits)) & ((1u << rows) - 1);
+// Bit r: row row0 + r's block b may not pair exactly with every lane of W's
+// panel block pb (ShiftedPairFits on the lanes' largest magnitudes): eight
+// rows in two FP64 products and compares. A tile starts a group of eight rows
+// (the driver's do: tasks start at multiples of 256 rows and step by
+// kAvx512TileRows, gemm_internal.h).
+inline unsigned FailingRows(const DecodedX& x, const WeightPanels& w, int64_t pb, int64_t row0,
+                            int rows, int64_t b) {
+  const int64_t at = FitAt(row0, b, x.blocks);
+  const __m512d limit = _mm512_set1_pd(2147483648.0);
+  const __mmask8 fits =
+      _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_loadu_pd(x.fit_max.data() + at),
+                                       _mm512_set1_pd(w.fit_l1[pb])),
+                         limit, _CMP_LT_OQ) |
+      _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_loadu_pd(x.fit_l1.data() + at),
+                                       _mm512_set1_pd(w.fit_max[pb])),
+                         limit, _CMP_LT_OQ);
+  return ~static_cast<unsigned>(fits) & ((1u << rows) - 1);
 }
 
 // Σ v·w' over the k-pairs where the row's int16 block v (32 values at `v`) is
@@ -485,7 +487,7 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
     for (int q = 0; q < NP; ++q) {
       pb[q] = (panel + q) * x.blocks + b;
       wp[q] = w.i16.data() + ((panel + q) * kp + b * kBlockSize) * kPanel;
-      failing |= FailingRows(x, w.fit_below.data() + pb[q] * (kShiftedI16Bits + 1), row0, MR, b);
+      failing |= FailingRows(x, w, pb[q], row0, MR, b);
       w_l1 = std::max<int>(w_l1, w.panel_l1[pb[q]]);
     }
     const int16_t* xr[MR];

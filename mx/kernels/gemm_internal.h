@@ -22,11 +22,12 @@
 //           a block whose fixed-point elements span at most 15 bits is stored
 //           shifted right by its lowest set bit (exact: every element is a
 //           multiple of it), the shift folded into its scale. For a pair of
-//           such blocks |Σ x'w'| <= max|x'| · Σ|w'| < 2^(span_x + l1_w), with
-//           l1 the bit width of a block's Σ|v'|, and likewise with the roles
-//           swapped: where either bound is at most 2^31 the dot is exact in
+//           such blocks |Σ x'w'| <= max|x'| · Σ|w'|, and likewise with the
+//           roles swapped: where either bound is below 2^31 the dot is exact in
 //           int32 (vpdpwssd wraps, but the true sum fits) and takes the fast
-//           epilogue (FastScalesOk with 31-bit dots). ShiftedPairFits says it.
+//           epilogue (FastScalesOk with 31-bit dots). ShiftedPairFits says it,
+//           from the exact magnitudes; the bit widths (span, and l1 for
+//           Σ|v'|) bound the shifts of the rows that fail.
 //           A W block spanning 16 to 30 bits is split into two int16 limbs,
 //           w' = h · 2^s + l with s = span − 15, h = w' >> s and 0 <= l < 2^s:
 //           the dot is (Σ x'h) · 2^s + Σ x'l, computed in wrapping int32 —
@@ -148,21 +149,15 @@ bool FastScalesOk(const DecodedX& x, const WeightPanels& w);
 // Integer block dots of kMxF64's int16 path: X's block at most 15 bits wide
 // (int16), W's at most 30 (two int16 limbs beyond 15), the dot below 2^31.
 inline constexpr int kShiftedI16Bits = 15, kShiftedSplitBits = 30, kShiftedDotBits = 31;
-// True when the int16 path computes the dot of an X block (span, l1 bits) and a
-// W block exactly (see kMxF64 above).
-constexpr bool ShiftedPairFits(int x_span, int x_l1, int w_span, int w_l1) {
-  return x_span <= kShiftedI16Bits && w_span <= kShiftedSplitBits &&
-         std::min(x_span + w_l1, x_l1 + w_span) <= kShiftedDotBits;
-}
-// ShiftedPairFits for one W block, as a bound on X's l1 bits: for an X block of
-// span x_span <= 15 the pair fits iff x_l1 < FitBelow(x_span, w_span, w_l1)
-// (fits iff x_span + w_l1 <= 31, or else x_l1 <= 31 − w_span). A panel's block
-// keeps the smallest over its lanes for each x_span (WeightPanels::fit_below):
-// one lookup tells whether a row of X pairs exactly with all 16 lanes.
-constexpr int FitBelow(int x_span, int w_span, int w_l1) {
-  if (w_span > kShiftedSplitBits) return 0;
-  if (x_span + w_l1 <= kShiftedDotBits) return 255;  // any X l1 (they stop at 20)
-  return std::max(0, kShiftedDotBits + 1 - w_span);
+// True when the int16 path computes the dot of an X block and a W block
+// exactly (see kMxF64 above), from each block's largest |v'| and Σ|v'| — FP64,
+// exact for these integers, and +Inf on a side with no int16 form (an X block
+// wider than kShiftedI16Bits, a W block wider than kShiftedSplitBits: Inf times
+// anything is Inf or NaN, never below the limit). A panel's block keeps the
+// largest of its lanes' (WeightPanels::fit_max, fit_l1): one test for all 16.
+constexpr bool ShiftedPairFits(double x_max, double x_l1, double w_max, double w_l1) {
+  constexpr double kLimit = 2147483648.0;  // 2^kShiftedDotBits
+  return x_max * w_l1 < kLimit || x_l1 * w_max < kLimit;
 }
 
 // W converted for one kind: N rows padded to whole panels, K to whole blocks of
@@ -216,7 +211,7 @@ struct WeightPanels {
   bool has_special = false;  // an element code is Inf or NaN: the reference path
   int max_span_bits = 0;     // kMxF64: widest block, in bits of its fixed-point values
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, N × blocks (row-major)
-  std::vector<uint8_t> fit_below;   // kMxF64: [p][block][x_span 0..15], see FitBelow
+  std::vector<double> fit_max, fit_l1;  // kMxF64: [p][block], see ShiftedPairFits
   std::vector<uint8_t> panel_l1;    // kMxF64: [p][block], the largest l1 bits of its lanes
   std::vector<int16_t> i16_lo;       // kMxF64: the low limbs of split blocks (see above)
   std::vector<int32_t> split_at;     // kMxF64: [p][block], offset into i16_lo or −1
@@ -225,13 +220,13 @@ struct WeightPanels {
   std::vector<float> tensor_scale;  // kNvI8: W's row scales, N values
 
   size_t bytes() const {
-    return u8.size() + scale_bytes.size() + span_bits.size() + fit_below.size() +
+    return u8.size() + scale_bytes.size() + span_bits.size() +
            panel_l1.size() + split_shift.size() +
            2 * (i16.size() + i16_lo.size() + f16.size() + min_exp.size() + max_exp.size() +
                 panel_min_exp.size() + panel_max_exp.size()) +
            2 * split_pairs.size() +
            4 * (f32.size() + scale.size() + tensor_scale.size() + split_at.size()) +
-           8 * scale_d.size();
+           8 * (scale_d.size() + fit_max.size() + fit_l1.size());
   }
 };
 
@@ -263,16 +258,14 @@ struct DecodedX {
   // i16, l here (rows × k_padded, 0 elsewhere), t in split_shift (rows × blocks).
   std::vector<int16_t> i16_lo;
   std::vector<uint8_t> split_shift;
-  // kMxF64: each block's fit test for eight rows at once, [rows / 8][block][16]:
-  // bytes 0..7 the span of rows 8g..8g+7 (kNoFitSpan past kShiftedI16Bits),
-  // 8..15 their l1 bits (see FitKeyAt).
-  std::vector<uint8_t> fit_key;
+  // kMxF64: each block's largest |x'| and Σ|x'| (ShiftedPairFits), eight rows
+  // of a block together, [rows / 8][block][8] (FitAt): one vector each.
+  std::vector<double> fit_max, fit_l1;
 };
 
-inline constexpr int kFitKeyRows = 8;
-inline constexpr uint8_t kNoFitSpan = 0x80;  // vpshufb's index for 0: no l1 fits
-inline int64_t FitKeyAt(int64_t row, int64_t block, int64_t blocks) {
-  return ((row / kFitKeyRows) * blocks + block) * 2 * kFitKeyRows + row % kFitKeyRows;
+inline constexpr int kFitRows = 8;
+inline int64_t FitAt(int64_t row, int64_t block, int64_t blocks) {
+  return ((row / kFitRows) * blocks + block) * kFitRows + row % kFitRows;
 }
 
 // One GEMM as the tile kernels see it.
@@ -290,8 +283,8 @@ inline constexpr int kMaxTileRows = 4;
 // Rows per call of the avx512 level's kernels: eight rows of accumulators keep
 // both vector pipes busy through the FMA/VNNI latency (four left them half idle).
 inline constexpr int kAvx512TileRows = 8;
-// MxF64ShiftedTile reads X's fit_key a tile at a time.
-static_assert(kFitKeyRows == kAvx512TileRows);
+// MxF64ShiftedTile reads X's fit_max and fit_l1 a tile at a time.
+static_assert(kFitRows == kAvx512TileRows);
 // Rows per call of the amx level's kernel (one AMX tile of X).
 inline constexpr int kAmxTileRows = 16;
 

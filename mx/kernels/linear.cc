@@ -22,7 +22,7 @@ using internal::Kind;
 // W, which stays in L1 meanwhile; X's rows stay in L2 across panels.
 constexpr int64_t kRowsPerTask = 256;
 // Tiles start at multiples of their row count (MxF64ShiftedTile relies on it).
-static_assert(kRowsPerTask % internal::kFitKeyRows == 0 &&
+static_assert(kRowsPerTask % internal::kFitRows == 0 &&
               kRowsPerTask % internal::kAmxTileRows == 0);
 
 // INT8 sums over all of K in int32: 128 · 128 · K (a client may pack −128) must

@@ -173,7 +173,9 @@ BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes) {
   info.all_zero = any == 0;
   info.low_bit = info.all_zero ? 0 : std::countr_zero(any);
   info.span_bits = info.all_zero ? 0 : std::bit_width(largest) - info.low_bit;
-  info.l1_bits = static_cast<int>(std::bit_width(sum >> info.low_bit));
+  info.max = largest >> info.low_bit;
+  info.l1 = sum >> info.low_bit;
+  info.l1_bits = static_cast<int>(std::bit_width(info.l1));
   return info;
 }
 
@@ -362,7 +364,8 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
       p.f16.assign(lanes * kp, 0);
       p.i16.assign(lanes * kp, 0);
       p.span_bits.assign(w.rows * p.blocks, 0);
-      p.fit_below.assign(p.panels * p.blocks * (kShiftedI16Bits + 1), 255);  // zero lanes fit
+      p.fit_max.assign(p.panels * p.blocks, 0.0);  // zero lanes fit
+      p.fit_l1.assign(p.panels * p.blocks, 0.0);
       p.panel_l1.assign(p.panels * p.blocks, 0);
       p.split_at.assign(p.panels * p.blocks, -1);
       p.split_pairs.assign(p.panels * p.blocks, 0);
@@ -459,11 +462,12 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
         const int64_t panel_block = (n / kPanel) * p.blocks + b;
         p.panel_l1[panel_block] =
             std::max(p.panel_l1[panel_block], static_cast<uint8_t>(info.l1_bits));
-        uint8_t* fit = p.fit_below.data() + panel_block * (kShiftedI16Bits + 1);
-        for (int x_span = 0; x_span <= kShiftedI16Bits; ++x_span) {
-          fit[x_span] = static_cast<uint8_t>(
-              std::min<int>(fit[x_span], FitBelow(x_span, info.span_bits, info.l1_bits)));
-        }
+        const bool has_limbs = info.span_bits <= kShiftedSplitBits;
+        const double inf = std::numeric_limits<double>::infinity();
+        p.fit_max[panel_block] = std::max(p.fit_max[panel_block],
+                                          has_limbs ? static_cast<double>(info.max) : inf);
+        p.fit_l1[panel_block] = std::max(p.fit_l1[panel_block],
+                                         has_limbs ? static_cast<double>(info.l1) : inf);
         block_low_bit[b] = info.low_bit;
         block_split[b] = LimbShift(info);
         if (block_split[b] > 0) {
@@ -674,7 +678,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       d.split_shift.assign(x.rows * d.blocks, 0);
       d.span_bits.assign(x.rows * d.blocks, 0);
       d.l1_bits.assign(x.rows * d.blocks, 0);
-      d.fit_key.assign((x.rows + kFitKeyRows - 1) / kFitKeyRows * d.blocks * 2 * kFitKeyRows, 0);
+      d.fit_max.assign((x.rows + kFitRows - 1) / kFitRows * d.blocks * kFitRows, 0.0);
+      d.fit_l1.assign(d.fit_max.size(), 0.0);
       break;
   }
   d.scale.assign(x.rows * d.blocks, 0.0f);
@@ -701,7 +706,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     uint8_t* const l1_bits = d.l1_bits.data();
     int16_t* const i16_lo = d.i16_lo.data();
     uint8_t* const x_split = d.split_shift.data();
-    uint8_t* const fit_key = d.fit_key.data();
+    double* const fit_max = d.fit_max.data();
+    double* const fit_l1 = d.fit_l1.data();
     const int64_t* const fixed = table.fixed.data();
     const float* const value = table.value.data();
     const int64_t blocks = d.blocks;
@@ -737,10 +743,10 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);
           l1_bits[at_block] = static_cast<uint8_t>(info.l1_bits);
-          uint8_t* key = fit_key + FitKeyAt(r, b, blocks);
-          key[0] = info.span_bits <= kShiftedI16Bits ? static_cast<uint8_t>(info.span_bits)
-                                                     : kNoFitSpan;
-          key[kFitKeyRows] = static_cast<uint8_t>(info.l1_bits);
+          const bool one_limb = info.span_bits <= kShiftedI16Bits;
+          const double inf = std::numeric_limits<double>::infinity();
+          fit_max[FitAt(r, b, blocks)] = one_limb ? static_cast<double>(info.max) : inf;
+          fit_l1[FitAt(r, b, blocks)] = one_limb ? static_cast<double>(info.l1) : inf;
           if (const int t = LimbShift(info); t >= 0) {  // one int16 limb, or two as W's
             x_split[at_block] = static_cast<uint8_t>(t);
             for (int i = 0; i < kBlockSize; ++i) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -262,6 +263,14 @@ TEST_P(LinearAtIsa, WideE5m2BlocksAmongOrdinaryOnes) {
         wv[j * k + b * 32 + at] = v;
       }
     }
+    // A W block of span 31 (2^13 beside 2^-17: no int16 limbs) against an X
+    // block of one element (largest and L1 both 1): their magnitudes alone would
+    // pass the int16 path's bound; W's Inf keeps the pair off it.
+    std::fill_n(wv.begin() + 7 * k + 64, 32, 0.0f);
+    wv[7 * k + 64] = 0x1p13f;
+    wv[7 * k + 65] = 0x1p-17f;
+    std::fill_n(xv.begin() + 5 * k + 64, 32, 0.0f);
+    xv[5 * k + 64] = 1.0f;
     const std::vector<float> bias = Gaussian(n, 44);
     KernelInfo info;
     ExpectSameAsReference(Quantize(xv, m, k, Format::kMxfp8E5m2), Quantize(wv, n, k, wf), bias,
@@ -288,10 +297,11 @@ TEST_P(LinearAtIsa, MxFp8Int16PathBoundsMatchReference) {
   }
 }
 
-// The planted heavy pair really is past int32: its bound is 2^32, one bit over,
-// the shifted integers' dot of an E4M3 heavy row and heavy column exceeds 2^31,
-// and ShiftedPairFits says no (a bound one bit looser would wrap int32 here); the
-// Gaussian blocks beside them fit.
+// The planted heavy pair really is past int32: the shifted integers' dot of an
+// E4M3 heavy row and heavy column exceeds 2^31, and ShiftedPairFits says no on
+// the exact magnitudes (a limit one bit looser, 2^32, would take it and wrap
+// int32 here); the Gaussian blocks beside them fit, and the block magnitudes
+// are what InspectBlock says.
 TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
   const Int16BoundsCase c = Int16Bounds(Format::kMxfp8E4m3, Format::kMxfp8E4m3);
   const internal::CodeTable& table = internal::Codes(Format::kMxfp8E4m3);
@@ -302,40 +312,32 @@ TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
     for (int i = 0; i < kBlockSize; ++i) shifted[i] = table.fixed[codes[i]] >> info.low_bit;
     return std::pair{info, shifted};
   };
+  const auto fits = [](const internal::BlockInfo& x, const internal::BlockInfo& w) {
+    return internal::ShiftedPairFits(static_cast<double>(x.max), static_cast<double>(x.l1),
+                                     static_cast<double>(w.max), static_cast<double>(w.l1));
+  };
   const auto [xi, xs] = block(c.x, c.heavy_rows[0], 1);
   const auto [wi, ws] = block(c.w, c.heavy_cols[0], 1);
   EXPECT_EQ(xi.span_bits, 15);
   EXPECT_EQ(wi.span_bits, 15);
-  EXPECT_EQ(xi.l1_bits, 17);  // 4 · 28672 + 1
-  EXPECT_EQ(wi.l1_bits, 17);
+  EXPECT_EQ(xi.max, 28672u);  // 448 / 2^-6 = 7 · 2^12
+  EXPECT_EQ(xi.l1, 4u * 28672 + 1);
+  EXPECT_EQ(xi.l1_bits, 17);
+  EXPECT_EQ(wi.l1, 4u * 28672 + 1);
   int64_t dot = 0;
   for (int i = 0; i < kBlockSize; ++i) dot += xs[i] * ws[i];
   EXPECT_GT(dot, int64_t{1} << 31);
-  EXPECT_FALSE(internal::ShiftedPairFits(xi.span_bits, xi.l1_bits, wi.span_bits, wi.l1_bits));
+  EXPECT_FALSE(fits(xi, wi));
+  EXPECT_LT(static_cast<double>(xi.max) * static_cast<double>(wi.l1), 0x1p32);
   const auto [gx, unused_x] = block(c.x, 1, 0);
   const auto [gw, unused_w] = block(c.w, 1, 0);
-  EXPECT_TRUE(internal::ShiftedPairFits(gx.span_bits, gx.l1_bits, gw.span_bits, gw.l1_bits));
+  EXPECT_TRUE(fits(gx, gw));
   const auto [tiny, unused_t] = block(c.x, 0, 3);  // 448 among 2^-6: span 15, L1 28672 + 31
   EXPECT_EQ(tiny.span_bits, 15);
-  EXPECT_EQ(tiny.l1_bits, 15);
+  EXPECT_EQ(tiny.l1, 28672u + 31);
+  EXPECT_TRUE(fits(tiny, gw));
   const auto [wide, unused_d] = block(c.w, 9, 2);  // 448 beside 2^-9
   EXPECT_EQ(wide.span_bits, 18);
-}
-
-// FitBelow (the per-panel lookup the avx512 tile uses) says exactly what
-// ShiftedPairFits says, for every X span an int16 block can have.
-TEST(Int16PathTest, FitBelowAgreesWithShiftedPairFits) {
-  for (int x_span = 0; x_span <= internal::kShiftedI16Bits; ++x_span) {
-    for (int x_l1 = x_span; x_l1 <= x_span + 5; ++x_l1) {
-      for (int w_span = 0; w_span <= 33; ++w_span) {
-        for (int w_l1 = w_span; w_l1 <= w_span + 5; ++w_l1) {
-          EXPECT_EQ(x_l1 < internal::FitBelow(x_span, w_span, w_l1),
-                    internal::ShiftedPairFits(x_span, x_l1, w_span, w_l1))
-              << x_span << " " << x_l1 << " " << w_span << " " << w_l1;
-        }
-      }
-    }
-  }
 }
 
 // Shifted scales past the int16 path's fast-epilogue limit (HugeShiftedScales):
@@ -360,17 +362,18 @@ TEST_P(LinearAtIsa, MxFp8TwoLimbXWithTinyScaleMatchesReference) {
   }
 }
 
-// The bound itself: X in int16, W in two int16 limbs at most, then the smaller
-// of the two max-times-L1 bounds at most 2^31.
+// The test itself: either max-times-L1 product below 2^31; Inf (no int16
+// form on that side) never fits, even against an all-zero block.
 TEST(Int16PathTest, ShiftedPairFitsKnownAnswers) {
-  EXPECT_TRUE(internal::ShiftedPairFits(0, 0, 0, 0));      // zero blocks
-  EXPECT_TRUE(internal::ShiftedPairFits(15, 16, 15, 16));  // 2^15 · 2^16 = 2^31
-  EXPECT_FALSE(internal::ShiftedPairFits(15, 17, 15, 17));
-  EXPECT_TRUE(internal::ShiftedPairFits(15, 20, 10, 16));  // 15 + 16 on one side
-  EXPECT_FALSE(internal::ShiftedPairFits(16, 16, 1, 1));   // X not int16
-  EXPECT_TRUE(internal::ShiftedPairFits(1, 1, 16, 16));    // W split in two limbs
-  EXPECT_TRUE(internal::ShiftedPairFits(1, 1, 30, 30));
-  EXPECT_FALSE(internal::ShiftedPairFits(1, 1, 31, 31));   // past two limbs
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(internal::ShiftedPairFits(0, 0, 0, 0));                // zero blocks
+  EXPECT_TRUE(internal::ShiftedPairFits(32767, 65537, 1, 1));        // 2^31 − 32769
+  EXPECT_FALSE(internal::ShiftedPairFits(32768, 65536, 32768, 65536));  // 2^31 both ways
+  EXPECT_TRUE(internal::ShiftedPairFits(32768, 65536, 32767, 65535));  // the swapped one fits
+  EXPECT_TRUE(internal::ShiftedPairFits(1, 1, 0x1p30, 0x1p30));      // W in two limbs
+  EXPECT_FALSE(internal::ShiftedPairFits(inf, inf, 1, 1));            // X not int16
+  EXPECT_FALSE(internal::ShiftedPairFits(inf, inf, 0, 0));
+  EXPECT_FALSE(internal::ShiftedPairFits(0, 0, inf, inf));            // W past two limbs
 }
 
 // Which kernel runs: the best level at or below the one asked for that has the
