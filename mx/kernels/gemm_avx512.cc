@@ -318,22 +318,23 @@ inline __m512i JoinLimbs(__m512i high, __m512i low, __m512i shifts) {
 inline constexpr int kShiftedRowMaxWL1 = 23;
 
 // Bit r: row row0 + r's block b may not pair exactly with every lane of W's
-// panel block pb (ShiftedPairFits on the lanes' largest magnitudes): eight
-// rows in two FP64 products and compares. A tile starts a group of eight rows
-// (the driver's do: tasks start at multiples of 256 rows and step by
-// kAvx512TileRows, gemm_internal.h).
+// panel block pb (ShiftedPairFits on the lanes' largest magnitudes): up to
+// eight rows in two FP64 products and compares. The rows must lie in one group
+// of kFitRows (the driver's tiles do: tasks start at multiples of 256 rows and
+// step by the tile's rows, which divide 8; linear.cc checks it).
 inline unsigned FailingRows(const DecodedX& x, const WeightPanels& w, int64_t pb, int64_t row0,
                             int rows, int64_t b) {
   const int64_t at = FitAt(row0, b, x.blocks);
+  const auto rows_mask = static_cast<__mmask8>((1u << rows) - 1);
   const __m512d limit = _mm512_set1_pd(2147483648.0);
   const __mmask8 fits =
-      _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_loadu_pd(x.fit_max.data() + at),
+      _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_maskz_loadu_pd(rows_mask, x.fit_max.data() + at),
                                        _mm512_set1_pd(w.fit_l1[pb])),
                          limit, _CMP_LT_OQ) |
-      _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_loadu_pd(x.fit_l1.data() + at),
+      _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_maskz_loadu_pd(rows_mask, x.fit_l1.data() + at),
                                        _mm512_set1_pd(w.fit_max[pb])),
                          limit, _CMP_LT_OQ);
-  return ~static_cast<unsigned>(fits) & ((1u << rows) - 1);
+  return ~static_cast<unsigned>(fits) & rows_mask;
 }
 
 // Σ v·w' over the k-pairs where the row's int16 block v (32 values at `v`) is
@@ -384,7 +385,10 @@ inline int ShiftedRowShift(const DecodedX& x, int64_t at, int w_l1) {
       (x_span > kShiftedI16Bits && x.split_shift[at] + w_l1 > kShiftedDotBits)) {
     return -1;
   }
-  return std::max(0, std::min(x_span, kShiftedI16Bits) + w_l1 - kShiftedDotBits);
+  // The int16 values' span: X's, or its high limb's (the constant by value:
+  // std::min's reference would make this object define it, a weak symbol).
+  const int h_span = x_span > kShiftedI16Bits ? int{kShiftedI16Bits} : x_span;
+  return std::max(0, h_span + w_l1 - kShiftedDotBits);
 }
 
 // The block result of a row that fails the int16 bound (MxF64ShiftedTile),
@@ -466,7 +470,10 @@ template <int MR>
 // row that fails costs its residue's pair or two, not a pass of its own, and
 // W's low limbs only the pairs where some lane has one (split_pairs).
 // Gaussian data quantized to E4M3 or E5M2 spans about 10 bits a block: in
-// mx_bench's layer 6% of E4M3 row blocks are shifted, far fewer wide.
+// mx_bench's layer 3.4% of E4M3 row blocks are shifted, far fewer wide. The
+// two panels of a call share each row's shift, and so its class: a row that
+// one panel's block sends to FP64 (a W lane past 2^23 in L1, or past two
+// limbs) goes there against both — exact either way, slower only there.
 template <int MR, int NP>
 void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;

@@ -253,7 +253,6 @@ struct DecodedX {
   bool has_special = false;
   int max_span_bits = 0;
   std::vector<uint8_t> span_bits;  // kMxF64: every block's span, rows × blocks
-  std::vector<uint8_t> l1_bits;    // kMxF64: every block's l1 bits, rows × blocks
   // kMxF64: a block spanning 16 to 30 bits as two limbs, x' = h · 2^t + l: h in
   // i16, l here (rows × k_padded, 0 elsewhere), t in split_shift (rows × blocks).
   std::vector<int16_t> i16_lo;
@@ -399,13 +398,6 @@ static_assert(
     }(),
     "the scalar level has every kind: the last resort of the driver");
 
-// This thread's scratch for tile kernels that need more than registers (kMxF64's
-// FP64 block results), at least `count` elements, valid until this thread's next
-// call for the same type. Defined in linear.cc, baseline code: a SIMD file that
-// instantiated std::vector itself would define weak symbols the linker could
-// share with the scalar level (tests/mx/kernels/isa_objects_test.sh).
-uint8_t* ScratchBytes(size_t count);
-float* ScratchFloats(size_t count);
 
 // Rows a tile function of `level` takes per call.
 constexpr int TileRows(Isa level) {

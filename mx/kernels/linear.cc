@@ -18,10 +18,12 @@ namespace {
 
 using internal::Kind;
 
-// Rows of X per task: 64 tiles of 4 (32 of 8 at avx512). A task walks its rows against one panel of
-// W, which stays in L1 meanwhile; X's rows stay in L2 across panels.
+// Rows of X per task: 64 tiles of 4 (32 of 8 at avx512). A task walks its rows against the
+// panels of W one tile call takes (one or two), which stay in L1 or L2 meanwhile; X's rows
+// stay in L2 across panels.
 constexpr int64_t kRowsPerTask = 256;
-// Tiles start at multiples of their row count (MxF64ShiftedTile relies on it).
+// Tiles start at multiples of their row count, and a tile's rows lie in one group of
+// kFitRows where its count divides it (MxF64ShiftedTile relies on both).
 static_assert(kRowsPerTask % internal::kFitRows == 0 &&
               kRowsPerTask % internal::kAmxTileRows == 0);
 
@@ -130,28 +132,8 @@ void RedoWideOutputs(const internal::Problem& p, int64_t first, int64_t end, int
   }
 }
 
-struct Scratch {
-  std::vector<uint8_t> bytes;
-  std::vector<float> floats;
-};
-Scratch& ThisThreadsScratch() {
-  thread_local Scratch scratch;
-  return scratch;
-}
-
 }  // namespace
 
-uint8_t* internal::ScratchBytes(size_t count) {
-  std::vector<uint8_t>& v = ThisThreadsScratch().bytes;
-  if (v.size() < count) v.resize(count);
-  return v.data();
-}
-
-float* internal::ScratchFloats(size_t count) {
-  std::vector<float>& v = ThisThreadsScratch().floats;
-  if (v.size() < count) v.resize(count);
-  return v.data();
-}
 
 bool internal::HasKernel(Isa level, Kind kind) {
   return kHasKernel[static_cast<int>(kind)][static_cast<int>(level)];
@@ -279,6 +261,11 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
     isa = internal::LevelFor(kind, static_cast<Isa>(static_cast<int>(isa) - 1));
   }
 
+  if (kind == Kind::kMxF64 && internal::kFitRows % tile_rows != 0) {
+    // MxF64ShiftedTile reads a tile's rows from one group of X's fit arrays.
+    return absl::InternalError(absl::StrCat(info.name, " takes ", tile_rows,
+                                            " rows a tile, not a divisor of ", internal::kFitRows));
+  }
   const bool redo_wide = MayHaveWideBlocks(decoded, *panels);
   if (redo_wide) absl::StrAppend(&info.name, "+exact_wide");
 

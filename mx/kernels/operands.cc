@@ -677,7 +677,6 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       d.i16_lo.assign(x.rows * kp, 0);
       d.split_shift.assign(x.rows * d.blocks, 0);
       d.span_bits.assign(x.rows * d.blocks, 0);
-      d.l1_bits.assign(x.rows * d.blocks, 0);
       d.fit_max.assign((x.rows + kFitRows - 1) / kFitRows * d.blocks * kFitRows, 0.0);
       d.fit_l1.assign(d.fit_max.size(), 0.0);
       break;
@@ -703,7 +702,6 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     double* const scale_d = d.scale_d.data();
     int32_t* const block_offset = d.block_offset.data();
     uint8_t* const span_bits = d.span_bits.data();
-    uint8_t* const l1_bits = d.l1_bits.data();
     int16_t* const i16_lo = d.i16_lo.data();
     uint8_t* const x_split = d.split_shift.data();
     double* const fit_max = d.fit_max.data();
@@ -742,7 +740,6 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
         } else if (kind == Kind::kMxF64) {
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);
-          l1_bits[at_block] = static_cast<uint8_t>(info.l1_bits);
           const bool one_limb = info.span_bits <= kShiftedI16Bits;
           const double inf = std::numeric_limits<double>::infinity();
           fit_max[FitAt(r, b, blocks)] = one_limb ? static_cast<double>(info.max) : inf;

@@ -367,9 +367,10 @@ TEST_P(LinearAtIsa, MxFp8TwoLimbXWithTinyScaleMatchesReference) {
 TEST(Int16PathTest, ShiftedPairFitsKnownAnswers) {
   const double inf = std::numeric_limits<double>::infinity();
   EXPECT_TRUE(internal::ShiftedPairFits(0, 0, 0, 0));                // zero blocks
-  EXPECT_TRUE(internal::ShiftedPairFits(32767, 65537, 1, 1));        // 2^31 − 32769
-  EXPECT_FALSE(internal::ShiftedPairFits(32768, 65536, 32768, 65536));  // 2^31 both ways
-  EXPECT_TRUE(internal::ShiftedPairFits(32768, 65536, 32767, 65535));  // the swapped one fits
+  EXPECT_TRUE(internal::ShiftedPairFits(32767, 0x1p20, 0x1p20, 65537));   // 2^31 − 32769, 2^40
+  EXPECT_FALSE(internal::ShiftedPairFits(32768, 0x1p20, 0x1p20, 65536));  // 2^31, 2^40
+  EXPECT_TRUE(internal::ShiftedPairFits(0x1p20, 65537, 32767, 0x1p20));   // the swapped one
+  EXPECT_FALSE(internal::ShiftedPairFits(0x1p20, 65536, 32768, 0x1p20));
   EXPECT_TRUE(internal::ShiftedPairFits(1, 1, 0x1p30, 0x1p30));      // W in two limbs
   EXPECT_FALSE(internal::ShiftedPairFits(inf, inf, 1, 1));            // X not int16
   EXPECT_FALSE(internal::ShiftedPairFits(inf, inf, 0, 0));

@@ -82,6 +82,13 @@ inline __m512 MaskzLoaduPs(uint16_t mask, const void* p) {
   }
   return _mm512_loadu_ps(lanes);
 }
+inline __m512d MaskzLoaduPd(uint8_t mask, const void* p) {
+  double lanes[8] = {};
+  for (int i = 0; i < 8; ++i) {
+    if (mask >> i & 1) std::memcpy(&lanes[i], static_cast<const double*>(p) + i, 8);
+  }
+  return _mm512_loadu_pd(lanes);
+}
 inline void MaskStoreuPs(void* p, uint16_t mask, __m512 v) {
   float lanes[16];
   _mm512_storeu_ps(lanes, v);
@@ -214,6 +221,7 @@ inline void TileDpbf16ps(int c, int a, int b) {
 #define _mm512_cvtps_pd mx::kernels::emulated::CvtpsPd
 #define _mm512_cvtpd_ps mx::kernels::emulated::CvtpdPs
 #define _mm512_maskz_loadu_ps mx::kernels::emulated::MaskzLoaduPs
+#define _mm512_maskz_loadu_pd mx::kernels::emulated::MaskzLoaduPd
 #define _mm512_mask_storeu_ps mx::kernels::emulated::MaskStoreuPs
 #define _tile_loadconfig(config) mx::kernels::emulated::TileLoadConfig(config)
 #define _tile_release() mx::kernels::emulated::TileRelease()
