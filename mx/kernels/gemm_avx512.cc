@@ -5,9 +5,9 @@
 // A 16-column panel of W is exactly one zmm of int32 or float lanes, so a tile
 // is up to 8 rows × one panel in eight accumulators — enough independent chains
 // to keep two FMA/VNNI pipes busy through their latency, and at M = 8 (one
-// decode step of a batch) W is read once; the int16 tiles take two panels (a
+// decode step of a batch) W is read once; the integer tiles take two panels (a
 // TileKernel of two), sixteen accumulators and one X broadcast for two
-// vpdpwssd — and the integer kinds need no int16
+// vpdpwssd or vpdpbusd — and the integer kinds need no int16
 // stage: vpdpbusd (u8·s8, four products per lane) and vpdpwssd (s16·s16, two)
 // add straight into int32, exact for every pair those kinds take. Within a lane
 // the sum over blocks runs in ascending block order, as everywhere.
@@ -83,31 +83,50 @@ inline __m512 Join(__m256 lo, __m256 hi) {
       _mm512_castsi256_si512(_mm256_castps_si256(lo)), _mm256_castps_si256(hi), 1));
 }
 
-// Every block of X's rows [row0, row0 + MR) against one panel of u8 W through
+// make(q) for the NP panels of a call, q = panel .. panel + NP − 1 (NP <= 2).
+template <int NP, typename Make>
+auto PerPanel(int64_t panel, const Make& make) {
+  static_assert(NP == 1 || NP == 2);
+  if constexpr (NP == 1) {
+    return std::array{make(panel)};
+  } else {
+    return std::array{make(panel), make(panel + 1)};
+  }
+}
+
+// Every block of X's rows [row0, row0 + MR) against NP panels of u8 W through
 // vpdpbusd (kGroups groups of 4 k a block: 8 for MX, 4 for NVFP4's 16), from
-// the block's offset correction, and the fast epilogue into y block by block.
-template <int MR, bool kNibbles, int kGroups>
-inline void I8BlocksInto(const Problem& p, const I8Weights512<kNibbles>& weights, int64_t row0,
-                         int64_t panel, __m512* y) {
+// the block's offset correction, and the fast epilogue into y block by block;
+// each X group broadcast once for the NP panels.
+template <int MR, int NP, bool kNibbles, int kGroups>
+inline void I8BlocksInto(const Problem& p, const std::array<I8Weights512<kNibbles>, NP>& weights,
+                         int64_t row0, int64_t panel, __m512 (*y)[MR]) {
   const DecodedX& x = *p.x;
   const int64_t kp = x.k_padded;
   for (int64_t b = 0; b < x.blocks; ++b) {
-    __m512i acc[MR];
+    __m512i acc[NP][MR];
     for (int r = 0; r < MR; ++r) {
-      acc[r] = _mm512_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
+      const __m512i offset = _mm512_set1_epi32(x.block_offset[(row0 + r) * x.blocks + b]);
+      for (int q = 0; q < NP; ++q) acc[q][r] = offset;
     }
     for (int64_t group = b * kGroups; group < (b + 1) * kGroups; group += 2) {
-      __m512i w0, w1;
-      weights.Pair(group, w0, w1);
+      __m512i w0[NP], w1[NP];
+      for (int q = 0; q < NP; ++q) weights[q].Pair(group, w0[q], w1[q]);
       for (int r = 0; r < MR; ++r) {
         const int8_t* xr = x.i8.data() + (row0 + r) * kp + group * 4;
-        acc[r] = Dpbusd(acc[r], w0, Broadcast32(xr));
-        acc[r] = Dpbusd(acc[r], w1, Broadcast32(xr + 4));
+        const __m512i x0 = Broadcast32(xr), x1 = Broadcast32(xr + 4);
+        for (int q = 0; q < NP; ++q) {
+          acc[q][r] = Dpbusd(acc[q][r], w0[q], x0);
+          acc[q][r] = Dpbusd(acc[q][r], w1[q], x1);
+        }
       }
     }
-    const __m512 ws = _mm512_loadu_ps(p.w->scale.data() + (panel * x.blocks + b) * kPanel);
-    for (int r = 0; r < MR; ++r) {
-      y[r] = FastEpilogue(acc[r], x.scale[(row0 + r) * x.blocks + b], ws, y[r]);
+    for (int q = 0; q < NP; ++q) {
+      const __m512 ws =
+          _mm512_loadu_ps(p.w->scale.data() + ((panel + q) * x.blocks + b) * kPanel);
+      for (int r = 0; r < MR; ++r) {
+        y[q][r] = FastEpilogue(acc[q][r], x.scale[(row0 + r) * x.blocks + b], ws, y[q][r]);
+      }
     }
   }
 }
@@ -116,34 +135,60 @@ inline void I8BlocksInto(const Problem& p, const I8Weights512<kNibbles>& weights
 // instruction, the offset's share subtracted through block_offset. MXFP4 W
 // (kNibbles) holds two groups' 4-bit codes in one 64-byte load — the layout of
 // gemm_internal.h puts each group's 16 lanes × 4 k in order — widened by vpshufb.
+template <int MR, int NP, bool kNibbles>
+void MxI8Tile(const Problem& p, int64_t row0, int64_t panel) {
+  const auto weights =
+      PerPanel<NP>(panel, [&](int64_t q) { return I8Weights512<kNibbles>(*p.w, q); });
+  const auto out = PerPanel<NP>(panel, [&](int64_t q) { return Out(p, q); });
+  __m512 y[NP][MR];
+  for (int q = 0; q < NP; ++q) {
+    for (int r = 0; r < MR; ++r) y[q][r] = out[q].Start(p);
+  }
+  I8BlocksInto<MR, NP, kNibbles, kBlockSize / 4>(p, weights, row0, panel, y);
+  for (int q = 0; q < NP; ++q) {
+    for (int r = 0; r < MR; ++r) out[q].Store(p, row0 + r, y[q][r]);
+  }
+}
+// Two panels a call, one where N leaves one.
 template <int MR, bool kNibbles>
-void MxI8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
-  const I8Weights512<kNibbles> weights(*p.w, panel);
-  const Out out(p, panel);
-  __m512 y[MR];
-  for (int r = 0; r < MR; ++r) y[r] = out.Start(p);
-  I8BlocksInto<MR, kNibbles, kBlockSize / 4>(p, weights, row0, panel, y);
-  for (int r = 0; r < MR; ++r) out.Store(p, row0 + r, y[r]);
+void MxI8Panels(const Problem& p, int64_t row0, int, int64_t panel) {
+  if (panel + 1 < p.w->panels) {
+    MxI8Tile<MR, 2, kNibbles>(p, row0, panel);
+  } else {
+    MxI8Tile<MR, 1, kNibbles>(p, row0, panel);
+  }
 }
 
 // kNvI8: NVFP4's blocks of 16 k (four groups of 4) through vpdpbusd as kMxI8's
 // wide storage (w + 12, block_offset −12 · Σx), the fast epilogue per block
 // (always exact for it, gemm_internal.h); after the last block
 // y · fp32(ts_x · ts_w), then + bias: the order of the other levels.
-template <int MR>
-void NvTile(const Problem& p, int64_t row0, int, int64_t panel) {
+template <int MR, int NP>
+void NvTile(const Problem& p, int64_t row0, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
-  const I8Weights512<false> weights(w, panel);
-  const Out out(p, panel);
-  __m512 y[MR];
-  for (int r = 0; r < MR; ++r) y[r] = _mm512_setzero_ps();
-  I8BlocksInto<MR, false, 4>(p, weights, row0, panel, y);
-  const __m512 tw = _mm512_maskz_loadu_ps(out.cols, w.tensor_scale.data() + out.n0);
-  for (int r = 0; r < MR; ++r) {
-    const __m512 v =
-        _mm512_mul_ps(y[r], _mm512_mul_ps(_mm512_set1_ps(x.tensor_scale[row0 + r]), tw));
-    out.Store(p, row0 + r, p.bias ? _mm512_add_ps(v, out.Start(p)) : v);  // no bias: −0 kept
+  const auto weights = PerPanel<NP>(panel, [&](int64_t q) { return I8Weights512<false>(w, q); });
+  const auto out = PerPanel<NP>(panel, [&](int64_t q) { return Out(p, q); });
+  __m512 y[NP][MR];
+  for (int q = 0; q < NP; ++q) {
+    for (int r = 0; r < MR; ++r) y[q][r] = _mm512_setzero_ps();
+  }
+  I8BlocksInto<MR, NP, false, 4>(p, weights, row0, panel, y);
+  for (int q = 0; q < NP; ++q) {
+    const __m512 tw = _mm512_maskz_loadu_ps(out[q].cols, w.tensor_scale.data() + out[q].n0);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 v =
+          _mm512_mul_ps(y[q][r], _mm512_mul_ps(_mm512_set1_ps(x.tensor_scale[row0 + r]), tw));
+      out[q].Store(p, row0 + r, p.bias ? _mm512_add_ps(v, out[q].Start(p)) : v);  // no bias: −0 kept
+    }
+  }
+}
+template <int MR>
+void NvPanels(const Problem& p, int64_t row0, int, int64_t panel) {
+  if (panel + 1 < p.w->panels) {
+    NvTile<MR, 2>(p, row0, panel);
+  } else {
+    NvTile<MR, 1>(p, row0, panel);
   }
 }
 
@@ -173,17 +218,6 @@ void I16SparseRows(const int16_t* const* xr, const int16_t* wp, unsigned pairs, 
   }
 }
 
-// The output helpers of panels panel .. panel + NP − 1.
-template <int NP>
-std::array<Out, NP> Outs(const Problem& p, int64_t panel) {
-  if constexpr (NP == 1) {
-    return {Out(p, panel)};
-  } else {
-    static_assert(NP == 2);
-    return {Out(p, panel), Out(p, panel + 1)};
-  }
-}
-
 // kMxI16: int16 pairs, vpdpwssd: one k-pair of the 16 lanes per instruction,
 // NP panels a call: two share each X broadcast and give sixteen independent
 // accumulators (1.2× one panel's rate at M = 512 on Zen 5).
@@ -191,7 +225,7 @@ template <int MR, int NP>
 void MxI16Tile(const Problem& p, int64_t row0, int, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
-  const std::array<Out, NP> out = Outs<NP>(p, panel);
+  const auto out = PerPanel<NP>(panel, [&](int64_t q) { return Out(p, q); });
   __m512 y[NP][MR];
   for (int q = 0; q < NP; ++q) {
     for (int r = 0; r < MR; ++r) y[q][r] = out[q].Start(p);
@@ -233,24 +267,40 @@ void MxI16Panels(const Problem& p, int64_t row0, int rows, int64_t panel) {
 // (the driver caps K) — then
 // (float(dot) · scale_x) · scale_w, then the bias, in the reference's order (no
 // fused multiply-add).
-template <int MR>
-void Int8Tile(const Problem& p, int64_t row0, int, int64_t panel) {
+template <int MR, int NP>
+void Int8Tile(const Problem& p, int64_t row0, int64_t panel) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
   const int64_t kp = x.k_padded;
-  const uint8_t* wp = w.u8.data() + panel * kp * kPanel;
-  const Out out(p, panel);
-  __m512i acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm512_set1_epi32(x.block_offset[row0 + r]);
+  const auto out = PerPanel<NP>(panel, [&](int64_t q) { return Out(p, q); });
+  __m512i acc[NP][MR];
+  for (int r = 0; r < MR; ++r) {
+    const __m512i offset = _mm512_set1_epi32(x.block_offset[row0 + r]);
+    for (int q = 0; q < NP; ++q) acc[q][r] = offset;
+  }
   for (int64_t group = 0; group < kp / 4; ++group) {
-    const __m512i wv = _mm512_loadu_si512(wp + group * 4 * kPanel);
+    __m512i wv[NP];
+    for (int q = 0; q < NP; ++q) {
+      wv[q] = _mm512_loadu_si512(w.u8.data() + ((panel + q) * kp + group * 4) * kPanel);
+    }
     for (int r = 0; r < MR; ++r) {
-      acc[r] = Dpbusd(acc[r], wv, Broadcast32(x.i8.data() + (row0 + r) * kp + group * 4));
+      const __m512i xv = Broadcast32(x.i8.data() + (row0 + r) * kp + group * 4);
+      for (int q = 0; q < NP; ++q) acc[q][r] = Dpbusd(acc[q][r], wv[q], xv);
     }
   }
-  const __m512 ws = _mm512_loadu_ps(w.scale.data() + panel * kPanel);
-  for (int r = 0; r < MR; ++r) {
-    out.Store(p, row0 + r, Int8Epilogue(p, out, acc[r], x.scale[row0 + r], ws));
+  for (int q = 0; q < NP; ++q) {
+    const __m512 ws = _mm512_loadu_ps(w.scale.data() + (panel + q) * kPanel);
+    for (int r = 0; r < MR; ++r) {
+      out[q].Store(p, row0 + r, Int8Epilogue(p, out[q], acc[q][r], x.scale[row0 + r], ws));
+    }
+  }
+}
+template <int MR>
+void Int8Panels(const Problem& p, int64_t row0, int, int64_t panel) {
+  if (panel + 1 < p.w->panels) {
+    Int8Tile<MR, 2>(p, row0, panel);
+  } else {
+    Int8Tile<MR, 1>(p, row0, panel);
   }
 }
 
@@ -481,7 +531,7 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
   const int64_t kp = x.k_padded;
   constexpr unsigned kAllRows = (1u << MR) - 1;
   alignas(64) int16_t shifted_x[MR][kBlockSize];  // shifted rows' h, wide rows' zeros
-  const std::array<Out, NP> out = Outs<NP>(p, panel);
+  const auto out = PerPanel<NP>(panel, [&](int64_t q) { return Out(p, q); });
   __m512 y[NP][MR];
   for (int q = 0; q < NP; ++q) {
     for (int r = 0; r < MR; ++r) y[q][r] = out[q].Start(p);
@@ -656,11 +706,11 @@ TileKernel MX_AVX512_ENTRY(Kind kind, const Problem& p) {
   switch (kind) {
     case Kind::kMxI8:
       if (!p.fast_scales) return nullptr;
-      return p.w->nibbles ? MX_BY_ROWS_8(MxI8Tile, true) : MX_BY_ROWS_8(MxI8Tile, false);
+      return {p.w->nibbles ? MX_BY_ROWS_8(MxI8Panels, true) : MX_BY_ROWS_8(MxI8Panels, false), 2};
     case Kind::kMxI16:
       if (!p.fast_scales) return nullptr;
       // MXINT8 × MXINT8: the u8/i8 copies through kMxI8's vpdpbusd tile.
-      return !p.x->i8.empty() && !p.w->u8.empty() ? MX_BY_ROWS_8(MxI8Tile, false)
+      return !p.x->i8.empty() && !p.w->u8.empty() ? TileKernel(MX_BY_ROWS_8(MxI8Panels, false), 2)
                                                   : TileKernel(MX_BY_ROWS_8(MxI16Panels), 2);
     case Kind::kBf16:
       if (HasBf16Pairs()) return MX_BY_ROWS_8(Bf16PairTile);
@@ -678,9 +728,9 @@ TileKernel MX_AVX512_ENTRY(Kind kind, const Problem& p) {
       return p.fast_scales ? TileKernel(MX_BY_ROWS_8(MxF64ShiftedPanels), 2)
                            : MX_BY_ROWS_8(MxF64Tile);
     case Kind::kInt8:
-      return MX_BY_ROWS_8(Int8Tile);
+      return {MX_BY_ROWS_8(Int8Panels), 2};
     case Kind::kNvI8:
-      return MX_BY_ROWS_8(NvTile);
+      return {MX_BY_ROWS_8(NvPanels), 2};
   }
   return nullptr;
 }
