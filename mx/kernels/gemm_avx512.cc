@@ -388,20 +388,26 @@ inline unsigned FailingRows(const DecodedX& x, const WeightPanels& w, int64_t pb
 }
 
 // Σ v·w' over the k-pairs where the row's int16 block v (32 values at `v`) is
-// non-zero, per lane of W's block at `wp` (and its low limbs at `wl`, joined
-// by `shifts`): the residues of a shifted row are a few small elements, so
-// this visits a pair or two, not sixteen. Wrapping int32, exact wherever the
+// non-zero, per lane of NP panels' W blocks (wp[q], their low limbs at wl[q]
+// joined by shifts[q], or none), into dot[q]: the residues of a shifted row are
+// a few small elements, so this visits a pair or two, not sixteen, and
+// broadcasts each once for the NP panels. Wrapping int32, exact wherever the
 // true sum fits (the callers' bounds).
-inline __m512i SparseDot(const int16_t* v, const int16_t* wp, const int16_t* wl, __m512i shifts) {
+template <int NP>
+void SparseDots(const int16_t* v, const int16_t* const* wp, const int16_t* const* wl,
+                const __m512i* shifts, __m512i* dot) {
   const __m512i values = _mm512_loadu_si512(v);
-  __m512i high = _mm512_setzero_si512(), low = _mm512_setzero_si512();
+  __m512i high[NP], low[NP];
+  for (int q = 0; q < NP; ++q) high[q] = low[q] = _mm512_setzero_si512();
   for (unsigned pairs = _mm512_test_epi32_mask(values, values); pairs != 0; pairs &= pairs - 1) {
     const int pair = std::countr_zero(pairs);
     const __m512i xv = Broadcast32(v + 2 * pair);
-    high = Dpwssd(high, _mm512_loadu_si512(wp + pair * 2 * kPanel), xv);
-    if (wl != nullptr) low = Dpwssd(low, _mm512_loadu_si512(wl + pair * 2 * kPanel), xv);
+    for (int q = 0; q < NP; ++q) {
+      high[q] = Dpwssd(high[q], _mm512_loadu_si512(wp[q] + pair * 2 * kPanel), xv);
+      if (wl[q] != nullptr) low[q] = Dpwssd(low[q], _mm512_loadu_si512(wl[q] + pair * 2 * kPanel), xv);
+    }
   }
-  return wl != nullptr ? JoinLimbs(high, low, shifts) : high;
+  for (int q = 0; q < NP; ++q) dot[q] = wl[q] != nullptr ? JoinLimbs(high[q], low[q], shifts[q]) : high[q];
 }
 
 // The lanes' int32 values widened to FP64, in two halves of 8.
@@ -441,47 +447,60 @@ inline int ShiftedRowShift(const DecodedX& x, int64_t at, int w_l1) {
   return std::max(0, h_span + w_l1 - kShiftedDotBits);
 }
 
-// The block result of a row that fails the int16 bound (MxF64ShiftedTile),
-// from `dot`, its shifted values' dot Σ h·w' (the shift ShiftedRowShift's for
-// w_l1, the tile's; where it said −1, from FP64: MxF64Block): Σ h·w' · 2^(t0 + t1) + Σ (v mod 2^t1)·w' · 2^t0
-// + Σ xl·w' in FP64, exact, scaled there and rounded once.
-[[gnu::noinline]] __m512 FailingRowBlock(const Problem& p, int64_t row, int64_t panel, int64_t b,
-                                         int w_l1, __m512i dot) {
+// The block results of a row that fails the int16 bound (MxF64ShiftedTile)
+// against the NP panels of a call, into out[q], from dots[q], its shifted
+// values' dot Σ h·w' with panel q (the shift ShiftedRowShift's for w_l1, the
+// tile's; where it said −1, from FP64: MxF64Block): Σ h·w' · 2^(t0 + t1) +
+// Σ (v mod 2^t1)·w' · 2^t0 + Σ xl·w' in FP64, exact, scaled there and rounded
+// once. The residue is shared by the panels, so one call serves them all.
+template <int NP>
+[[gnu::noinline]] void FailingRowBlocks(const Problem& p, int64_t row, int64_t panel, int64_t b,
+                                        int w_l1, const __m512i* dots, __m512* out) {
   const DecodedX& x = *p.x;
   const WeightPanels& w = *p.w;
-  const int64_t pb = panel * x.blocks + b, at = row * x.blocks + b;
+  const int64_t at = row * x.blocks + b;
   const int t1 = ShiftedRowShift(x, at, w_l1);
   if (t1 < 0) {
-    __m512 block;
-    MxF64Block<1>(p, row, panel, b, &block);
-    return block;
+    for (int q = 0; q < NP; ++q) MxF64Block<1>(p, row, panel + q, b, &out[q]);
+    return;
+  }
+  const int16_t* wp[NP];
+  const int16_t* wl[NP];
+  __m512i shifts[NP];
+  for (int q = 0; q < NP; ++q) {
+    const int64_t pb = (panel + q) * x.blocks + b;
+    wp[q] = w.i16.data() + ((panel + q) * x.k_padded + b * kBlockSize) * kPanel;
+    wl[q] = w.split_at[pb] >= 0 ? w.i16_lo.data() + w.split_at[pb] : nullptr;
+    shifts[q] = wl[q] != nullptr ? LimbShifts(w, pb) : _mm512_setzero_si512();
   }
   const int64_t k0 = row * x.k_padded + b * kBlockSize;
-  const int16_t* wp = w.i16.data() + (panel * x.k_padded + b * kBlockSize) * kPanel;
-  const int32_t lo = w.split_at[pb];
-  const int16_t* wl = lo >= 0 ? w.i16_lo.data() + lo : nullptr;
-  const __m512i shifts = wl != nullptr ? LimbShifts(w, pb) : _mm512_setzero_si512();
   const int t0 = x.span_bits[at] > kShiftedI16Bits ? x.split_shift[at] : 0;
   alignas(64) int16_t residue[kBlockSize];  // v − (v >> t1) · 2^t1
   const __m512i v = _mm512_loadu_si512(x.i16.data() + k0);
   _mm512_store_si512(residue, _mm512_sub_epi16(v, _mm512_slli_epi16(_mm512_srai_epi16(v, t1), t1)));
-  __m512d exact[2], part[2];
-  WidenHalves(dot, exact);
-  WidenHalves(SparseDot(residue, wp, wl, shifts), part);
+  __m512i high_residue[NP], low_limb[NP];
+  SparseDots<NP>(residue, wp, wl, shifts, high_residue);
+  if (t0 > 0) SparseDots<NP>(x.i16_lo.data() + k0, wp, wl, shifts, low_limb);
   const __m512d high = _mm512_set1_pd(static_cast<double>(1 << t1));
-  for (int i = 0; i < 2; ++i) exact[i] = _mm512_fmadd_pd(exact[i], high, part[i]);
-  if (t0 > 0) {
-    WidenHalves(SparseDot(x.i16_lo.data() + k0, wp, wl, shifts), part);
-    const __m512d limb = _mm512_set1_pd(static_cast<double>(1 << t0));
-    for (int i = 0; i < 2; ++i) exact[i] = _mm512_fmadd_pd(exact[i], limb, part[i]);
-  }
+  const __m512d limb = _mm512_set1_pd(static_cast<double>(1 << t0));
   const __m512d xs = _mm512_set1_pd(x.scale[at]);
-  const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb * kPanel);
-  __m256 half[2];
-  for (int i = 0; i < 2; ++i) {
-    half[i] = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_mul_pd(exact[i], xs), _mm512_cvtps_pd(Half(ws, i))));
+  for (int q = 0; q < NP; ++q) {
+    __m512d exact[2], part[2];
+    WidenHalves(dots[q], exact);
+    WidenHalves(high_residue[q], part);
+    for (int i = 0; i < 2; ++i) exact[i] = _mm512_fmadd_pd(exact[i], high, part[i]);
+    if (t0 > 0) {
+      WidenHalves(low_limb[q], part);
+      for (int i = 0; i < 2; ++i) exact[i] = _mm512_fmadd_pd(exact[i], limb, part[i]);
+    }
+    const __m512 ws = _mm512_loadu_ps(w.scale.data() + ((panel + q) * x.blocks + b) * kPanel);
+    __m256 half[2];
+    for (int i = 0; i < 2; ++i) {
+      half[i] = _mm512_cvtpd_ps(
+          _mm512_mul_pd(_mm512_mul_pd(exact[i], xs), _mm512_cvtps_pd(Half(ws, i))));
+    }
+    out[q] = Join(half[0], half[1]);
   }
-  return Join(half[0], half[1]);
 }
 
 // acc[r] = Σ x'h · 2^s + Σ x'l for a panel block with split lanes, from
@@ -509,7 +528,7 @@ template <int MR>
 //            as h = x' >> T (X's two limbs: x' = xh · 2^t0 + xl and
 //            h = xh >> t1, T = t0 + t1), T just large enough that
 //            |Σ h·w'| < 2^(span_h + l1_w) <= 2^31, and the residue
-//            x' − h · 2^T, a few small elements, dotted apart (SparseDot:
+//            x' − h · 2^T, a few small elements, dotted apart (SparseDots:
 //            (xh mod 2^t1) and xl, each below 2^31 while t1, t0 <= 31 − l1_w);
 //            the three joined in FP64 (below 2^(span_x + l1_w) <= 2^53: exact)
 //            and scaled there, one rounding to FP32;
@@ -575,14 +594,21 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
       for (int r = 0; r < MR; ++r) acc[q][r] = _mm512_setzero_si512();
     }
     I16Rows<MR, NP>(xr, wp, acc);
+    __m512 ws[NP];
     for (int q = 0; q < NP; ++q) {
       if (w.split_at[pb[q]] >= 0) AddLowLimbs<MR>(w, pb[q], xr, acc[q]);  // Σ x'h · 2^s + Σ x'l
-      const __m512 ws = _mm512_loadu_ps(w.scale.data() + pb[q] * kPanel);
-      for (int r = 0; r < MR; ++r) {
-        y[q][r] = failing >> r & 1
-                      ? _mm512_add_ps(y[q][r], FailingRowBlock(p, row0 + r, panel + q, b, w_l1,
-                                                               acc[q][r]))
-                      : FastEpilogue(acc[q][r], x.scale[(row0 + r) * x.blocks + b], ws, y[q][r]);
+      ws[q] = _mm512_loadu_ps(w.scale.data() + pb[q] * kPanel);
+    }
+    for (int r = 0; r < MR; ++r) {
+      if (failing >> r & 1) {
+        __m512i dots[NP];
+        __m512 blocks[NP];
+        for (int q = 0; q < NP; ++q) dots[q] = acc[q][r];
+        FailingRowBlocks<NP>(p, row0 + r, panel, b, w_l1, dots, blocks);
+        for (int q = 0; q < NP; ++q) y[q][r] = _mm512_add_ps(y[q][r], blocks[q]);
+      } else {
+        const float xs = x.scale[(row0 + r) * x.blocks + b];
+        for (int q = 0; q < NP; ++q) y[q][r] = FastEpilogue(acc[q][r], xs, ws[q], y[q][r]);
       }
     }
   }
