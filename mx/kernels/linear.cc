@@ -134,7 +134,6 @@ void RedoWideOutputs(const internal::Problem& p, int64_t first, int64_t end, int
 
 }  // namespace
 
-
 bool internal::HasKernel(Isa level, Kind kind) {
   return kHasKernel[static_cast<int>(kind)][static_cast<int>(level)];
 }
