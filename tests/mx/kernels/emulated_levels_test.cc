@@ -223,14 +223,7 @@ TEST_P(EmulatedLevel, WideE5m2BlocksAreRedoneExactly) {
     wv[j * k + 32] = -0x1p15f;
     wv[j * k + 35] = 0x1.8p-16f;
   }
-  // A W block of span 31 (no int16 limbs) against an X block of one element:
-  // their magnitudes alone would pass the int16 path's bound; W's Inf keeps
-  // the pair off it.
-  std::fill_n(wv.begin() + 7 * k + 64, 32, 0.0f);
-  wv[7 * k + 64] = 0x1p13f;
-  wv[7 * k + 65] = 0x1p-17f;
-  std::fill_n(xv.begin() + 5 * k + 64, 32, 0.0f);
-  xv[5 * k + 64] = 1.0f;
+  PlantUnlimbedWAgainstOneElementX(xv, wv, k);
   for (Format wf : {Format::kMxfp8E5m2, Format::kMxfp8E4m3}) {
     const std::string what = absl::StrCat("wide E5M2 x ", FormatName(wf));
     const std::string name = Run(Quantize(xv, m, k, Format::kMxfp8E5m2), Quantize(wv, n, k, wf),

@@ -263,14 +263,7 @@ TEST_P(LinearAtIsa, WideE5m2BlocksAmongOrdinaryOnes) {
         wv[j * k + b * 32 + at] = v;
       }
     }
-    // A W block of span 31 (2^13 beside 2^-17: no int16 limbs) against an X
-    // block of one element (largest and L1 both 1): their magnitudes alone would
-    // pass the int16 path's bound; W's Inf keeps the pair off it.
-    std::fill_n(wv.begin() + 7 * k + 64, 32, 0.0f);
-    wv[7 * k + 64] = 0x1p13f;
-    wv[7 * k + 65] = 0x1p-17f;
-    std::fill_n(xv.begin() + 5 * k + 64, 32, 0.0f);
-    xv[5 * k + 64] = 1.0f;
+    PlantUnlimbedWAgainstOneElementX(xv, wv, k);
     const std::vector<float> bias = Gaussian(n, 44);
     KernelInfo info;
     ExpectSameAsReference(Quantize(xv, m, k, Format::kMxfp8E5m2), Quantize(wv, n, k, wf), bias,

@@ -192,6 +192,19 @@ inline QuantizedMatrix AllMinus128Mxint8(int64_t rows, int64_t cols, uint8_t sca
 // L1 15 bits: still int16), a NaN block and an all-zero block. `heavy_rows` /
 // `heavy_cols` say where the 448 blocks are (block 1; also X row 4 and W row
 // 24's block 0).
+// In row-major values of K columns: W row 7's block 2 of span 31 (2^13 beside
+// 2^-17 in E5M2: no int16 limbs) and X row 5's block 2 of one element (largest
+// and L1 both 1). Their magnitudes alone would pass the int16 path's bound;
+// only W's Inf (ShiftedPairFits) keeps the pair off it.
+inline void PlantUnlimbedWAgainstOneElementX(std::vector<float>& xv, std::vector<float>& wv,
+                                             int64_t k) {
+  std::fill_n(wv.begin() + 7 * k + 64, 32, 0.0f);
+  wv[7 * k + 64] = 0x1p13f;
+  wv[7 * k + 65] = 0x1p-17f;
+  std::fill_n(xv.begin() + 5 * k + 64, 32, 0.0f);
+  xv[5 * k + 64] = 1.0f;
+}
+
 struct Int16BoundsCase {
   QuantizedMatrix x, w;
   std::vector<float> bias;
