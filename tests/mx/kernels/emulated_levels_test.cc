@@ -144,7 +144,7 @@ TEST_P(EmulatedLevel, Bf16PairsAndTheirGuard) {
     EXPECT_EQ(Run(c.x, c.w, c.bias, c.what), Expected(internal::Kind::kBf16)) << c.what;
   }
   ExpectBf16BitsIndependentOfBatchAndSlice(
-      [this](const QuantizedMatrix& x, const QuantizedMatrix& w) {
+      [](const QuantizedMatrix& x, const QuantizedMatrix& w) {
         std::vector<float> y(x.rows * w.rows);
         const PackedWeight packed = PackedWeight::Pack(w).value();
         EXPECT_TRUE(
