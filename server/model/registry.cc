@@ -1,6 +1,7 @@
 #include "server/model/registry.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -243,6 +244,10 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   model->tolerance_rank = ToleranceRanks(names);
   model->layers = std::move(layers);
   model->published.resize(model->layers.size());
+  for (const LayerSpec& spec : model->layers) {
+    model->optimizers.push_back(std::make_shared<LayerOptimizer>(
+        spec.name, spec.out_features, spec.in_features, spec.bias, *budget_, owner));
+  }
   MutexLock lock(&mu_);
   if (models_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a model named ", Quote(name), " exists"));
@@ -303,7 +308,8 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
         absl::StrCat("min_weight_version: model ", Quote(model_name), " is at weight version ",
                      m.version, ", the request requires at least ", min_version));
   }
-  return LayerView{m.published[found->index], ToleranceOf(m, found->index), m.policy};
+  return LayerView{m.published[found->index], ToleranceOf(m, found->index), m.policy,
+                   m.optimizers[found->index]};
 }
 
 absl::StatusOr<LayerSpec> Registry::FindLayer(absl::string_view model_name, absl::string_view layer,
@@ -360,6 +366,9 @@ uint64_t Registry::PublishLocked(Model& model) {
 absl::StatusOr<uint64_t> Registry::Stage(
     absl::string_view model_name, std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
     bool publish, uint64_t quota_bytes) {
+  absl::StatusOr<std::shared_ptr<Mutex>> writer = Writer(model_name);
+  if (!writer.ok()) return writer.status();
+  MutexLock write(writer->get());
   MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
@@ -403,6 +412,9 @@ absl::StatusOr<uint64_t> Registry::Stage(
 }
 
 absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
+  absl::StatusOr<std::shared_ptr<Mutex>> writer = Writer(model_name);
+  if (!writer.ok()) return writer.status();
+  MutexLock write(writer->get());
   MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
@@ -439,7 +451,107 @@ uint64_t Registry::StoredBytes(const Model& model, bool with_copies) const {
   for (const auto& weights : model.published) {
     if (weights) bytes += with_copies ? weights->Bytes() : weights->MasterBytes();
   }
+  for (const auto& optimizer : model.optimizers) bytes += optimizer->Bytes();
   return bytes;
+}
+
+absl::StatusOr<std::shared_ptr<Mutex>> Registry::Writer(absl::string_view model_name) const {
+  MutexLock lock(&mu_);
+  absl::StatusOr<const Model*> model = FindModel(model_name);
+  if (!model.ok()) return model.status();
+  return (*model)->writer;
+}
+
+absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view model_name,
+                                                            const OptimizerStep& request) {
+  MX_RETURN_IF_ERROR(CheckAdamW(request.adamw, "adamw."));
+  if (!std::isfinite(request.max_grad_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_grad_norm: expected a finite number (<= 0: no clipping), got ", request.max_grad_norm));
+  }
+  if (!(request.other_grad_sq_norm >= 0) || std::isinf(request.other_grad_sq_norm)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("other_grad_sq_norm: expected a finite number >= 0, got ",
+                     request.other_grad_sq_norm));
+  }
+  MX_ASSIGN_OR_RETURN(std::shared_ptr<Mutex> writer, Writer(model_name));
+  MutexLock write(writer.get());
+  // What to step: the published weights and optimizer of each layer with a
+  // gradient. The writer lock keeps the published weights as they are now.
+  struct Stepping {
+    size_t index;
+    std::shared_ptr<const LayerWeights> weights;
+    std::shared_ptr<LayerOptimizer> optimizer;
+  };
+  std::vector<Stepping> layers;
+  std::string owner;
+  {
+    MutexLock lock(&mu_);
+    MX_ASSIGN_OR_RETURN(const Model* model, FindModel(model_name));
+    if (model->version == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model: ", Quote(model_name), " has no published weights yet (upload, then publish)"));
+    }
+    owner = model->owner;
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      if (model->optimizers[i]->HasGradient()) {
+        layers.push_back({i, model->published[i], model->optimizers[i]});
+      }
+    }
+  }
+  if (layers.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model: ", Quote(model_name),
+        " has no accumulated gradient to step (LayerBackward with accumulate_grad first)"));
+  }
+  OptimizerStepResult result;
+  double squared = request.other_grad_sq_norm;
+  for (const Stepping& layer : layers) {
+    const double norm = layer.optimizer->GradSquaredNorm();
+    result.grad_sq_norms.emplace_back(layer.weights->spec().name, norm);
+    squared += norm;
+  }
+  result.total_grad_norm = std::sqrt(squared);
+  result.clip_coefficient = ClipCoefficient(squared, request.max_grad_norm);
+  // Everything the step needs, reserved before anything changes.
+  std::vector<StoredTensor> weights(layers.size()), biases(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerWeights& w = *layers[i].weights;
+    MX_RETURN_IF_ERROR(layers[i].optimizer->ReserveMoments());
+    MX_RETURN_IF_ERROR(ReserveInto(*budget_, w.weight().size() * sizeof(float),
+                                   absl::StrCat("the stepped weight of layer ", Quote(w.spec().name)),
+                                   weights[i].reservation, owner));
+    if (w.spec().bias) {
+      MX_RETURN_IF_ERROR(ReserveInto(*budget_, w.bias().size() * sizeof(float),
+                                     absl::StrCat("the stepped bias of layer ", Quote(w.spec().name)),
+                                     biases[i].reservation, owner));
+    }
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerWeights& w = *layers[i].weights;
+    MX_ASSIGN_OR_RETURN(LayerOptimizer::Stepped stepped,
+                        layers[i].optimizer->Step(w.weight(), w.bias(), result.clip_coefficient,
+                                                  request.adamw));
+    weights[i].values = std::move(stepped.weight);
+    biases[i].values = std::move(stepped.bias);
+  }
+  MutexLock lock(&mu_);
+  auto it = models_.find(model_name);
+  if (it == models_.end()) return ModelNotFound(model_name);  // deleted meanwhile: nothing to keep
+  Model& model = *it->second;
+  const uint64_t version = model.version + 1;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const size_t index = layers[i].index;
+    const LayerWeights& previous = *model.published[index];
+    std::shared_ptr<const StoredTensor> bias;
+    if (previous.spec().bias) bias = std::make_shared<const StoredTensor>(std::move(biases[i]));
+    model.published[index] = std::make_shared<const LayerWeights>(
+        previous.spec(), version, std::make_shared<const StoredTensor>(std::move(weights[i])),
+        std::move(bias), copies_, prepare_, previous.CopiesInUse(), model.owner);
+  }
+  model.version = version;
+  result.version = version;
+  return result;
 }
 
 absl::StatusOr<ModelSummary> Registry::Describe(absl::string_view model_name) const {

@@ -35,6 +35,7 @@
 #include "server/base/mutex.h"
 #include "server/model/copy_cache.h"
 #include "server/model/memory_budget.h"
+#include "server/model/optimizer.h"
 #include "server/model/prepared_weight.h"
 #include "server/policy/policy.h"
 
@@ -202,6 +203,26 @@ struct LayerView {
   std::shared_ptr<const LayerWeights> weights;
   LayerTolerance tolerance;  // its place in the model's tolerance ranking
   std::string policy;  // the model's active policy
+  // The layer's optimizer state on the daemon (accumulated gradient, AdamW's
+  // moments), for LayerBackward with accumulate_grad. Never null.
+  std::shared_ptr<LayerOptimizer> optimizer;
+};
+
+// Models.StepOptimizer's request: AdamW, with torch's global gradient-norm
+// clipping over the daemon's layers and the trainer's own parameters.
+struct OptimizerStep {
+  AdamWParams adamw;
+  double max_grad_norm = 0;       // <= 0: no clipping
+  double other_grad_sq_norm = 0;  // Σ‖g‖² of the parameters the trainer steps itself
+};
+
+struct OptimizerStepResult {
+  uint64_t version = 0;  // the version the stepped masters were published as
+  // Per layer that had a gradient, in the model's layer order: its name and
+  // ‖grad_weight‖² + ‖grad_bias‖² (before clipping), FP64.
+  std::vector<std::pair<std::string, double>> grad_sq_norms;
+  double total_grad_norm = 0;   // sqrt(other_grad_sq_norm + Σ of the above)
+  float clip_coefficient = 1;   // what every gradient was multiplied by
 };
 
 struct ModelSummary {
@@ -267,6 +288,16 @@ class Registry {
                                  bool publish, uint64_t quota_bytes = 0);
   // Makes the staged tensors version N+1; returns the new version.
   absl::StatusOr<uint64_t> Publish(absl::string_view model);
+  // One AdamW step (adamw.h) of every layer that accumulated a gradient since
+  // its last step, from the published FP32 masters, published as version N+1
+  // (staged tensors stay staged; the other layers keep their weights). Holds
+  // the model's writer lock throughout, so an upload's publish waits for it, and
+  // reserves everything it needs (new masters, moments) before it changes
+  // anything: RESOURCE_EXHAUSTED leaves gradients, moments and weights as they
+  // were. FAILED_PRECONDITION before the first publish or when no layer has a
+  // gradient; INVALID_ARGUMENT naming the field for bad hyperparameters.
+  absl::StatusOr<OptimizerStepResult> StepOptimizer(absl::string_view model,
+                                                    const OptimizerStep& step);
   absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
   std::vector<ModelSummary> List() const;
   // Returns the bytes the model held.
@@ -305,10 +336,17 @@ class Registry {
     mutable std::chrono::steady_clock::time_point last_used;
     std::vector<std::shared_ptr<const LayerWeights>> published;  // per layer
     std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>> staged;
+    std::vector<std::shared_ptr<LayerOptimizer>> optimizers;  // per layer
+    // Held by whatever publishes (Stage with publish, Publish, StepOptimizer)
+    // from before it reads the published weights until it has replaced them;
+    // taken before mu_, never under it.
+    std::shared_ptr<Mutex> writer = std::make_shared<Mutex>();
   };
   using StagedMap = std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>>;
   absl::StatusOr<const Model*> FindModel(absl::string_view name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The writer lock of a model (Model::writer); NOT_FOUND for no such model.
+  absl::StatusOr<std::shared_ptr<Mutex>> Writer(absl::string_view model) const;
   // The model and the index of its layer; NOT_FOUND naming `field` for a layer
   // it does not have.
   struct FoundLayer {

@@ -464,5 +464,116 @@ TEST_F(RegistryTest, ReleasingAPolicyResetsOnlyOtherPrincipalsModels) {
   EXPECT_FALSE(registry_.PolicyInUse("shared"));
 }
 
+// ---------------------------------------------------------------------------
+// The optimizer on the daemon (issue 37): gradients accumulated by rows, one
+// AdamW step from the published masters into the next version.
+
+TEST_F(RegistryTest, AccumulatedGradientsStepIntoTheNextVersionAsAdamWWould) {
+  ASSERT_EQ(Upload(1).value(), 1u);
+  LayerView view = registry_.Lookup("m", "fc", 1).value();
+  ASSERT_NE(view.optimizer, nullptr);
+  EXPECT_FALSE(view.optimizer->HasGradient());
+  // Rows 0-3 in two calls (the second adds), rows 4-7 once; as two weight_rows
+  // slices of one backward and a second micro-batch would.
+  const std::vector<float> g1 = Values(11), g2 = Values(12);
+  const std::span<const float> top(g1.data(), 4 * kIn), bottom(g1.data() + 4 * kIn, 4 * kIn);
+  ASSERT_TRUE(view.optimizer->Accumulate(0, top, {}).ok());
+  ASSERT_TRUE(view.optimizer->Accumulate(4, bottom, {}).ok());
+  ASSERT_TRUE(view.optimizer->Accumulate(0, std::span<const float>(g2.data(), 4 * kIn), {}).ok());
+  EXPECT_TRUE(view.optimizer->HasGradient());
+  std::vector<float> grad = g1;
+  for (int i = 0; i < 4 * kIn; ++i) grad[i] = g1[i] + g2[i];
+  double squared = 0;
+  for (float g : grad) squared += double{g} * g;
+  EXPECT_EQ(view.optimizer->GradSquaredNorm(), squared);
+  // The accumulator: 4 bytes per parameter and one per row.
+  EXPECT_EQ(view.optimizer->Bytes(), kMasterBytes + kOut);
+  EXPECT_EQ(budget_.used(), 2 * kMasterBytes + kOut);
+
+  const OptimizerStep step{.adamw = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
+                                     .weight_decay = 0.1},
+                           .max_grad_norm = 1.0,
+                           .other_grad_sq_norm = 3.0};
+  absl::StatusOr<OptimizerStepResult> result = registry_.StepOptimizer("m", step);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->version, 2u);
+  ASSERT_EQ(result->grad_sq_norms.size(), 1u);
+  EXPECT_EQ(result->grad_sq_norms[0].first, "fc");
+  EXPECT_EQ(result->grad_sq_norms[0].second, squared);
+  EXPECT_EQ(result->total_grad_norm, std::sqrt(squared + 3.0));
+  EXPECT_EQ(result->clip_coefficient, ClipCoefficient(squared + 3.0, 1.0));
+  EXPECT_LT(result->clip_coefficient, 1.0f);
+  // The new master is AdamW's step of the old one; the old version is intact.
+  std::vector<float> expected = Values(1), m(kOut * kIn, 0.0f), v(kOut * kIn, 0.0f);
+  AdamWStep(expected, grad, result->clip_coefficient, m, v, 1, step.adamw);
+  LayerView stepped = registry_.Lookup("m", "fc", 2).value();
+  EXPECT_EQ(stepped.weights->version(), 2u);
+  EXPECT_EQ(stepped.weights->weight(), expected);
+  EXPECT_EQ(view.weights->weight(), Values(1));
+  EXPECT_FALSE(stepped.optimizer->HasGradient());  // emptied
+  // Moments: 8 bytes per parameter more, for as long as the model lives.
+  EXPECT_EQ(stepped.optimizer->Bytes(), 3 * kMasterBytes + kOut);
+  EXPECT_EQ(registry_.Describe("m")->quota_bytes, kMasterBytes + 3 * kMasterBytes + kOut);
+
+  // Nothing accumulated since: nothing to step.
+  absl::StatusOr<OptimizerStepResult> again = registry_.StepOptimizer("m", step);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(again.status().message(),
+            "model: 'm' has no accumulated gradient to step (LayerBackward with accumulate_grad "
+            "first)");
+  // A second step advances the moments from where the first left them.
+  ASSERT_TRUE(stepped.optimizer->Accumulate(0, g2, {}).ok());
+  ASSERT_EQ(registry_.StepOptimizer("m", step)->version, 3u);
+  AdamWStep(expected, g2, ClipCoefficient(SquaredNorm(g2) + 3.0, 1.0), m, v, 2, step.adamw);
+  EXPECT_EQ(registry_.Lookup("m", "fc", 3)->weights->weight(), expected);
+
+  view = {};
+  stepped = {};
+  const uint64_t held = budget_.used();
+  EXPECT_EQ(registry_.Delete("m").value(), held);
+  EXPECT_EQ(budget_.used(), 0u);
+}
+
+TEST_F(RegistryTest, StepOptimizerRefusesBadRequestsAndChangesNothing) {
+  OptimizerStep step;
+  EXPECT_EQ(registry_.StepOptimizer("m", step).status().message(),
+            "model: 'm' has no published weights yet (upload, then publish)");
+  EXPECT_EQ(registry_.StepOptimizer("nope", step).status().code(), absl::StatusCode::kNotFound);
+  step.adamw.beta2 = 1.0;
+  EXPECT_EQ(registry_.StepOptimizer("m", step).status().message(),
+            "adamw.beta2: expected 0 <= beta2 < 1, got 1");
+  step = {};
+  step.max_grad_norm = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(registry_.StepOptimizer("m", step).status().message(),
+            "max_grad_norm: expected a finite number (<= 0: no clipping), got inf");
+  step = {};
+  step.other_grad_sq_norm = std::nan("");
+  EXPECT_EQ(registry_.StepOptimizer("m", step).status().message(),
+            "other_grad_sq_norm: expected a finite number >= 0, got nan");
+}
+
+// A budget with room for the master, its accumulator and a stepped copy of the
+// master, but not for the moments: the step fails whole, and a later one with
+// room steps from the same gradient.
+class TightOptimizerTest : public RegistryTest {
+ protected:
+  TightOptimizerTest() : RegistryTest(3 * kMasterBytes + kOut) {}
+};
+
+TEST_F(TightOptimizerTest, AStepThatDoesNotFitChangesNothing) {
+  ASSERT_EQ(Upload(1).value(), 1u);
+  LayerView view = registry_.Lookup("m", "fc", 1).value();
+  ASSERT_TRUE(view.optimizer->Accumulate(0, Values(11), {}).ok());
+  const OptimizerStep step{.adamw = {.lr = 1e-2}};
+  absl::StatusOr<OptimizerStepResult> result = registry_.StepOptimizer("m", step);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "AdamW's moments of layer 'fc'"))
+      << result.status();
+  EXPECT_EQ(registry_.Describe("m")->version, 1u);
+  EXPECT_TRUE(view.optimizer->HasGradient());
+  EXPECT_EQ(view.optimizer->steps(), 0);
+  EXPECT_EQ(budget_.used(), 2 * kMasterBytes + kOut);
+}
+
 }  // namespace
 }  // namespace mxserve
