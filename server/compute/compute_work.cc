@@ -7,6 +7,7 @@
 #include "mx/checked_math.h"
 #include "mx/status_macros.h"
 #include "server/base/label.h"
+#include "server/base/quote.h"
 #include "server/compute/operands.h"
 #include "server/compute/wire.h"
 #include "server/telemetry/clock.h"
@@ -382,7 +383,8 @@ class BackwardItem final : public ComputeItem {
   BackwardItem(const ComputeContext& core, CallInfo call, Done done, std::string run, Phase phase,
                LayerView view, mx::Format format, DenseMatrix grad_output,
                std::optional<DenseMatrix> input, std::optional<int64_t> first_weight_row,
-               mx::QuantizeOptions options, v1::LayerBackwardResponse* response)
+               bool accumulate_grad, mx::QuantizeOptions options,
+               v1::LayerBackwardResponse* response)
       : ComputeItem(core, call, std::move(done), std::move(run)),
         phase_(phase),
         view_(std::move(view)),
@@ -390,6 +392,7 @@ class BackwardItem final : public ComputeItem {
         grad_output_(grad_output),
         input_(input),
         first_weight_row_(first_weight_row),
+        accumulate_grad_(accumulate_grad),
         options_(options),
         response_(response) {}
 
@@ -411,13 +414,24 @@ class BackwardItem final : public ComputeItem {
       kernel = *std::move(ran);
     }
     const std::vector<float> dy = operands.Floats(grad_output_);
+    std::vector<float> grad_weight, grad_bias;
     if (input_) {
-      absl::StatusOr<std::string> ran = GradWeight(operands, dy, compute_seconds);
+      absl::StatusOr<std::string> ran = GradWeight(operands, dy, compute_seconds, grad_weight);
       if (!ran.ok()) return Fail(ran.status());
       if (kernel.empty()) kernel = *std::move(ran);
     }
-    if (weights.spec().bias) {
-      EncodeVector(operands.ColumnSums(dy, m, n), response_->mutable_grad_bias());
+    if (weights.spec().bias) grad_bias = operands.ColumnSums(dy, m, n);
+    if (accumulate_grad_) {
+      // A shape-only backend (null) computes no values: it accumulates zeros.
+      if (weights.spec().bias) grad_bias.resize(static_cast<size_t>(n), 0.0f);
+      if (absl::Status s = view_.optimizer->Accumulate(first_weight_row_.value_or(0), grad_weight,
+                                                       grad_bias);
+          !s.ok()) {
+        return Fail(s);
+      }
+    } else {
+      if (input_) EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
+      if (weights.spec().bias) EncodeVector(grad_bias, response_->mutable_grad_bias());
     }
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
              kernel, response_->mutable_info());
@@ -450,7 +464,7 @@ class BackwardItem final : public ComputeItem {
   // i.e. along M, held as N and K rows. Each row of it depends on its column of dY
   // alone, which is why a weight_rows slice is exact. Returns the kernel that ran.
   absl::StatusOr<std::string> GradWeight(const Operands& operands, std::span<const float> dy,
-                                         double& compute_seconds) {
+                                         double& compute_seconds, std::vector<float>& grad_weight) {
     const int64_t m = grad_output_.rows, n = grad_output_.cols;
     const int64_t k = view_.weights->spec().in_features;
     // A weight_rows slice holds columns [first_row, first_row + n) of the whole
@@ -466,11 +480,8 @@ class BackwardItem final : public ComputeItem {
       return absl::InvalidArgumentError(absl::StrCat("grad_output: ", dyt.status().message()));
     }
     if (!xt.ok()) return absl::InvalidArgumentError(absl::StrCat("input: ", xt.status().message()));
-    std::vector<float> grad_weight(static_cast<size_t>(n * k));
-    MX_ASSIGN_OR_RETURN(std::string kernel,
-                        operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds));
-    EncodeMatrix(grad_weight, n, k, response_->mutable_grad_weight());
-    return kernel;
+    grad_weight.assign(static_cast<size_t>(n * k), 0.0f);
+    return operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds);
   }
 
   Phase phase_;
@@ -480,6 +491,7 @@ class BackwardItem final : public ComputeItem {
   std::optional<DenseMatrix> input_;
   // A weight_rows request's first row (it gets no grad_input); none without a range.
   std::optional<int64_t> first_weight_row_;
+  bool accumulate_grad_;  // grad_weight and grad_bias go to the layer's optimizer
   mx::QuantizeOptions options_;  // for dY and X (their scale rule, rounding and seed)
   v1::LayerBackwardResponse* response_;
 };
@@ -689,9 +701,23 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
     x_shape.rows_what = "M, the rows of grad_output";
     MX_ASSIGN_OR_RETURN(input,
                         DecodeMatrix(request.input(), "input", x_shape, core.max_message_bytes));
-    MX_RETURN_IF_ERROR(CheckOutputSize(core, grad_output.cols, spec.in_features,
-                                       ranged ? "weight_rows" : "input", "grad_weight",
-                                       "ask for it in slices of rows with weight_rows"));
+    if (!request.accumulate_grad()) {  // accumulated, grad_weight stays here
+      MX_RETURN_IF_ERROR(CheckOutputSize(core, grad_output.cols, spec.in_features,
+                                         ranged ? "weight_rows" : "input", "grad_weight",
+                                         "ask for it in slices of rows with weight_rows"));
+    }
+  } else if (request.accumulate_grad()) {
+    return absl::InvalidArgumentError(
+        "input: required with accumulate_grad (grad_weight = grad_outputᵀ·input needs it)");
+  }
+  if (request.accumulate_grad() && call.principal.role != Role::kAdmin) {
+    // Anyone may compute with a model; only its owner changes what it will become.
+    absl::StatusOr<std::string> owner = core.registry->Owner(request.model());
+    if (owner.ok() && *owner != call.principal.name) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "accumulate_grad: model ", Quote(request.model()), " belongs to ", Quote(*owner),
+          "; only its owner (or an admin) adds to its gradients"));
+    }
   }
   if (!ranged) {
     MX_RETURN_IF_ERROR(
@@ -702,7 +728,7 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
                                         std::move(layer.view), layer.format, grad_output, input,
                                         ranged ? std::optional(request.weight_rows().begin())
                                                : std::nullopt,
-                                        layer.options, response);
+                                        request.accumulate_grad(), layer.options, response);
 }
 
 }  // namespace mxserve

@@ -16,6 +16,7 @@ AccessRule RuleOf(Rpc rpc) {
     case Rpc::kStream:
     case Rpc::kListModels:
     case Rpc::kDescribeModel:
+    case Rpc::kDownloadWeights:  // reads, as a forward with an identity input would
     case Rpc::kGetPolicy:
     case Rpc::kListPolicies:
     case Rpc::kResolvePolicy:
@@ -32,6 +33,7 @@ AccessRule RuleOf(Rpc rpc) {
     case Rpc::kUploadWeights:
     case Rpc::kLoadSafetensors:
     case Rpc::kPublishVersion:
+    case Rpc::kStepOptimizer:
     case Rpc::kDeleteModel:
     case Rpc::kSetActivePolicy:
     case Rpc::kProfileModel:

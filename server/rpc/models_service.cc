@@ -102,6 +102,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       }
       // Room for the tensors is made in the owner's own cached copies first.
       model_owner_ = core_.registry->Owner(model_).value_or("");
+      MX_ASSIGN_OR_RETURN(warm_up_, ParseWarmUp(chunk_.warm_up(), absl::StrCat(field, ".warm_up")));
     } else if (chunk_.model() != model_) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".model: every chunk of a stream must name the same model; expected ",
@@ -212,7 +213,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
          {"principal", record_.principal().name}});
     if (!publish_) return Done(absl::OkStatus());
     response_.set_weight_version(*version);
-    Warm(core_, model_, *version, [this](uint64_t) { Done(absl::OkStatus()); });
+    Warm(core_, model_, *version, warm_up_, [this](uint64_t) { Done(absl::OkStatus()); });
   }
 
   void Done(absl::Status status) {
@@ -237,6 +238,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::string model_;
   std::string model_owner_;  // whose cached copies make room first
   bool publish_ = false;
+  WarmUpSpec warm_up_;  // the first chunk's
   uint64_t chunks_ = 0;
   uint64_t bytes_ = 0;
   std::map<StagedTensorKey, Pending> pending_;
@@ -244,38 +246,91 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-void PublishAndWarm(const Core& core, const std::string& model,
+absl::StatusOr<WarmUpSpec> ParseWarmUp(const v1::WarmUp& warm_up, absl::string_view field) {
+  WarmUpSpec spec;
+  spec.background = warm_up.background();
+  switch (warm_up.copies()) {
+    case v1::WarmUp::COPIES_PREVIOUS:
+      spec.copies = WarmUpSpec::Copies::kPrevious;
+      break;
+    case v1::WarmUp::COPIES_NONE:
+      spec.copies = WarmUpSpec::Copies::kNone;
+      break;
+    case v1::WarmUp::COPIES_FORMATS:
+      spec.copies = WarmUpSpec::Copies::kFormats;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".copies: expected COPIES_PREVIOUS, COPIES_NONE or COPIES_FORMATS, got ",
+                       static_cast<int>(warm_up.copies())));
+  }
+  constexpr int kMaxWarmFormats = 16;
+  if (spec.copies != WarmUpSpec::Copies::kFormats) {
+    if (warm_up.formats_size() > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".formats: only with COPIES_FORMATS, got ", warm_up.formats_size(),
+                       " formats with ", v1::WarmUp::Copies_Name(warm_up.copies())));
+    }
+    return spec;
+  }
+  if (warm_up.formats_size() < 1 || warm_up.formats_size() > kMaxWarmFormats) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".formats: expected 1 to ",
+                                                   kMaxWarmFormats, " formats with COPIES_FORMATS, got ",
+                                                   warm_up.formats_size()));
+  }
+  for (int i = 0; i < warm_up.formats_size(); ++i) {
+    const std::string at = absl::StrCat(field, ".formats[", i, "]");
+    MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format,
+                        FromProto(static_cast<v1::Format>(warm_up.formats(i)), at));
+    if (!format) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ": expected a format, got FORMAT_UNSPECIFIED"));
+    }
+    spec.formats.push_back(*format);
+  }
+  return spec;
+}
+
+void PublishAndWarm(const Core& core, const std::string& model, const WarmUpSpec& warm_up,
                     std::function<void(absl::StatusOr<uint64_t>)> done) {
   absl::StatusOr<uint64_t> version = core.registry->Publish(model);
   if (!version.ok()) return done(version.status());
-  Warm(core, model, *version, [done](uint64_t published) { done(published); });
+  Warm(core, model, *version, warm_up, [done](uint64_t published) { done(published); });
 }
 
 void Warm(const Core& core, const std::string& model, uint64_t published,
-          std::function<void(uint64_t)> done) {
+          const WarmUpSpec& warm_up, std::function<void(uint64_t)> done) {
   absl::StatusOr<std::string> owner = core.registry->Owner(model);
   Log(LogLevel::kInfo, "weights_published",
       {{"model", model},
        {"version", absl::StrCat(published)},
        {"owner", owner.ok() ? *owner : std::string()}});
-  // Quantize, on the loader pool, what requests will ask for: the copies requests
-  // used of the layer's previous version (a policy model never asks for its
-  // reward-phase format; a trainer that reuses a version's update copies needs
-  // them again), or for a first version, the active policy's rollout and reward
-  // formats. Update-phase copies read once per version are made per call and
-  // never cached (CopyUse::kUpdate), so they are not warmed. A failure here is
-  // not the publish's: the request that needs the copy reports it. The warm-up
-  // runs even if the client stops waiting.
+  if (warm_up.copies == WarmUpSpec::Copies::kNone) return done(published);
+  if (warm_up.background) {
+    done(published);
+    done = [](uint64_t) {};
+  }
+  // Quantize, on the loader pool, what requests will ask for: the formats
+  // named, or the copies requests used of the layer's previous version (a
+  // policy model never asks for its reward-phase format; a trainer that reuses
+  // a version's update copies needs them again), or for a first version, the
+  // active policy's rollout and reward formats. Update-phase copies read once
+  // per version are made per call and never cached (CopyUse::kUpdate), so they
+  // are not warmed. A failure here is not the publish's: the request that needs
+  // the copy reports it. The warm-up runs even if the client stops waiting.
   CallInfo call;
   RunOn(
       *core.loader, call,
-      [&core, model, published, done] {
+      [&core, model, published, warm_up, done] {
         absl::StatusOr<std::vector<LayerView>> layers = core.registry->PublishedLayers(model);
         if (layers.ok()) {
           for (const LayerView& view : *layers) {
             if (view.weights->version() != published) continue;  // unchanged layers are warm
-            std::set<CopyKey> copies(view.weights->used_before().begin(),
-                                     view.weights->used_before().end());
+            std::set<CopyKey> copies;
+            if (warm_up.copies == WarmUpSpec::Copies::kFormats) {
+              for (mx::Format format : warm_up.formats) copies.insert({format, WeightLayout::kForward});
+            } else {
+              copies.insert(view.weights->used_before().begin(), view.weights->used_before().end());
+            }
             if (copies.empty()) {
               absl::StatusOr<StoredPolicy> policy = core.policies->Get(view.policy);
               if (!policy.ok()) break;
@@ -352,13 +407,15 @@ grpc::ServerUnaryReactor* ModelsService::LoadSafetensors(grpc::CallbackServerCon
     if (absl::Status s = call.record().CheckModelOwner(call.request().model()); !s.ok()) {
       return call.Answer(s);
     }
+    absl::StatusOr<WarmUpSpec> warm_up = ParseWarmUp(call.request().warm_up(), "warm_up");
+    if (!warm_up.ok()) return call.Answer(warm_up.status());
     // Reading and widening a file is real work: it runs on the loader pool.
     RunOn(
         *core_.loader, call.info(),
-        [this, &call] {
+        [this, &call, warm_up = *std::move(warm_up)] {
           absl::Status status = Load(call.request(), call.response());
           if (!status.ok() || !call.request().publish()) return call.Answer(status);
-          Warm(core_, call.request().model(), call.response()->weight_version(),
+          Warm(core_, call.request().model(), call.response()->weight_version(), warm_up,
                [&call](uint64_t) { call.Answer(absl::OkStatus()); });
         },
         call.Answerer());
@@ -427,7 +484,10 @@ grpc::ServerUnaryReactor* ModelsService::PublishVersion(grpc::CallbackServerCont
     if (absl::Status s = call.record().CheckModelOwner(call.request().model()); !s.ok()) {
       return call.Answer(s);
     }
-    PublishAndWarm(core_, call.request().model(), [this, &call](absl::StatusOr<uint64_t> version) {
+    absl::StatusOr<WarmUpSpec> warm_up = ParseWarmUp(call.request().warm_up(), "warm_up");
+    if (!warm_up.ok()) return call.Answer(warm_up.status());
+    PublishAndWarm(core_, call.request().model(), *warm_up,
+                   [this, &call](absl::StatusOr<uint64_t> version) {
       absl::Status status = version.status();
       if (status.ok()) {
         absl::StatusOr<ModelSummary> summary = core_.registry->Describe(call.request().model());
@@ -482,6 +542,124 @@ grpc::ServerUnaryReactor* ModelsService::DeleteModel(grpc::CallbackServerContext
              {"owner", owner.ok() ? *owner : std::string()},
              {"by", record.principal().name},
              {"freed_bytes", absl::StrCat(freed)}});
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ModelsService::StepOptimizer(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::StepOptimizerRequest, v1::StepOptimizerResponse>;
+  return Call::Start(core_, Rpc::kStepOptimizer, context, request, response, [this](Call& call) {
+    const v1::StepOptimizerRequest& r = call.request();
+    if (absl::Status s = call.record().CheckModelOwner(r.model()); !s.ok()) return call.Answer(s);
+    if (!r.has_adamw()) {
+      return call.Answer(absl::InvalidArgumentError(
+          "adamw: required (torch.optim.AdamW's lr, beta1, beta2, eps, weight_decay)"));
+    }
+    absl::StatusOr<WarmUpSpec> warm_up = ParseWarmUp(r.warm_up(), "warm_up");
+    if (!warm_up.ok()) return call.Answer(warm_up.status());
+    // A step reads and writes every stepped parameter: it runs on the loader pool.
+    RunOn(
+        *core_.loader, call.info(),
+        [this, &call, warm_up = *std::move(warm_up)] {
+          const v1::StepOptimizerRequest& r = call.request();
+          OptimizerStep step;
+          step.adamw = {.lr = r.adamw().lr(),
+                        .beta1 = r.adamw().beta1(),
+                        .beta2 = r.adamw().beta2(),
+                        .eps = r.adamw().eps(),
+                        .weight_decay = r.adamw().weight_decay()};
+          step.max_grad_norm = r.max_grad_norm();
+          step.other_grad_sq_norm = r.other_grad_sq_norm();
+          absl::StatusOr<OptimizerStepResult> result =
+              core_.registry->StepOptimizer(r.model(), step);
+          core_.UpdateMemoryGauges();
+          if (!result.ok()) return call.Answer(result.status());
+          v1::StepOptimizerResponse* out = call.response();
+          out->set_weight_version(result->version);
+          for (const auto& [layer, sq_norm] : result->grad_sq_norms) {
+            v1::LayerGradNorm* norm = out->add_layers();
+            norm->set_layer(layer);
+            norm->set_sq_norm(sq_norm);
+          }
+          out->set_total_grad_norm(result->total_grad_norm);
+          out->set_clip_coefficient(result->clip_coefficient);
+          Log(LogLevel::kInfo, "optimizer_stepped",
+              {{"model", r.model()},
+               {"version", absl::StrCat(result->version)},
+               {"layers", absl::StrCat(result->grad_sq_norms.size())},
+               {"total_grad_norm", absl::StrCat(result->total_grad_norm)},
+               {"clip_coefficient", absl::StrCat(result->clip_coefficient)}});
+          Warm(core_, r.model(), result->version, warm_up,
+               [&call](uint64_t) { call.Answer(absl::OkStatus()); });
+        },
+        call.Answerer());
+  });
+}
+
+grpc::ServerUnaryReactor* ModelsService::DownloadWeights(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeNow<v1::DownloadWeightsRequest, v1::WeightChunk>(
+      core_, Rpc::kDownloadWeights, context, request, response,
+      [this](const v1::DownloadWeightsRequest& r, v1::WeightChunk* out) -> absl::Status {
+        MX_ASSIGN_OR_RETURN(LayerView view, core_.registry->Lookup(r.model(), r.layer(), 0));
+        const LayerSpec& spec = view.weights->spec();
+        if (r.role() != v1::TENSOR_ROLE_WEIGHT && r.role() != v1::TENSOR_ROLE_BIAS) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("role: expected ", WireNameList(DescriptorOf<v1::TensorRole>(), true),
+                           ", got ", static_cast<int>(r.role())));
+        }
+        const bool bias = r.role() == v1::TENSOR_ROLE_BIAS;
+        if (bias && !spec.bias) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("role: layer ", Quote(spec.name), " was registered without a bias"));
+        }
+        const v1::DType dtype = r.dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_FP32 : r.dtype();
+        if (dtype != v1::DTYPE_FP32 && dtype != v1::DTYPE_BF16) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "dtype: expected DTYPE_FP32 or DTYPE_BF16, got ", static_cast<int>(r.dtype())));
+        }
+        const size_t element_bytes = dtype == v1::DTYPE_FP32 ? 4 : 2;
+        const std::span<const float> values =
+            bias ? view.weights->bias() : std::span<const float>(view.weights->weight());
+        if (r.offset_elements() >= values.size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("offset_elements: expected below ", values.size(), " (the elements of ",
+                           Quote(spec.name), bias ? ".bias" : ".weight", "), got ",
+                           r.offset_elements()));
+        }
+        constexpr uint64_t kDefaultBytes = uint64_t{1} << 20;
+        // What one answer may hold: the message limit, less room for the envelope.
+        const uint64_t most = static_cast<uint64_t>(std::max<int64_t>(core_.max_message_bytes - 4096, 0)) /
+                              element_bytes;
+        const uint64_t asked = r.max_elements() == 0
+                                   ? std::min<uint64_t>(kDefaultBytes / element_bytes, most)
+                                   : r.max_elements();
+        if (asked > most || asked == 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "max_elements: at most ", most, " elements of ", element_bytes,
+              " bytes fit one answer (--max-message-bytes), got ", asked));
+        }
+        const uint64_t count = std::min<uint64_t>(asked, values.size() - r.offset_elements());
+        const float* from = values.data() + r.offset_elements();
+        std::string* data = out->mutable_data();
+        data->resize(count * element_bytes);
+        if (dtype == v1::DTYPE_FP32) {
+          std::memcpy(data->data(), from, count * sizeof(float));
+        } else {
+          for (uint64_t i = 0; i < count; ++i) {
+            const uint16_t bits = mx::FloatToBf16(from[i]);
+            std::memcpy(data->data() + 2 * i, &bits, 2);
+          }
+        }
+        out->set_model(r.model());
+        out->set_layer(spec.name);
+        out->set_role(r.role());
+        out->set_dtype(dtype);
+        out->set_offset_elements(r.offset_elements());
+        out->set_weight_version(view.weights->version());
         return absl::OkStatus();
       });
 }

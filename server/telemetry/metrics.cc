@@ -19,7 +19,8 @@ constexpr std::array<absl::string_view, static_cast<int>(Rpc::kCount)> kRpcNames
     "GetPolicy",      "ListPolicies",  "DeletePolicy",    "SetActivePolicy",
     "ResolvePolicy",  "ReportPower",   "GetEnergyReport", "ProfileModel",
     "GetProfile",     "ListProfiles",  "ExportProfile",   "DeleteProfile",
-    "GeneratePolicy", "ReportEnergy",  "ReportWork",
+    "GeneratePolicy", "ReportEnergy",  "ReportWork",      "StepOptimizer",
+    "DownloadWeights",
 };
 
 constexpr absl::string_view kModelSource = "fpga_model";

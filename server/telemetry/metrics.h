@@ -58,6 +58,8 @@ enum class Rpc : int {
   kGeneratePolicy,
   kReportEnergy,
   kReportWork,
+  kStepOptimizer,
+  kDownloadWeights,
   kCount,
 };
 absl::string_view RpcName(Rpc rpc);

@@ -278,6 +278,8 @@ TEST_F(HostileTest, UnparseableUnaryRequestsAreInvalidArgumentNamingTheMessage) 
       {"/mxserve.v1.Models/ListModels", "mxserve.v1.ListModelsRequest"},
       {"/mxserve.v1.Models/DescribeModel", "mxserve.v1.DescribeModelRequest"},
       {"/mxserve.v1.Models/DeleteModel", "mxserve.v1.DeleteModelRequest"},
+      {"/mxserve.v1.Models/StepOptimizer", "mxserve.v1.StepOptimizerRequest"},
+      {"/mxserve.v1.Models/DownloadWeights", "mxserve.v1.DownloadWeightsRequest"},
       {"/mxserve.v1.Policies/PutPolicy", "mxserve.v1.PutPolicyRequest"},
       {"/mxserve.v1.Policies/GetPolicy", "mxserve.v1.GetPolicyRequest"},
       {"/mxserve.v1.Policies/ListPolicies", "mxserve.v1.ListPoliciesRequest"},

@@ -55,6 +55,8 @@ inline constexpr RpcMethod kRpcMethods[] = {
     // Appended, so that the indices of existing corpus inputs keep their method.
     {"/mxserve.v1.Telemetry/ReportEnergy", true},
     {"/mxserve.v1.Telemetry/ReportWork", false},
+    {"/mxserve.v1.Models/StepOptimizer", false},
+    {"/mxserve.v1.Models/DownloadWeights", false},
 };
 
 inline constexpr const char* kSeedModel = "m";
