@@ -18,10 +18,15 @@ beside its peer in the same run:
      publish of all offloaded weights (target <= 3 s); then of 10 % of the
      linear layers, spread evenly over the blocks (target <= 0.5 s).
   4. PPO update step: forward and backward of --batch x --update-tokens tokens
-     in phase update, an SGD step and sync_weights(), against the same step in
+     in phase update, an AdamW step and sync_weights(), against the same step in
      local torch FP32 (no sync).                      target: ratio <= 1.5
      The loss is the token cross-entropy against random target tokens (minus
      the mean log-probability: a policy-gradient loss with advantage 1).
+  5. the same PPO update step with the optimizer on the daemon
+     (offload(..., optimizer=RemoteAdamW), issue 37): the gradients accumulate
+     there, one StepOptimizer call steps and publishes (nothing warmed), the
+     local AdamW steps the rest; the bytes of weights that crossed the wire are
+     counted (only a tied projection's upload).     target: ratio <= 1.5
 
 Every figure is the best of --repeat timed runs after --warmup untimed ones,
 the sides interleaved run by run; ratios divide best by best (on a shared
@@ -70,7 +75,7 @@ try:
     from daemon_process import DaemonProcess
     from mxserve.rlhf.machine import cpu_model
     from mxserve.rlhf.models import KVCache, ModelConfig, build_model
-    from mxserve.torch import OffloadSession, offload
+    from mxserve.torch import OffloadSession, RemoteAdamW, offload
 except ImportError as error:
     sys.exit(f"hot_path.py: cannot import what it needs ({error}).\n"
              "Run it with /usr/bin/python3 after `make build` (python3-grpcio, -protobuf, "
@@ -95,6 +100,7 @@ TARGETS = {
     "sync_all": ("sync_weights, all weights", 1.0, "3 s"),
     "sync_part": ("sync_weights, 10 % of layers", 1.0, "0.5 s"),
     "ppo_update": ("PPO update step", 1.5, "torch FP32"),
+    "ppo_update_remote": ("PPO update, RemoteAdamW", 1.5, "torch FP32"),
 }
 BUDGETS = {"layer_call": 0.15e-3, "sync_all": 3.0, "sync_part": 0.5}  # seconds
 
@@ -417,8 +423,9 @@ def measure_sync(args, model, session, inputs, cache, part: List[str]) -> Dict[s
 
 def ppo_step(model: nn.Module, inputs: Inputs, optimizer: torch.optim.Optimizer,
              session: Optional[OffloadSession] = None) -> dict:
-    """One update: forward, loss, backward, SGD step (and sync_weights when
-    offloaded); the seconds of each part."""
+    """One update: forward, loss, backward, AdamW step (and sync_weights when
+    offloaded; session.step, which is both, with a RemoteAdamW); the seconds of
+    each part."""
     parts = {}
     optimizer.zero_grad(set_to_none=True)
     start = time.perf_counter()
@@ -427,14 +434,27 @@ def ppo_step(model: nn.Module, inputs: Inputs, optimizer: torch.optim.Optimizer,
                            inputs.targets.reshape(-1))
     parts["forward_s"] = time.perf_counter() - start
     parts["backward_s"] = timed(loss.backward)
+    if session is not None and session.optimizer is not None:
+        client = session.client
+        moved = weight_bytes_moved(client)
+        parts["optimizer_s"] = timed(lambda: session.step(optimizer))
+        parts["weight_bytes_moved"] = weight_bytes_moved(client) - moved
+        return parts
     parts["optimizer_s"] = timed(optimizer.step)
     if session is not None:
         parts["sync_s"] = timed(session.sync_weights)
     return parts
 
 
-def measure_update(args, model, session, inputs) -> Dict[str, Timing]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+def weight_bytes_moved(client: mxserve.Client) -> int:
+    """Bytes of uploads and downloads of weights this client sent or received."""
+    return (client.bytes_sent["UploadWeights"] + client.bytes_received["DownloadWeights"])
+
+
+def measure_update(args, model, session, inputs, side: str = "offloaded") -> Dict[str, Timing]:
+    optimizer = (session.optimizer.local_optimizer(session) if session.optimizer is not None
+                 else torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE))
+    local_optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
 
     def remote():
         return offloaded(session, "update", lambda: ppo_step(model, inputs, optimizer, session))
@@ -442,11 +462,11 @@ def measure_update(args, model, session, inputs) -> Dict[str, Timing]:
     def local():
         with session.local():
             cpu = time.process_time()
-            parts = ppo_step(model, inputs, optimizer)
+            parts = ppo_step(model, inputs, local_optimizer)
             parts["cpu_s"] = time.process_time() - cpu
         return sum(v for k, v in parts.items() if k != "cpu_s"), parts
 
-    return measure({"offloaded": remote, "torch FP32": local}, args.repeat, args.warmup)
+    return measure({side: remote, "torch FP32": local}, args.repeat, args.warmup)
 
 
 # --- the run -----------------------------------------------------------------------
@@ -481,6 +501,20 @@ def run(args: argparse.Namespace) -> dict:
         results["upload_s"] = time.perf_counter() - start
         try:
             results.update(run_cpu(args, model, session, inputs, cache))
+        finally:
+            session.restore()
+        progress(f"cpu backend: uploading again for the RemoteAdamW session")
+        session = offload(model, client, name + "-remote-adamw", policy=args.policy,
+                          optimizer=RemoteAdamW(lr=LEARNING_RATE))
+        try:
+            progress(f"PPO update step with RemoteAdamW, x{args.warmup + args.repeat} "
+                     "(offloaded, local FP32)")
+            results["update_remote"] = measure_update(args, model, session, inputs,
+                                                      side="remote AdamW")
+            results["remote_stepped"] = len(session.remote_stepped)
+        except (mxserve.MxserveError, ValueError) as failure:
+            progress(f"PPO update step with RemoteAdamW: not measured: {failure}")
+            results["update_remote_error"] = str(failure)
         finally:
             session.restore()
     return results
@@ -541,6 +575,7 @@ class Ratio:
 
 def ratios(results: dict) -> List[Ratio]:
     decode, sync, update = results.get("decode"), results.get("sync"), results.get("update")
+    update_remote = results.get("update_remote")
     return [
         Ratio("rollout_decode", decode and decode["offloaded"], decode and decode["torch BF16"]),
         Ratio("layer_call", results["null"]["calls"]["client.forward"], None),
@@ -548,6 +583,9 @@ def ratios(results: dict) -> List[Ratio]:
         Ratio("sync_part", sync and sync["part"], None),
         Ratio("ppo_update", update and update["offloaded"], update and update["torch FP32"],
               results.get("update_error", "")),
+        Ratio("ppo_update_remote", update_remote and update_remote["remote AdamW"],
+              update_remote and update_remote["torch FP32"],
+              results.get("update_remote_error", "")),
     ]
 
 
@@ -644,11 +682,18 @@ def update_details(args, results) -> List[str]:
         return ", ".join(f"{k[:-2]} {v:.3g}" for k, v in extras.items()
                          if k.endswith("_s") and k not in ("daemon_compute_s", "cpu_s"))
 
-    return [f"PPO update, offloaded (grad_weight {args.grad_weight}): "
+    lines = [f"PPO update, offloaded (grad_weight {args.grad_weight}, local AdamW + sync): "
              f"{parts(remote)} s; {remote['requests']} calls, daemon compute "
              f"{remote['daemon_compute_s']:.4g} s; formats {results['update_formats']}",
              f"PPO update, local torch FP32: {parts(local)} s; threads busy "
              f"{busy(update['torch FP32']):.2f}"]
+    if "update_remote" in results:
+        stepped = results["update_remote"]["remote AdamW"].best_extras
+        lines.append(f"PPO update, RemoteAdamW ({results['remote_stepped']} layers stepped on the "
+                     f"daemon): {parts(stepped)} s; {stepped['requests']} calls, daemon compute "
+                     f"{stepped['daemon_compute_s']:.4g} s; weights over the wire "
+                     f"{stepped['weight_bytes_moved'] / 1e6:.1f} MB (a tied projection's upload)")
+    return lines
 
 
 def report(args, results: dict, machine: dict) -> List[Ratio]:

@@ -1,6 +1,6 @@
 """Smoke test of bench/hot_path.py, so the benchmark cannot rot unnoticed: a
---scale small run against real daemons prints the five ratio lines (the issue's
-four targets, sync_weights counting twice) and writes them to --json, and an LM
+--scale small run against real daemons prints the six ratio lines (issue 20's
+four targets, sync_weights counting twice, and issue 37's RemoteAdamW update) and writes them to --json, and an LM
 head over a small message limit still runs on the daemon (mxserve.torch splits its
 calls) and the PPO step is measured.
 
@@ -23,6 +23,7 @@ RATIO_LINES = {  # JSON key -> the start of its line in the table
     "sync_all": "sync_weights, all weights (s)",
     "sync_part": "sync_weights, 10 % of layers (s)",
     "ppo_update": "PPO update step (s)",
+    "ppo_update_remote": "PPO update, RemoteAdamW (s)",
 }
 
 
@@ -74,3 +75,5 @@ def test_layers_over_the_message_limit_run_remotely(case):
     assert "not measured" not in ppo and (" met" in ppo or " MISSED" in ppo), ppo
     offloaded = next(l for l in lines if l.startswith("PPO update, offloaded"))
     assert "grad_weight remote" in offloaded, offloaded
+    remote = next(l for l in lines if l.startswith("PPO update, RemoteAdamW (s)"))
+    assert "not measured" not in remote, remote

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 from mxserve import _wire
 from mxserve.v1 import common_pb2, models_pb2
@@ -34,7 +34,8 @@ def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
             return
 
 
-def _upload_stream(model: str, weights: Mapping[str, Any], publish: bool, chunk_bytes: int
+def _upload_stream(model: str, weights: Mapping[str, Any], publish: bool, chunk_bytes: int,
+                   warm_up: Optional[models_pb2.WarmUp] = None
                    ) -> Iterator[models_pb2.WeightChunk]:
     """{layer: W} | {layer: (W, b)} | {layer: {"weight": W, "bias": b}} → the chunks
     of one UploadWeights stream, the last one carrying `publish`. Every tensor is
@@ -51,14 +52,20 @@ def _upload_stream(model: str, weights: Mapping[str, Any], publish: bool, chunk_
                 tensors.append((layer, role, tensor))
 
     def stream():
+        first = True
         last = None
         for layer, role, tensor in tensors:
             for chunk in _chunks(model, layer, role, tensor, chunk_bytes):
+                if first and warm_up is not None:  # the daemon reads the first chunk's
+                    chunk.warm_up.CopyFrom(warm_up)
+                first = False
                 if last is not None:
                     yield last
                 last = chunk
         if last is None:  # nothing to upload: one empty chunk names the model
             last = models_pb2.WeightChunk(model=model)
+            if warm_up is not None:
+                last.warm_up.CopyFrom(warm_up)
         last.publish = publish
         yield last
 

@@ -14,9 +14,12 @@ code and the daemon's message, which names the offending field.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import json
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 import grpc
 
@@ -30,7 +33,7 @@ from mxserve._work_calls import (MAX_WORK_CALL_COUNT, MAX_WORK_CALLS, MAX_WORK_C
                                  MAX_WORK_ROWS, _work_requests)
 from mxserve.types import (BackwardResult, ComputeResult, EnergyEntry, EnergyReport,
                            EnergyInterval, EnergyResult, GeneratedPolicy, LayerSpec, ModelInfo,
-                           PolicyInfo, PowerResult, PowerSample, Profile, ReportWorkResult,
+                           OptimizerStepResult, PolicyInfo, PowerResult, PowerSample, Profile, ReportWorkResult,
                            ResolvedFormat, ResolvedPolicy, UploadResult, WorkCall)
 from mxserve.v1 import (common_pb2, compute_pb2, compute_pb2_grpc, models_pb2, models_pb2_grpc,
                         policies_pb2, policies_pb2_grpc, profiles_pb2, profiles_pb2_grpc,
@@ -133,6 +136,27 @@ def _concrete_formats(formats: Union[None, _wire.FormatLike, Iterable[_wire.Form
     return wires
 
 
+WarmUpLike = Union[None, str, Sequence[_wire.FormatLike]]
+
+
+def _warm_up(warm_up: WarmUpLike, background: bool) -> models_pb2.WarmUp:
+    """What a publish warms: "previous" (None: the copies requests used of the
+    previous version), "none", or a list of formats; `background`: answer
+    before the warm-up."""
+    if warm_up is None or warm_up == "previous":
+        return models_pb2.WarmUp(copies=models_pb2.WarmUp.COPIES_PREVIOUS, background=background)
+    if warm_up == "none":
+        return models_pb2.WarmUp(copies=models_pb2.WarmUp.COPIES_NONE, background=background)
+    if isinstance(warm_up, str):
+        raise ValueError(f"warm_up: expected 'previous', 'none' or a list of formats, "
+                         f"got {warm_up!r}")
+    formats = [_wire.format_to_wire(f) for f in warm_up]
+    if not formats or common_pb2.FORMAT_UNSPECIFIED in formats:
+        raise ValueError(f"warm_up: expected a non-empty list of formats, got {list(warm_up)!r}")
+    return models_pb2.WarmUp(copies=models_pb2.WarmUp.COPIES_FORMATS, formats=formats,
+                             background=background)
+
+
 def _phase_values(values: PhaseValues, field: str) -> List[profiles_pb2.PhaseValue]:
     """A number for every generated phase, or {phase: number} ("*" or None: every
     generated phase)."""
@@ -200,6 +224,10 @@ class Client:
             "/grpc.health.v1.Health/Check",
             request_serializer=_health_pb2.HealthCheckRequest.SerializeToString,
             response_deserializer=_health_pb2.HealthCheckResponse.FromString)
+        # Serialized message bytes per RPC name, both ways: what crossed the wire
+        # (less gRPC's framing), e.g. to check that no weight moved.
+        self.bytes_sent: collections.Counter = collections.Counter()
+        self.bytes_received: collections.Counter = collections.Counter()
         self._phase = contextvars.ContextVar(f"mxserve_phase_{id(self)}", default=None)
         self._run = contextvars.ContextVar(f"mxserve_run_{id(self)}", default=None)
 
@@ -220,10 +248,20 @@ class Client:
     # --- plumbing ------------------------------------------------------------------------
 
     def _call(self, rpc: str, method: Callable, request: Any, timeout: Optional[float]):
+        if hasattr(request, "ByteSize"):  # a stream's requests count themselves
+            self.bytes_sent[rpc] += request.ByteSize()
         try:
-            return method(request, timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
+            response = method(request,
+                              timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
         except grpc.RpcError as error:
             raise self._error(error, rpc) from None
+        self.bytes_received[rpc] += response.ByteSize()
+        return response
+
+    def _counted(self, rpc: str, requests: Iterable) -> Iterable:
+        for request in requests:
+            self.bytes_sent[rpc] += request.ByteSize()
+            yield request
 
     def _error(self, error: grpc.RpcError, rpc: str) -> MxserveError:
         message = error.details() or ""
@@ -236,7 +274,7 @@ class Client:
         """A client-streaming call. An exception raised while producing a request is
         re-raised as itself; the stream ends where it failed, half-closed, or with
         `cancel_on_error` cancelled (see _Requests)."""
-        wrapped = _Requests(requests, cancel_on_error)
+        wrapped = _Requests(self._counted(rpc, requests), cancel_on_error)
         if not cancel_on_error:
             try:
                 response = self._call(rpc, method, wrapped, timeout)
@@ -345,13 +383,13 @@ class Client:
 
     def _backward_request(self, model, layer, grad_output, input, format, phase,
                           min_weight_version, run, weight_rows=None, scale_rule=None,
-                          rounding=None, seed=None):
+                          rounding=None, seed=None, accumulate_grad=False):
         request = compute_pb2.LayerBackwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             grad_output=_wire.to_tensor(grad_output, "grad_output"),
             min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule),
-            **_rounding_fields(rounding, seed))
+            accumulate_grad=accumulate_grad, **_rounding_fields(rounding, seed))
         if input is not None:
             request.input.CopyFrom(_wire.to_tensor(input, "input"))
         if weight_rows is not None:
@@ -397,9 +435,14 @@ class Client:
                  min_weight_version: int = 0, run: Optional[str] = None,
                  weight_rows: Optional[Tuple[int, int]] = None, scale_rule: Optional[str] = None,
                  rounding: Optional[str] = None, seed: Optional[int] = None,
+                 accumulate_grad: bool = False,
                  timeout: Optional[float] = CLIENT_TIMEOUT) -> BackwardResult:
         """grad_input = dY·W; with `input` (the forward X) also grad_weight = dYᵀ·X.
         grad_bias (column sums of dY) comes back for layers with a bias.
+
+        accumulate_grad=True (needs `input`): grad_weight and grad_bias are added to
+        the layer's gradient on the daemon, for `step_optimizer`, and do not come
+        back (None).
 
         weight_rows=(begin, end) asks for rows [begin, end) of grad_weight and
         grad_bias only, for a weight gradient larger than a message: grad_output is
@@ -408,7 +451,7 @@ class Client:
         rounding too: a slice draws the unsplit call's bits for its columns)."""
         request = self._backward_request(model, layer, grad_output, input, format, phase,
                                          min_weight_version, run, weight_rows, scale_rule,
-                                         rounding, seed)
+                                         rounding, seed, accumulate_grad)
         return BackwardResult.from_proto(
             self._call("LayerBackward", self._compute.LayerBackward, request, timeout),
             grad_output)
@@ -434,31 +477,110 @@ class Client:
             self._call("RegisterModel", self._models.RegisterModel, request, timeout))
 
     def upload_weights(self, model: str, weights: Mapping[str, Any], *, publish: bool = False,
-                       chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                       chunk_bytes: int = DEFAULT_CHUNK_BYTES, warm_up: WarmUpLike = None,
+                       warm_in_background: bool = False,
                        timeout: Optional[float] = CLIENT_TIMEOUT) -> UploadResult:
         """Stages weights, streamed in chunks: {layer: W} or {layer: (W, b)} or
         {layer: {"weight": W, "bias": b}}. W is [out, in]. FP32, FP16 and BF16 travel
         as they are. Nothing is staged unless the whole stream arrives; `publish`
-        makes the staged tensors the next weight version. Chunks are cut to fit the
-        client's max_message_bytes."""
+        makes the staged tensors the next weight version, warming `warm_up`
+        ("previous": the copies requests used of the previous version, the default;
+        "none"; or a list of formats) before it answers, or after with
+        `warm_in_background`. Chunks are cut to fit the client's max_message_bytes."""
         chunk_bytes = max(1, min(chunk_bytes, self.max_message_bytes - ENVELOPE_BYTES))
-        stream = _upload_stream(model, weights, publish, chunk_bytes)
+        stream = _upload_stream(model, weights, publish, chunk_bytes,
+                                _warm_up(warm_up, warm_in_background))
         return UploadResult.from_proto(
             self._stream_call("UploadWeights", self._models.UploadWeights, stream, timeout))
 
     def load_safetensors(self, model: str, path: str, *, prefix: str = "", publish: bool = False,
+                         warm_up: WarmUpLike = None, warm_in_background: bool = False,
                          timeout: Optional[float] = CLIENT_TIMEOUT) -> UploadResult:
-        """Stages weights from a safetensors file on the daemon's host."""
-        request = models_pb2.LoadSafetensorsRequest(model=model, path=str(path), prefix=prefix,
-                                                    publish=publish)
+        """Stages weights from a safetensors file on the daemon's host (`warm_up`
+        as in upload_weights)."""
+        request = models_pb2.LoadSafetensorsRequest(
+            model=model, path=str(path), prefix=prefix, publish=publish,
+            warm_up=_warm_up(warm_up, warm_in_background))
         return UploadResult.from_proto(
             self._call("LoadSafetensors", self._models.LoadSafetensors, request, timeout))
 
-    def publish(self, model: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
-        """Makes the staged weights version N+1."""
+    def publish(self, model: str, *, warm_up: WarmUpLike = None, warm_in_background: bool = False,
+                timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
+        """Makes the staged weights version N+1 (`warm_up` as in upload_weights)."""
+        request = models_pb2.PublishVersionRequest(model=model,
+                                                   warm_up=_warm_up(warm_up, warm_in_background))
         return ModelInfo.from_proto(self._call("PublishVersion", self._models.PublishVersion,
-                                               models_pb2.PublishVersionRequest(model=model),
-                                               timeout))
+                                               request, timeout))
+
+    def step_optimizer(self, model: str, *, lr: float, betas: Tuple[float, float] = (0.9, 0.999),
+                       eps: float = 1e-8, weight_decay: float = 1e-2,
+                       max_grad_norm: Optional[float] = None, other_grad_sq_norm: float = 0.0,
+                       warm_up: WarmUpLike = "none", warm_in_background: bool = False,
+                       timeout: Optional[float] = CLIENT_TIMEOUT) -> OptimizerStepResult:
+        """One torch.optim.AdamW step on the daemon of every layer whose gradient
+        `backward(..., accumulate_grad=True)` added up, bit for bit torch's, with
+        torch's global gradient-norm clipping (`max_grad_norm`; None: none) over
+        those layers and the trainer's own parameters (`other_grad_sq_norm`: their
+        Σ‖g‖²). Publishes the stepped weights as the next version, warming
+        `warm_up` (default "none", as PPO epochs want); returns the version, the
+        norms and the clipping coefficient to multiply the trainer's own gradients
+        by."""
+        beta1, beta2 = betas
+        request = models_pb2.StepOptimizerRequest(
+            model=model, adamw=models_pb2.AdamW(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                                weight_decay=weight_decay),
+            max_grad_norm=max_grad_norm or 0.0, other_grad_sq_norm=other_grad_sq_norm,
+            warm_up=_warm_up(warm_up, warm_in_background))
+        return OptimizerStepResult.from_proto(
+            self._call("StepOptimizer", self._models.StepOptimizer, request, timeout))
+
+    def download_weights(self, model: str, layer: str, *, bias: bool = False,
+                         dtype: str = "fp32", timeout: Optional[float] = CLIENT_TIMEOUT):
+        """A layer's published weight [out_features, in_features] (or its bias,
+        [out_features]) as the daemon holds it: the FP32 master, or it rounded to
+        BF16 (dtype="bf16", returned widened to float32), read in pieces that fit
+        max_message_bytes. Every piece must come from one weight version; a step
+        or publish in between raises MxserveError(ABORTED)."""
+        wire_dtype = {"fp32": common_pb2.DTYPE_FP32, "bf16": common_pb2.DTYPE_BF16}.get(dtype)
+        if wire_dtype is None:
+            raise ValueError(f"dtype: expected 'fp32' or 'bf16', got {dtype!r}")
+        spec = next((l.spec for l in self.describe_model(model, timeout).layers
+                     if l.spec.name == layer), None)
+        if spec is None:
+            raise ValueError(f"layer: model {model!r} has no layer {layer!r}")
+        if bias and not spec.bias:
+            raise ValueError(f"bias: layer {layer!r} has none")
+        shape = (spec.out_features,) if bias else (spec.out_features, spec.in_features)
+        total = int(np.prod(shape))
+        itemsize = 4 if dtype == "fp32" else 2
+        step = max(1, (self.max_message_bytes - ENVELOPE_BYTES) // itemsize)
+        role = models_pb2.TENSOR_ROLE_BIAS if bias else models_pb2.TENSOR_ROLE_WEIGHT
+        out = np.empty(total, dtype=np.float32)
+        version = None
+        offset = 0
+        while offset < total:
+            chunk = self._call("DownloadWeights", self._models.DownloadWeights,
+                               models_pb2.DownloadWeightsRequest(
+                                   model=model, layer=layer, role=role, offset_elements=offset,
+                                   max_elements=min(step, total - offset), dtype=wire_dtype),
+                               timeout)
+            if version is not None and chunk.weight_version != version:
+                raise MxserveError(grpc.StatusCode.ABORTED,
+                                   f"{layer}: version {chunk.weight_version} was published while "
+                                   f"version {version} was being read; read it again",
+                                   "DownloadWeights")
+            version = chunk.weight_version
+            if wire_dtype == common_pb2.DTYPE_FP32:
+                piece = np.frombuffer(chunk.data, dtype="<f4")
+            else:
+                piece = (np.frombuffer(chunk.data, dtype="<u2").astype(np.uint32) << 16
+                         ).view(np.float32)
+            if piece.size == 0:
+                raise MxserveError(grpc.StatusCode.DATA_LOSS,
+                                   f"{layer}: an empty piece at element {offset}", "DownloadWeights")
+            out[offset:offset + piece.size] = piece
+            offset += piece.size
+        return out.reshape(shape)
 
     def list_models(self, timeout: Optional[float] = CLIENT_TIMEOUT) -> List[ModelInfo]:
         response = self._call("ListModels", self._models.ListModels,

@@ -118,6 +118,23 @@ class UploadResult:
 
 
 @dataclass(frozen=True)
+class OptimizerStepResult:
+    """What Models.StepOptimizer did: the version the stepped weights were
+    published as, each stepped layer's ‖grad‖² (weight and bias, before clipping,
+    FP64), the total gradient norm over them and the trainer's own parameters,
+    and the clipping coefficient every gradient was multiplied by (FP32; 1: none)."""
+    weight_version: int
+    grad_sq_norms: Dict[str, float]
+    total_grad_norm: float
+    clip_coefficient: float
+
+    @classmethod
+    def from_proto(cls, response) -> "OptimizerStepResult":
+        return cls(response.weight_version, {n.layer: n.sq_norm for n in response.layers},
+                   response.total_grad_norm, response.clip_coefficient)
+
+
+@dataclass(frozen=True)
 class PolicyInfo:
     name: str
     json: str  # the normalized document

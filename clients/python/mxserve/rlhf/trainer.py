@@ -49,7 +49,7 @@ from mxserve.rlhf import ppo
 from mxserve._wire import PHASES
 from mxserve.client import Client
 from mxserve.energy_model import merge_work
-from mxserve.torch import OffloadSession, PhaseTotals, offload
+from mxserve.torch import OffloadSession, PhaseTotals, RemoteAdamW, offload
 
 __all__ = ["PPOConfig", "PPOTrainer", "PolicyWithValue", "Rollout", "RewardModel",
            "adaptive_cliprange", "generate", "left_pad", "response_logprobs",
@@ -279,7 +279,10 @@ class PPOTrainer:
     `mxserve.torch.offload`): on the daemon, or "local" on `device` with the daemon's numerics.
     `frozen_dtype` (e.g. torch.bfloat16) holds the frozen reference in that dtype
     (the reward model comes in whatever dtype it has): half the memory of FP32 for
-    models that never train. `totals()` sums the daemon's ExecutionInfo per phase;
+    models that never train. `optimizer="remote"` steps the policy's offloaded
+    layers on the daemon (mxserve.torch.RemoteAdamW: the same Adam, bit for bit,
+    clipping over both sides) and the rest here, so no weight crosses the wire
+    during the PPO epochs but a tied vocabulary projection's. `totals()` sums the daemon's ExecutionInfo per phase;
     `wall` holds the seconds spent here in each phase; `current_phase` is the phase
     running now (a power sampler tags its samples with it). `phase_hook`, when set,
     is called with a phase as it is entered, before `current_phase` changes (an
@@ -289,7 +292,7 @@ class PPOTrainer:
                  config: PPOConfig, *, policy: str = "", run: str = "", name_prefix: str = "ppo",
                  eos_id: int, pad_id: int, seed: int = 0, device: str = "cpu",
                  vocab_limit: Optional[int] = None, compute: str = "daemon",
-                 frozen_dtype: Optional[torch.dtype] = None):
+                 frozen_dtype: Optional[torch.dtype] = None, optimizer: str = "local"):
         self.client = client
         self.config = config
         self.run = run
@@ -304,6 +307,16 @@ class PPOTrainer:
         for module in (self.model, self.reference, self.reward_model):
             module.to(self.device)
         self.generator = torch.Generator().manual_seed(seed)
+        if optimizer not in ("local", "remote"):
+            raise ValueError(f"optimizer: expected 'local' or 'remote', got {optimizer!r}")
+        if optimizer == "remote" and (client is None or compute != "daemon"):
+            raise ValueError("optimizer='remote' steps the policy on the daemon: it needs a "
+                             "client and compute='daemon'")
+        # Adam, eps 1e-5, no weight decay: AdamW with weight_decay 0 is the same
+        # step bit for bit, which is what the daemon runs with optimizer="remote".
+        self.remote_optimizer = (RemoteAdamW(lr=config.learning_rate, eps=1e-5, weight_decay=0.0,
+                                             max_grad_norm=config.max_grad_norm)
+                                 if optimizer == "remote" else None)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate,
                                           eps=1e-5)
         self.wall = {phase: 0.0 for phase in PHASES}
@@ -318,9 +331,15 @@ class PPOTrainer:
                 for index, (role, module) in enumerate((("policy", self.model),
                                                         ("reference", self.reference),
                                                         ("reward", self.reward_model))):
-                    self.sessions[role] = offload(module, client, f"{name_prefix}.{role}",
-                                                  policy=policy, replace=True, compute=compute,
-                                                  seed=seed * 3 + index)
+                    self.sessions[role] = offload(
+                        module, client, f"{name_prefix}.{role}", policy=policy, replace=True,
+                        compute=compute, seed=seed * 3 + index,
+                        optimizer=self.remote_optimizer if role == "policy" else None)
+                if self.remote_optimizer is not None:
+                    # The local half: what the daemon does not step, same Adam.
+                    self.optimizer = torch.optim.Adam(
+                        self.sessions["policy"].local_parameters(), lr=config.learning_rate,
+                        eps=1e-5)
             except BaseException:
                 self.close()
                 raise
@@ -343,6 +362,7 @@ class PPOTrainer:
         """A plain local copy of the policy LM as trained (no offloaded modules)."""
         with contextlib.ExitStack() as scope:
             if "policy" in self.sessions:
+                self.sessions["policy"].fetch_weights()  # the daemon's steps, if it stepped
                 scope.enter_context(self.sessions["policy"].local())
             return copy.deepcopy(self.model.lm)
 
@@ -463,10 +483,14 @@ class PPOTrainer:
                     loss = pl.loss + cfg.vf_coef * vl.loss
                     self.optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                    self.optimizer.step()
-                    if self.sessions:
-                        self.sessions["policy"].sync_weights()
+                    if self.remote_optimizer is not None:
+                        # Clipping over both sides, the daemon's step, then the local one.
+                        self.sessions["policy"].step(self.optimizer)
+                    else:
+                        nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                        self.optimizer.step()
+                        if self.sessions:
+                            self.sessions["policy"].sync_weights()
                 with torch.no_grad():
                     entropy = torch.special.entr(log_dist.exp()).sum(-1)
                 stats["policy/approxkl_avg"].append(float(pl.approx_kl))

@@ -10,8 +10,8 @@ without the gRPC client (bench/gpu_check.py loads the emulator where the stubs d
 not import). Inside this package `import torch` is PyTorch (imports are absolute).
 """
 
-__all__ = ["COMPUTE_MODES", "OffloadSession", "OffloadedLinear", "PhaseTotals", "offload",
-           "offloadable"]
+__all__ = ["COMPUTE_MODES", "OffloadSession", "OffloadedLinear", "PhaseTotals", "RemoteAdamW",
+           "offload", "offloadable"]
 
 
 def __getattr__(name):

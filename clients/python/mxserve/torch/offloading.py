@@ -44,6 +44,22 @@ energy ledger, `GetEnergyReport` and its metrics hold what they would had the
 daemon run them — split exactly as daemon calls would have been — marked as
 client-emulated.
 
+`offload(..., optimizer=RemoteAdamW(lr=..., max_grad_norm=...))` runs the
+optimizer where the GEMMs run: each offloaded layer's backward adds its weight
+gradient to an accumulator on the daemon (`LayerBackward` with accumulate_grad:
+nothing as large as W comes back), and `session.step(local_optimizer)` makes one
+`Models.StepOptimizer` call — torch.optim.AdamW's step, bit for bit, on the
+daemon's FP32 masters, published as the next version with nothing warmed — then
+clips the trainer's own gradients by the coefficient the daemon worked out over
+both sides and steps `local_optimizer` (build it over
+`session.local_parameters()`, with the same hyperparameters). No weight crosses
+the wire while training; the local copies of the offloaded weights go stale
+until `session.fetch_weights()` (and `restore()`, which fetches) read the
+masters back. A layer whose weight is also another module's parameter (a
+vocabulary projection tied to the embedding) stays with the local optimizer:
+its gradient comes back, the local optimizer steps the shared parameter, and
+`step` uploads it (in its own dtype) — the one weight that still travels.
+
 `session.work(run)` counts the GEMMs the daemon booked for this session's calls,
 split pieces included, as JSON-ready rows {phase, run, x_format, w_format, m, n,
 k, kind, count} with m, n, k the daemon's EstimateGemm arguments: the input of
@@ -67,14 +83,34 @@ from torch.autograd.function import once_differentiable
 from mxserve import _wire
 from mxserve.client import ENVELOPE_BYTES, Client, MxserveError
 from mxserve.energy_model import WorkKey, work_rows
-from mxserve.types import ExecutionInfo, LayerSpec, ResolvedFormat, WorkCall
+from mxserve.types import (ExecutionInfo, LayerSpec, OptimizerStepResult, ResolvedFormat,
+                           WorkCall)
 
 COMPUTE_MODES = ("daemon", "local")
 # Buffered work calls (after merging identical neighbours) that trigger a flush.
 WORK_FLUSH_CALLS = 4096
 
-__all__ = ["COMPUTE_MODES", "OffloadSession", "OffloadedLinear", "PhaseTotals", "offload",
-           "offloadable"]
+__all__ = ["COMPUTE_MODES", "OffloadSession", "OffloadedLinear", "PhaseTotals", "RemoteAdamW",
+           "offload", "offloadable"]
+
+
+@dataclass(frozen=True)
+class RemoteAdamW:
+    """torch.optim.AdamW (amsgrad and maximize off) run by the daemon on its FP32
+    masters of the offloaded layers, with torch.nn.utils.clip_grad_norm_'s global
+    clipping over them and the trainer's own parameters when `max_grad_norm` is
+    set. The trainer's own parameters need a local torch.optim.AdamW with the same
+    lr, betas, eps and weight_decay (`local_optimizer(session)` builds one)."""
+    lr: float = 1e-3
+    betas: Tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 1e-2
+    max_grad_norm: Optional[float] = None
+
+    def local_optimizer(self, session: "OffloadSession") -> torch.optim.AdamW:
+        """The local half: torch.optim.AdamW over `session.local_parameters()`."""
+        return torch.optim.AdamW(session.local_parameters(), lr=self.lr, betas=self.betas,
+                                 eps=self.eps, weight_decay=self.weight_decay)
 
 
 @dataclass
@@ -154,6 +190,14 @@ class _OffloadedLinearFunction(torch.autograd.Function):
         if session.compute == "local":
             grad_x, grad_w, grad_b = session.local_backward(layer, dy, x2d, need_x, need_w,
                                                             need_b, ctx)
+        elif layer.layer_name in session.remote_stepped:
+            # The gradients stay on the daemon, for session.step().
+            grad_x, _, _ = session.remote_backward(layer, dy, x2d if need_w or need_b else None,
+                                                   need_x, False, ctx, accumulate=True)
+            if grad_x is not None:
+                grad_x = grad_x.to(device=grad_y.device, dtype=grad_y.dtype)
+                grad_x = grad_x.reshape(ctx.input_shape)
+            return grad_x, None, None, None
         else:
             remote = session.grad_weight == "remote"
             grad_x, grad_w, grad_b = session.remote_backward(
@@ -228,9 +272,15 @@ class OffloadSession:
     def __init__(self, model: nn.Module, client: Client, name: str, policy: str = "",
                  grad_weight: str = "remote", format: _wire.FormatLike = None,
                  replace: bool = False, chunk_bytes: int = 1 << 20, compute: str = "daemon",
-                 seed: int = 0):
+                 seed: int = 0, optimizer: Optional[RemoteAdamW] = None):
         if grad_weight not in ("remote", "local"):
             raise ValueError(f"grad_weight: expected 'remote' or 'local', got {grad_weight!r}")
+        if optimizer is not None and not isinstance(optimizer, RemoteAdamW):
+            raise TypeError(f"optimizer: expected mxserve.torch.RemoteAdamW, got "
+                            f"{type(optimizer).__name__}")
+        if optimizer is not None and (compute != "daemon" or grad_weight != "remote"):
+            raise ValueError("optimizer: a RemoteAdamW needs compute='daemon' and "
+                             "grad_weight='remote' (the gradients must be on the daemon)")
         if compute not in COMPUTE_MODES:
             raise ValueError(f"compute: expected 'daemon' or 'local', got {compute!r}")
         _wire.format_to_wire(format)  # validate now, not at the first forward
@@ -258,6 +308,11 @@ class OffloadSession:
         # rounding, each layer's weight quantized per format (forward and transposed
         # layouts, keyed by the parameter's version), and the calls not yet reported
         # to the daemon.
+        # optimizer=RemoteAdamW: the layers the daemon steps (not tied to another
+        # module's parameter), and whether their local copies are behind its masters.
+        self.optimizer = optimizer
+        self.remote_stepped: set = set()
+        self.weights_stale = False
         self._policy_choices: Optional[Dict[Tuple[str, str], ResolvedFormat]] = None
         self._quantized: Dict[Tuple[str, str, bool], Tuple[Tuple[int, int], Any]] = {}
         self._pending: List[WorkCall] = []
@@ -271,6 +326,18 @@ class OffloadSession:
         for layer_name, module in originals:
             self._originals[layer_name] = module
             self.layers[layer_name] = OffloadedLinear(self, layer_name, module)
+        if optimizer is not None:
+            # A parameter another module also holds (a tied embedding) is stepped
+            # here: the daemon cannot see that module's gradient.
+            elsewhere = collections.Counter(
+                id(p) for m in model.modules() if not offloadable(m)
+                for p in m.parameters(recurse=False))
+            for n, layer in self.layers.items():
+                params = [layer.weight] + ([] if layer.bias is None else [layer.bias])
+                # A frozen weight sends no input back, so its bias' gradient could
+                # not be accumulated: such a layer stays local too.
+                if layer.weight.requires_grad and not any(elsewhere[id(p)] for p in params):
+                    self.remote_stepped.add(n)
         if replace:
             try:
                 client.delete_model(name)
@@ -293,14 +360,14 @@ class OffloadSession:
     def _weights_version(self, layer: OffloadedLinear) -> Tuple[int, int]:
         return (layer.weight._version, -1 if layer.bias is None else layer.bias._version)
 
-    def _upload(self, names: List[str]) -> int:
+    def _upload(self, names: List[str], warm_up=None) -> int:
         weights = {}
         for n in names:
             layer = self.layers[n]
             bias = None if layer.bias is None else layer.bias.detach()
             weights[n] = (layer.remote_weight(), bias)
         result = self.client.upload_weights(self.model_name, weights, publish=True,
-                                            chunk_bytes=self.chunk_bytes)
+                                            chunk_bytes=self.chunk_bytes, warm_up=warm_up)
         for n in names:
             self._uploaded[n] = self._weights_version(self.layers[n])
         self.weight_version = result.weight_version
@@ -321,17 +388,84 @@ class OffloadSession:
         return [n for n, layer in self.layers.items()
                 if self._weights_version(layer) != self._uploaded[n]]
 
-    def sync_weights(self, force: bool = False) -> int:
+    def sync_weights(self, force: bool = False, warm_up=None) -> int:
         """Uploads the layers whose parameters changed (all with `force`) and
-        publishes them as a new weight version; returns the version. Later forwards
-        require at least that version. Nothing changed: no new version. With
-        compute="local" there is nothing to upload (the layers read the parameters
-        themselves); returns 0."""
+        publishes them as a new weight version, warming `warm_up` (as
+        Client.upload_weights: None, the previous version's copies; "none"; a list
+        of formats); returns the version. Later forwards require at least that
+        version. Nothing changed: no new version. With compute="local" there is
+        nothing to upload (the layers read the parameters themselves); returns 0.
+        With a RemoteAdamW, `force` while the local copies are stale (after a step,
+        before fetch_weights) is refused: it would send old weights up."""
         if self.compute == "local":
             return self.weight_version
+        if force and self.weights_stale:
+            raise RuntimeError("sync_weights(force=True): the daemon's optimizer has stepped "
+                               "weights this process has not fetched; fetch_weights() first")
         names = list(self.layers) if force else self.changed_layers()
         if names:
-            self._upload(names)
+            self._upload(names, warm_up)
+        return self.weight_version
+
+    # --- optimizer=RemoteAdamW --------------------------------------------------------
+
+    def local_parameters(self) -> List[nn.Parameter]:
+        """The model's parameters the trainer steps itself: all but the weights
+        and biases of the layers the daemon steps (`remote_stepped`)."""
+        remote = {id(p) for n in self.remote_stepped for p in
+                  (self.layers[n].weight, self.layers[n].bias) if p is not None}
+        return [p for p in self.model.parameters() if id(p) not in remote]
+
+    def step(self, local_optimizer: Optional[torch.optim.Optimizer] = None,
+             warm_up="none") -> "OptimizerStepResult":
+        """One optimizer step of the whole model: Models.StepOptimizer on the daemon
+        (the RemoteAdamW's hyperparameters, clipping over the daemon's gradients and
+        the local ones), then the local gradients multiplied by the coefficient it
+        returns (as clip_grad_norm_ multiplies them), `local_optimizer.step()`, and
+        an upload of the tied layers it changed. The new version has `warm_up`
+        warmed (default none: PPO epochs; pass "previous" before rollouts to have
+        the daemon quantize ahead). Gradients are not zeroed."""
+        if self.optimizer is None:
+            raise RuntimeError("step: the session has no RemoteAdamW (offload(..., "
+                               "optimizer=RemoteAdamW(...)))")
+        local = [p for p in self.local_parameters() if p.grad is not None]
+        other = sum(float(p.grad.detach().double().pow(2).sum()) for p in local)
+        opt = self.optimizer
+        result = self.client.step_optimizer(
+            self.model_name, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+            weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
+            other_grad_sq_norm=other, warm_up=warm_up)
+        self.weight_version = result.weight_version
+        self.weights_stale = True
+        if opt.max_grad_norm:
+            with torch.no_grad():
+                for p in local:
+                    p.grad.mul_(result.clip_coefficient)  # an FP32 scalar, as torch's
+        if local_optimizer is not None:
+            local_optimizer.step()
+        tied = [n for n in self.changed_layers() if n not in self.remote_stepped]
+        if tied:
+            self._upload(tied, warm_up)
+        return result
+
+    def fetch_weights(self, dtype: str = "fp32") -> int:
+        """Reads the daemon's masters of the layers it steps into the local
+        parameters (in place, in their dtype); returns the weight version read.
+        Costs what an upload of those layers costs; call it before evaluating
+        or checkpointing locally (`restore` calls it)."""
+        if not self.weights_stale:
+            return self.weight_version
+        with torch.no_grad():
+            for n in sorted(self.remote_stepped):
+                layer = self.layers[n]
+                weight = torch.from_numpy(self.client.download_weights(
+                    self.model_name, n, dtype=dtype))
+                layer.weight.copy_(weight.t() if layer.transposed else weight)
+                if layer.bias is not None:
+                    layer.bias.copy_(torch.from_numpy(self.client.download_weights(
+                        self.model_name, n, bias=True, dtype=dtype)))
+                self._uploaded[n] = self._weights_version(layer)
+        self.weights_stale = False
         return self.weight_version
 
     @contextlib.contextmanager
@@ -401,18 +535,21 @@ class OffloadSession:
         return [range(start, min(m, start + step)) for start in range(0, m, step)]
 
     def _backward_plan(self, layer: OffloadedLinear, m: int, dy_size: int,
-                       x_size: Optional[int], need_x: bool, need_b: bool) -> List["_Call"]:
+                       x_size: Optional[int], need_x: bool, need_b: bool,
+                       accumulate: bool = False) -> List["_Call"]:
         """The LayerBackward calls a backward takes: one when everything fits in a
         message (it brings grad_input, and grad_weight when X is sent); otherwise
         grad_input along the rows of dY, and grad_weight (with grad_bias) along the
         rows of W, each slice carrying all of X. `x_size`: X's element size, None
-        when grad_weight is not asked."""
+        when grad_weight is not asked. `accumulate`: grad_weight stays on the
+        daemon, so only the requests bound the slices."""
         if not (need_x or x_size is not None or need_b):
             return []
         n, k = layer.out_features, layer.in_features
         x_bytes = 0 if x_size is None else m * k * x_size
         request_bytes = m * n * dy_size + x_bytes
-        response_bytes = m * k * 4 + (0 if x_size is None else (n * k + n) * 4)
+        gradient_bytes = 0 if x_size is None or accumulate else (n * k + n) * 4
+        response_bytes = m * k * 4 + gradient_bytes
         budget = self._message_budget()
         if request_bytes <= budget and response_bytes <= budget:
             return [_Call(range(m), None, x_size is not None)]
@@ -422,8 +559,9 @@ class OffloadSession:
             calls += [_Call(range(start, min(m, start + step)), None, False)
                       for start in range(0, m, step)]
         if x_size is not None:
-            width = min((budget - x_bytes) // (m * dy_size) if x_bytes < budget else 0,
-                        budget // ((k + 1) * 4))
+            width = (budget - x_bytes) // (m * dy_size) if x_bytes < budget else 0
+            if not accumulate:
+                width = min(width, budget // ((k + 1) * 4))
             if width < 1:
                 raise ValueError(
                     f"{layer.layer_name}: grad_weight needs all of the input X ({m} x {k}, "
@@ -435,15 +573,19 @@ class OffloadSession:
         return calls
 
     def remote_backward(self, layer: OffloadedLinear, dy: torch.Tensor, x2d: Optional[torch.Tensor],
-                        need_x: bool, need_b: bool, ctx) -> Tuple[Optional[torch.Tensor], ...]:
+                        need_x: bool, need_b: bool, ctx, accumulate: bool = False
+                        ) -> Tuple[Optional[torch.Tensor], ...]:
         """(grad_input if need_x, grad_weight if x2d is given, grad_bias if need_b)
         from the daemon; None for what was not asked or, for grad_bias, not had (the
-        caller sums dY locally then), in the calls `_backward_plan` gives."""
+        caller sums dY locally then), in the calls `_backward_plan` gives. With
+        `accumulate`, grad_weight and grad_bias are added up on the daemon instead
+        (None here)."""
         plan = self._backward_plan(layer, dy.shape[0], dy.element_size(),
-                                   None if x2d is None else x2d.element_size(), need_x, need_b)
+                                   None if x2d is None else x2d.element_size(), need_x, need_b,
+                                   accumulate)
         if len(plan) == 1 and plan[0].weight_rows is None:
             result = self._backward_call(layer, dy, x2d if plan[0].with_input else None, ctx,
-                                         seed=self._next_seed())
+                                         seed=self._next_seed(), accumulate=accumulate)
             return (result.grad_input if need_x else None, result.grad_weight,
                     result.grad_bias if need_b else None)
         grad_x, slices = [], []
@@ -456,17 +598,20 @@ class OffloadSession:
             else:
                 start, stop = call.weight_rows
                 slices.append(self._backward_call(layer, dy[:, start:stop].contiguous(), x2d, ctx,
-                                                  call.weight_rows, seed=slice_seed))
+                                                  call.weight_rows, seed=slice_seed,
+                                                  accumulate=accumulate))
+        if accumulate:
+            return (torch.cat(grad_x) if grad_x else None), None, None
         grad_w = torch.cat([piece.grad_weight for piece in slices]) if slices else None
         grad_b = torch.cat([piece.grad_bias for piece in slices]) if slices and need_b else None
         return (torch.cat(grad_x) if grad_x else None), grad_w, grad_b
 
     def _backward_call(self, layer: OffloadedLinear, dy, x2d, ctx, weight_rows=None, *,
-                       seed: int):
+                       seed: int, accumulate: bool = False):
         result = self.client.backward(self.model_name, layer.layer_name, dy, x2d,
                                       format=ctx.format, phase=ctx.phase, run=ctx.run,
                                       min_weight_version=ctx.version, weight_rows=weight_rows,
-                                      seed=seed)
+                                      seed=seed, accumulate_grad=accumulate and x2d is not None)
         layer.last_backward_info = result.info
         self.account(ctx.phase, result.info)
         self._count_backward(ctx.phase, ctx.run, result.info, layer, dy.shape[0], dy.shape[1],
@@ -724,7 +869,10 @@ class OffloadSession:
     def restore(self, delete: bool = True) -> None:
         """Puts the original modules back (they hold the trained parameters) and,
         with `delete`, removes the model from the daemon — after reporting any
-        local calls not yet reported."""
+        local calls not yet reported. With a RemoteAdamW, the daemon's stepped
+        weights are fetched into them first."""
+        if self.weights_stale:
+            self.fetch_weights()
         self._swap({id(layer): self._originals[n] for n, layer in self.layers.items()})
         self.flush_work()
         if delete:
@@ -743,7 +891,8 @@ class OffloadSession:
 
 def offload(model: nn.Module, client: Client, name: str, policy: str = "",
             grad_weight: str = "remote", format: _wire.FormatLike = None,
-            replace: bool = False, compute: str = "daemon", seed: int = 0) -> OffloadSession:
+            replace: bool = False, compute: str = "daemon", seed: int = 0,
+            optimizer: Optional[RemoteAdamW] = None) -> OffloadSession:
     """Registers every nn.Linear of `model` on the daemon as model `name` (with
     `policy`, default the daemon's), uploads the weights as version 1 and swaps in
     OffloadedLinear modules. `format` pins one format for every layer and phase
@@ -752,10 +901,12 @@ def offload(model: nn.Module, client: Client, name: str, policy: str = "",
     (`mxserve.torch.emulator`) instead: no upload, the daemon's policy and energy ledger
     still in charge (see the module's docstring). `seed` keys the stochastic
     rounding a policy may ask for (its "roundings"): each daemon call gets its own
-    seed from it and the call's number. Returns the session (also a context manager
-    that restores on exit)."""
+    seed from it and the call's number. `optimizer=RemoteAdamW(...)` steps the
+    offloaded layers on the daemon (`session.step`; see the module's docstring).
+    Returns the session (also a context manager that restores on exit)."""
     return OffloadSession(model, client, name, policy=policy, grad_weight=grad_weight,
-                          format=format, replace=replace, compute=compute, seed=seed)
+                          format=format, replace=replace, compute=compute, seed=seed,
+                          optimizer=optimizer)
 
 
 def _estimate(fmt: str, m: int, n: int, k: int):
