@@ -207,6 +207,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   MX_ASSIGN_OR_RETURN(s->model_dirs, ModelDirs::Create(options.model_dirs));
   s->budget = std::make_unique<MemoryBudget>(options.weight_memory_bytes);
   s->metrics = std::make_unique<Metrics>(options.backend);
+  s->metrics->EnableModelEnergy(options.metrics_model_energy);
   // The card's measured energy starts at zero on /metrics, like the model's.
   if (options.backend == "fpga") s->metrics->DeclareEnergySource("fpga");
   s->registry = std::make_unique<Registry>(
@@ -216,7 +217,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       },
       [metrics = s->metrics.get()](int evicted) { metrics->RecordEvictions(evicted); });
   s->ledger = std::make_unique<EnergyLedger>(
-      EnergyLedgerLimits{.max_runs = static_cast<size_t>(options.max_energy_runs)});
+      EnergyLedgerLimits{.max_runs = static_cast<size_t>(options.max_energy_runs),
+                         .max_models = static_cast<size_t>(options.max_energy_models)});
   Scheduler::Options scheduler_options;
   scheduler_options.workers =
       options.workers > 0 ? options.workers

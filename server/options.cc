@@ -275,6 +275,24 @@ const std::vector<FlagSpec>& Flags() {
        "(totals stay exact, that run's own report becomes empty)",
        [](const DaemonOptions& o) { return absl::StrCat(o.max_energy_runs); },
        IntSetter("max-energy-runs", &DaemonOptions::max_energy_runs, 1, 65536)},
+      {"metrics-model-energy", "BOOL",
+       "export mxserve_model_energy_joules_total{model, phase} (the first 32 models named, later "
+       "ones as model=\"other\"): puts model names in /metrics, which anyone reaching the "
+       "metrics port reads, so for daemons whose models are no secret",
+       [](const DaemonOptions& o) { return o.metrics_model_energy ? "true" : "false"; },
+       [](const std::string& text, DaemonOptions& o) {
+         if (text != "true" && text != "false") {
+           return FlagError("metrics-model-energy",
+                            absl::StrCat("expected true or false, got '", text, "'"));
+         }
+         o.metrics_model_energy = text == "true";
+         return absl::OkStatus();
+       }},
+      {"max-energy-models", "N",
+       "most models whose energy the energy report (by_model) keeps apart; a new model beyond it "
+       "folds the least recently booked one into the 'other models' rows (totals stay exact)",
+       [](const DaemonOptions& o) { return absl::StrCat(o.max_energy_models); },
+       IntSetter("max-energy-models", &DaemonOptions::max_energy_models, 1, 65536)},
       {"auth-tokens", "FILE",
        "who may call: one 'TOKEN PRINCIPAL ROLE' per line ('#' comments), ROLE compute, train or "
        "admin; clients send 'authorization: Bearer TOKEN' metadata; a TOKEN 'cert:NAME' stands "

@@ -54,6 +54,10 @@ struct DaemonOptions {
   // Distinct run tags the energy ledger holds; a new one beyond folds the least
   // recently accounted run into the untagged energy.
   int max_energy_runs = 1024;
+  int max_energy_models = 256;
+  // mxserve_model_energy_joules_total: names models in the (unauthenticated)
+  // /metrics, so off unless the operator asks.
+  bool metrics_model_energy = false;
   // --update-copies: false ("slice") makes update-phase weight copies per call,
   // in slices, and holds none; true ("cache") caches them as rollout copies are.
   bool cache_update_copies = false;

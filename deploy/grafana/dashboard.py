@@ -171,6 +171,15 @@ def build() -> dict:
             "(2·M·N·K): the format's energy efficiency, independent of request size.",
             "suffix: J/GFLOP",
             [(per_format("mxserve_flops_total", " / 1e9"), "{{source}} {{phase}} {{format}}")], w=12)
+    d.panel("bargauge", "Energy per model",
+            "fpga_model joules of each model's layer calls over the time range (served, or "
+            "computed by the client and reported), the ten largest: which model — policy, "
+            "reference, reward — a phase's energy goes to. Empty unless mxserved runs with "
+            "--metrics-model-energy true (it puts model names in /metrics). The first 32 models "
+            "named have a series of their own, later ones share model=\"other\"; "
+            "GetEnergyReport with by_model has them all.",
+            "joule", [(f"topk(10, sum by (model) (increase(mxserve_model_energy_joules_total"
+                       f"{sel(I, P)}[$__range])))", "{{model}}")], w=24, instant=True)
 
     d.row("Serving")
     d.panel("timeseries", "Requests/s by phase × format",

@@ -86,7 +86,8 @@ void FillInfo(const ComputeContext& core, mx::Format x, mx::Format w, uint64_t v
 // goes to the ledger only: as a metric label it would be a series per client tag.
 void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
              const Principal& who, mx::Format format, Clock::time_point arrival, double queue_seconds, double flops,
-             const fpga_model::GemmEstimate& model, double device_seconds) {
+             const fpga_model::GemmEstimate& model, double device_seconds,
+             const std::string& model_name = "") {
   const bool book_model = core.backend->BooksModelEnergy();  // not where nothing ran (null)
   core.metrics->RecordCompute({.rpc = rpc,
                                .phase = phase,
@@ -99,15 +100,18 @@ void Account(const ComputeContext& core, Rpc rpc, Phase phase, const std::string
                                .model_joules = book_model ? model.joules : 0});
   const double now = UnixSeconds();
   if (book_model) {
-    core.ledger->Add("fpga_model", phase, run, now,
-                     {.joules = model.joules, .busy_seconds = model.seconds, .requests = 1}, 1,
-                     who);
+    const EnergyAmount amount{.joules = model.joules, .busy_seconds = model.seconds, .requests = 1};
+    core.ledger->Add("fpga_model", phase, run, now, amount, 1, who);
+    if (!model_name.empty()) {
+      core.ledger->AddModel(model_name, "fpga_model", phase, amount);
+      core.metrics->RecordModelEnergy(model_name, phase, model.joules);
+    }
   }
   if (std::optional<double> watts = core.backend->BoardPowerWatts()) {
-    core.ledger->Add(
-        "fpga", phase, run, now,
-        {.joules = *watts * device_seconds, .busy_seconds = device_seconds, .requests = 1}, 1,
-        who);
+    const EnergyAmount amount{
+        .joules = *watts * device_seconds, .busy_seconds = device_seconds, .requests = 1};
+    core.ledger->Add("fpga", phase, run, now, amount, 1, who);
+    if (!model_name.empty()) core.ledger->AddModel(model_name, "fpga", phase, amount);
     core.metrics->RecordBoardEnergy(phase, format, *watts * device_seconds, device_seconds);
     core.metrics->SetPower("fpga", "board", *watts);
   }
@@ -150,13 +154,14 @@ LayerCallCost PriceBackward(const ComputeContext& core, mx::Format format, int64
 
 void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
                        const Principal& who, mx::Format format, const LayerCallCost& cost,
-                       uint64_t times, double when) {
-  core.ledger->Add("fpga_model", phase, run, when,
-                   {.joules = cost.model.joules,
-                    .busy_seconds = cost.model.seconds,
-                    .requests = 1,
-                    .emulated_requests = 1},
-                   times, who);
+                       uint64_t times, double when, const std::string& model) {
+  const EnergyAmount amount{.joules = cost.model.joules,
+                            .busy_seconds = cost.model.seconds,
+                            .requests = 1,
+                            .emulated_requests = 1};
+  core.ledger->Add("fpga_model", phase, run, when, amount, times, who);
+  core.ledger->AddModel(model, "fpga_model", phase, amount, times);
+  for (uint64_t i = 0; i < times; ++i) core.metrics->RecordModelEnergy(model, phase, cost.model.joules);
   core.metrics->RecordEmulatedCompute({.rpc = rpc,
                                        .phase = phase,
                                        .format = format,
@@ -360,7 +365,7 @@ class ForwardItem final : public ComputeItem {
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
              compute_seconds, cost.model, kernel, response_->mutable_info());
     Account(core_, Rpc::kLayerForward, phase_, run_, call_.principal, weight_format_, arrival, queue_seconds,
-            cost.flops, cost.model, compute_seconds / static_cast<double>(batch));
+            cost.flops, cost.model, compute_seconds / static_cast<double>(batch), view_.model);
     done_(absl::OkStatus());
   }
 
@@ -436,7 +441,7 @@ class BackwardItem final : public ComputeItem {
     FillInfo(core_, format_, format_, weights.version(), 1, queue_seconds, compute_seconds, model,
              kernel, response_->mutable_info());
     Account(core_, Rpc::kLayerBackward, phase_, run_, call_.principal, format_, arrival,
-            queue_seconds, flops, model, compute_seconds);
+            queue_seconds, flops, model, compute_seconds, view_.model);
     done_(absl::OkStatus());
   }
 

@@ -51,10 +51,11 @@ LayerCallCost PriceBackward(const ComputeContext& core, mx::Format format, int64
 // entry (marked emulated) at Unix time `when`, the FLOPs, bytes and energy
 // counters. Whatever the backend (the client did compute); nothing for source
 // "fpga" (no board ran them) and no latency (nothing was timed here).
-// `who` books them (the run's owner, or an admin: EnergyLedger::CheckRun).
+// `who` books them (the run's owner, or an admin: EnergyLedger::CheckRun),
+// to `model`'s energy too (EnergyLedger::AddModel).
 void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const std::string& run,
                        const Principal& who, mx::Format format, const LayerCallCost& cost,
-                       uint64_t times, double when);
+                       uint64_t times, double when, const std::string& model);
 
 // What a layer call computes in: its format, and the scale rule and rounding of
 // the operands it brings, each the request's or, where it leaves one

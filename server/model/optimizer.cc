@@ -48,21 +48,21 @@ bool LayerOptimizer::HasGradient() const {
 double LayerOptimizer::GradSquaredNorm() const {
   MutexLock lock(&mu_);
   if (rows_with_gradient_ == 0) return 0.0;
-  // One running sum, element by element in row-major order (rows without a
-  // gradient add nothing), then the bias.
-  double sum = 0;
+  // Four running sums (column mod 4), so the additions overlap instead of
+  // waiting on each other; rows without a gradient add nothing; the bias last.
+  double sums[4] = {0, 0, 0, 0};
   for (int64_t r = 0; r < rows_; ++r) {
     if (!has_row_[static_cast<size_t>(r)]) continue;
     const float* row = grad_weight_.data() + static_cast<size_t>(r * cols_);
-    for (int64_t c = 0; c < cols_; ++c) sum += static_cast<double>(row[c]) * row[c];
+    for (int64_t c = 0; c < cols_; ++c) sums[c & 3] += static_cast<double>(row[c]) * row[c];
   }
   for (int64_t r = 0; r < static_cast<int64_t>(grad_bias_.size()); ++r) {
     if (has_row_[static_cast<size_t>(r)]) {
-      sum += static_cast<double>(grad_bias_[static_cast<size_t>(r)]) *
-             grad_bias_[static_cast<size_t>(r)];
+      sums[0] += static_cast<double>(grad_bias_[static_cast<size_t>(r)]) *
+                 grad_bias_[static_cast<size_t>(r)];
     }
   }
-  return sum;
+  return (sums[0] + sums[1]) + (sums[2] + sums[3]);
 }
 
 absl::StatusOr<LayerOptimizer::Stepped> LayerOptimizer::Step(std::span<const float> weight,

@@ -54,7 +54,8 @@ class LayerOptimizer {
   // layer, as torch skips a parameter whose .grad is None).
   bool HasGradient() const;
   // ‖grad_weight‖² + ‖grad_bias‖² of the accumulated gradient, in FP64 (rows
-  // that got none count as zero).
+  // that got none count as zero), summed in an order of its own: to FP64
+  // rounding, not bit for bit any other sum.
   double GradSquaredNorm() const;
 
   struct Stepped {

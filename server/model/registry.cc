@@ -308,7 +308,7 @@ absl::StatusOr<LayerView> Registry::Lookup(absl::string_view model_name, absl::s
         absl::StrCat("min_weight_version: model ", Quote(model_name), " is at weight version ",
                      m.version, ", the request requires at least ", min_version));
   }
-  return LayerView{m.published[found->index], ToleranceOf(m, found->index), m.policy,
+  return LayerView{m.name, m.published[found->index], ToleranceOf(m, found->index), m.policy,
                    m.optimizers[found->index]};
 }
 
@@ -463,7 +463,8 @@ absl::StatusOr<std::shared_ptr<Mutex>> Registry::Writer(absl::string_view model_
 }
 
 absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view model_name,
-                                                            const OptimizerStep& request) {
+                                                            const OptimizerStep& request,
+                                                            mx::kernels::ThreadPool* pool) {
   MX_RETURN_IF_ERROR(CheckAdamW(request.adamw, "adamw."));
   if (!std::isfinite(request.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -504,12 +505,21 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
         "model: ", Quote(model_name),
         " has no accumulated gradient to step (LayerBackward with accumulate_grad first)"));
   }
+  // A layer per task: the norms, then (with the coefficient they give) the steps.
+  auto each_layer = [&](absl::FunctionRef<void(int64_t)> fn) {
+    if (pool != nullptr) return pool->ParallelFor(static_cast<int64_t>(layers.size()), fn);
+    for (size_t i = 0; i < layers.size(); ++i) fn(static_cast<int64_t>(i));
+  };
+  std::vector<double> norms(layers.size());
+  each_layer([&](int64_t task) {
+    const size_t i = static_cast<size_t>(task);
+    norms[i] = layers[i].optimizer->GradSquaredNorm();
+  });
   OptimizerStepResult result;
   double squared = request.other_grad_sq_norm;
-  for (const Stepping& layer : layers) {
-    const double norm = layer.optimizer->GradSquaredNorm();
-    result.grad_sq_norms.emplace_back(layer.weights->spec().name, norm);
-    squared += norm;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    result.grad_sq_norms.emplace_back(layers[i].weights->spec().name, norms[i]);
+    squared += norms[i];
   }
   result.total_grad_norm = std::sqrt(squared);
   result.clip_coefficient = ClipCoefficient(squared, request.max_grad_norm);
@@ -527,14 +537,20 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
                                      biases[i].reservation, owner));
     }
   }
-  for (size_t i = 0; i < layers.size(); ++i) {
+  std::vector<absl::Status> failed(layers.size());
+  each_layer([&](int64_t task) {
+    const size_t i = static_cast<size_t>(task);
     const LayerWeights& w = *layers[i].weights;
-    MX_ASSIGN_OR_RETURN(LayerOptimizer::Stepped stepped,
-                        layers[i].optimizer->Step(w.weight(), w.bias(), result.clip_coefficient,
-                                                  request.adamw));
-    weights[i].values = std::move(stepped.weight);
-    biases[i].values = std::move(stepped.bias);
-  }
+    absl::StatusOr<LayerOptimizer::Stepped> stepped =
+        layers[i].optimizer->Step(w.weight(), w.bias(), result.clip_coefficient, request.adamw);
+    if (!stepped.ok()) {
+      failed[i] = stepped.status();  // cannot happen: gradient and moments were checked
+      return;
+    }
+    weights[i].values = std::move(stepped->weight);
+    biases[i].values = std::move(stepped->bias);
+  });
+  for (const absl::Status& status : failed) MX_RETURN_IF_ERROR(status);
   MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);  // deleted meanwhile: nothing to keep
@@ -655,7 +671,9 @@ absl::StatusOr<std::vector<LayerView>> Registry::PublishedLayers(
   std::vector<LayerView> out;
   const Model& m = **model;
   for (size_t i = 0; i < m.layers.size(); ++i) {
-    if (m.published[i]) out.push_back({m.published[i], ToleranceOf(m, i), m.policy});
+    if (m.published[i]) {
+      out.push_back({m.name, m.published[i], ToleranceOf(m, i), m.policy, m.optimizers[i]});
+    }
   }
   return out;
 }

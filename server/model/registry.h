@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mx/format.h"
+#include "mx/kernels/thread_pool.h"
 #include "mx/packed.h"
 #include "server/base/mutex.h"
 #include "server/model/copy_cache.h"
@@ -200,6 +201,7 @@ struct StagedTensorKey {
 // What a request reads: the layer's published weights and how to resolve its
 // format.
 struct LayerView {
+  std::string model;  // the model's name
   std::shared_ptr<const LayerWeights> weights;
   LayerTolerance tolerance;  // its place in the model's tolerance ranking
   std::string policy;  // the model's active policy
@@ -296,8 +298,11 @@ class Registry {
   // anything: RESOURCE_EXHAUSTED leaves gradients, moments and weights as they
   // were. FAILED_PRECONDITION before the first publish or when no layer has a
   // gradient; INVALID_ARGUMENT naming the field for bad hyperparameters.
+  // `pool` (may be null): the threads the layers' norms and steps are spread
+  // over, a layer per task.
   absl::StatusOr<OptimizerStepResult> StepOptimizer(absl::string_view model,
-                                                    const OptimizerStep& step);
+                                                    const OptimizerStep& step,
+                                                    mx::kernels::ThreadPool* pool = nullptr);
   absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
   std::vector<ModelSummary> List() const;
   // Returns the bytes the model held.

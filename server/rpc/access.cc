@@ -12,6 +12,7 @@ AccessRule RuleOf(Rpc rpc) {
   switch (rpc) {
     case Rpc::kGemm:
     case Rpc::kLayerForward:
+    case Rpc::kLayersForward:
     case Rpc::kLayerBackward:
     case Rpc::kStream:
     case Rpc::kListModels:

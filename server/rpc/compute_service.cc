@@ -4,10 +4,12 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/compute/compute_work.h"
 #include "server/compute/wire.h"
+#include "server/base/quote.h"
 #include "server/rpc/call.h"
 
 namespace mxserve {
@@ -241,6 +243,75 @@ grpc::ServerUnaryReactor* ComputeService::LayerBackward(grpc::CallbackServerCont
       core_, Rpc::kLayerBackward, context, request, response,
       [this](const v1::LayerBackwardRequest& r, v1::LayerBackwardResponse* out, CallInfo call,
              Done done) { return PrepareBackward(core_, r, out, call, std::move(done)); });
+}
+
+namespace {
+
+// One LayersForward in flight: a LayerForwardRequest per layer (each work item
+// reads its input from its own), and the countdown to the answer.
+struct FusedForward {
+  std::vector<v1::LayerForwardRequest> requests;
+  std::mutex mu;
+  int remaining = 0;
+  absl::Status status;  // the first failure, naming its layer
+  Done answer;
+};
+
+constexpr int kMaxFusedLayers = 16;
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ComputeService::LayersForward(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  using Call = UnaryCall<v1::LayersForwardRequest, v1::LayersForwardResponse>;
+  return Call::Start(core_, Rpc::kLayersForward, context, request, response, [this](Call& call) {
+    const v1::LayersForwardRequest& r = call.request();
+    const int n = r.layers_size();
+    if (n < 1 || n > kMaxFusedLayers) {
+      return call.Answer(absl::InvalidArgumentError(absl::StrCat(
+          "layers: expected 1 to ", kMaxFusedLayers, " layers, got ", n)));
+    }
+    if (!r.request().layer().empty()) {
+      return call.Answer(absl::InvalidArgumentError(absl::StrCat(
+          "request.layer: expected empty (the layers are named in `layers`), got ",
+          Quote(r.request().layer()))));
+    }
+    if (r.seeds_size() != 0 && r.seeds_size() != n) {
+      return call.Answer(absl::InvalidArgumentError(absl::StrCat(
+          "seeds: expected none or one per layer (", n, "), got ", r.seeds_size())));
+    }
+    auto fused = std::make_shared<FusedForward>();
+    fused->requests.resize(static_cast<size_t>(n));
+    fused->remaining = n;
+    fused->answer = call.Answerer();
+    for (int i = 0; i < n; ++i) {
+      v1::LayerForwardRequest& one = fused->requests[static_cast<size_t>(i)];
+      one = r.request();
+      one.set_layer(r.layers(i));
+      if (r.seeds_size() > 0) one.set_seed(r.seeds(i));
+      call.response()->add_outputs();
+    }
+    CallInfo info = call.info();
+    info.principal = call.record().principal();
+    for (int i = 0; i < n; ++i) {
+      Done done = [fused, i](absl::Status status) {
+        std::unique_lock lock(fused->mu);
+        if (!status.ok() && fused->status.ok()) {
+          fused->status = absl::Status(status.code(),
+                                       absl::StrCat("layers[", i, "]: ", status.message()));
+        }
+        if (--fused->remaining > 0) return;
+        const absl::Status answer = fused->status;
+        lock.unlock();
+        fused->answer(answer);  // the call's response is complete: every item is done
+      };
+      Submit(core_, std::move(done), [&](Done item_done) {
+        return PrepareForward(core_, fused->requests[static_cast<size_t>(i)],
+                              call.response()->mutable_outputs(i), info, std::move(item_done));
+      });
+    }
+  });
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ComputeService::Stream(

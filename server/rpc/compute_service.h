@@ -10,8 +10,8 @@ namespace mxserve {
 
 using RawComputeService =
     v1::Compute::WithRawCallbackMethod_Gemm<v1::Compute::WithRawCallbackMethod_LayerForward<
-        v1::Compute::WithRawCallbackMethod_LayerBackward<
-            v1::Compute::WithRawCallbackMethod_Stream<v1::Compute::Service>>>>;
+        v1::Compute::WithRawCallbackMethod_LayerBackward<v1::Compute::WithRawCallbackMethod_Stream<
+            v1::Compute::WithRawCallbackMethod_LayersForward<v1::Compute::Service>>>>>;
 
 class ComputeService final : public RawComputeService {
  public:
@@ -24,6 +24,9 @@ class ComputeService final : public RawComputeService {
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* LayerBackward(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* LayersForward(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(

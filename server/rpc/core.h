@@ -38,7 +38,7 @@ struct Core : ComputeContext {
   const ModelDirs* model_dirs = nullptr;
   // Kept profiles, the profiler's queue, and the kernel threads it splits
   // GEMMs across (--kernel-threads, its own pool: profiling and serving at
-  // once share the cores).
+  // once share the cores); StepOptimizer spreads its layers over them too.
   ProfileStore* profiles = nullptr;
   Scheduler* profiler = nullptr;
   mx::kernels::ThreadPool* profile_pool = nullptr;

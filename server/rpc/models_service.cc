@@ -573,7 +573,7 @@ grpc::ServerUnaryReactor* ModelsService::StepOptimizer(grpc::CallbackServerConte
           step.max_grad_norm = r.max_grad_norm();
           step.other_grad_sq_norm = r.other_grad_sq_norm();
           absl::StatusOr<OptimizerStepResult> result =
-              core_.registry->StepOptimizer(r.model(), step);
+              core_.registry->StepOptimizer(r.model(), step, core_.profile_pool);
           core_.UpdateMemoryGauges();
           if (!result.ok()) return call.Answer(result.status());
           v1::StepOptimizerResponse* out = call.response();

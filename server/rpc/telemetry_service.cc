@@ -343,6 +343,16 @@ absl::StatusOr<PricedWorkCall> PriceWorkCall(const Core& core, const v1::WorkCal
       .count = call.count()};
 }
 
+void FillEnergyEntry(const std::string& source, Phase phase, const EnergyAmount& amount,
+                     v1::EnergyEntry* entry) {
+  entry->set_source(source);
+  entry->set_phase(ToProto(phase));
+  entry->set_joules(amount.joules);
+  entry->set_busy_seconds(amount.busy_seconds);
+  entry->set_requests(amount.requests);
+  entry->set_emulated_requests(amount.emulated_requests);
+}
+
 // ReportWork: every call checked and priced first (a bad one books nothing),
 // then booked in message order, each `count` times, at one instant.
 absl::Status BookReportedWork(const Core& core, const v1::ReportWorkRequest& request,
@@ -375,7 +385,7 @@ absl::Status BookReportedWork(const Core& core, const v1::ReportWorkRequest& req
   for (int i = 0; i < request.calls_size(); ++i) {
     const PricedWorkCall& call = priced[static_cast<size_t>(i)];
     BookEmulatedCalls(core, call.rpc, call.phase, request.calls(i).run(), who, call.format,
-                      call.cost, call.count, now);
+                      call.cost, call.count, now, request.calls(i).model());
     for (uint64_t c = 0; c < call.count; ++c) {
       joules += call.cost.model.joules;
       seconds += call.cost.model.seconds;
@@ -440,16 +450,30 @@ grpc::ServerUnaryReactor* TelemetryService::GetEnergyReport(grpc::CallbackServer
               "since_seconds: expected 0 (since start) or a Unix time, got ", r.since_seconds()));
         }
         MX_RETURN_IF_ERROR(CheckRunTag(r.run(), "run"));
+        if (r.by_model()) {
+          // Totals since start, every run together: no time or run filter applies.
+          if (r.since_seconds() != 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "since_seconds: by_model reports totals since the daemon started; expected 0, "
+                "got ", r.since_seconds()));
+          }
+          if (!r.run().empty()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("run: by_model reports every run together; expected empty, got ",
+                             Quote(r.run())));
+          }
+          for (const ModelEnergyRow& row : core_.ledger->ModelReport()) {
+            v1::EnergyEntry* entry = out->add_entries();
+            entry->set_model(row.model);
+            FillEnergyEntry(row.source, row.phase, row.amount, entry);
+          }
+          out->set_until_seconds(UnixSeconds());
+          return absl::OkStatus();
+        }
         // One run's report is its owner's (and admins'); every run summed is anyone's.
         MX_RETURN_IF_ERROR(core_.ledger->CheckRun(r.run(), record.principal(), "run"));
         for (const EnergyRow& row : core_.ledger->Report(r.since_seconds(), r.run())) {
-          v1::EnergyEntry* entry = out->add_entries();
-          entry->set_source(row.source);
-          entry->set_phase(ToProto(row.phase));
-          entry->set_joules(row.amount.joules);
-          entry->set_busy_seconds(row.amount.busy_seconds);
-          entry->set_requests(row.amount.requests);
-          entry->set_emulated_requests(row.amount.emulated_requests);
+          FillEnergyEntry(row.source, row.phase, row.amount, out->add_entries());
         }
         out->set_since_seconds(r.since_seconds());
         out->set_run(r.run());

@@ -167,6 +167,47 @@ std::vector<EnergyRow> EnergyLedger::Report(double since, const std::string& run
   return rows;
 }
 
+void EnergyLedger::AddModel(const std::string& model, const std::string& source, Phase phase,
+                            const EnergyAmount& amount, uint64_t times) {
+  MutexLock lock(&mu_);
+  auto found = models_.find(model);
+  if (found == models_.end()) {
+    if (models_.size() >= std::max<size_t>(limits_.max_models, 1)) {
+      // The least recently booked model's totals go to the other-models rows.
+      auto oldest = models_.find(models_recency_.back());
+      for (const auto& [key, total] : oldest->second.totals) other_models_[key].Add(total);
+      models_recency_.pop_back();
+      models_.erase(oldest);
+    }
+    models_recency_.push_front(model);
+    found = models_.emplace(model, ModelState{.totals = {}, .recency = models_recency_.begin()})
+                .first;
+  } else {
+    models_recency_.splice(models_recency_.begin(), models_recency_, found->second.recency);
+  }
+  EnergyAmount& total = found->second.totals[{source, phase}];
+  for (uint64_t i = 0; i < times; ++i) total.Add(amount);
+}
+
+std::vector<ModelEnergyRow> EnergyLedger::ModelReport() const {
+  MutexLock lock(&mu_);
+  std::vector<ModelEnergyRow> rows;
+  for (const auto& [key, total] : other_models_) {
+    rows.push_back({kOtherModels, key.first, key.second, total});
+  }
+  for (const auto& [model, state] : models_) {
+    for (const auto& [key, total] : state.totals) {
+      rows.push_back({model, key.first, key.second, total});
+    }
+  }
+  return rows;
+}
+
+size_t EnergyLedger::model_count() const {
+  MutexLock lock(&mu_);
+  return models_.size();
+}
+
 size_t EnergyLedger::run_count() const {
   MutexLock lock(&mu_);
   return runs_.size();

@@ -34,6 +34,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -66,6 +67,17 @@ struct EnergyRow {
   EnergyAmount amount;
 };
 
+// A model's energy: what its layer calls booked, since the daemon started.
+struct ModelEnergyRow {
+  std::string model;  // kOtherModels for the models folded away
+  std::string source;
+  Phase phase;
+  EnergyAmount amount;
+};
+
+// ModelReport's row for the models no longer held one by one (past max_models).
+inline constexpr const char* kOtherModels = "";
+
 // Report's `run` for every run together, and Add's for untagged energy.
 inline constexpr const char* kAllRuns = "";
 inline constexpr const char* kUntagged = "";
@@ -80,6 +92,10 @@ struct EnergyLedgerLimits {
   // default. Without it, every run accounted every second would keep a day of
   // buckets per (source, phase).
   size_t max_run_seconds = size_t{1} << 20;
+  // Models whose energy is held one by one (mxserved --max-energy-models); at
+  // least 1. Past it, booking a new model folds the least recently booked one
+  // into the kOtherModels rows.
+  size_t max_models = 256;
 };
 
 class EnergyLedger {
@@ -107,6 +123,17 @@ class EnergyLedger {
   // one run (no rows for a run not held). Rows sorted by source, then phase.
   // Callers check CheckRun for one run first.
   std::vector<EnergyRow> Report(double since, const std::string& run) const;
+
+  // Books `amount` (`times` over, as Add) to `model`'s totals of (source,
+  // phase): the energy per model, every run together, since start. A new model
+  // past max_models folds the least recently booked one into kOtherModels, so
+  // the totals over models stay exact.
+  void AddModel(const std::string& model, const std::string& source, Phase phase,
+                const EnergyAmount& amount, uint64_t times = 1);
+  // Every model's totals, sorted by model (kOtherModels first), source, phase.
+  std::vector<ModelEnergyRow> ModelReport() const;
+  // Models held one by one now.
+  size_t model_count() const;
 
   // Distinct run tags held now, and one-second buckets their series hold.
   size_t run_count() const;
@@ -154,6 +181,14 @@ class EnergyLedger {
   std::map<std::string, RunState> runs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, size_t> runs_per_owner_ ABSL_GUARDED_BY(mu_);  // none at 0
   size_t run_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // buckets of every tagged series
+  // Per model: (source, phase) totals, and its place in models_recency_.
+  struct ModelState {
+    std::map<std::pair<std::string, Phase>, EnergyAmount> totals;
+    std::list<std::string>::iterator recency;
+  };
+  std::map<std::string, ModelState> models_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> models_recency_ ABSL_GUARDED_BY(mu_);  // most recently booked first
+  std::map<std::pair<std::string, Phase>, EnergyAmount> other_models_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mxserve

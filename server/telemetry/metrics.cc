@@ -20,7 +20,7 @@ constexpr std::array<absl::string_view, static_cast<int>(Rpc::kCount)> kRpcNames
     "ResolvePolicy",  "ReportPower",   "GetEnergyReport", "ProfileModel",
     "GetProfile",     "ListProfiles",  "ExportProfile",   "DeleteProfile",
     "GeneratePolicy", "ReportEnergy",  "ReportWork",      "StepOptimizer",
-    "DownloadWeights",
+    "DownloadWeights", "LayersForward",
 };
 
 constexpr absl::string_view kModelSource = "fpga_model";
@@ -79,6 +79,14 @@ Metrics::Metrics(std::string backend)
                "Device energy of the served compute requests by source (fpga_model; fpga where "
                "the board measures power), phase and the weight's format; summed over format "
                "it is mxserve_energy_joules_total of that source")
+           .Register(*registry_);
+  model_energy_family_ =
+      &BuildCounter()
+           .Name("mxserve_model_energy_joules_total")
+           .Help(
+               "fpga_model energy of each model's layer calls (served, or reported with "
+               "ReportWork), by phase; the first 32 models named have their own series, later "
+               "ones model=\"other\"")
            .Register(*registry_);
   emulated_family_ =
       &BuildCounter()
@@ -264,6 +272,25 @@ void Metrics::AddEnergy(const std::string& source, Phase phase, double joules,
 }
 
 void Metrics::DeclareEnergySource(const std::string& source) { Energy(source, Phase::kRollout); }
+
+void Metrics::RecordModelEnergy(const std::string& model, Phase phase, double joules) {
+  if (!model_energy_on_.load(std::memory_order_relaxed)) return;
+  MutexLock lock(&per_model_mu_);
+  auto found = per_model_energy_.find(model);
+  if (found == per_model_energy_.end()) {
+    const std::string label = per_model_energy_.size() < kMaxModelLabels ? model : "other";
+    found = per_model_energy_.find(label);
+    if (found == per_model_energy_.end()) {
+      std::array<prometheus::Counter*, 3> series{};
+      for (Phase p : {Phase::kRollout, Phase::kReward, Phase::kUpdate}) {
+        series[static_cast<size_t>(p)] =
+            &model_energy_family_->Add({{"model", label}, {"phase", std::string(PhaseName(p))}});
+      }
+      found = per_model_energy_.emplace(label, series).first;
+    }
+  }
+  found->second[static_cast<size_t>(phase)]->Increment(joules);
+}
 
 void Metrics::RecordBoardEnergy(Phase phase, mx::Format format, double joules,
                                 double busy_seconds) {

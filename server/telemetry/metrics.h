@@ -60,6 +60,7 @@ enum class Rpc : int {
   kReportWork,
   kStepOptimizer,
   kDownloadWeights,
+  kLayersForward,
   kCount,
 };
 absl::string_view RpcName(Rpc rpc);
@@ -119,6 +120,14 @@ class Metrics {
   // busy time of source fpga, and its share by the weight's format.
   void RecordBoardEnergy(Phase phase, mx::Format format, double joules, double busy_seconds);
   void SetPower(const std::string& source, const std::string& device, double watts);
+  // The fpga_model energy of one model's layer calls, served or reported
+  // (mxserve_model_energy_joules_total{model, phase}), once enabled (mxserved
+  // --metrics-model-energy; it names models in /metrics). The first
+  // kMaxModelLabels models named get a label value of their own, every later
+  // one "other": the series stay bounded whatever clients register.
+  void EnableModelEnergy(bool on) { model_energy_on_ = on; }
+  void RecordModelEnergy(const std::string& model, Phase phase, double joules);
+  static constexpr size_t kMaxModelLabels = 32;
 
  private:
   static constexpr int kRpcs = static_cast<int>(Rpc::kCount);
@@ -154,6 +163,12 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* request_energy_family_;
   prometheus::Family<prometheus::Gauge>* power_family_;
   prometheus::Family<prometheus::Counter>* emulated_family_;
+  prometheus::Family<prometheus::Counter>* model_energy_family_;
+  std::atomic<bool> model_energy_on_{false};
+  Mutex per_model_mu_;
+  // mxserve_model_energy_joules_total's series per model label, by phase.
+  std::map<std::string, std::array<prometheus::Counter*, 3>, std::less<>> per_model_energy_
+      ABSL_GUARDED_BY(per_model_mu_);
   std::array<prometheus::Histogram*, 3> queue_;  // per phase
   prometheus::Histogram* batch_size_;
   prometheus::Counter* evictions_;

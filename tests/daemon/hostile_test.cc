@@ -272,6 +272,7 @@ TEST_F(HostileTest, UnparseableUnaryRequestsAreInvalidArgumentNamingTheMessage) 
       {"/mxserve.v1.Compute/Gemm", "mxserve.v1.GemmRequest"},
       {"/mxserve.v1.Compute/LayerForward", "mxserve.v1.LayerForwardRequest"},
       {"/mxserve.v1.Compute/LayerBackward", "mxserve.v1.LayerBackwardRequest"},
+      {"/mxserve.v1.Compute/LayersForward", "mxserve.v1.LayersForwardRequest"},
       {"/mxserve.v1.Models/RegisterModel", "mxserve.v1.RegisterModelRequest"},
       {"/mxserve.v1.Models/LoadSafetensors", "mxserve.v1.LoadSafetensorsRequest"},
       {"/mxserve.v1.Models/PublishVersion", "mxserve.v1.PublishVersionRequest"},

@@ -87,7 +87,9 @@ def drive(client, stop):
 
 def test_every_dashboard_query_returns_data_and_energy_agrees(tmp_path):
     t_begin = time.time()
-    daemon = Daemon(*local_daemon_flags("--backend", "cpu", "--workers", "2"))
+    # --metrics-model-energy: the dashboard's per-model panel needs its series.
+    daemon = Daemon(*local_daemon_flags("--backend", "cpu", "--workers", "2",
+                                        "--metrics-model-energy", "true"))
     prometheus = None
     try:
         prometheus = Prometheus(prometheus_config(daemon.metrics_address, f"{SCRAPE:g}s"),

@@ -57,6 +57,7 @@ inline constexpr RpcMethod kRpcMethods[] = {
     {"/mxserve.v1.Telemetry/ReportWork", false},
     {"/mxserve.v1.Models/StepOptimizer", false},
     {"/mxserve.v1.Models/DownloadWeights", false},
+    {"/mxserve.v1.Compute/LayersForward", false},
 };
 
 inline constexpr const char* kSeedModel = "m";

@@ -150,6 +150,12 @@ void RpcSeeds() {
   download.set_max_elements(17);
   download.set_dtype(v1::DTYPE_BF16);
   Rpc("download", "/mxserve.v1.Models/DownloadWeights", {&download});
+  v1::LayersForwardRequest fused;
+  *fused.mutable_request() = by_policy;
+  fused.mutable_request()->clear_layer();
+  fused.add_layers(kSeedLayers[0].name);
+  fused.add_layers(kSeedLayers[0].name);
+  Rpc("layers_forward", "/mxserve.v1.Compute/LayersForward", {&fused});
   v1::StreamRequest t1 = s1, t2 = s2, t3 = s3;
   t1.mutable_gemm()->set_run("a");
   t2.mutable_forward()->set_run("b");

@@ -365,5 +365,49 @@ TEST(EnergyLedgerOwners, TheNewcomerFoldsTheLeastRecentRunOfWhoeverHoldsTheMost)
   EXPECT_EQ(Rows(ledger, 0), (std::vector<Row>{{"s", Phase::kRollout, 8, 8, 8}}));
 }
 
+// ---------------------------------------------------------------------------
+// Energy per model (issue 37): totals since start, bounded by max_models.
+
+using ModelRow = std::tuple<std::string, std::string, Phase, double, uint64_t>;
+
+std::vector<ModelRow> ModelRows(const EnergyLedger& ledger) {
+  std::vector<ModelRow> rows;
+  for (const ModelEnergyRow& row : ledger.ModelReport()) {
+    rows.emplace_back(row.model, row.source, row.phase, row.amount.joules, row.amount.requests);
+  }
+  return rows;
+}
+
+TEST(EnergyLedger, ModelsKeepTheirOwnTotalsAndFoldTheLeastRecentPastTheLimit) {
+  EnergyLedger ledger(EnergyLedgerLimits{.max_models = 2});
+  EXPECT_TRUE(ledger.ModelReport().empty());
+  ledger.AddModel("a", "fpga_model", Phase::kRollout, {.joules = 0.5, .requests = 1});
+  ledger.AddModel("b", "fpga_model", Phase::kUpdate, {.joules = 0.25, .requests = 1}, 3);
+  ledger.AddModel("a", "fpga", Phase::kRollout, {.joules = 2, .requests = 1});
+  EXPECT_EQ(ModelRows(ledger),
+            (std::vector<ModelRow>{{"a", "fpga", Phase::kRollout, 2, 1},
+                                   {"a", "fpga_model", Phase::kRollout, 0.5, 1},
+                                   {"b", "fpga_model", Phase::kUpdate, 0.75, 3}}));
+  EXPECT_EQ(ledger.model_count(), 2u);
+  // A third model folds b, the least recently booked, into the other-models rows.
+  ledger.AddModel("c", "fpga_model", Phase::kUpdate, {.joules = 1, .requests = 1});
+  EXPECT_EQ(ModelRows(ledger),
+            (std::vector<ModelRow>{{kOtherModels, "fpga_model", Phase::kUpdate, 0.75, 3},
+                                   {"a", "fpga", Phase::kRollout, 2, 1},
+                                   {"a", "fpga_model", Phase::kRollout, 0.5, 1},
+                                   {"c", "fpga_model", Phase::kUpdate, 1, 1}}));
+  EXPECT_EQ(ledger.model_count(), 2u);
+  // b again starts anew (and folds a); the other-models rows add up.
+  ledger.AddModel("b", "fpga_model", Phase::kUpdate, {.joules = 0.125, .requests = 1});
+  EXPECT_EQ(ModelRows(ledger),
+            (std::vector<ModelRow>{{kOtherModels, "fpga", Phase::kRollout, 2, 1},
+                                   {kOtherModels, "fpga_model", Phase::kRollout, 0.5, 1},
+                                   {kOtherModels, "fpga_model", Phase::kUpdate, 0.75, 3},
+                                   {"b", "fpga_model", Phase::kUpdate, 0.125, 1},
+                                   {"c", "fpga_model", Phase::kUpdate, 1, 1}}));
+  // The per-model table is its own: the run ledger saw none of it.
+  EXPECT_TRUE(ledger.Report(0, kAllRuns).empty());
+}
+
 }  // namespace
 }  // namespace mxserve

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace mxserve {
 namespace {
 
@@ -58,6 +60,32 @@ TEST(Metrics, BoardEnergyCountsPerSourceAndPerFormat) {
                   "mxserve_request_energy_joules_total{format=\"MXFP4_E2M1\","
                   "phase=\"reward\",source=\"fpga\"}"),
             0.5);
+}
+
+TEST(Metrics, ModelEnergyHasASeriesPerModelUpToTheLimitThenOther) {
+  Metrics metrics("cpu");
+  metrics.RecordModelEnergy("before", Phase::kRollout, 1);  // off by default: names no model
+  metrics.EnableModelEnergy(true);
+  auto series = [](const std::string& model, const std::string& phase) {
+    return "mxserve_model_energy_joules_total{model=\"" + model + "\",phase=\"" + phase + "\"}";
+  };
+  metrics.RecordModelEnergy("policy", Phase::kRollout, 1.5);
+  metrics.RecordModelEnergy("policy", Phase::kRollout, 0.25);
+  EXPECT_EQ(Value(metrics, series("policy", "rollout")), 1.75);
+  EXPECT_EQ(Value(metrics, series("before", "rollout")), -1);
+  EXPECT_EQ(Value(metrics, series("policy", "update")), 0);  // every phase, from zero
+  for (size_t i = 1; i < Metrics::kMaxModelLabels; ++i) {
+    metrics.RecordModelEnergy(absl::StrCat("m", i), Phase::kReward, 1);
+  }
+  EXPECT_EQ(Value(metrics, series("m31", "reward")), 1);
+  EXPECT_EQ(Value(metrics, series("other", "reward")), -1);  // not yet needed
+  // The 33rd model and every later one share "other".
+  metrics.RecordModelEnergy("late-1", Phase::kUpdate, 2);
+  metrics.RecordModelEnergy("late-2", Phase::kUpdate, 0.5);
+  EXPECT_EQ(Value(metrics, series("other", "update")), 2.5);
+  EXPECT_EQ(Value(metrics, series("late-1", "update")), -1);
+  metrics.RecordModelEnergy("policy", Phase::kUpdate, 1);  // labelled models keep theirs
+  EXPECT_EQ(Value(metrics, series("policy", "update")), 1);
 }
 
 }  // namespace

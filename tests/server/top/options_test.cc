@@ -95,6 +95,18 @@ TEST(Options, MaxEnergyRunsIsBounded) {
   EXPECT_EQ(ParseCommandLine({"--max-energy-runs", "65537"}).status().message(),
             "--max-energy-runs: expected an integer in [1, 65536], got '65537'");
   EXPECT_NE(HelpText().find("--max-energy-runs N"), std::string::npos);
+  parsed = ParseCommandLine({"--max-energy-models", "7"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.max_energy_models, 7);
+  EXPECT_EQ(ParseCommandLine({"--max-energy-models", "0"}).status().message(),
+            "--max-energy-models: expected an integer in [1, 65536], got '0'");
+  EXPECT_NE(HelpText().find("--max-energy-models N"), std::string::npos);
+  EXPECT_FALSE(ParseCommandLine({}).value().options.metrics_model_energy);
+  EXPECT_TRUE(ParseCommandLine({"--metrics-model-energy", "true"})
+                  .value()
+                  .options.metrics_model_energy);
+  EXPECT_EQ(ParseCommandLine({"--metrics-model-energy", "yes"}).status().message(),
+            "--metrics-model-energy: expected true or false, got 'yes'");
 }
 
 TEST(Options, TlsFlagsComeInTheirCombinationsAndNameTheFlag) {
