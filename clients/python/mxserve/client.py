@@ -430,6 +430,24 @@ class Client:
         response = self._call("LayerForward", self._compute.LayerForward, request, timeout)
         return ComputeResult.from_proto(response.output, response.info, x)
 
+    def forward_many(self, model: str, layers: Sequence[str], x, *,
+                     format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
+                     min_weight_version: int = 0, run: Optional[str] = None,
+                     scale_rule: Optional[str] = None, rounding: Optional[str] = None,
+                     seeds: Optional[Sequence[int]] = None,
+                     timeout: Optional[float] = CLIENT_TIMEOUT) -> List[ComputeResult]:
+        """`forward` of several layers that take the same X (a block's q, k and v;
+        gate and up) in one Compute.LayersForward call: X crosses the wire once,
+        each layer runs as its own LayerForward would (the same bits). `seeds`:
+        one per layer where the rounding is stochastic."""
+        request = compute_pb2.LayersForwardRequest(
+            request=self._forward_request(model, "", x, format, phase, min_weight_version, run,
+                                          scale_rule, rounding, None),
+            layers=list(layers),
+            seeds=[_rounding_fields(None, seed)["seed"] for seed in (seeds or ())])
+        response = self._call("LayersForward", self._compute.LayersForward, request, timeout)
+        return [ComputeResult.from_proto(out.output, out.info, x) for out in response.outputs]
+
     def backward(self, model: str, layer: str, grad_output, input=None, *,
                  format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
                  min_weight_version: int = 0, run: Optional[str] = None,
@@ -852,20 +870,23 @@ class Client:
         return ReportWorkResult(calls=total_calls, model_joules=joules, model_seconds=seconds)
 
     def energy_report(self, since: float = 0.0, run: Optional[str] = None, *,
+                      by_model: bool = False,
                       timeout: Optional[float] = CLIENT_TIMEOUT) -> EnergyReport:
         """Joules, busy seconds and requests per source and phase (since a Unix time;
         0 = since the daemon started), of one run (`run`, e.g. `client.current_run`)
         or of every run together (None or ""; the `client.run(...)` scope does not
-        apply here). A run the daemon does not hold gives no entries."""
+        apply here). A run the daemon does not hold gives no entries. `by_model`:
+        per model instead (entries' `model`), every run together, since start."""
         request = telemetry_pb2.GetEnergyReportRequest(since_seconds=since,
-                                                       run=_wire.run_to_wire(run))
+                                                       run=_wire.run_to_wire(run),
+                                                       by_model=by_model)
         response = self._call("GetEnergyReport", self._telemetry.GetEnergyReport, request,
                               timeout)
         return EnergyReport(
             entries=tuple(
                 EnergyEntry(source=e.source, phase=_wire.phase_name(e.phase), joules=e.joules,
                             busy_seconds=e.busy_seconds, requests=e.requests,
-                            emulated_requests=e.emulated_requests)
+                            emulated_requests=e.emulated_requests, model=e.model)
                 for e in response.entries),
             since_seconds=response.since_seconds, until_seconds=response.until_seconds,
             run=response.run)

@@ -263,6 +263,9 @@ class EnergyEntry:
     # Of `requests`, the layer calls clients computed themselves and reported
     # (Client.report_work): booked as the daemon's own, and marked.
     emulated_requests: int = 0
+    # With energy_report(by_model=True): the model ("": those folded away past
+    # mxserved --max-energy-models).
+    model: str = ""
 
 
 @dataclass(frozen=True)

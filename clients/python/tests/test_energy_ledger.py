@@ -196,3 +196,38 @@ def test_a_ppo_step_ledger_matches_the_runs_energy_report(client, params):
             assert r.min <= r.nominal <= r.max and math.isfinite(r.nominal)
     finally:
         trainer.close()
+
+
+def test_each_models_energy_is_what_its_calls_booked(client, model_name):
+    """Issue 37: GetEnergyReport by_model, served calls and reported work alike."""
+    sessions = {}
+    try:
+        for role, seed in (("a", 1), ("b", 2)):
+            torch.manual_seed(seed)
+            model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32))
+            sessions[role] = offload(model, client, name=f"{model_name}-{role}", policy="D")
+            with client.phase("rollout"), torch.no_grad():
+                model(torch.randn(4, 64))
+            with client.phase("update"):
+                model(torch.randn(3, 64)).square().sum().backward()
+        # Work a client computed itself and reported counts for its model too.
+        client.report_work([mxserve.WorkCall(phase="reward", run="", model=f"{model_name}-b",
+                                             layer="0", call="forward", format="MXFP4_E2M1",
+                                             m=8, count=2)])
+        report = client.energy_report(by_model=True)
+        for role, session in sessions.items():
+            rows = [e for e in report.entries if e.model == f"{model_name}-{role}"]
+            by_phase = {e.phase: e for e in rows if e.source == "fpga_model"}
+            for phase, totals in session.totals.items():
+                assert by_phase[phase].joules == pytest.approx(totals.model_joules, rel=1e-12)
+                assert by_phase[phase].requests == totals.requests
+        reported = [e for e in report.entries if e.model == f"{model_name}-b" and
+                    e.phase == "reward"]
+        assert len(reported) == 1 and reported[0].emulated_requests == 2
+        for kwargs, text in ((dict(since=1.0), "since_seconds: by_model reports totals"),
+                             (dict(run="exp/1"), "run: by_model reports every run together")):
+            with pytest.raises(mxserve.MxserveError, match=text):
+                client.energy_report(by_model=True, **kwargs)
+    finally:
+        for session in sessions.values():
+            session.restore()

@@ -20,6 +20,13 @@ unless `format=` pins one. Backward runs `LayerBackward` in the phase and run th
 forward ran in: grad_input remotely, grad_weight remotely (default) or locally in
 FP32 (`grad_weight="local"`).
 
+Siblings that take one input — a Llama/Qwen2 block's q_proj, k_proj and v_proj,
+its gate_proj and up_proj — run as one `Compute.LayersForward` when the first of
+them is called (`fuse=True`, the default); the others' outputs are kept for their
+own calls on the same, unchanged tensor (same storage, shape and version
+counter, phase, run and weight version), so a block costs 4 round trips, not 7,
+with the same bits.
+
 A call too large for one gRPC message (a vocabulary projection's logits, its
 151936 × 896 weight gradient) is split into several, each under the client's
 `max_message_bytes`: forwards and grad_input along the rows of X (M), grad_weight
@@ -87,6 +94,9 @@ from mxserve.types import (ExecutionInfo, LayerSpec, OptimizerStepResult, Resolv
                            WorkCall)
 
 COMPUTE_MODES = ("daemon", "local")
+# Sibling layers that take one input, fused into one LayersForward call (fuse=True):
+# Llama/Qwen2 attention's projections and MLP's gate and up.
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # Buffered work calls (after merging identical neighbours) that trigger a flush.
 WORK_FLUSH_CALLS = 4096
 
@@ -272,7 +282,7 @@ class OffloadSession:
     def __init__(self, model: nn.Module, client: Client, name: str, policy: str = "",
                  grad_weight: str = "remote", format: _wire.FormatLike = None,
                  replace: bool = False, chunk_bytes: int = 1 << 20, compute: str = "daemon",
-                 seed: int = 0, optimizer: Optional[RemoteAdamW] = None):
+                 seed: int = 0, optimizer: Optional[RemoteAdamW] = None, fuse: bool = True):
         if grad_weight not in ("remote", "local"):
             raise ValueError(f"grad_weight: expected 'remote' or 'local', got {grad_weight!r}")
         if optimizer is not None and not isinstance(optimizer, RemoteAdamW):
@@ -308,6 +318,11 @@ class OffloadSession:
         # rounding, each layer's weight quantized per format (forward and transposed
         # layouts, keyed by the parameter's version), and the calls not yet reported
         # to the daemon.
+        # fuse: the sibling groups whose forwards go as one LayersForward (layer →
+        # its group, in call order), and the outputs of the siblings not yet asked
+        # for: layer → (key of the input, Y, ExecutionInfo).
+        self.fused_groups: Dict[str, Tuple[str, ...]] = {}
+        self._fused: Dict[str, Tuple[tuple, torch.Tensor, ExecutionInfo]] = {}
         # optimizer=RemoteAdamW: the layers the daemon steps (not tied to another
         # module's parameter), and whether their local copies are behind its masters.
         self.optimizer = optimizer
@@ -326,6 +341,8 @@ class OffloadSession:
         for layer_name, module in originals:
             self._originals[layer_name] = module
             self.layers[layer_name] = OffloadedLinear(self, layer_name, module)
+        if fuse and compute == "daemon":
+            self.fused_groups = _sibling_groups(model, self.layers)
         if optimizer is not None:
             # A parameter another module also holds (a tied embedding) is stepped
             # here: the daemon cannot see that module's gradient.
@@ -338,6 +355,10 @@ class OffloadSession:
                 # not be accumulated: such a layer stays local too.
                 if layer.weight.requires_grad and not any(elsewhere[id(p)] for p in params):
                     self.remote_stepped.add(n)
+            if not self.remote_stepped:
+                raise ValueError("optimizer: no offloaded layer can be stepped on the daemon "
+                                 "(each is tied to another module's parameter or frozen); "
+                                 "use a local optimizer")
         if replace:
             try:
                 client.delete_model(name)
@@ -496,8 +517,48 @@ class OffloadSession:
             fmt = self.local_format(layer, phase)
             return self.local_forward(layer, x2d, fmt, phase, run), fmt, self.weight_version
         fmt = layer.effective_format
+        group = self.fused_groups.get(layer.layer_name)
+        if group is not None:
+            # The same tensor, unchanged, in the same phase, run and version.
+            key = (x2d.data_ptr(), tuple(x2d.shape), tuple(x2d.stride()), x2d.dtype,
+                   x2d._version, phase, run, self.weight_version)
+            held = self._fused.pop(layer.layer_name, None)
+            if held is not None and held[0] == key:
+                return held[1], fmt, held[2].weight_version
+            fused = self._fused_forward(layer, group, x2d, fmt, phase, run, key)
+            if fused is not None:
+                return fused
         y, info = self.remote_forward(layer, x2d, fmt, phase, run)
         return y, fmt, info.weight_version
+
+    def _fused_forward(self, layer: OffloadedLinear, group: Tuple[str, ...], x2d: torch.Tensor,
+                       fmt, phase: Optional[str], run: str, key: tuple):
+        """Y of `layer` from one LayersForward of its whole group, keeping its
+        siblings' outputs for their own calls; None (run it alone) where the group
+        does not share a format or its call would not fit in a message."""
+        members = [self.layers[n] for n in group]
+        if any(m.effective_format != fmt for m in members):
+            return None
+        m = x2d.shape[0]
+        budget = self._message_budget()
+        if (x2d.numel() * x2d.element_size() > budget or
+                m * sum(s.out_features for s in members) * 4 > budget):
+            return None
+        seeds = [self._next_seed() for _ in members]  # each its own, as unfused calls draw
+        results = self.client.forward_many(self.model_name, list(group), x2d, format=fmt,
+                                           phase=phase, run=run,
+                                           min_weight_version=self.weight_version, seeds=seeds)
+        mine = None
+        for member, result in zip(members, results):
+            self.account(phase, result.info)
+            self._count(phase, run, result.info, "forward", m, member.out_features,
+                        member.in_features)
+            member.last_info = result.info
+            if member is layer:
+                mine = result
+            else:
+                self._fused[member.layer_name] = (key, result.output, result.info)
+        return mine.output, fmt, mine.info.weight_version
 
     def _next_seed(self) -> int:
         """splitmix64 of (session seed, call number): a fresh 64-bit seed per call."""
@@ -892,7 +953,7 @@ class OffloadSession:
 def offload(model: nn.Module, client: Client, name: str, policy: str = "",
             grad_weight: str = "remote", format: _wire.FormatLike = None,
             replace: bool = False, compute: str = "daemon", seed: int = 0,
-            optimizer: Optional[RemoteAdamW] = None) -> OffloadSession:
+            optimizer: Optional[RemoteAdamW] = None, fuse: bool = True) -> OffloadSession:
     """Registers every nn.Linear of `model` on the daemon as model `name` (with
     `policy`, default the daemon's), uploads the weights as version 1 and swaps in
     OffloadedLinear modules. `format` pins one format for every layer and phase
@@ -903,10 +964,30 @@ def offload(model: nn.Module, client: Client, name: str, policy: str = "",
     rounding a policy may ask for (its "roundings"): each daemon call gets its own
     seed from it and the call's number. `optimizer=RemoteAdamW(...)` steps the
     offloaded layers on the daemon (`session.step`; see the module's docstring).
+    `fuse` (daemon compute): sibling layers that take one input (q, k and v;
+    gate and up) run as one LayersForward when the first of them is called, the
+    others' outputs kept for their own calls on the same, unchanged tensor.
     Returns the session (also a context manager that restores on exit)."""
     return OffloadSession(model, client, name, policy=policy, grad_weight=grad_weight,
                           format=format, replace=replace, compute=compute, seed=seed,
-                          optimizer=optimizer)
+                          optimizer=optimizer, fuse=fuse)
+
+
+def _sibling_groups(model: nn.Module, layers: Dict[str, "OffloadedLinear"]
+                    ) -> Dict[str, Tuple[str, ...]]:
+    """layer → its group of offloaded siblings that take one input (FUSED_SIBLINGS
+    under one parent, the same in_features), for every layer in such a group."""
+    groups: Dict[str, Tuple[str, ...]] = {}
+    for parent_name, parent in model.named_modules():
+        for names in FUSED_SIBLINGS:
+            full = [f"{parent_name}.{n}" if parent_name else n for n in names
+                    if n in parent._modules]
+            members = [n for n in full if n in layers]
+            if len(members) < 2 or len({layers[n].in_features for n in members}) != 1:
+                continue
+            for n in members:
+                groups[n] = tuple(members)
+    return groups
 
 
 def _estimate(fmt: str, m: int, n: int, k: int):

@@ -1,0 +1,123 @@
+"""Compute.LayersForward (issue 37): layers that take one input in one call, each
+output the bits its own LayerForward gives; and mxserve.torch's fuse=True, which
+sends a block's q, k and v (gate and up) that way."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mxserve  # noqa: E402
+from mxserve.rlhf.models import KVCache, ModelConfig, build_model  # noqa: E402
+from mxserve.torch import offload  # noqa: E402
+from mxserve.v1 import compute_pb2  # noqa: E402
+
+STOCHASTIC_MX = {"name": "py-fused-stochastic", "description": "MXFP8, stochastic in rollout",
+                 "defaults": {"rollout": "MXFP8_E4M3", "reward": "MXFP6_E3M2",
+                              "update": "FP16"},
+                 "roundings": {"rollout": "stochastic"}}
+
+
+def register(client, name):
+    rng = np.random.default_rng(4)
+    layers = {"q": (64, 48, True), "k": (32, 48, False), "v": (32, 48, True), "o": (48, 64, False)}
+    client.register_model(name, [(n, out, k, bias) for n, (out, k, bias) in layers.items()])
+    weights = {}
+    for n, (out, k, bias) in layers.items():
+        w = rng.standard_normal((out, k)).astype(np.float32)
+        weights[n] = (w, rng.standard_normal(out).astype(np.float32)) if bias else w
+    client.upload_weights(name, weights, publish=True)
+
+
+def test_each_output_is_its_own_layer_forwards_bits(client, model_name):
+    register(client, model_name)
+    client.put_policy(STOCHASTIC_MX)
+    client.set_active_policy(model_name, STOCHASTIC_MX["name"])
+    x = np.random.default_rng(5).standard_normal((5, 48)).astype(np.float32)
+    for phase in ("rollout", "reward", "update"):
+        seeds = [11, 12, 13]
+        fused = client.forward_many(model_name, ["q", "k", "v"], x, phase=phase, seeds=seeds)
+        for layer, seed, result in zip(("q", "k", "v"), seeds, fused):
+            alone = client.forward(model_name, layer, x, phase=phase, seed=seed)
+            assert np.array_equal(result.output.view(np.uint32), alone.output.view(np.uint32)), \
+                (phase, layer)
+            assert result.info.format == alone.info.format
+    # An explicit format holds for every layer.
+    fused = client.forward_many(model_name, ["k", "q"], x, format="INT8", phase="reward")
+    assert [r.info.format for r in fused] == ["INT8", "INT8"]
+    assert [r.output.shape for r in fused] == [(5, 32), (5, 64)]
+
+
+def test_bad_requests_name_the_field_and_the_layer(client, model_name):
+    register(client, model_name)
+    x = np.ones((2, 48), np.float32)
+
+    def fails(code, text, *args, **kwargs):
+        with pytest.raises(mxserve.MxserveError) as error:
+            client.forward_many(model_name, *args, phase="rollout", **kwargs)
+        assert error.value.code.name == code, error.value
+        assert text in error.value.message, error.value.message
+
+    fails("INVALID_ARGUMENT", "layers: expected 1 to 16 layers, got 0", [], x)
+    fails("INVALID_ARGUMENT", "layers: expected 1 to 16 layers, got 17", ["q"] * 17, x)
+    fails("INVALID_ARGUMENT", "seeds: expected none or one per layer (2), got 1", ["q", "k"], x,
+          seeds=[1])
+    fails("NOT_FOUND", "layers[1]: layer: model", ["q", "nope"], x)
+    fails("INVALID_ARGUMENT", "layers[1]: input", ["q", "o"], x)  # o takes 64 columns
+    request = compute_pb2.LayersForwardRequest(
+        request=client._forward_request(model_name, "q", x, None, "rollout", 0, None),
+        layers=["k"])
+    with pytest.raises(mxserve.MxserveError) as error:
+        client._call("LayersForward", client._compute.LayersForward, request, None)
+    assert "request.layer: expected empty" in error.value.message
+    # Still serving.
+    assert len(client.forward_many(model_name, ["q", "v"], x, phase="rollout")) == 2
+
+
+TINY = dict(arch="qwen2", vocab_size=40, hidden_size=32, num_layers=2, num_heads=4,
+            num_kv_heads=2, intermediate_size=48, max_positions=64, norm_eps=1e-6,
+            tie_word_embeddings=True, eos_token_id=1)
+
+
+def test_a_decode_step_fuses_siblings_and_keeps_the_bits(client, model_name):
+    calls = {"LayerForward": 0, "LayersForward": 0}
+    originals = {rpc: getattr(client._compute, rpc) for rpc in calls}
+
+    def counted(rpc):
+        def call(request, **kwargs):
+            calls[rpc] += 1
+            return originals[rpc](request, **kwargs)
+        return call
+
+    outputs = {}
+    try:
+        for rpc in calls:
+            setattr(client._compute, rpc, counted(rpc))
+        for fuse in (False, True):
+            torch.manual_seed(0)
+            model = build_model(ModelConfig(**TINY)).eval()
+            prompt = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+            with torch.no_grad():
+                cache = model(prompt, use_cache=True).cache
+            session = offload(model, client, name=f"{model_name}-{fuse}", policy="D", fuse=fuse)
+            try:
+                before = dict(calls)
+                with client.phase("rollout"), torch.no_grad():
+                    logits = model(torch.tensor([[13], [14]]), cache=cache).logits
+                outputs[fuse] = (logits, {k: calls[k] - before[k] for k in calls})
+                if fuse:
+                    assert set(session.fused_groups) == {
+                        f"model.layers.{i}.{part}" for i in range(2)
+                        for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                     "mlp.gate_proj", "mlp.up_proj")}
+                assert session.totals["rollout"].requests == 15  # every layer answered
+            finally:
+                session.restore()
+    finally:
+        for rpc, original in originals.items():
+            setattr(client._compute, rpc, original)
+    plain, fused = outputs[False], outputs[True]
+    assert torch.equal(plain[0], fused[0])
+    assert plain[1] == {"LayerForward": 15, "LayersForward": 0}
+    # Per block: q/k/v one call, gate/up one, o and down their own; then lm_head.
+    assert fused[1] == {"LayerForward": 2 * 2 + 1, "LayersForward": 2 * 2}
