@@ -274,6 +274,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->core.ledger = s->ledger.get();
   s->core.default_policy = std::string(CanonicalPolicyName(options.default_policy));
   s->core.max_message_bytes = options.max_message_bytes;
+  s->core.quota_weight_bytes = options.quota_weight_bytes;
   s->core.cache_update_copies = options.cache_update_copies;
   s->core.model_dirs = &s->model_dirs;
   s->core.max_power_series = options.max_power_series;

@@ -706,11 +706,11 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
     x_shape.rows_what = "M, the rows of grad_output";
     MX_ASSIGN_OR_RETURN(input,
                         DecodeMatrix(request.input(), "input", x_shape, core.max_message_bytes));
-    if (!request.accumulate_grad()) {  // accumulated, grad_weight stays here
-      MX_RETURN_IF_ERROR(CheckOutputSize(core, grad_output.cols, spec.in_features,
-                                         ranged ? "weight_rows" : "input", "grad_weight",
-                                         "ask for it in slices of rows with weight_rows"));
-    }
+    // Accumulated or answered, grad_weight is made whole first: bounded as an
+    // answer is.
+    MX_RETURN_IF_ERROR(CheckOutputSize(core, grad_output.cols, spec.in_features,
+                                       ranged ? "weight_rows" : "input", "grad_weight",
+                                       "ask for it in slices of rows with weight_rows"));
   } else if (request.accumulate_grad()) {
     return absl::InvalidArgumentError(
         "input: required with accumulate_grad (grad_weight = grad_outputᵀ·input needs it)");
@@ -723,6 +723,12 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
           "accumulate_grad: model ", Quote(request.model()), " belongs to ", Quote(*owner),
           "; only its owner (or an admin) adds to its gradients"));
     }
+  }
+  if (request.accumulate_grad() && !layer.view.optimizer->HasAccumulator()) {
+    // The accumulator is the owner's, as masters are (--quota-weight-bytes).
+    MX_RETURN_IF_ERROR(core.registry->CheckOwnerQuota(
+        request.model(), layer.view.optimizer->AccumulatorBytes(), core.quota_weight_bytes,
+        "accumulate_grad"));
   }
   if (!ranged) {
     MX_RETURN_IF_ERROR(

@@ -31,6 +31,9 @@ struct ComputeContext {
   fpga_model::EnergyModelParams energy_model;
   std::string default_policy;
   int64_t max_message_bytes = 0;
+  // mxserved --quota-weight-bytes (0: none), for what a compute call makes its
+  // model's owner hold: the gradient accumulator of LayerBackward's accumulate_grad.
+  uint64_t quota_weight_bytes = 0;
   // mxserved --update-copies cache: update-phase copies are cached, not sliced.
   bool cache_update_copies = false;
   // The most weight elements one slice of an update call's copy holds

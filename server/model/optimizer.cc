@@ -10,10 +10,12 @@ namespace mxserve {
 
 absl::Status LayerOptimizer::Accumulate(int64_t first_row, std::span<const float> grad_weight,
                                         std::span<const float> grad_bias) {
+  std::shared_lock<std::shared_mutex> gate;
+  if (gate_) gate = std::shared_lock(*gate_);  // waits for a step of the model to end
   MutexLock lock(&mu_);
   if (grad_weight_.empty()) {
     // rows × cols fit memory already: the layer's master holds as many floats.
-    const uint64_t bytes = (weight_elements() + bias_elements()) * sizeof(float) + rows_;
+    const uint64_t bytes = AccumulatorBytes();
     MX_RETURN_IF_ERROR(ReserveInto(budget_, bytes,
                                    absl::StrCat("the gradient accumulator of layer ", Quote(layer_)),
                                    grad_reservation_, principal_));
@@ -43,6 +45,22 @@ absl::Status LayerOptimizer::Accumulate(int64_t first_row, std::span<const float
 bool LayerOptimizer::HasGradient() const {
   MutexLock lock(&mu_);
   return rows_with_gradient_ > 0;
+}
+
+void LayerOptimizer::DiscardGradient() {
+  MutexLock lock(&mu_);
+  std::fill(has_row_.begin(), has_row_.end(), 0);
+  rows_with_gradient_ = 0;
+}
+
+bool LayerOptimizer::HasAccumulator() const {
+  MutexLock lock(&mu_);
+  return !grad_weight_.empty();
+}
+
+bool LayerOptimizer::HasMoments() const {
+  MutexLock lock(&mu_);
+  return !exp_avg_weight_.empty();
 }
 
 double LayerOptimizer::GradSquaredNorm() const {
@@ -97,7 +115,7 @@ absl::StatusOr<LayerOptimizer::Stepped> LayerOptimizer::Step(std::span<const flo
 absl::Status LayerOptimizer::ReserveMoments() {
   MutexLock lock(&mu_);
   if (!exp_avg_weight_.empty()) return absl::OkStatus();
-  const uint64_t bytes = 2 * (weight_elements() + bias_elements()) * sizeof(float);
+  const uint64_t bytes = MomentBytes();
   MX_RETURN_IF_ERROR(ReserveInto(budget_, bytes,
                                  absl::StrCat("AdamW's moments of layer ", Quote(layer_)),
                                  moment_reservation_, principal_));

@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <shared_mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -30,14 +32,17 @@ class LayerOptimizer {
  public:
   // W is `rows` × `cols` (out_features × in_features); `bias`: whether the
   // layer has one. `principal`: whose copies make room first (memory_budget.h).
+  // `gate`: the model's writer lock, held shared while a gradient is added
+  // (a step holds it exclusively; may be null in tests).
   LayerOptimizer(std::string layer, int64_t rows, int64_t cols, bool bias, MemoryBudget& budget,
-                 std::string principal)
+                 std::string principal, std::shared_ptr<std::shared_mutex> gate = nullptr)
       : layer_(std::move(layer)),
         rows_(rows),
         cols_(cols),
         bias_(bias),
         budget_(budget),
-        principal_(std::move(principal)) {}
+        principal_(std::move(principal)),
+        gate_(std::move(gate)) {}
   LayerOptimizer(const LayerOptimizer&) = delete;
   LayerOptimizer& operator=(const LayerOptimizer&) = delete;
 
@@ -45,7 +50,8 @@ class LayerOptimizer {
   // gradient (and the same elements of the bias gradient; empty for a layer
   // without bias) to the accumulator. A row's first gradient since the last
   // step is copied, later ones added, as torch fills and adds to `.grad`.
-  // The caller checks the rows are in range and the sizes whole.
+  // Waits while a step of the model runs (the gate). The caller checks the
+  // rows are in range and the sizes whole.
   // RESOURCE_EXHAUSTED when the accumulator does not fit the budget.
   absl::Status Accumulate(int64_t first_row, std::span<const float> grad_weight,
                           std::span<const float> grad_bias);
@@ -53,6 +59,17 @@ class LayerOptimizer {
   // Whether a gradient arrived since the last step (else a step skips the
   // layer, as torch skips a parameter whose .grad is None).
   bool HasGradient() const;
+  // Forgets the gradient accumulated since the last step (a backward pass that
+  // failed midway); the moments stay.
+  void DiscardGradient();
+  // Whether the accumulator, and the moments, are held; the bytes each takes
+  // (what a first accumulation, or a first step, adds).
+  bool HasAccumulator() const;
+  bool HasMoments() const;
+  uint64_t AccumulatorBytes() const {
+    return (weight_elements() + bias_elements()) * sizeof(float) + static_cast<uint64_t>(rows_);
+  }
+  uint64_t MomentBytes() const { return 2 * (weight_elements() + bias_elements()) * sizeof(float); }
   // ‖grad_weight‖² + ‖grad_bias‖² of the accumulated gradient, in FP64 (rows
   // that got none count as zero), summed in an order of its own: to FP64
   // rounding, not bit for bit any other sum.
@@ -91,6 +108,7 @@ class LayerOptimizer {
   const bool bias_;
   MemoryBudget& budget_;
   const std::string principal_;
+  const std::shared_ptr<std::shared_mutex> gate_;
   mutable Mutex mu_;
   std::vector<float> grad_weight_ ABSL_GUARDED_BY(mu_);
   std::vector<float> grad_bias_ ABSL_GUARDED_BY(mu_);

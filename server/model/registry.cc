@@ -16,6 +16,14 @@ namespace {
 
 constexpr int64_t kMaxDimension = int64_t{1} << 20;
 
+// A writer waited for a model's lock while the model was deleted and another
+// registered under its name: what it was about to write belongs to neither.
+absl::Status ModelReplaced(absl::string_view name) {
+  return absl::AbortedError(absl::StrCat("model: ", Quote(name),
+                                         " was deleted and registered again meanwhile; nothing "
+                                         "was written (retry against the new model)"));
+}
+
 absl::Status ModelNotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("model: no model named ", Quote(name)));
 }
@@ -246,7 +254,8 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   model->published.resize(model->layers.size());
   for (const LayerSpec& spec : model->layers) {
     model->optimizers.push_back(std::make_shared<LayerOptimizer>(
-        spec.name, spec.out_features, spec.in_features, spec.bias, *budget_, owner));
+        spec.name, spec.out_features, spec.in_features, spec.bias, *budget_, owner,
+        model->writer));
   }
   MutexLock lock(&mu_);
   if (models_.contains(name)) {
@@ -366,12 +375,13 @@ uint64_t Registry::PublishLocked(Model& model) {
 absl::StatusOr<uint64_t> Registry::Stage(
     absl::string_view model_name, std::vector<std::pair<StagedTensorKey, StoredTensor>> tensors,
     bool publish, uint64_t quota_bytes) {
-  absl::StatusOr<std::shared_ptr<Mutex>> writer = Writer(model_name);
+  absl::StatusOr<std::shared_ptr<std::shared_mutex>> writer = Writer(model_name);
   if (!writer.ok()) return writer.status();
-  MutexLock write(writer->get());
+  std::unique_lock write(**writer);
   MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
+  if (it->second->writer != *writer) return ModelReplaced(model_name);
   Model& model = *it->second;
   StagedMap staged = model.staged;
   uint64_t added = 0, replaced = 0;
@@ -412,12 +422,13 @@ absl::StatusOr<uint64_t> Registry::Stage(
 }
 
 absl::StatusOr<uint64_t> Registry::Publish(absl::string_view model_name) {
-  absl::StatusOr<std::shared_ptr<Mutex>> writer = Writer(model_name);
+  absl::StatusOr<std::shared_ptr<std::shared_mutex>> writer = Writer(model_name);
   if (!writer.ok()) return writer.status();
-  MutexLock write(writer->get());
+  std::unique_lock write(**writer);
   MutexLock lock(&mu_);
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);
+  if (it->second->writer != *writer) return ModelReplaced(model_name);
   Model& model = *it->second;
   if (absl::Status s = CheckPublishable(model, model.staged); !s.ok()) return s;
   return PublishLocked(model);
@@ -455,7 +466,27 @@ uint64_t Registry::StoredBytes(const Model& model, bool with_copies) const {
   return bytes;
 }
 
-absl::StatusOr<std::shared_ptr<Mutex>> Registry::Writer(absl::string_view model_name) const {
+absl::Status Registry::CheckOwnerQuota(absl::string_view model_name, uint64_t more,
+                                       uint64_t quota_bytes, absl::string_view field) const {
+  if (quota_bytes == 0) return absl::OkStatus();
+  MutexLock lock(&mu_);
+  MX_ASSIGN_OR_RETURN(const Model* model, FindModel(model_name));
+  uint64_t held = 0;
+  for (const auto& [name, m] : models_) {
+    if (m->owner == model->owner) held += ChargedBytes(*m);
+  }
+  if (held > quota_bytes || more > quota_bytes - held) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": --quota-weight-bytes: principal ", Quote(model->owner), " holds ", held,
+        " bytes (FP32 masters, staged tensors and optimizer state); ", more,
+        " more for the optimizer state of model ", Quote(model_name), " would pass the limit of ",
+        quota_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<std::shared_mutex>> Registry::Writer(
+    absl::string_view model_name) const {
   MutexLock lock(&mu_);
   absl::StatusOr<const Model*> model = FindModel(model_name);
   if (!model.ok()) return model.status();
@@ -475,8 +506,8 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
         absl::StrCat("other_grad_sq_norm: expected a finite number >= 0, got ",
                      request.other_grad_sq_norm));
   }
-  MX_ASSIGN_OR_RETURN(std::shared_ptr<Mutex> writer, Writer(model_name));
-  MutexLock write(writer.get());
+  MX_ASSIGN_OR_RETURN(std::shared_ptr<std::shared_mutex> writer, Writer(model_name));
+  std::unique_lock write(*writer);  // no upload publishes, no gradient arrives, until it is done
   // What to step: the published weights and optimizer of each layer with a
   // gradient. The writer lock keeps the published weights as they are now.
   struct Stepping {
@@ -489,22 +520,19 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
   {
     MutexLock lock(&mu_);
     MX_ASSIGN_OR_RETURN(const Model* model, FindModel(model_name));
+    if (model->writer != writer) return ModelReplaced(model_name);
     if (model->version == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "model: ", Quote(model_name), " has no published weights yet (upload, then publish)"));
     }
     owner = model->owner;
     for (size_t i = 0; i < model->layers.size(); ++i) {
-      if (model->optimizers[i]->HasGradient()) {
-        layers.push_back({i, model->published[i], model->optimizers[i]});
-      }
+      layers.push_back({i, model->published[i], model->optimizers[i]});
     }
   }
-  if (layers.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model: ", Quote(model_name),
-        " has no accumulated gradient to step (LayerBackward with accumulate_grad first)"));
-  }
+  // Outside mu_: with the writer lock held no accumulation is in flight, so
+  // these never wait, but they take each layer's own lock.
+  std::erase_if(layers, [](const Stepping& layer) { return !layer.optimizer->HasGradient(); });
   // A layer per task: the norms, then (with the coefficient they give) the steps.
   auto each_layer = [&](absl::FunctionRef<void(int64_t)> fn) {
     if (pool != nullptr) return pool->ParallelFor(static_cast<int64_t>(layers.size()), fn);
@@ -523,6 +551,19 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
   }
   result.total_grad_norm = std::sqrt(squared);
   result.clip_coefficient = ClipCoefficient(squared, request.max_grad_norm);
+  if (request.discard) {
+    for (const Stepping& layer : layers) layer.optimizer->DiscardGradient();
+    layers.clear();  // nothing stepped or published
+  }
+  if (request.quota_bytes > 0) {
+    uint64_t more = 0;
+    for (const Stepping& layer : layers) {
+      if (!layer.optimizer->HasMoments()) more += layer.optimizer->MomentBytes();
+    }
+    if (more > 0) {
+      MX_RETURN_IF_ERROR(CheckOwnerQuota(model_name, more, request.quota_bytes, "adamw"));
+    }
+  }
   // Everything the step needs, reserved before anything changes.
   std::vector<StoredTensor> weights(layers.size()), biases(layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -552,8 +593,14 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
   });
   for (const absl::Status& status : failed) MX_RETURN_IF_ERROR(status);
   MutexLock lock(&mu_);
+  if (layers.empty()) {  // as torch steps no parameter without a gradient: no new version
+    const absl::StatusOr<const Model*> model = FindModel(model_name);
+    result.version = model.ok() ? (*model)->version : 0;
+    return result;
+  }
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);  // deleted meanwhile: nothing to keep
+  if (it->second->writer != writer) return ModelReplaced(model_name);
   Model& model = *it->second;
   const uint64_t version = model.version + 1;
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -567,6 +614,7 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
   }
   model.version = version;
   result.version = version;
+  result.published = true;
   return result;
 }
 

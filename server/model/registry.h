@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -216,6 +217,11 @@ struct OptimizerStep {
   AdamWParams adamw;
   double max_grad_norm = 0;       // <= 0: no clipping
   double other_grad_sq_norm = 0;  // Σ‖g‖² of the parameters the trainer steps itself
+  // Forget the accumulated gradients instead of stepping (the norms are still
+  // reported; nothing is published).
+  bool discard = false;
+  // --quota-weight-bytes (0: none): the moments a first step adds count.
+  uint64_t quota_bytes = 0;
 };
 
 struct OptimizerStepResult {
@@ -225,6 +231,7 @@ struct OptimizerStepResult {
   std::vector<std::pair<std::string, double>> grad_sq_norms;
   double total_grad_norm = 0;   // sqrt(other_grad_sq_norm + Σ of the above)
   float clip_coefficient = 1;   // what every gradient was multiplied by
+  bool published = false;       // false: nothing stepped (no gradient, or discard)
 };
 
 struct ModelSummary {
@@ -275,6 +282,11 @@ class Registry {
   // publish or below min_version.
   absl::StatusOr<LayerView> Lookup(absl::string_view model, absl::string_view layer,
                                    uint64_t min_version) const;
+  // RESOURCE_EXHAUSTED naming `field` when `more` bytes would take what the
+  // owner of `model` is charged for (ModelSummary::quota_bytes over its models)
+  // past `quota_bytes` (0: no quota). NOT_FOUND for no such model.
+  absl::Status CheckOwnerQuota(absl::string_view model, uint64_t more, uint64_t quota_bytes,
+                               absl::string_view field) const;
   // The spec of a layer, for validating uploads (NOT_FOUND naming `field`).
   absl::StatusOr<LayerSpec> FindLayer(absl::string_view model, absl::string_view layer,
                                       absl::string_view field) const;
@@ -296,8 +308,12 @@ class Registry {
   // the model's writer lock throughout, so an upload's publish waits for it, and
   // reserves everything it needs (new masters, moments) before it changes
   // anything: RESOURCE_EXHAUSTED leaves gradients, moments and weights as they
-  // were. FAILED_PRECONDITION before the first publish or when no layer has a
-  // gradient; INVALID_ARGUMENT naming the field for bad hyperparameters.
+  // were. No layer with a gradient: nothing stepped or published (as torch
+  // skips parameters without one), the current version and the coefficient of
+  // other_grad_sq_norm alone. Gradients that arrive while it runs wait for it
+  // (the writer lock) and count for the next step. FAILED_PRECONDITION before
+  // the first publish; ABORTED when the model was deleted and registered again
+  // meanwhile; INVALID_ARGUMENT naming the field for bad hyperparameters.
   // `pool` (may be null): the threads the layers' norms and steps are spread
   // over, a layer per task.
   absl::StatusOr<OptimizerStepResult> StepOptimizer(absl::string_view model,
@@ -341,17 +357,19 @@ class Registry {
     mutable std::chrono::steady_clock::time_point last_used;
     std::vector<std::shared_ptr<const LayerWeights>> published;  // per layer
     std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>> staged;
+    // Held exclusively by whatever publishes (Stage, Publish, StepOptimizer)
+    // from before it reads the published weights until it has replaced them,
+    // and shared by gradient accumulations (LayerOptimizer::Accumulate), so a
+    // step sees no gradient arrive between its norms and its update. Taken
+    // before mu_ and before a layer's optimizer lock, never under either.
+    std::shared_ptr<std::shared_mutex> writer = std::make_shared<std::shared_mutex>();
     std::vector<std::shared_ptr<LayerOptimizer>> optimizers;  // per layer
-    // Held by whatever publishes (Stage with publish, Publish, StepOptimizer)
-    // from before it reads the published weights until it has replaced them;
-    // taken before mu_, never under it.
-    std::shared_ptr<Mutex> writer = std::make_shared<Mutex>();
   };
   using StagedMap = std::map<StagedTensorKey, std::shared_ptr<const StoredTensor>>;
   absl::StatusOr<const Model*> FindModel(absl::string_view name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The writer lock of a model (Model::writer); NOT_FOUND for no such model.
-  absl::StatusOr<std::shared_ptr<Mutex>> Writer(absl::string_view model) const;
+  absl::StatusOr<std::shared_ptr<std::shared_mutex>> Writer(absl::string_view model) const;
   // The model and the index of its layer; NOT_FOUND naming `field` for a layer
   // it does not have.
   struct FoundLayer {

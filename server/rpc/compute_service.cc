@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "mx/checked_math.h"
 #include "server/compute/compute_work.h"
 #include "server/compute/wire.h"
 #include "server/base/quote.h"
@@ -247,17 +248,58 @@ grpc::ServerUnaryReactor* ComputeService::LayerBackward(grpc::CallbackServerCont
 
 namespace {
 
-// One LayersForward in flight: a LayerForwardRequest per layer (each work item
-// reads its input from its own), and the countdown to the answer.
+// One LayersForward in flight: a LayerForwardRequest per layer, all pointing
+// at one copy of the input (the work items read it until they are done, and
+// each holds this through its Done), and the countdown to the answer.
 struct FusedForward {
+  std::unique_ptr<v1::Operand> input;
   std::vector<v1::LayerForwardRequest> requests;
   std::mutex mu;
   int remaining = 0;
   absl::Status status;  // the first failure, naming its layer
   Done answer;
+
+  FusedForward() = default;
+  FusedForward(const FusedForward&) = delete;
+  FusedForward& operator=(const FusedForward&) = delete;
+  ~FusedForward() {
+    // The requests borrow `input`: give it back before they are destroyed.
+    for (v1::LayerForwardRequest& request : requests) (void)request.unsafe_arena_release_input();
+  }
 };
 
 constexpr int kMaxFusedLayers = 16;
+
+// RESOURCE_EXHAUSTED naming `layers` when the outputs of every layer (M rows
+// of its out_features, FP32) together exceed what one answer may carry. A layer
+// or shape the daemon cannot resolve here is left to its own LayerForward to
+// report.
+absl::Status CheckFusedOutputs(const Core& core, const v1::LayersForwardRequest& r) {
+  const v1::Operand& input = r.request().input();
+  int64_t m = -1;
+  if (input.has_tensor() && input.tensor().shape_size() == 2) m = input.tensor().shape(0);
+  if (input.has_packed()) m = input.packed().rows();
+  if (m <= 0) return absl::OkStatus();
+  uint64_t bytes = 0;
+  for (const std::string& layer : r.layers()) {
+    absl::StatusOr<LayerSpec> spec = core.registry->FindLayer(r.request().model(), layer, "layers");
+    if (!spec.ok()) return absl::OkStatus();
+    const std::optional<uint64_t> one = mx::CheckedMul(
+        static_cast<uint64_t>(m), static_cast<uint64_t>(spec->out_features) * sizeof(float));
+    const std::optional<uint64_t> sum = one ? mx::CheckedAdd(bytes, *one) : std::nullopt;
+    if (!sum) return absl::InvalidArgumentError("layers: the outputs' size overflows");
+    bytes = *sum;
+  }
+  // Room for each output's shape and ExecutionInfo, as a LayerForward's check.
+  const uint64_t envelope = 4096 * static_cast<uint64_t>(r.layers_size());
+  if (bytes + envelope > static_cast<uint64_t>(core.max_message_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "layers: their outputs (", m, " rows each, FP32) take ", bytes,
+        " bytes, more than one answer carries (--max-message-bytes ", core.max_message_bytes,
+        "); ask for fewer layers or fewer rows per call"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -281,13 +323,19 @@ grpc::ServerUnaryReactor* ComputeService::LayersForward(grpc::CallbackServerCont
       return call.Answer(absl::InvalidArgumentError(absl::StrCat(
           "seeds: expected none or one per layer (", n, "), got ", r.seeds_size())));
     }
+    // Every output comes back in one answer: refuse what could not, before
+    // any work (each layer's own check sees its output alone).
+    if (absl::Status s = CheckFusedOutputs(core_, r); !s.ok()) return call.Answer(s);
     auto fused = std::make_shared<FusedForward>();
+    v1::LayerForwardRequest shell = r.request();  // the one copy of the input
+    fused->input.reset(shell.release_input());
     fused->requests.resize(static_cast<size_t>(n));
     fused->remaining = n;
     fused->answer = call.Answerer();
     for (int i = 0; i < n; ++i) {
       v1::LayerForwardRequest& one = fused->requests[static_cast<size_t>(i)];
-      one = r.request();
+      one = shell;
+      one.unsafe_arena_set_allocated_input(fused->input.get());
       one.set_layer(r.layers(i));
       if (r.seeds_size() > 0) one.set_seed(r.seeds(i));
       call.response()->add_outputs();

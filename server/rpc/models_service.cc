@@ -297,8 +297,10 @@ void PublishAndWarm(const Core& core, const std::string& model, const WarmUpSpec
   Warm(core, model, *version, warm_up, [done](uint64_t published) { done(published); });
 }
 
-void Warm(const Core& core, const std::string& model, uint64_t published,
-          const WarmUpSpec& warm_up, std::function<void(uint64_t)> done) {
+void Warm(const Core& core, std::string model, uint64_t published, WarmUpSpec warm_up,
+          std::function<void(uint64_t)> done) {
+  // By value: with `background`, done() answers the call first, and the call
+  // (whose request `model` may point into) can be gone before the warm-up runs.
   absl::StatusOr<std::string> owner = core.registry->Owner(model);
   Log(LogLevel::kInfo, "weights_published",
       {{"model", model},
@@ -553,7 +555,7 @@ grpc::ServerUnaryReactor* ModelsService::StepOptimizer(grpc::CallbackServerConte
   return Call::Start(core_, Rpc::kStepOptimizer, context, request, response, [this](Call& call) {
     const v1::StepOptimizerRequest& r = call.request();
     if (absl::Status s = call.record().CheckModelOwner(r.model()); !s.ok()) return call.Answer(s);
-    if (!r.has_adamw()) {
+    if (!r.has_adamw() && !r.discard_gradients()) {
       return call.Answer(absl::InvalidArgumentError(
           "adamw: required (torch.optim.AdamW's lr, beta1, beta2, eps, weight_decay)"));
     }
@@ -572,6 +574,9 @@ grpc::ServerUnaryReactor* ModelsService::StepOptimizer(grpc::CallbackServerConte
                         .weight_decay = r.adamw().weight_decay()};
           step.max_grad_norm = r.max_grad_norm();
           step.other_grad_sq_norm = r.other_grad_sq_norm();
+          step.discard = r.discard_gradients();
+          step.quota_bytes = core_.quotas().weight_bytes;
+          if (step.discard) step.adamw = {};  // not read: any hyperparameters pass
           absl::StatusOr<OptimizerStepResult> result =
               core_.registry->StepOptimizer(r.model(), step, core_.profile_pool);
           core_.UpdateMemoryGauges();
@@ -591,6 +596,7 @@ grpc::ServerUnaryReactor* ModelsService::StepOptimizer(grpc::CallbackServerConte
                {"layers", absl::StrCat(result->grad_sq_norms.size())},
                {"total_grad_norm", absl::StrCat(result->total_grad_norm)},
                {"clip_coefficient", absl::StrCat(result->clip_coefficient)}});
+          if (!result->published) return call.Answer(absl::OkStatus());  // nothing stepped
           Warm(core_, r.model(), result->version, warm_up,
                [&call](uint64_t) { call.Answer(absl::OkStatus()); });
         },

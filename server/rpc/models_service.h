@@ -78,7 +78,7 @@ void PublishAndWarm(const Core& core, const std::string& model, const WarmUpSpec
 // version); calls `done(published)` when that is done, or at once with
 // `warm_up.background` (or nothing to warm). Shared by PublishVersion,
 // StepOptimizer and the publish flag of uploads and safetensors loads.
-void Warm(const Core& core, const std::string& model, uint64_t published,
-          const WarmUpSpec& warm_up, std::function<void(uint64_t)> done);
+void Warm(const Core& core, std::string model, uint64_t published, WarmUpSpec warm_up,
+          std::function<void(uint64_t)> done);
 
 }  // namespace mxserve

@@ -516,12 +516,14 @@ TEST_F(RegistryTest, AccumulatedGradientsStepIntoTheNextVersionAsAdamWWould) {
   EXPECT_EQ(stepped.optimizer->Bytes(), 3 * kMasterBytes + kOut);
   EXPECT_EQ(registry_.Describe("m")->quota_bytes, kMasterBytes + 3 * kMasterBytes + kOut);
 
-  // Nothing accumulated since: nothing to step.
+  // Nothing accumulated since: nothing to step, no new version (torch skips a
+  // parameter without a gradient); the coefficient is the trainer's side's.
   absl::StatusOr<OptimizerStepResult> again = registry_.StepOptimizer("m", step);
-  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(again.status().message(),
-            "model: 'm' has no accumulated gradient to step (LayerBackward with accumulate_grad "
-            "first)");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->version, 2u);
+  EXPECT_TRUE(again->grad_sq_norms.empty());
+  EXPECT_EQ(again->clip_coefficient, ClipCoefficient(3.0, 1.0));
+  EXPECT_EQ(registry_.Describe("m")->version, 2u);
   // A second step advances the moments from where the first left them.
   ASSERT_TRUE(stepped.optimizer->Accumulate(0, g2, {}).ok());
   const double squared2 = stepped.optimizer->GradSquaredNorm();
@@ -553,6 +555,39 @@ TEST_F(RegistryTest, StepOptimizerRefusesBadRequestsAndChangesNothing) {
   step.other_grad_sq_norm = std::nan("");
   EXPECT_EQ(registry_.StepOptimizer("m", step).status().message(),
             "other_grad_sq_norm: expected a finite number >= 0, got nan");
+}
+
+TEST_F(RegistryTest, DiscardedGradientsAreForgottenAndQuotaCountsTheOptimizerState) {
+  ASSERT_EQ(Upload(1).value(), 1u);
+  LayerView view = registry_.Lookup("m", "fc", 1).value();
+  ASSERT_TRUE(view.optimizer->Accumulate(0, Values(11), {}).ok());
+  OptimizerStep discard{.adamw = {.lr = 1e-2}, .discard = true};
+  absl::StatusOr<OptimizerStepResult> dropped = registry_.StepOptimizer("m", discard);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_FALSE(dropped->published);
+  EXPECT_EQ(dropped->grad_sq_norms.size(), 1u);  // what was dropped
+  EXPECT_EQ(dropped->version, 1u);
+  EXPECT_FALSE(view.optimizer->HasGradient());
+  EXPECT_EQ(registry_.Describe("m")->version, 1u);
+  // The next gradient is the only one the step sees.
+  ASSERT_TRUE(view.optimizer->Accumulate(0, Values(12), {}).ok());
+  // --quota-weight-bytes: master + accumulator held; the moments (8 B per
+  // parameter) would pass a quota just short of them, and nothing changes.
+  const uint64_t held = registry_.Describe("m")->quota_bytes;
+  EXPECT_EQ(held, 2 * kMasterBytes + kOut);
+  const OptimizerStep tight{.adamw = {.lr = 1e-2}, .quota_bytes = held + 2 * kMasterBytes - 1};
+  absl::StatusOr<OptimizerStepResult> refused = registry_.StepOptimizer("m", tight);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "adamw: --quota-weight-bytes"))
+      << refused.status();
+  EXPECT_TRUE(view.optimizer->HasGradient());
+  EXPECT_FALSE(view.optimizer->HasMoments());
+  const OptimizerStep fits{.adamw = {.lr = 1e-2}, .quota_bytes = held + 2 * kMasterBytes};
+  ASSERT_EQ(registry_.StepOptimizer("m", fits)->version, 2u);
+  EXPECT_EQ(registry_.CheckOwnerQuota("m", 1, held + 2 * kMasterBytes, "x").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(registry_.CheckOwnerQuota("m", 0, held + 2 * kMasterBytes, "x").ok());
+  EXPECT_TRUE(registry_.CheckOwnerQuota("m", 1 << 30, 0, "x").ok());  // no quota
 }
 
 // A budget with room for the master, its accumulator and a stepped copy of the
