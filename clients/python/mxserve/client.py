@@ -552,6 +552,15 @@ class Client:
         return OptimizerStepResult.from_proto(
             self._call("StepOptimizer", self._models.StepOptimizer, request, timeout))
 
+    def discard_gradients(self, model: str,
+                          timeout: Optional[float] = CLIENT_TIMEOUT) -> OptimizerStepResult:
+        """Forgets the gradients `backward(..., accumulate_grad=True)` added up since
+        the last step (e.g. after a backward pass failed midway, whose first layers'
+        gradients are already in); nothing is stepped. Returns what was dropped."""
+        request = models_pb2.StepOptimizerRequest(model=model, discard_gradients=True)
+        return OptimizerStepResult.from_proto(
+            self._call("StepOptimizer", self._models.StepOptimizer, request, timeout))
+
     def download_weights(self, model: str, layer: str, *, bias: bool = False,
                          dtype: str = "fp32", timeout: Optional[float] = CLIENT_TIMEOUT):
         """A layer's published weight [out_features, in_features] (or its bias,

@@ -121,3 +121,75 @@ def test_a_decode_step_fuses_siblings_and_keeps_the_bits(client, model_name):
     assert plain[1] == {"LayerForward": 15, "LayersForward": 0}
     # Per block: q/k/v one call, gate/up one, o and down their own; then lm_head.
     assert fused[1] == {"LayerForward": 2 * 2 + 1, "LayersForward": 2 * 2}
+
+
+class CrossAttention(torch.nn.Module):
+    """q from the decoder's input, k and v from another tensor: the siblings take
+    different inputs, so fusing them would be wrong."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj = torch.nn.Linear(16, 16)
+        self.k_proj = torch.nn.Linear(16, 16)
+        self.v_proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x, memory):
+        return self.q_proj(x) + self.k_proj(memory) * self.v_proj(memory)
+
+
+def test_siblings_on_different_inputs_are_not_served_from_the_fused_call(client, model_name):
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(CrossAttention())
+    session = offload(model, client, name=model_name, format="FP32")
+    try:
+        x, memory = torch.randn(2, 16), torch.randn(2, 16)
+        with client.phase("rollout"), torch.no_grad():
+            first = model[0](x, memory)
+            second = model[0](x, memory)  # no longer fused: one miss is enough
+        with session.local() as plain, torch.no_grad():
+            expected = plain[0](x, memory)
+        assert torch.allclose(first, expected, rtol=1e-6, atol=1e-6)
+        assert torch.equal(first, second)
+        assert session._unfused == {("0.q_proj", "0.k_proj", "0.v_proj")}
+    finally:
+        session.restore()
+
+
+class InPlace(torch.nn.Module):
+    """The siblings' one input, modified in place between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(16, 16)
+        self.up_proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        gate = self.gate_proj(x)
+        x.mul_(2)
+        return gate * self.up_proj(x)
+
+
+def test_an_input_modified_in_place_is_not_served_stale(client, model_name):
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(InPlace())
+    session = offload(model, client, name=model_name, format="FP32")
+    try:
+        x = torch.randn(2, 16)
+        with client.phase("rollout"), torch.no_grad():
+            got = model(x.clone())
+        with session.local() as plain, torch.no_grad():
+            expected = plain(x.clone())
+        assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6)
+    finally:
+        session.restore()
+
+
+def test_a_fused_call_refuses_outputs_that_would_not_fit_one_answer(daemon, model_name):
+    with mxserve.Client(daemon.address) as big:
+        register(big, model_name)
+        rows = (64 << 20) // (4 * 128) + 1  # q + k + v: 128 columns of FP32 per row
+        x = np.zeros((rows, 48), np.float32)
+        with pytest.raises(mxserve.MxserveError) as error:
+            big.forward_many(model_name, ["q", "k", "v"], x, phase="rollout", format="FP32")
+        assert error.value.code.name == "RESOURCE_EXHAUSTED"
+        assert "layers: their outputs" in error.value.message

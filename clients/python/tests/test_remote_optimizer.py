@@ -189,8 +189,12 @@ def test_step_and_download_reject_bad_input_and_the_daemon_keeps_serving(client,
             assert error.value.code.name == code, error.value
             assert text in error.value.message, error.value.message
 
-        fails("FAILED_PRECONDITION", "has no accumulated gradient to step",
-              client.step_optimizer, model_name, lr=1e-3)
+        # Nothing accumulated: nothing stepped, no new version, the local side's
+        # clipping still worked out.
+        idle = client.step_optimizer(model_name, lr=1e-3, max_grad_norm=1.0,
+                                     other_grad_sq_norm=4.0)
+        assert (idle.weight_version, idle.grad_sq_norms, idle.total_grad_norm) == (1, {}, 2.0)
+        assert idle.clip_coefficient == pytest.approx(1 / (2 + 1e-6), rel=1e-7)
         fails("NOT_FOUND", "no-such-model", client.step_optimizer, "no-such-model", lr=1e-3)
         fails("INVALID_ARGUMENT", "adamw.lr: expected a finite value >= 0, got -1",
               client.step_optimizer, model_name, lr=-1.0)
@@ -264,3 +268,41 @@ def test_a_publish_warms_what_it_is_told(client, model_name):
     with pytest.raises(ValueError, match="warm_up: expected 'previous', 'none' or a list"):
         client.publish(model_name, warm_up="all")
     client.delete_model(model_name)
+
+
+def test_discarded_gradients_and_what_stays_local(client, model_name):
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(16, 24), nn.GELU(), nn.Linear(24, 24), nn.GELU(),
+                          nn.Linear(24, 8))
+    model[2].bias.requires_grad_(False)  # a frozen bias: the daemon would step it
+    shared = nn.Linear(8, 8)
+    model.append(shared)
+    model.append(nn.Sequential(shared))  # one module twice: still one layer
+    session = offload(model, client, name=model_name, format="FP32",
+                      optimizer=RemoteAdamW(lr=1e-2))
+    try:
+        assert session.remote_stepped == {"0", "4", "5"}
+        x = torch.randn(3, 16)
+        with client.phase("update"):
+            model(x).sum().backward()
+        # A failed pass's gradients can be dropped; the next step sees none of them.
+        assert session.discard_gradients() == 3
+        before = client.describe_model(model_name).weight_version
+        idle = session.step()
+        assert idle.grad_sq_norms == {} and idle.weight_version == before
+        with client.phase("update"):
+            model(x).sum().backward()
+        assert set(session.step().grad_sq_norms) == {"0", "4", "5"}
+        # local() runs the trained weights: it fetches them first.
+        with session.local() as plain, torch.no_grad():
+            assert not session.weights_stale
+            local_y = plain(x)
+        with client.phase("rollout"), torch.no_grad():
+            remote_y = model(x)
+        assert torch.allclose(local_y, remote_y, rtol=1e-5, atol=1e-6)
+    finally:
+        session.restore()
+    with pytest.raises(ValueError, match="no offloaded layer can be stepped on the daemon"):
+        tied = nn.Sequential(nn.Embedding(8, 8), nn.Linear(8, 8, bias=False))
+        tied[1].weight = tied[0].weight
+        offload(tied, client, name=model_name + "-tied", optimizer=RemoteAdamW())

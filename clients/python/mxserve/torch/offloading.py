@@ -23,9 +23,11 @@ FP32 (`grad_weight="local"`).
 Siblings that take one input — a Llama/Qwen2 block's q_proj, k_proj and v_proj,
 its gate_proj and up_proj — run as one `Compute.LayersForward` when the first of
 them is called (`fuse=True`, the default); the others' outputs are kept for their
-own calls on the same, unchanged tensor (same storage, shape and version
-counter, phase, run and weight version), so a block costs 4 round trips, not 7,
-with the same bits.
+own calls with the very same tensor object, unmodified (its version counter),
+in the same phase, run, weight version and format, so a block costs 4 round
+trips, not 7, with the same bits. A group whose siblings turn out to take
+different inputs (cross-attention) is not fused again; inference-mode tensors
+(no version counter) are not fused.
 
 A call too large for one gRPC message (a vocabulary projection's logits, its
 151936 × 896 weight gradient) is split into several, each under the client's
@@ -80,6 +82,7 @@ import collections
 import contextlib
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -182,7 +185,7 @@ class _OffloadedLinearFunction(torch.autograd.Function):
         # scope loss.backward() happens to be called in.
         run = session.client.current_run or ""
         x2d = x.reshape(-1, layer.in_features)
-        y, ctx.format, ctx.version = session.layer_forward(layer, x2d, phase, run)
+        y, ctx.format, ctx.version = session.layer_forward(layer, x2d, phase, run, source=x)
         ctx.layer, ctx.phase, ctx.run = layer, phase, run
         ctx.input_shape = x.shape
         if weight.requires_grad:
@@ -322,7 +325,8 @@ class OffloadSession:
         # its group, in call order), and the outputs of the siblings not yet asked
         # for: layer → (key of the input, Y, ExecutionInfo).
         self.fused_groups: Dict[str, Tuple[str, ...]] = {}
-        self._fused: Dict[str, Tuple[tuple, torch.Tensor, ExecutionInfo]] = {}
+        self._fused: Dict[str, Tuple[weakref.ref, tuple, torch.Tensor, ExecutionInfo]] = {}
+        self._unfused: set = set()  # groups whose siblings proved to take different inputs
         # optimizer=RemoteAdamW: the layers the daemon steps (not tied to another
         # module's parameter), and whether their local copies are behind its masters.
         self.optimizer = optimizer
@@ -349,11 +353,17 @@ class OffloadSession:
             elsewhere = collections.Counter(
                 id(p) for m in model.modules() if not offloadable(m)
                 for p in m.parameters(recurse=False))
+            # ... and so is one two offloaded layers share: the daemon holds two masters.
+            for layer in self.layers.values():
+                for p in (layer.weight, layer.bias):
+                    if p is not None:
+                        elsewhere[id(p)] += 1
             for n, layer in self.layers.items():
                 params = [layer.weight] + ([] if layer.bias is None else [layer.bias])
-                # A frozen weight sends no input back, so its bias' gradient could
-                # not be accumulated: such a layer stays local too.
-                if layer.weight.requires_grad and not any(elsewhere[id(p)] for p in params):
+                # The daemon steps weight and bias together: both must train (a
+                # frozen weight sends no input back; a frozen bias would move).
+                if all(p.requires_grad for p in params) and \
+                        all(elsewhere[id(p)] == 1 for p in params):
                     self.remote_stepped.add(n)
             if not self.remote_stepped:
                 raise ValueError("optimizer: no offloaded layer can be stepped on the daemon "
@@ -469,6 +479,13 @@ class OffloadSession:
             self._upload(tied, warm_up)
         return result
 
+    def discard_gradients(self) -> int:
+        """Forgets the gradients accumulated on the daemon since the last step (call
+        it when a backward pass failed midway: its finished layers' gradients are
+        already there and would count twice after a retry); returns how many
+        layers had one. The local gradients are the caller's to zero."""
+        return len(self.client.discard_gradients(self.model_name).grad_sq_norms)
+
     def fetch_weights(self, dtype: str = "fp32") -> int:
         """Reads the daemon's masters of the layers it steps into the local
         parameters (in place, in their dtype); returns the weight version read.
@@ -493,7 +510,10 @@ class OffloadSession:
     def local(self) -> Iterator[nn.Module]:
         """Inside, the model runs here with its original modules: the layers'
         math in the parameters' own precision, no RPC (a calibration pass, a
-        reference). The offloaded modules are back on exit."""
+        reference). The offloaded modules are back on exit. With a RemoteAdamW,
+        the daemon's stepped weights are fetched first."""
+        if self.weights_stale:
+            self.fetch_weights()
         self._swap({id(layer): self._originals[n] for n, layer in self.layers.items()})
         try:
             yield self.model
@@ -510,29 +530,42 @@ class OffloadSession:
         return max(1, self._message_budget() // max(1, row_bytes))
 
     def layer_forward(self, layer: OffloadedLinear, x2d: torch.Tensor, phase: Optional[str],
-                      run: str) -> Tuple[torch.Tensor, _wire.FormatLike, int]:
+                      run: str, source: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, _wire.FormatLike, int]:
         """Y (FP32) for one forward, where the session computes; with the format and
-        weight version its backward must use."""
+        weight version its backward must use. `source`: the tensor the module was
+        called with (x2d is its 2-D view), which fused siblings are matched by."""
         if self.compute == "local":
             fmt = self.local_format(layer, phase)
             return self.local_forward(layer, x2d, fmt, phase, run), fmt, self.weight_version
         fmt = layer.effective_format
         group = self.fused_groups.get(layer.layer_name)
-        if group is not None:
-            # The same tensor, unchanged, in the same phase, run and version.
-            key = (x2d.data_ptr(), tuple(x2d.shape), tuple(x2d.stride()), x2d.dtype,
-                   x2d._version, phase, run, self.weight_version)
+        if (group is not None and group not in self._unfused and source is not None
+                and not source.is_inference()):  # inference tensors keep no version
+            # The very tensor the first sibling got (held by a weak reference, so
+            # never another one at its address), not modified since, in the same
+            # phase, run, weight version and format.
+            key = (source._version, phase, run, self.weight_version, fmt)
             held = self._fused.pop(layer.layer_name, None)
-            if held is not None and held[0] == key:
-                return held[1], fmt, held[2].weight_version
-            fused = self._fused_forward(layer, group, x2d, fmt, phase, run, key)
-            if fused is not None:
-                return fused
+            if held is not None:
+                if held[0]() is source and held[1] == key:
+                    return held[2], fmt, held[3].weight_version
+                # Siblings on different inputs (cross-attention): stop fusing them.
+                self._unfused.add(group)
+                for name in group:
+                    self._fused.pop(name, None)
+            elif layer.layer_name == group[0]:
+                for name in group:
+                    self._fused.pop(name, None)
+                fused = self._fused_forward(layer, group, x2d, fmt, phase, run,
+                                            weakref.ref(source), key)
+                if fused is not None:
+                    return fused
         y, info = self.remote_forward(layer, x2d, fmt, phase, run)
         return y, fmt, info.weight_version
 
     def _fused_forward(self, layer: OffloadedLinear, group: Tuple[str, ...], x2d: torch.Tensor,
-                       fmt, phase: Optional[str], run: str, key: tuple):
+                       fmt, phase: Optional[str], run: str, source: weakref.ref, key: tuple):
         """Y of `layer` from one LayersForward of its whole group, keeping its
         siblings' outputs for their own calls; None (run it alone) where the group
         does not share a format or its call would not fit in a message."""
@@ -557,7 +590,7 @@ class OffloadSession:
             if member is layer:
                 mine = result
             else:
-                self._fused[member.layer_name] = (key, result.output, result.info)
+                self._fused[member.layer_name] = (source, key, result.output, result.info)
         return mine.output, fmt, mine.info.weight_version
 
     def _next_seed(self) -> int:
@@ -603,14 +636,14 @@ class OffloadSession:
         grad_input along the rows of dY, and grad_weight (with grad_bias) along the
         rows of W, each slice carrying all of X. `x_size`: X's element size, None
         when grad_weight is not asked. `accumulate`: grad_weight stays on the
-        daemon, so only the requests bound the slices."""
+        daemon, but it is still made whole there per call, so it is sliced as an
+        answer would be."""
         if not (need_x or x_size is not None or need_b):
             return []
         n, k = layer.out_features, layer.in_features
         x_bytes = 0 if x_size is None else m * k * x_size
         request_bytes = m * n * dy_size + x_bytes
-        gradient_bytes = 0 if x_size is None or accumulate else (n * k + n) * 4
-        response_bytes = m * k * 4 + gradient_bytes
+        response_bytes = m * k * 4 + (0 if x_size is None else (n * k + n) * 4)
         budget = self._message_budget()
         if request_bytes <= budget and response_bytes <= budget:
             return [_Call(range(m), None, x_size is not None)]
@@ -620,9 +653,8 @@ class OffloadSession:
             calls += [_Call(range(start, min(m, start + step)), None, False)
                       for start in range(0, m, step)]
         if x_size is not None:
-            width = (budget - x_bytes) // (m * dy_size) if x_bytes < budget else 0
-            if not accumulate:
-                width = min(width, budget // ((k + 1) * 4))
+            width = min((budget - x_bytes) // (m * dy_size) if x_bytes < budget else 0,
+                        budget // ((k + 1) * 4))
             if width < 1:
                 raise ValueError(
                     f"{layer.layer_name}: grad_weight needs all of the input X ({m} x {k}, "
@@ -932,9 +964,11 @@ class OffloadSession:
         with `delete`, removes the model from the daemon — after reporting any
         local calls not yet reported. With a RemoteAdamW, the daemon's stepped
         weights are fetched into them first."""
-        if self.weights_stale:
-            self.fetch_weights()
-        self._swap({id(layer): self._originals[n] for n, layer in self.layers.items()})
+        try:
+            if self.weights_stale:
+                self.fetch_weights()
+        finally:
+            self._swap({id(layer): self._originals[n] for n, layer in self.layers.items()})
         self.flush_work()
         if delete:
             try:
