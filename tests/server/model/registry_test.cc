@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -588,6 +589,38 @@ TEST_F(RegistryTest, DiscardedGradientsAreForgottenAndQuotaCountsTheOptimizerSta
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(registry_.CheckOwnerQuota("m", 0, held + 2 * kMasterBytes, "x").ok());
   EXPECT_TRUE(registry_.CheckOwnerQuota("m", 1 << 30, 0, "x").ok());  // no quota
+}
+
+// Gradients arriving while steps run (the writer lock, shared by Accumulate):
+// each lands in exactly one step, and a step never sees one arrive between its
+// norms and its update. Run under TSAN too (make test-tsan).
+TEST_F(RegistryTest, GradientsArrivingDuringStepsCountOnceEach) {
+  ASSERT_EQ(Upload(1).value(), 1u);
+  std::shared_ptr<LayerOptimizer> optimizer = registry_.Lookup("m", "fc", 1)->optimizer;
+  // Each gradient is all ones: a step's ‖g‖² says how many it summed (exactly).
+  const std::vector<float> ones(kOut * kIn, 1.0f);
+  constexpr int kGradients = 5000;
+  std::atomic<bool> done{false};
+  std::thread adder([&] {
+    for (int i = 0; i < kGradients; ++i) ASSERT_TRUE(optimizer->Accumulate(0, ones, {}).ok());
+    done = true;
+  });
+  double summed = 0;
+  const OptimizerStep step{.adamw = {.lr = 1e-3}};
+  auto take = [&] {
+    absl::StatusOr<OptimizerStepResult> result = registry_.StepOptimizer("m", step);
+    ASSERT_TRUE(result.ok()) << result.status();
+    for (const auto& [layer, sq_norm] : result->grad_sq_norms) {
+      // ‖n·1‖² = n²·N·K: a whole number of gradients, never a part of one.
+      const double n = std::sqrt(sq_norm / (kOut * kIn));
+      EXPECT_EQ(n, std::round(n));
+      summed += n;
+    }
+  };
+  while (!done) take();
+  adder.join();
+  take();
+  EXPECT_EQ(summed, kGradients);
 }
 
 // A budget with room for the master, its accumulator and a stepped copy of the
