@@ -273,6 +273,9 @@ class ForwardItem final : public ComputeItem {
                              static_cast<int>(x_.format), "/", static_cast<int>(weight_format_));
   }
 
+  // LayerForwardRequest.output_dtype BF16: the answer carries the output so.
+  void set_output_bf16(bool bf16) { output_bf16_ = bf16; }
+
  private:
   // One GEMM for every member of a batch: the inputs' rows stacked, the
   // outputs split.
@@ -361,6 +364,7 @@ class ForwardItem final : public ComputeItem {
   void Answer(std::span<const float> y, int64_t m, int64_t n, int64_t k, size_t batch,
               double queue_seconds, double compute_seconds, const std::string& kernel) {
     if (!y.empty()) EncodeMatrix(y, m, n, response_->mutable_output());
+    if (output_bf16_) NarrowToBf16(response_->mutable_output());
     const LayerCallCost cost = PriceForward(core_, x_.format, weight_format_, m, n, k);
     FillInfo(core_, x_.format, weight_format_, view_.weights->version(), batch, queue_seconds,
              compute_seconds, cost.model, kernel, response_->mutable_info());
@@ -372,6 +376,7 @@ class ForwardItem final : public ComputeItem {
   Phase phase_;
   LayerView view_;
   mx::Format weight_format_;
+  bool output_bf16_ = false;
   Activation x_;
   mx::QuantizeOptions options_;  // for X (its scale rule; each member's own)
   v1::LayerForwardResponse* response_;
@@ -669,9 +674,19 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareForward(const ComputeContext& c
   MX_RETURN_IF_ERROR(core.backend->Serves(x.format));  // a packed input's own
   MX_RETURN_IF_ERROR(CheckOutputSize(core, x.rows, spec.out_features, "input", "output",
                                      "split the input's rows (M) over several requests"));
-  return std::make_unique<ForwardItem>(core, call, std::move(done), request.run(), layer.phase,
-                                       std::move(layer.view), layer.format, std::move(x),
-                                       layer.options, response);
+  if (request.output_dtype() != v1::DTYPE_UNSPECIFIED &&
+      request.output_dtype() != v1::DTYPE_FP32 && request.output_dtype() != v1::DTYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output_dtype: expected DTYPE_FP32 or DTYPE_BF16, got ",
+                     v1::DType_Name(request.output_dtype()).empty()
+                         ? absl::StrCat(static_cast<int>(request.output_dtype()))
+                         : v1::DType_Name(request.output_dtype())));
+  }
+  auto item = std::make_unique<ForwardItem>(core, call, std::move(done), request.run(),
+                                            layer.phase, std::move(layer.view), layer.format,
+                                            std::move(x), layer.options, response);
+  item->set_output_bf16(request.output_dtype() == v1::DTYPE_BF16);
+  return item;
 }
 
 absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& core,

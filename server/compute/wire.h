@@ -92,5 +92,7 @@ absl::StatusOr<mx::QuantizedMatrix> DecodePacked(const v1::PackedOperand& packed
 void EncodeMatrix(std::span<const float> values, int64_t rows, int64_t cols, v1::Tensor* tensor);
 // An FP32 vector tensor [n].
 void EncodeVector(std::span<const float> values, v1::Tensor* tensor);
+// An FP32 tensor rounded to BF16 (nearest even) in place: half its bytes.
+void NarrowToBf16(v1::Tensor* tensor);
 
 }  // namespace mxserve

@@ -373,13 +373,17 @@ class Client:
             scale_rule=_scale_rule(scale_rule), **_rounding_fields(rounding, seed))
 
     def _forward_request(self, model, layer, x, format, phase, min_weight_version, run,
-                         scale_rule=None, rounding=None, seed=None):
+                         scale_rule=None, rounding=None, seed=None, output_dtype=None):
+        wire_output = {None: common_pb2.DTYPE_UNSPECIFIED, "fp32": common_pb2.DTYPE_FP32,
+                       "bf16": common_pb2.DTYPE_BF16}.get(output_dtype)
+        if wire_output is None:
+            raise ValueError(f"output_dtype: expected None, 'fp32' or 'bf16', got {output_dtype!r}")
         return compute_pb2.LayerForwardRequest(
             model=model, layer=layer, phase=self._resolve_phase(phase), run=self._resolve_run(run),
             format=_wire.format_to_wire(format),
             input=common_pb2.Operand(tensor=_wire.to_tensor(x, "input")),
             min_weight_version=min_weight_version, scale_rule=_scale_rule(scale_rule),
-            **_rounding_fields(rounding, seed))
+            output_dtype=wire_output, **_rounding_fields(rounding, seed))
 
     def _backward_request(self, model, layer, grad_output, input, format, phase,
                           min_weight_version, run, weight_rows=None, scale_rule=None,
@@ -422,11 +426,15 @@ class Client:
                 phase: Optional[_wire.PhaseLike] = None, min_weight_version: int = 0,
                 run: Optional[str] = None, scale_rule: Optional[str] = None,
                 rounding: Optional[str] = None, seed: Optional[int] = None,
+                output_dtype: Optional[str] = None,
                 timeout: Optional[float] = CLIENT_TIMEOUT) -> ComputeResult:
         """Y = X·Wᵀ + bias for a registered layer. X is [M, in_features]; the format
-        is explicit or the model's policy's choice for (phase, layer)."""
+        is explicit or the model's policy's choice for (phase, layer).
+        `output_dtype="bf16"`: Y travels rounded to BF16 (nearest even; half the
+        bytes), returned widened to float32 (a torch input gets its dtype back
+        from the caller's `.to`)."""
         request = self._forward_request(model, layer, x, format, phase, min_weight_version, run,
-                                        scale_rule, rounding, seed)
+                                        scale_rule, rounding, seed, output_dtype)
         response = self._call("LayerForward", self._compute.LayerForward, request, timeout)
         return ComputeResult.from_proto(response.output, response.info, x)
 
@@ -434,7 +442,7 @@ class Client:
                      format: _wire.FormatLike = None, phase: Optional[_wire.PhaseLike] = None,
                      min_weight_version: int = 0, run: Optional[str] = None,
                      scale_rule: Optional[str] = None, rounding: Optional[str] = None,
-                     seeds: Optional[Sequence[int]] = None,
+                     seeds: Optional[Sequence[int]] = None, output_dtype: Optional[str] = None,
                      timeout: Optional[float] = CLIENT_TIMEOUT) -> List[ComputeResult]:
         """`forward` of several layers that take the same X (a block's q, k and v;
         gate and up) in one Compute.LayersForward call: X crosses the wire once,
@@ -442,7 +450,7 @@ class Client:
         one per layer where the rounding is stochastic."""
         request = compute_pb2.LayersForwardRequest(
             request=self._forward_request(model, "", x, format, phase, min_weight_version, run,
-                                          scale_rule, rounding, None),
+                                          scale_rule, rounding, None, output_dtype),
             layers=list(layers),
             seeds=[_rounding_fields(None, seed)["seed"] for seed in (seeds or ())])
         response = self._call("LayersForward", self._compute.LayersForward, request, timeout)

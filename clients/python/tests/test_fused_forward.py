@@ -193,3 +193,60 @@ def test_a_fused_call_refuses_outputs_that_would_not_fit_one_answer(daemon, mode
             big.forward_many(model_name, ["q", "k", "v"], x, phase="rollout", format="FP32")
         assert error.value.code.name == "RESOURCE_EXHAUSTED"
         assert "layers: their outputs" in error.value.message
+
+
+def test_bf16_outputs_are_the_fp32_ones_rounded_to_nearest_even(client, model_name):
+    register(client, model_name)
+    x = torch.randn(7, 48).to(torch.bfloat16)
+    for fmt in ("FP32", "MXFP8_E4M3"):
+        wide = client.forward(model_name, "q", x, phase="rollout", format=fmt).output
+        narrow = client.forward(model_name, "q", x, phase="rollout", format=fmt,
+                                output_dtype="bf16")
+        assert narrow.output.dtype == torch.float32  # widened exactly on arrival
+        assert torch.equal(narrow.output.to(torch.bfloat16), wide.to(torch.bfloat16)), fmt
+        assert torch.equal(narrow.output, narrow.output.to(torch.bfloat16).float())
+    fused = client.forward_many(model_name, ["q", "k"], x, phase="rollout", format="FP32",
+                                output_dtype="bf16")
+    alone = client.forward(model_name, "q", x, phase="rollout", format="FP32",
+                           output_dtype="bf16").output
+    assert torch.equal(fused[0].output, alone)
+    # Half the bytes come back.
+    before = client.bytes_received["LayerForward"]
+    client.forward(model_name, "q", x, phase="rollout", format="FP32", output_dtype="bf16")
+    bf16_bytes = client.bytes_received["LayerForward"] - before
+    before = client.bytes_received["LayerForward"]
+    client.forward(model_name, "q", x, phase="rollout", format="FP32")
+    fp32_bytes = client.bytes_received["LayerForward"] - before
+    assert fp32_bytes - bf16_bytes == 7 * 64 * 2
+    request = client._forward_request(model_name, "q", x, "FP32", "rollout", 0, None)
+    request.output_dtype = 3  # DTYPE_FP16
+    with pytest.raises(mxserve.MxserveError, match="output_dtype: expected DTYPE_FP32 or "
+                                                   "DTYPE_BF16, got DTYPE_FP16"):
+        client._call("LayerForward", client._compute.LayerForward, request, None)
+    with pytest.raises(ValueError, match="output_dtype: expected None, 'fp32' or 'bf16'"):
+        client.forward(model_name, "q", x, phase="rollout", output_dtype="fp16")
+
+
+def test_a_bf16_model_gets_bf16_outputs_with_the_same_bits(client, model_name, monkeypatch):
+    from mxserve.torch import offloading
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY)).eval().to(torch.bfloat16)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    session = offload(model, client, name=model_name, policy="D")
+    try:
+        before = client.bytes_received["LayersForward"] + client.bytes_received["LayerForward"]
+        with client.phase("rollout"), torch.no_grad():
+            narrow = model(ids).logits
+        received = (client.bytes_received["LayersForward"] +
+                    client.bytes_received["LayerForward"] - before)
+        # 4 tokens: every layer's output in BF16 (2 bytes), plus shapes and infos.
+        outputs = sum(4 * layer.out_features * 2 for layer in session.layers.values())
+        assert outputs < received < outputs + 15 * 400
+        monkeypatch.setattr(offloading, "_output_dtype", lambda x: None)  # FP32 on the wire
+        with client.phase("rollout"), torch.no_grad():
+            wide = model(ids).logits
+        assert narrow.dtype == torch.bfloat16
+        assert torch.equal(narrow, wide)
+    finally:
+        session.restore()

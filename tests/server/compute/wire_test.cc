@@ -172,5 +172,28 @@ TEST(Wire, WirePhaseNamesAreTheDaemonsLabels) {
   EXPECT_EQ(WireName(static_cast<v1::Phase>(9)), "phase#9");
 }
 
+TEST(Wire, NarrowToBf16RoundsToNearestEvenInPlace) {
+  // 1; 1 + 2^-8 (a tie: down to even); 1 + 3·2^-8 (a tie: up to even); just
+  // above a tie (up); -0; the largest float (rounds up to Inf); a NaN.
+  const std::vector<uint32_t> in = {0x3f800000, 0x3f808000, 0x3f818000, 0x3f808001,
+                                    0x80000000, 0x7f7fffff, 0x7fc00001};
+  const std::vector<uint16_t> want = {0x3f80, 0x3f80, 0x3f82, 0x3f81, 0x8000, 0x7f80, 0};
+  v1::Tensor tensor;
+  tensor.set_dtype(v1::DTYPE_FP32);
+  tensor.add_shape(1);
+  tensor.add_shape(static_cast<int64_t>(in.size()));
+  tensor.mutable_data()->assign(reinterpret_cast<const char*>(in.data()), in.size() * 4);
+  NarrowToBf16(&tensor);
+  EXPECT_EQ(tensor.dtype(), v1::DTYPE_BF16);
+  ASSERT_EQ(tensor.data().size(), in.size() * 2);
+  std::vector<uint16_t> got(in.size());
+  std::memcpy(got.data(), tensor.data().data(), tensor.data().size());
+  for (size_t i = 0; i + 1 < in.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
+  EXPECT_EQ(got.back() & 0x7f80, 0x7f80);  // a NaN stays a NaN
+  EXPECT_NE(got.back() & 0x007f, 0);
+  NarrowToBf16(&tensor);  // not FP32 any more: left alone
+  EXPECT_EQ(tensor.data().size(), in.size() * 2);
+}
+
 }  // namespace
 }  // namespace mxserve

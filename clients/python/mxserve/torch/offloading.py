@@ -580,7 +580,8 @@ class OffloadSession:
         seeds = [self._next_seed() for _ in members]  # each its own, as unfused calls draw
         results = self.client.forward_many(self.model_name, list(group), x2d, format=fmt,
                                            phase=phase, run=run,
-                                           min_weight_version=self.weight_version, seeds=seeds)
+                                           min_weight_version=self.weight_version, seeds=seeds,
+                                           output_dtype=_output_dtype(x2d))
         mine = None
         for member, result in zip(members, results):
             self.account(phase, result.info)
@@ -611,7 +612,8 @@ class OffloadSession:
             result = self.client.forward(self.model_name, layer.layer_name,
                                          x2d[rows.start:rows.stop], format=fmt, phase=phase,
                                          run=run, min_weight_version=self.weight_version,
-                                         seed=self._next_seed())
+                                         seed=self._next_seed(),
+                                         output_dtype=_output_dtype(x2d))
             self.account(phase, result.info)
             # What ForwardItem::Answer books: this request's rows, even when the
             # daemon batched it with others.
@@ -1005,6 +1007,12 @@ def offload(model: nn.Module, client: Client, name: str, policy: str = "",
     return OffloadSession(model, client, name, policy=policy, grad_weight=grad_weight,
                           format=format, replace=replace, compute=compute, seed=seed,
                           optimizer=optimizer, fuse=fuse)
+
+
+def _output_dtype(x: torch.Tensor) -> Optional[str]:
+    """A BF16 model's outputs travel as BF16: the daemon rounds them to nearest
+    even, as the forward's `.to(x.dtype)` would, for half the bytes."""
+    return "bf16" if x.dtype == torch.bfloat16 else None
 
 
 def _sibling_groups(model: nn.Module, layers: Dict[str, "OffloadedLinear"]
