@@ -161,7 +161,7 @@ void BookEmulatedCalls(const ComputeContext& core, Rpc rpc, Phase phase, const s
                             .emulated_requests = 1};
   core.ledger->Add("fpga_model", phase, run, when, amount, times, who);
   core.ledger->AddModel(model, "fpga_model", phase, amount, times);
-  for (uint64_t i = 0; i < times; ++i) core.metrics->RecordModelEnergy(model, phase, cost.model.joules);
+  core.metrics->RecordModelEnergy(model, phase, cost.model.joules, times);
   core.metrics->RecordEmulatedCompute({.rpc = rpc,
                                        .phase = phase,
                                        .format = format,

@@ -8,6 +8,13 @@
 
 namespace mxserve {
 
+absl::Status LayerOptimizer::Charge(uint64_t bytes, absl::string_view what, Reservation& into) {
+  MX_RETURN_IF_ERROR(ReserveInto(budget_, bytes, absl::StrCat(what, " of layer ", Quote(layer_)),
+                                 into, principal_));
+  bytes_ += bytes;
+  return absl::OkStatus();
+}
+
 absl::Status LayerOptimizer::Accumulate(int64_t first_row, std::span<const float> grad_weight,
                                         std::span<const float> grad_bias) {
   std::shared_lock<std::shared_mutex> gate;
@@ -15,11 +22,7 @@ absl::Status LayerOptimizer::Accumulate(int64_t first_row, std::span<const float
   MutexLock lock(&mu_);
   if (grad_weight_.empty()) {
     // rows × cols fit memory already: the layer's master holds as many floats.
-    const uint64_t bytes = AccumulatorBytes();
-    MX_RETURN_IF_ERROR(ReserveInto(budget_, bytes,
-                                   absl::StrCat("the gradient accumulator of layer ", Quote(layer_)),
-                                   grad_reservation_, principal_));
-    bytes_ += bytes;
+    MX_RETURN_IF_ERROR(Charge(AccumulatorBytes(), "the gradient accumulator", grad_reservation_));
     grad_weight_.assign(weight_elements(), 0.0f);
     grad_bias_.assign(bias_elements(), 0.0f);
     has_row_.assign(static_cast<size_t>(rows_), 0);
@@ -101,11 +104,11 @@ absl::StatusOr<LayerOptimizer::Stepped> LayerOptimizer::Step(std::span<const flo
   Stepped out;
   out.weight.assign(weight.begin(), weight.end());
   out.bias.assign(bias.begin(), bias.end());
-  out.step = ++step_;
-  AdamWStep(out.weight, grad_weight_, grad_scale, exp_avg_weight_, exp_avg_sq_weight_, out.step,
+  ++step_;
+  AdamWStep(out.weight, grad_weight_, grad_scale, exp_avg_weight_, exp_avg_sq_weight_, step_,
             params);
   if (bias_) {
-    AdamWStep(out.bias, grad_bias_, grad_scale, exp_avg_bias_, exp_avg_sq_bias_, out.step, params);
+    AdamWStep(out.bias, grad_bias_, grad_scale, exp_avg_bias_, exp_avg_sq_bias_, step_, params);
   }
   std::fill(has_row_.begin(), has_row_.end(), 0);
   rows_with_gradient_ = 0;
@@ -115,11 +118,7 @@ absl::StatusOr<LayerOptimizer::Stepped> LayerOptimizer::Step(std::span<const flo
 absl::Status LayerOptimizer::ReserveMoments() {
   MutexLock lock(&mu_);
   if (!exp_avg_weight_.empty()) return absl::OkStatus();
-  const uint64_t bytes = MomentBytes();
-  MX_RETURN_IF_ERROR(ReserveInto(budget_, bytes,
-                                 absl::StrCat("AdamW's moments of layer ", Quote(layer_)),
-                                 moment_reservation_, principal_));
-  bytes_ += bytes;
+  MX_RETURN_IF_ERROR(Charge(MomentBytes(), "AdamW's moments", moment_reservation_));
   exp_avg_weight_.assign(weight_elements(), 0.0f);
   exp_avg_sq_weight_.assign(weight_elements(), 0.0f);
   exp_avg_bias_.assign(bias_elements(), 0.0f);

@@ -15,13 +15,13 @@
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/base/mutex.h"
 #include "server/model/adamw.h"
 #include "server/model/memory_budget.h"
@@ -78,7 +78,6 @@ class LayerOptimizer {
   struct Stepped {
     std::vector<float> weight;
     std::vector<float> bias;  // empty without bias
-    int64_t step = 0;         // this layer's step count after it
   };
   // One AdamW step of the masters `weight` and `bias` with the accumulated
   // gradient times `grad_scale`: the moments advance, the accumulator empties,
@@ -101,6 +100,9 @@ class LayerOptimizer {
 
  private:
   size_t weight_elements() const { return static_cast<size_t>(rows_ * cols_); }
+  // Reserves `bytes` for `what` of this layer into `into`, and counts them in Bytes().
+  absl::Status Charge(uint64_t bytes, absl::string_view what, Reservation& into)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t bias_elements() const { return bias_ ? static_cast<size_t>(rows_) : 0; }
 
   const std::string layer_;

@@ -496,7 +496,7 @@ absl::StatusOr<std::shared_ptr<std::shared_mutex>> Registry::Writer(
 absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view model_name,
                                                             const OptimizerStep& request,
                                                             mx::kernels::ThreadPool* pool) {
-  MX_RETURN_IF_ERROR(CheckAdamW(request.adamw, "adamw."));
+  if (!request.discard) MX_RETURN_IF_ERROR(CheckAdamW(request.adamw, "adamw."));
   if (!std::isfinite(request.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_grad_norm: expected a finite number (<= 0: no clipping), got ", request.max_grad_norm));
@@ -517,6 +517,7 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
   };
   std::vector<Stepping> layers;
   std::string owner;
+  OptimizerStepResult result;
   {
     MutexLock lock(&mu_);
     MX_ASSIGN_OR_RETURN(const Model* model, FindModel(model_name));
@@ -526,6 +527,7 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
           "model: ", Quote(model_name), " has no published weights yet (upload, then publish)"));
     }
     owner = model->owner;
+    result.version = model->version;  // unless a step publishes the next
     for (size_t i = 0; i < model->layers.size(); ++i) {
       layers.push_back({i, model->published[i], model->optimizers[i]});
     }
@@ -543,7 +545,6 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
     const size_t i = static_cast<size_t>(task);
     norms[i] = layers[i].optimizer->GradSquaredNorm();
   });
-  OptimizerStepResult result;
   double squared = request.other_grad_sq_norm;
   for (size_t i = 0; i < layers.size(); ++i) {
     result.grad_sq_norms.emplace_back(layers[i].weights->spec().name, norms[i]);
@@ -553,8 +554,10 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
   result.clip_coefficient = ClipCoefficient(squared, request.max_grad_norm);
   if (request.discard) {
     for (const Stepping& layer : layers) layer.optimizer->DiscardGradient();
-    layers.clear();  // nothing stepped or published
+    return result;  // nothing stepped or published
   }
+  // No gradient: as torch steps no parameter without one, no new version.
+  if (layers.empty()) return result;
   if (request.quota_bytes > 0) {
     uint64_t more = 0;
     for (const Stepping& layer : layers) {
@@ -593,11 +596,6 @@ absl::StatusOr<OptimizerStepResult> Registry::StepOptimizer(absl::string_view mo
   });
   for (const absl::Status& status : failed) MX_RETURN_IF_ERROR(status);
   MutexLock lock(&mu_);
-  if (layers.empty()) {  // as torch steps no parameter without a gradient: no new version
-    const absl::StatusOr<const Model*> model = FindModel(model_name);
-    result.version = model.ok() ? (*model)->version : 0;
-    return result;
-  }
   auto it = models_.find(model_name);
   if (it == models_.end()) return ModelNotFound(model_name);  // deleted meanwhile: nothing to keep
   if (it->second->writer != writer) return ModelReplaced(model_name);

@@ -218,7 +218,7 @@ struct OptimizerStep {
   double max_grad_norm = 0;       // <= 0: no clipping
   double other_grad_sq_norm = 0;  // Σ‖g‖² of the parameters the trainer steps itself
   // Forget the accumulated gradients instead of stepping (the norms are still
-  // reported; nothing is published).
+  // reported; nothing is published; `adamw` is not read).
   bool discard = false;
   // --quota-weight-bytes (0: none): the moments a first step adds count.
   uint64_t quota_bytes = 0;

@@ -281,7 +281,7 @@ absl::StatusOr<WarmUpSpec> ParseWarmUp(const v1::WarmUp& warm_up, absl::string_v
   for (int i = 0; i < warm_up.formats_size(); ++i) {
     const std::string at = absl::StrCat(field, ".formats[", i, "]");
     MX_ASSIGN_OR_RETURN(std::optional<mx::Format> format,
-                        FromProto(static_cast<v1::Format>(warm_up.formats(i)), at));
+                        FromProto(warm_up.formats(i), at));
     if (!format) {
       return absl::InvalidArgumentError(absl::StrCat(at, ": expected a format, got FORMAT_UNSPECIFIED"));
     }
@@ -576,7 +576,6 @@ grpc::ServerUnaryReactor* ModelsService::StepOptimizer(grpc::CallbackServerConte
           step.other_grad_sq_norm = r.other_grad_sq_norm();
           step.discard = r.discard_gradients();
           step.quota_bytes = core_.quotas().weight_bytes;
-          if (step.discard) step.adamw = {};  // not read: any hyperparameters pass
           absl::StatusOr<OptimizerStepResult> result =
               core_.registry->StepOptimizer(r.model(), step, core_.profile_pool);
           core_.UpdateMemoryGauges();

@@ -273,7 +273,8 @@ void Metrics::AddEnergy(const std::string& source, Phase phase, double joules,
 
 void Metrics::DeclareEnergySource(const std::string& source) { Energy(source, Phase::kRollout); }
 
-void Metrics::RecordModelEnergy(const std::string& model, Phase phase, double joules) {
+void Metrics::RecordModelEnergy(const std::string& model, Phase phase, double joules,
+                                uint64_t times) {
   if (!model_energy_on_.load(std::memory_order_relaxed)) return;
   MutexLock lock(&per_model_mu_);
   auto found = per_model_energy_.find(model);
@@ -289,7 +290,8 @@ void Metrics::RecordModelEnergy(const std::string& model, Phase phase, double jo
       found = per_model_energy_.emplace(label, series).first;
     }
   }
-  found->second[static_cast<size_t>(phase)]->Increment(joules);
+  prometheus::Counter* counter = found->second[static_cast<size_t>(phase)];
+  for (uint64_t i = 0; i < times; ++i) counter->Increment(joules);
 }
 
 void Metrics::RecordBoardEnergy(Phase phase, mx::Format format, double joules,

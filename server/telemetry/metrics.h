@@ -126,7 +126,9 @@ class Metrics {
   // kMaxModelLabels models named get a label value of their own, every later
   // one "other": the series stay bounded whatever clients register.
   void EnableModelEnergy(bool on) { model_energy_on_ = on; }
-  void RecordModelEnergy(const std::string& model, Phase phase, double joules);
+  // `times` over, one addition after another (as RecordEmulatedCompute).
+  void RecordModelEnergy(const std::string& model, Phase phase, double joules,
+                         uint64_t times = 1);
   static constexpr size_t kMaxModelLabels = 32;
 
  private:

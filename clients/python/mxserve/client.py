@@ -570,17 +570,20 @@ class Client:
             self._call("StepOptimizer", self._models.StepOptimizer, request, timeout))
 
     def download_weights(self, model: str, layer: str, *, bias: bool = False,
-                         dtype: str = "fp32", timeout: Optional[float] = CLIENT_TIMEOUT):
+                         dtype: str = "fp32", spec: Optional[LayerSpec] = None,
+                         timeout: Optional[float] = CLIENT_TIMEOUT):
         """A layer's published weight [out_features, in_features] (or its bias,
         [out_features]) as the daemon holds it: the FP32 master, or it rounded to
         BF16 (dtype="bf16", returned widened to float32), read in pieces that fit
         max_message_bytes. Every piece must come from one weight version; a step
-        or publish in between raises MxserveError(ABORTED)."""
+        or publish in between raises MxserveError(ABORTED). `spec`: the layer's
+        LayerSpec when the caller has it (else one DescribeModel call finds it)."""
         wire_dtype = {"fp32": common_pb2.DTYPE_FP32, "bf16": common_pb2.DTYPE_BF16}.get(dtype)
         if wire_dtype is None:
             raise ValueError(f"dtype: expected 'fp32' or 'bf16', got {dtype!r}")
-        spec = next((l.spec for l in self.describe_model(model, timeout).layers
-                     if l.spec.name == layer), None)
+        if spec is None:
+            spec = next((l.spec for l in self.describe_model(model, timeout).layers
+                         if l.spec.name == layer), None)
         if spec is None:
             raise ValueError(f"layer: model {model!r} has no layer {layer!r}")
         if bias and not spec.bias:

@@ -496,12 +496,13 @@ class OffloadSession:
         with torch.no_grad():
             for n in sorted(self.remote_stepped):
                 layer = self.layers[n]
+                spec = LayerSpec(n, layer.out_features, layer.in_features, layer.bias is not None)
                 weight = torch.from_numpy(self.client.download_weights(
-                    self.model_name, n, dtype=dtype))
+                    self.model_name, n, dtype=dtype, spec=spec))
                 layer.weight.copy_(weight.t() if layer.transposed else weight)
                 if layer.bias is not None:
                     layer.bias.copy_(torch.from_numpy(self.client.download_weights(
-                        self.model_name, n, bias=True, dtype=dtype)))
+                        self.model_name, n, bias=True, dtype=dtype, spec=spec)))
                 self._uploaded[n] = self._weights_version(layer)
         self.weights_stale = False
         return self.weight_version
@@ -552,17 +553,28 @@ class OffloadSession:
                     return held[2], fmt, held[3].weight_version
                 # Siblings on different inputs (cross-attention): stop fusing them.
                 self._unfused.add(group)
-                for name in group:
-                    self._fused.pop(name, None)
+                self._drop_fused(group)
             elif layer.layer_name == group[0]:
-                for name in group:
-                    self._fused.pop(name, None)
+                self._drop_fused(group)
                 fused = self._fused_forward(layer, group, x2d, fmt, phase, run,
                                             weakref.ref(source), key)
                 if fused is not None:
                     return fused
         y, info = self.remote_forward(layer, x2d, fmt, phase, run)
         return y, fmt, info.weight_version
+
+    def _drop_fused(self, group: Tuple[str, ...]) -> None:
+        for name in group:
+            self._fused.pop(name, None)
+
+    def _book_forward(self, layer: OffloadedLinear, phase: Optional[str], run: str,
+                      info: ExecutionInfo, rows: int) -> None:
+        """One LayerForward answer in the session's totals and work ledger: what
+        ForwardItem::Answer books, this request's rows even when the daemon
+        batched it with others."""
+        self.account(phase, info)
+        self._count(phase, run, info, "forward", rows, layer.out_features, layer.in_features)
+        layer.last_info = info
 
     def _fused_forward(self, layer: OffloadedLinear, group: Tuple[str, ...], x2d: torch.Tensor,
                        fmt, phase: Optional[str], run: str, source: weakref.ref, key: tuple):
@@ -584,10 +596,7 @@ class OffloadSession:
                                            output_dtype=_output_dtype(x2d))
         mine = None
         for member, result in zip(members, results):
-            self.account(phase, result.info)
-            self._count(phase, run, result.info, "forward", m, member.out_features,
-                        member.in_features)
-            member.last_info = result.info
+            self._book_forward(member, phase, run, result.info, m)
             if member is layer:
                 mine = result
             else:
@@ -614,12 +623,7 @@ class OffloadSession:
                                          run=run, min_weight_version=self.weight_version,
                                          seed=self._next_seed(),
                                          output_dtype=_output_dtype(x2d))
-            self.account(phase, result.info)
-            # What ForwardItem::Answer books: this request's rows, even when the
-            # daemon batched it with others.
-            self._count(phase, run, result.info, "forward", len(rows), layer.out_features,
-                        layer.in_features)
-            layer.last_info = result.info
+            self._book_forward(layer, phase, run, result.info, len(rows))
             first = first or result.info
             outputs.append(result.output)
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), first
@@ -631,15 +635,13 @@ class OffloadSession:
         return [range(start, min(m, start + step)) for start in range(0, m, step)]
 
     def _backward_plan(self, layer: OffloadedLinear, m: int, dy_size: int,
-                       x_size: Optional[int], need_x: bool, need_b: bool,
-                       accumulate: bool = False) -> List["_Call"]:
+                       x_size: Optional[int], need_x: bool, need_b: bool) -> List["_Call"]:
         """The LayerBackward calls a backward takes: one when everything fits in a
         message (it brings grad_input, and grad_weight when X is sent); otherwise
         grad_input along the rows of dY, and grad_weight (with grad_bias) along the
         rows of W, each slice carrying all of X. `x_size`: X's element size, None
-        when grad_weight is not asked. `accumulate`: grad_weight stays on the
-        daemon, but it is still made whole there per call, so it is sliced as an
-        answer would be."""
+        when grad_weight is not asked. An accumulated grad_weight is planned the
+        same: the daemon still makes it whole per call, bounded as an answer is."""
         if not (need_x or x_size is not None or need_b):
             return []
         n, k = layer.out_features, layer.in_features
@@ -676,8 +678,7 @@ class OffloadSession:
         `accumulate`, grad_weight and grad_bias are added up on the daemon instead
         (None here)."""
         plan = self._backward_plan(layer, dy.shape[0], dy.element_size(),
-                                   None if x2d is None else x2d.element_size(), need_x, need_b,
-                                   accumulate)
+                                   None if x2d is None else x2d.element_size(), need_x, need_b)
         if len(plan) == 1 and plan[0].weight_rows is None:
             result = self._backward_call(layer, dy, x2d if plan[0].with_input else None, ctx,
                                          seed=self._next_seed(), accumulate=accumulate)
