@@ -227,6 +227,10 @@ class EnergyMeter:
         self.error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._mark: Optional[tuple] = None  # (unix time, counter joules) of the last read
+        # The widest clock bracket around a counter read: a read is dated at its
+        # bracket's middle, so an interval's joules are exact to within this many
+        # seconds of its power (a preempted read on a loaded machine widens it).
+        self.max_read_seconds = 0.0
         self._outbox: "queue.Queue" = queue.Queue()
         self._done = threading.Event()
         self._threads: List[threading.Thread] = []
@@ -240,7 +244,9 @@ class EnergyMeter:
         # microseconds, and at 700 W each 10 µs of skew is 7 mJ.
         before = time.time()
         joules = self._read_counter()
-        return (before + time.time()) / 2, joules
+        after = time.time()
+        self.max_read_seconds = max(self.max_read_seconds, after - before)
+        return (before + after) / 2, joules
 
     def measure_idle(self) -> Optional[float]:
         """The device's power while nothing runs, over `idle_seconds`."""
@@ -494,6 +500,9 @@ class GpuBaseline:
             "samples_accepted": sampler.result.samples_accepted if sampler.result else 0,
             "intervals": len(meter.intervals),
             "intervals_accepted": meter.result.intervals_accepted if meter.result else 0,
+            # How well each interval is dated: its joules are the counter's to within
+            # this many seconds of the device's power.
+            "counter_read_max_seconds": meter.max_read_seconds if meter.has_counter else None,
             "phases": {},
         }
 
