@@ -349,7 +349,7 @@ inline constexpr int kShiftedRowMaxWL1 = 23;
 
 // Bit r: row row0 + r's block b may not pair exactly with every lane of W's
 // panel block pb (ShiftedPairFits on the lanes' largest magnitudes): up to
-// eight rows in two FP64 products and compares. The rows must lie in one group
+// eight rows in three FP64 products and compares. The rows must lie in one group
 // of kFitRows (the driver's tiles do: tasks start at multiples of 256 rows and
 // step by the tile's rows, which divide 8; linear.cc checks it).
 inline unsigned FailingRows(const DecodedX& x, const WeightPanels& w, int64_t pb, int64_t row0,
@@ -357,13 +357,17 @@ inline unsigned FailingRows(const DecodedX& x, const WeightPanels& w, int64_t pb
   const int64_t at = FitAt(row0, b, x.blocks);
   const auto rows_mask = static_cast<__mmask8>((1u << rows) - 1);
   const __m512d limit = _mm512_set1_pd(2147483648.0);
+  const __m512d squared_limit = _mm512_set1_pd(0x1p62);
   const __mmask8 fits =
       _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_maskz_loadu_pd(rows_mask, x.fit_max.data() + at),
                                        _mm512_set1_pd(w.fit_l1[pb])),
                          limit, _CMP_LT_OQ) |
       _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_maskz_loadu_pd(rows_mask, x.fit_l1.data() + at),
                                        _mm512_set1_pd(w.fit_max[pb])),
-                         limit, _CMP_LT_OQ);
+                         limit, _CMP_LT_OQ) |
+      _mm512_cmp_pd_mask(_mm512_mul_pd(_mm512_maskz_loadu_pd(rows_mask, x.fit_sq.data() + at),
+                                       _mm512_set1_pd(w.fit_sq[pb])),
+                         squared_limit, _CMP_LT_OQ);
   return ~static_cast<unsigned>(fits) & rows_mask;
 }
 

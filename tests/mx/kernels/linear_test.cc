@@ -306,8 +306,8 @@ TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
     return std::pair{info, shifted};
   };
   const auto fits = [](const internal::BlockInfo& x, const internal::BlockInfo& w) {
-    return internal::ShiftedPairFits(static_cast<double>(x.max), static_cast<double>(x.l1),
-                                     static_cast<double>(w.max), static_cast<double>(w.l1));
+    return internal::ShiftedPairFits(static_cast<double>(x.max), static_cast<double>(x.l1), x.sq,
+                                     static_cast<double>(w.max), static_cast<double>(w.l1), w.sq);
   };
   const auto [xi, xs] = block(c.x, c.heavy_rows[0], 1);
   const auto [wi, ws] = block(c.w, c.heavy_cols[0], 1);
@@ -317,6 +317,7 @@ TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
   EXPECT_EQ(xi.l1, 4u * 28672 + 1);
   EXPECT_EQ(xi.l1_bits, 17);
   EXPECT_EQ(wi.l1, 4u * 28672 + 1);
+  EXPECT_EQ(xi.sq, 4.0 * 28672 * 28672 + 1);  // Cauchy–Schwarz, too: (Σx'²·Σw'²)^½ > 2^31
   int64_t dot = 0;
   for (int i = 0; i < kBlockSize; ++i) dot += xs[i] * ws[i];
   EXPECT_GT(dot, int64_t{1} << 31);
@@ -359,15 +360,47 @@ TEST_P(LinearAtIsa, MxFp8TwoLimbXWithTinyScaleMatchesReference) {
 // form on that side) never fits, even against an all-zero block.
 TEST(Int16PathTest, ShiftedPairFitsKnownAnswers) {
   const double inf = std::numeric_limits<double>::infinity();
-  EXPECT_TRUE(internal::ShiftedPairFits(0, 0, 0, 0));                // zero blocks
-  EXPECT_TRUE(internal::ShiftedPairFits(32767, 0x1p20, 0x1p20, 65537));   // 2^31 − 32769, 2^40
-  EXPECT_FALSE(internal::ShiftedPairFits(32768, 0x1p20, 0x1p20, 65536));  // 2^31, 2^40
-  EXPECT_TRUE(internal::ShiftedPairFits(0x1p20, 65537, 32767, 0x1p20));   // the swapped one
-  EXPECT_FALSE(internal::ShiftedPairFits(0x1p20, 65536, 32768, 0x1p20));
-  EXPECT_TRUE(internal::ShiftedPairFits(1, 1, 0x1p30, 0x1p30));      // W in two limbs
-  EXPECT_FALSE(internal::ShiftedPairFits(inf, inf, 1, 1));            // X not int16
-  EXPECT_FALSE(internal::ShiftedPairFits(inf, inf, 0, 0));
-  EXPECT_FALSE(internal::ShiftedPairFits(0, 0, inf, inf));            // W past two limbs
+  const auto fits = internal::ShiftedPairFits;  // (x max, L1, Σx'², w max, L1, Σw'²)
+  EXPECT_TRUE(fits(0, 0, 0, 0, 0, 0));                                   // zero blocks
+  EXPECT_TRUE(fits(32767, 0x1p20, inf, 0x1p20, 65537, inf));   // 2^31 − 32769, 2^40
+  EXPECT_FALSE(fits(32768, 0x1p20, inf, 0x1p20, 65536, inf));  // 2^31, 2^40
+  EXPECT_TRUE(fits(0x1p20, 65537, inf, 32767, 0x1p20, inf));   // the swapped one
+  EXPECT_FALSE(fits(0x1p20, 65536, inf, 32768, 0x1p20, inf));
+  // Cauchy–Schwarz alone: both max-times-L1 products are 2^33, the squares'
+  // product 2^62 − 2^33 fits, 2^62 does not, one ulp below 2^29 does.
+  EXPECT_TRUE(fits(0x1p14, 0x1p19, 0x1p33, 0x1p14, 0x1p19, 0x1p29 - 1));
+  EXPECT_FALSE(fits(0x1p14, 0x1p19, 0x1p33, 0x1p14, 0x1p19, 0x1p29));
+  EXPECT_TRUE(fits(0x1p14, 0x1p19, 0x1p33, 0x1p14, 0x1p19, std::nextafter(0x1p29, 0.0)));
+  EXPECT_TRUE(fits(1, 1, 1, 0x1p30, 0x1p30, 0x1p60));               // W in two limbs
+  EXPECT_FALSE(fits(inf, inf, inf, 1, 1, 1));                       // X not int16
+  EXPECT_FALSE(fits(inf, inf, inf, 0, 0, 0));
+  EXPECT_FALSE(fits(0, 0, 0, inf, inf, inf));                       // W past two limbs
+}
+
+// BlockInfo::sq, the shifted integers' Σv'², is exact where a double holds it
+// and rounded up where it does not (so the Cauchy–Schwarz test stays a bound):
+// E5M2's largest element beside its least, 7 · 2^29 and 1, squares to
+// 49 · 2^58 + 1, one past a double's reach there.
+TEST(Int16PathTest, BlockSquaresAreExactOrRoundedUp) {
+  const internal::CodeTable& table = internal::Codes(Format::kMxfp8E5m2);
+  int largest = 0, least = 0;
+  for (int code = 0; code < 128; ++code) {  // positive codes
+    if (table.special[code]) continue;
+    if (table.fixed[code] > table.fixed[largest]) largest = code;
+    if (table.fixed[code] == 1) least = code;
+  }
+  ASSERT_EQ(table.fixed[largest], int64_t{7} << 29);
+  ASSERT_NE(least, 0);
+  std::vector<uint8_t> codes(kBlockSize, 0);
+  codes[0] = static_cast<uint8_t>(largest);
+  codes[7] = static_cast<uint8_t>(least);
+  const internal::BlockInfo wide = internal::InspectBlock(table, codes.data());
+  EXPECT_EQ(wide.low_bit, 0);
+  EXPECT_EQ(wide.sq, std::nextafter(0x1.88p63, std::numeric_limits<double>::infinity()));
+  codes[7] = codes[0];  // 2 · 49 · 2^58, exact; shifted by the low bit, 29: 98
+  const internal::BlockInfo exact = internal::InspectBlock(table, codes.data());
+  EXPECT_EQ(exact.low_bit, 29);
+  EXPECT_EQ(exact.sq, 98.0);
 }
 
 // Which kernel runs: the best level at or below the one asked for that has the
