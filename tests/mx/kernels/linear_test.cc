@@ -290,6 +290,31 @@ TEST_P(LinearAtIsa, MxFp8Int16PathBoundsMatchReference) {
   }
 }
 
+// Rows [first, first + count) of an MX operand.
+QuantizedMatrix MxRows(const QuantizedMatrix& m, int64_t first, int64_t count) {
+  QuantizedMatrix out = m;
+  const int64_t bytes = RowBytes(m.format, m.cols), blocks = BlocksPerRow(m.cols);
+  out.rows = count;
+  out.elements.assign(m.elements.begin() + first * bytes,
+                      m.elements.begin() + (first + count) * bytes);
+  out.block_scales.assign(m.block_scales.begin() + first * blocks,
+                          m.block_scales.begin() + (first + count) * blocks);
+  return out;
+}
+
+// The same planted pairs a decode step at a time: X's rows eight or fewer per
+// call, so the avx512 kernel runs its decode tile (MxF64ShiftedTile's
+// streaming variant, which prefetches W's low limbs) on the heavy, split and
+// shifted rows as well.
+TEST_P(LinearAtIsa, MxFp8Int16PathBoundsInDecodeStepsMatchReference) {
+  const Int16BoundsCase c = Int16Bounds(Format::kMxfp8E4m3, Format::kMxfp8E4m3);
+  for (int64_t first = 0; first < c.x.rows; first += 8) {
+    const int64_t count = std::min<int64_t>(8, c.x.rows - first);
+    ExpectSameAsReference(MxRows(c.x, first, count), c.w, c.bias, GetParam(),
+                          absl::StrCat("X rows ", first, " to ", first + count - 1));
+  }
+}
+
 // The planted heavy pair really is past int32: the shifted integers' dot of an
 // E4M3 heavy row and heavy column exceeds 2^31, and ShiftedPairFits says no on
 // the exact magnitudes (a limit one bit looser, 2^32, would take it and wrap
