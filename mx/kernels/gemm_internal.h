@@ -292,7 +292,7 @@ inline constexpr int kMaxTileRows = 4;
 // Rows per call of the avx512 level's kernels: eight rows of accumulators keep
 // both vector pipes busy through the FMA/VNNI latency (four left them half idle).
 inline constexpr int kAvx512TileRows = 8;
-// MxF64ShiftedTile reads X's fit_max and fit_l1 a tile at a time.
+// MxF64ShiftedTile reads X's fit_max, fit_l1 and fit_sq a tile at a time.
 static_assert(kFitRows == kAvx512TileRows);
 // Rows per call of the amx level's kernel (one AMX tile of X).
 inline constexpr int kAmxTileRows = 16;

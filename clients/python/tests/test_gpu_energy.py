@@ -39,8 +39,9 @@ SKEW_J = 0.4
 
 def skew_joules(watts, read_seconds, ends=1):
     """What a meter's dating can move `ends` interval ends' joules at `watts`: each end
-    is dated at the middle of a clock bracket at most `read_seconds` wide."""
-    return watts * read_seconds / 2 * ends + 1e-3
+    is dated at the middle of a clock bracket at most `read_seconds` wide (and the
+    fake counter rounds each read to the millijoule)."""
+    return (watts * read_seconds / 2 + 1e-3) * ends
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +98,7 @@ def test_nvml_reads_the_instant_field_and_falls_back_to_the_average(trace):
     t1_before, e1, t1 = time.time(), power.energy_joules(), time.time()
     # The counter is the trace's integral (to the millijoule) between the two reads,
     # each somewhere inside its clock bracket.
-    assert integral(t0_after, t1_before) - 1e-3 <= e1 - e0 <= integral(t0, t1) + 1e-3
-    assert e1 - e0 == pytest.approx(integral(t0, t1), rel=0.05)
+    assert integral(t0_after, t1_before) - 2e-3 <= e1 - e0 <= integral(t0, t1) + 2e-3
     power.close()
 
     trace(-0.5, [(-10.0, 100.0), (0.0, 300.0)], no_instant=True)
