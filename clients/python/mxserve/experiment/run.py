@@ -105,6 +105,10 @@ class RunResult:
     # came from an energy counter (else from integrated power samples).
     idle_watts: Optional[float] = None
     energy_counter: Optional[bool] = None
+    # With a counter: how well its intervals are dated (the widest clock bracket
+    # around a read, EnergyMeter.max_read_seconds) and how many each phase got.
+    counter_read_max_seconds: Optional[float] = None
+    counter_intervals: Dict[str, int] = dataclasses.field(default_factory=dict)
     work: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # the GEMMs it ran
     examples: List[Dict[str, str]] = dataclasses.field(default_factory=list)
 
@@ -287,6 +291,10 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
     if sampler is not None:
         result.idle_watts = getattr(sampler, "idle_watts", None)
         result.energy_counter = getattr(sampler, "has_counter", None)
+        if result.energy_counter:
+            result.counter_read_max_seconds = sampler.max_read_seconds
+            for phase, *_ in sampler.intervals:
+                result.counter_intervals[phase] = result.counter_intervals.get(phase, 0) + 1
     if trainer.sessions:
         info = next(iter(trainer.sessions["policy"].layers.values())).last_info
         result.backend = info.backend if info is not None else ""
