@@ -153,11 +153,11 @@ inline constexpr int kShiftedI16Bits = 15, kShiftedSplitBits = 30, kShiftedDotBi
 // exactly (see kMxF64 above): |Σ x'w'| <= Σ|x'w'| < 2^31, so the wrapping int32
 // sum is the true one. Three bounds on Σ|x'w'|, any of which will do:
 // max|x'|·Σ|w'|, Σ|x'|·max|w'|, and Cauchy–Schwarz, (Σx'²·Σw'²)^½ — the last,
-// squared, against 2^62. On Gaussian blocks the third is the tightest (it
-// halves the rows that fail against mx_bench's E4M3 layer: 7.7 % → 4.5 % of
-// rows against a tile's two panels), the first two win where one element
-// dominates. From each block's largest |v'|, Σ|v'| and Σv'² (BlockInfo) in
-// FP64: the first two exact for these integers, Σv'² rounded up, and a
+// squared, against 2^62. On Gaussian blocks the third is the tightest (in a
+// numpy model of mx_bench's E4M3 layer the rows that fail against a tile's two
+// panels go from 7.7 % to 4.5 %), the first two win where one element
+// dominates. From each block's largest |v'|, Σ|v'| (InspectBlock) and Σv'²
+// (ShiftedSquares) in FP64: the first two exact for these integers, Σv'² rounded up, and a
 // product's rounding is monotonic, so a product below a power of two means the
 // exact one is. +Inf on a side with no int16 form (an X block wider than
 // kShiftedI16Bits, a W block wider than kShiftedSplitBits: Inf times anything

@@ -163,13 +163,11 @@ void UnpackCodes(Format format, const uint8_t* row, int64_t blocks, uint8_t* cod
 BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes) {
   BlockInfo info;
   uint64_t any = 0, largest = 0, sum = 0;  // 32 magnitudes below 2^32: no overflow
-  unsigned __int128 squares = 0;            // 32 squares below 2^64: none here either
   for (int i = 0; i < kBlockSize; ++i) {
     info.special |= table.special[codes[i]];
     const uint64_t magnitude = static_cast<uint64_t>(std::abs(table.fixed[codes[i]]));
     any |= magnitude;
     sum += magnitude;
-    squares += static_cast<unsigned __int128>(magnitude) * magnitude;
     largest = std::max(largest, magnitude);
   }
   info.all_zero = any == 0;
@@ -178,18 +176,23 @@ BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes) {
   info.max = largest >> info.low_bit;
   info.l1 = sum >> info.low_bit;
   info.l1_bits = static_cast<int>(std::bit_width(info.l1));
-  // Every magnitude is a multiple of 2^low_bit, so the shifted squares' sum is
-  // exact in 128 bits; the double above it keeps ShiftedPairFits a true bound.
-  const unsigned __int128 shifted_squares = squares >> (2 * info.low_bit);
-  if (shifted_squares < (uint64_t{1} << 53)) {  // every int16 block: exact, and cheap
-    info.sq = static_cast<double>(static_cast<uint64_t>(shifted_squares));
-  } else {
-    info.sq = static_cast<double>(shifted_squares);
-    if (static_cast<unsigned __int128>(info.sq) < shifted_squares) {
-      info.sq = std::nextafter(info.sq, std::numeric_limits<double>::infinity());
-    }
-  }
   return info;
+}
+
+double ShiftedSquares(const CodeTable& table, const uint8_t* codes, int low_bit) {
+  // Shifted magnitudes below 2^32: 32 squares below 2^69, exact in 128 bits.
+  unsigned __int128 squares = 0;
+  for (int i = 0; i < kBlockSize; ++i) {
+    const uint64_t v = static_cast<uint64_t>(std::abs(table.fixed[codes[i]])) >> low_bit;
+    squares += static_cast<unsigned __int128>(v) * v;
+  }
+  if (squares < (uint64_t{1} << 53)) {  // every int16 block: exact, and cheap
+    return static_cast<double>(static_cast<uint64_t>(squares));
+  }
+  const double rounded = static_cast<double>(squares);
+  return static_cast<unsigned __int128>(rounded) < squares
+             ? std::nextafter(rounded, std::numeric_limits<double>::infinity())
+             : rounded;
 }
 
 BlockScales ScalesOf(uint8_t scale_byte, int fraction_bits, bool all_zero) {
@@ -482,7 +485,10 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind) {
                                           has_limbs ? static_cast<double>(info.max) : inf);
         p.fit_l1[panel_block] = std::max(p.fit_l1[panel_block],
                                          has_limbs ? static_cast<double>(info.l1) : inf);
-        p.fit_sq[panel_block] = std::max(p.fit_sq[panel_block], has_limbs ? info.sq : inf);
+        p.fit_sq[panel_block] =
+            std::max(p.fit_sq[panel_block],
+                     has_limbs ? ShiftedSquares(table, codes.data() + b * kBlockSize, info.low_bit)
+                               : inf);
         block_low_bit[b] = info.low_bit;
         block_split[b] = LimbShift(info);
         if (block_split[b] > 0) {
@@ -761,7 +767,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           const double inf = std::numeric_limits<double>::infinity();
           fit_max[FitAt(r, b, blocks)] = one_limb ? static_cast<double>(info.max) : inf;
           fit_l1[FitAt(r, b, blocks)] = one_limb ? static_cast<double>(info.l1) : inf;
-          fit_sq[FitAt(r, b, blocks)] = one_limb ? info.sq : inf;
+          fit_sq[FitAt(r, b, blocks)] = one_limb ? ShiftedSquares(table, block, info.low_bit) : inf;
           if (const int t = LimbShift(info); t >= 0) {  // one int16 limb, or two as W's
             x_split[at_block] = static_cast<uint8_t>(t);
             for (int i = 0; i < kBlockSize; ++i) {

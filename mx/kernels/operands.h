@@ -33,9 +33,13 @@ struct BlockInfo {
   int low_bit = 0;        // that lowest set bit: every element is a multiple of 2^low_bit
   int l1_bits = 0;        // bit width of Σ |fixed| >> low_bit (the shifted integers' L1 norm)
   uint64_t max = 0, l1 = 0;  // the shifted integers' largest magnitude and L1 norm
-  double sq = 0.0;  // Σ (|fixed| >> low_bit)², rounded up to a double (a bound, never below)
 };
 BlockInfo InspectBlock(const CodeTable& table, const uint8_t* codes);
+// kMxF64's Cauchy–Schwarz bound (ShiftedPairFits): Σ (|fixed| >> low_bit)² of a
+// block whose elements are multiples of 2^low_bit (InspectBlock's), exact where
+// a double holds it and rounded up where it does not — a bound, never below.
+// Apart from InspectBlock: only kMxF64 reads it, and only for int16 blocks.
+double ShiftedSquares(const CodeTable& table, const uint8_t* codes, int low_bit);
 
 // A block's scale as the epilogues use it (see gemm_internal.h).
 struct BlockScales {

@@ -323,40 +323,46 @@ TEST_P(LinearAtIsa, MxFp8Int16PathBoundsInDecodeStepsMatchReference) {
 TEST(Int16PathTest, HeavyPairsWouldWrapAndAreRejected) {
   const Int16BoundsCase c = Int16Bounds(Format::kMxfp8E4m3, Format::kMxfp8E4m3);
   const internal::CodeTable& table = internal::Codes(Format::kMxfp8E4m3);
+  struct Block {
+    internal::BlockInfo info;
+    std::vector<int64_t> shifted;  // the fixed-point values >> low_bit
+    double sq;                     // ShiftedSquares
+  };
   const auto block = [&](const QuantizedMatrix& m, int64_t row, int64_t b) {
     const uint8_t* codes = m.elements.data() + row * RowBytes(m.format, m.cols) + b * kBlockSize;
-    const internal::BlockInfo info = internal::InspectBlock(table, codes);
-    std::vector<int64_t> shifted(kBlockSize);
-    for (int i = 0; i < kBlockSize; ++i) shifted[i] = table.fixed[codes[i]] >> info.low_bit;
-    return std::pair{info, shifted};
+    Block out{internal::InspectBlock(table, codes), std::vector<int64_t>(kBlockSize), 0.0};
+    for (int i = 0; i < kBlockSize; ++i) out.shifted[i] = table.fixed[codes[i]] >> out.info.low_bit;
+    out.sq = internal::ShiftedSquares(table, codes, out.info.low_bit);
+    return out;
   };
-  const auto fits = [](const internal::BlockInfo& x, const internal::BlockInfo& w) {
-    return internal::ShiftedPairFits(static_cast<double>(x.max), static_cast<double>(x.l1), x.sq,
-                                     static_cast<double>(w.max), static_cast<double>(w.l1), w.sq);
+  const auto fits = [](const Block& x, const Block& w) {
+    return internal::ShiftedPairFits(static_cast<double>(x.info.max), static_cast<double>(x.info.l1),
+                                     x.sq, static_cast<double>(w.info.max),
+                                     static_cast<double>(w.info.l1), w.sq);
   };
-  const auto [xi, xs] = block(c.x, c.heavy_rows[0], 1);
-  const auto [wi, ws] = block(c.w, c.heavy_cols[0], 1);
-  EXPECT_EQ(xi.span_bits, 15);
-  EXPECT_EQ(wi.span_bits, 15);
-  EXPECT_EQ(xi.max, 28672u);  // 448 / 2^-6 = 7 · 2^12
-  EXPECT_EQ(xi.l1, 4u * 28672 + 1);
-  EXPECT_EQ(xi.l1_bits, 17);
-  EXPECT_EQ(wi.l1, 4u * 28672 + 1);
-  EXPECT_EQ(xi.sq, 4.0 * 28672 * 28672 + 1);  // Cauchy–Schwarz, too: (Σx'²·Σw'²)^½ > 2^31
+  const Block x = block(c.x, c.heavy_rows[0], 1);
+  const Block w = block(c.w, c.heavy_cols[0], 1);
+  EXPECT_EQ(x.info.span_bits, 15);
+  EXPECT_EQ(w.info.span_bits, 15);
+  EXPECT_EQ(x.info.max, 28672u);  // 448 / 2^-6 = 7 · 2^12
+  EXPECT_EQ(x.info.l1, 4u * 28672 + 1);
+  EXPECT_EQ(x.info.l1_bits, 17);
+  EXPECT_EQ(w.info.l1, 4u * 28672 + 1);
+  EXPECT_EQ(x.sq, 4.0 * 28672 * 28672 + 1);  // Cauchy–Schwarz, too: (Σx'²·Σw'²)^½ > 2^31
   int64_t dot = 0;
-  for (int i = 0; i < kBlockSize; ++i) dot += xs[i] * ws[i];
+  for (int i = 0; i < kBlockSize; ++i) dot += x.shifted[i] * w.shifted[i];
   EXPECT_GT(dot, int64_t{1} << 31);
-  EXPECT_FALSE(fits(xi, wi));
-  EXPECT_LT(static_cast<double>(xi.max) * static_cast<double>(wi.l1), 0x1p32);
-  const auto [gx, unused_x] = block(c.x, 1, 0);
-  const auto [gw, unused_w] = block(c.w, 1, 0);
+  EXPECT_FALSE(fits(x, w));
+  EXPECT_LT(static_cast<double>(x.info.max) * static_cast<double>(w.info.l1), 0x1p32);
+  const Block gx = block(c.x, 1, 0);
+  const Block gw = block(c.w, 1, 0);
   EXPECT_TRUE(fits(gx, gw));
-  const auto [tiny, unused_t] = block(c.x, 0, 3);  // 448 among 2^-6: span 15, L1 28672 + 31
-  EXPECT_EQ(tiny.span_bits, 15);
-  EXPECT_EQ(tiny.l1, 28672u + 31);
+  const Block tiny = block(c.x, 0, 3);  // 448 among 2^-6: span 15, L1 28672 + 31
+  EXPECT_EQ(tiny.info.span_bits, 15);
+  EXPECT_EQ(tiny.info.l1, 28672u + 31);
   EXPECT_TRUE(fits(tiny, gw));
-  const auto [wide, unused_d] = block(c.w, 9, 2);  // 448 beside 2^-9
-  EXPECT_EQ(wide.span_bits, 18);
+  const Block wide = block(c.w, 9, 2);  // 448 beside 2^-9
+  EXPECT_EQ(wide.info.span_bits, 18);
 }
 
 // Shifted scales past the int16 path's fast-epilogue limit (HugeShiftedScales):
@@ -402,7 +408,7 @@ TEST(Int16PathTest, ShiftedPairFitsKnownAnswers) {
   EXPECT_FALSE(fits(0, 0, 0, inf, inf, inf));                       // W past two limbs
 }
 
-// BlockInfo::sq, the shifted integers' Σv'², is exact where a double holds it
+// ShiftedSquares, the shifted integers' Σv'², is exact where a double holds it
 // and rounded up where it does not (so the Cauchy–Schwarz test stays a bound):
 // E5M2's largest element beside its least, 7 · 2^29 and 1, squares to
 // 49 · 2^58 + 1, one past a double's reach there.
@@ -421,11 +427,12 @@ TEST(Int16PathTest, BlockSquaresAreExactOrRoundedUp) {
   codes[7] = static_cast<uint8_t>(least);
   const internal::BlockInfo wide = internal::InspectBlock(table, codes.data());
   EXPECT_EQ(wide.low_bit, 0);
-  EXPECT_EQ(wide.sq, std::nextafter(0x1.88p63, std::numeric_limits<double>::infinity()));
+  EXPECT_EQ(internal::ShiftedSquares(table, codes.data(), wide.low_bit),
+            std::nextafter(0x1.88p63, std::numeric_limits<double>::infinity()));
   codes[7] = codes[0];  // 2 · 49 · 2^58, exact; shifted by the low bit, 29: 98
   const internal::BlockInfo exact = internal::InspectBlock(table, codes.data());
   EXPECT_EQ(exact.low_bit, 29);
-  EXPECT_EQ(exact.sq, 98.0);
+  EXPECT_EQ(internal::ShiftedSquares(table, codes.data(), exact.low_bit), 98.0);
 }
 
 // Which kernel runs: the best level at or below the one asked for that has the
