@@ -88,6 +88,21 @@ std::function<absl::Status(const std::string&, DaemonOptions&)> ChoiceSetter(
   };
 }
 
+// A flag "BOOL" (true|false) for a bool field: the text --help shows, and the setter.
+std::function<std::string(const DaemonOptions&)> BoolText(bool DaemonOptions::*field) {
+  return [=](const DaemonOptions& o) { return std::string(o.*field ? "true" : "false"); };
+}
+std::function<absl::Status(const std::string&, DaemonOptions&)> BoolSetter(
+    std::string name, bool DaemonOptions::*field) {
+  return [=](const std::string& text, DaemonOptions& o) {
+    if (text != "true" && text != "false") {
+      return FlagError(name, absl::StrCat("expected true or false, got '", text, "'"));
+    }
+    o.*field = text == "true";
+    return absl::OkStatus();
+  };
+}
+
 std::function<absl::Status(const std::string&, DaemonOptions&)> StringSetter(
     std::string DaemonOptions::*field) {
   return [field](const std::string& text, DaemonOptions& o) {
@@ -140,14 +155,7 @@ const std::vector<FlagSpec>& Flags() {
       {"reflection", "BOOL",
        "serve gRPC server reflection (grpcurl, grpc_cli list the services); open to every "
        "caller that reaches the port",
-       [](const DaemonOptions& o) { return o.reflection ? "true" : "false"; },
-       [](const std::string& text, DaemonOptions& o) {
-         if (text != "true" && text != "false") {
-           return FlagError("reflection", absl::StrCat("expected true or false, got '", text, "'"));
-         }
-         o.reflection = text == "true";
-         return absl::OkStatus();
-       }},
+       BoolText(&DaemonOptions::reflection), BoolSetter("reflection", &DaemonOptions::reflection)},
       {"backend", "NAME", absl::StrCat("where GEMMs run: ", kBackendNames),
        [](const DaemonOptions& o) { return o.backend; },
        [](const std::string& text, DaemonOptions& o) {
@@ -279,15 +287,8 @@ const std::vector<FlagSpec>& Flags() {
        "export mxserve_model_energy_joules_total{model, phase} (the first 32 models named, later "
        "ones as model=\"other\"): puts model names in /metrics, which anyone reaching the "
        "metrics port reads, so for daemons whose models are no secret",
-       [](const DaemonOptions& o) { return o.metrics_model_energy ? "true" : "false"; },
-       [](const std::string& text, DaemonOptions& o) {
-         if (text != "true" && text != "false") {
-           return FlagError("metrics-model-energy",
-                            absl::StrCat("expected true or false, got '", text, "'"));
-         }
-         o.metrics_model_energy = text == "true";
-         return absl::OkStatus();
-       }},
+       BoolText(&DaemonOptions::metrics_model_energy),
+       BoolSetter("metrics-model-energy", &DaemonOptions::metrics_model_energy)},
       {"max-energy-models", "N",
        "most models whose energy the energy report (by_model) keeps apart; a new model beyond it "
        "folds the least recently booked one into the 'other models' rows (totals stay exact)",

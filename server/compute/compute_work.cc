@@ -50,8 +50,6 @@ absl::StatusOr<Activation> DecodeActivation(const ComputeContext& core, const v1
 absl::Status CheckOutputSize(const ComputeContext& core, int64_t rows, int64_t cols,
                              absl::string_view field, absl::string_view what,
                              absl::string_view how) {
-  // Room for the response's other fields (shape, ExecutionInfo).
-  constexpr uint64_t kEnvelopeBytes = 4096;
   const std::optional<uint64_t> bytes =
       mx::CheckedProduct({static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), 4});
   if (!bytes || *bytes > static_cast<uint64_t>(core.max_message_bytes) - kEnvelopeBytes) {

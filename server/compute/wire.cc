@@ -272,16 +272,20 @@ void NarrowToBf16(v1::Tensor* tensor) {
   if (tensor->dtype() != v1::DTYPE_FP32) return;
   std::string& data = *tensor->mutable_data();
   const size_t count = data.size() / sizeof(float);
+  FloatBytesToBf16(data.data(), count, data.data());
+  data.resize(2 * count);
+  tensor->set_dtype(v1::DTYPE_BF16);
+}
+
+void FloatBytesToBf16(const char* floats, size_t count, char* out) {
   // Element i's two bytes land at 2i, never past the 4i its float is read
   // from: in place, front to back.
   for (size_t i = 0; i < count; ++i) {
     float value;
-    std::memcpy(&value, data.data() + 4 * i, sizeof(float));
+    std::memcpy(&value, floats + 4 * i, sizeof(float));
     const uint16_t bits = mx::FloatToBf16(value);
-    std::memcpy(data.data() + 2 * i, &bits, sizeof(bits));
+    std::memcpy(out + 2 * i, &bits, sizeof(bits));
   }
-  data.resize(2 * count);
-  tensor->set_dtype(v1::DTYPE_BF16);
 }
 
 void EncodeVector(std::span<const float> values, v1::Tensor* tensor) {

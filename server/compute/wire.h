@@ -94,5 +94,12 @@ void EncodeMatrix(std::span<const float> values, int64_t rows, int64_t cols, v1:
 void EncodeVector(std::span<const float> values, v1::Tensor* tensor);
 // An FP32 tensor rounded to BF16 (nearest even) in place: half its bytes.
 void NarrowToBf16(v1::Tensor* tensor);
+// `count` FP32 values (their bytes at `floats`) as BF16 (nearest even), value
+// i's two bytes at out + 2i; `out` may be `floats` (front to back, in place).
+void FloatBytesToBf16(const char* floats, size_t count, char* out);
+
+// Room an answer keeps for its fields besides the tensor data (shape,
+// ExecutionInfo, names) when data is sized against --max-message-bytes.
+inline constexpr uint64_t kEnvelopeBytes = 4096;
 
 }  // namespace mxserve

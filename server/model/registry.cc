@@ -399,10 +399,7 @@ absl::StatusOr<uint64_t> Registry::Stage(
   if (quota_bytes > 0) {
     // Cached copies are not charged: a reader's forwards in many formats must
     // never lock the owner out of her own model (issue 32, item 3).
-    uint64_t held = 0;
-    for (const auto& [name, m] : models_) {
-      if (m->owner == model.owner) held += ChargedBytes(*m);
-    }
+    const uint64_t held = OwnerChargedBytes(model.owner);
     const uint64_t after = held - std::min(held, replaced) + added;
     if (after > quota_bytes) {
       return absl::ResourceExhaustedError(
@@ -456,6 +453,14 @@ uint64_t Registry::HeldBytes(const Model& model) const { return StoredBytes(mode
 
 uint64_t Registry::ChargedBytes(const Model& model) const { return StoredBytes(model, false); }
 
+uint64_t Registry::OwnerChargedBytes(absl::string_view owner) const {
+  uint64_t held = 0;
+  for (const auto& [name, m] : models_) {
+    if (m->owner == owner) held += ChargedBytes(*m);
+  }
+  return held;
+}
+
 uint64_t Registry::StoredBytes(const Model& model, bool with_copies) const {
   uint64_t bytes = 0;
   for (const auto& [key, tensor] : model.staged) bytes += tensor->reservation.bytes();
@@ -471,10 +476,7 @@ absl::Status Registry::CheckOwnerQuota(absl::string_view model_name, uint64_t mo
   if (quota_bytes == 0) return absl::OkStatus();
   MutexLock lock(&mu_);
   MX_ASSIGN_OR_RETURN(const Model* model, FindModel(model_name));
-  uint64_t held = 0;
-  for (const auto& [name, m] : models_) {
-    if (m->owner == model->owner) held += ChargedBytes(*m);
-  }
+  const uint64_t held = OwnerChargedBytes(model->owner);
   if (held > quota_bytes || more > quota_bytes - held) {
     return absl::ResourceExhaustedError(absl::StrCat(
         field, ": --quota-weight-bytes: principal ", Quote(model->owner), " holds ", held,

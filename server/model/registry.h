@@ -240,10 +240,12 @@ struct ModelSummary {
   std::string policy;
   uint64_t version = 0;
   uint64_t staged_tensors = 0;
-  uint64_t bytes = 0;  // everything it holds: staged tensors, FP32 masters, cached copies
-  // What --quota-weight-bytes charges its owner for it: staged tensors and FP32
-  // masters, not the cached copies (the daemon's cache, whoever's requests made
-  // them; evicted under --weight-memory-bytes).
+  // Everything it holds: staged tensors, FP32 masters, optimizer state, cached copies.
+  uint64_t bytes = 0;
+  // What --quota-weight-bytes charges its owner for it: staged tensors, FP32
+  // masters and optimizer state (gradient accumulators, moments), not the
+  // cached copies (the daemon's cache, whoever's requests made them; evicted
+  // under --weight-memory-bytes).
   uint64_t quota_bytes = 0;
   double lease_seconds = 0;  // 0: none
   struct Layer {
@@ -307,8 +309,9 @@ class Registry {
   // (staged tensors stay staged; the other layers keep their weights). Holds
   // the model's writer lock throughout, so an upload's publish waits for it, and
   // reserves everything it needs (new masters, moments) before it changes
-  // anything: RESOURCE_EXHAUSTED leaves gradients, moments and weights as they
-  // were. No layer with a gradient: nothing stepped or published (as torch
+  // anything: RESOURCE_EXHAUSTED leaves gradients, moments' values and weights
+  // as they were (first moments it made for some layers stay, zero, for the
+  // next step, and charged). No layer with a gradient: nothing stepped or published (as torch
   // skips parameters without one), the current version and the coefficient of
   // other_grad_sq_norm alone. Gradients that arrive while it runs wait for it
   // (the writer lock) and count for the next step. FAILED_PRECONDITION before
@@ -384,11 +387,13 @@ class Registry {
   uint64_t PublishLocked(Model& model);
   ModelSummary Summarize(const Model& model) const;
   // What `model` holds: staged tensors, then each published layer's masters and
-  // copies (ModelSummary::bytes).
+  // copies, and its optimizer state (ModelSummary::bytes).
   uint64_t HeldBytes(const Model& model) const;
-  // What its owner is charged for: staged tensors and published masters
+  // What its owner is charged for: the same without the copies
   // (ModelSummary::quota_bytes).
   uint64_t ChargedBytes(const Model& model) const;
+  // ChargedBytes summed over every model `owner` registered.
+  uint64_t OwnerChargedBytes(absl::string_view owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Staged tensors and published weights: with their copies or masters alone.
   uint64_t StoredBytes(const Model& model, bool with_copies) const;
 

@@ -291,7 +291,7 @@ absl::Status CheckFusedOutputs(const Core& core, const v1::LayersForwardRequest&
     bytes = *sum;
   }
   // Room for each output's shape and ExecutionInfo, as a LayerForward's check.
-  const uint64_t envelope = 4096 * static_cast<uint64_t>(r.layers_size());
+  const uint64_t envelope = kEnvelopeBytes * static_cast<uint64_t>(r.layers_size());
   if (bytes + envelope > static_cast<uint64_t>(core.max_message_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "layers: their outputs (", m, " rows each, FP32) take ", bytes,

@@ -637,8 +637,10 @@ grpc::ServerUnaryReactor* ModelsService::DownloadWeights(grpc::CallbackServerCon
         }
         constexpr uint64_t kDefaultBytes = uint64_t{1} << 20;
         // What one answer may hold: the message limit, less room for the envelope.
-        const uint64_t most = static_cast<uint64_t>(std::max<int64_t>(core_.max_message_bytes - 4096, 0)) /
-                              element_bytes;
+        const uint64_t most =
+            static_cast<uint64_t>(std::max<int64_t>(
+                core_.max_message_bytes - static_cast<int64_t>(kEnvelopeBytes), 0)) /
+            element_bytes;
         const uint64_t asked = r.max_elements() == 0
                                    ? std::min<uint64_t>(kDefaultBytes / element_bytes, most)
                                    : r.max_elements();
@@ -654,10 +656,7 @@ grpc::ServerUnaryReactor* ModelsService::DownloadWeights(grpc::CallbackServerCon
         if (dtype == v1::DTYPE_FP32) {
           std::memcpy(data->data(), from, count * sizeof(float));
         } else {
-          for (uint64_t i = 0; i < count; ++i) {
-            const uint16_t bits = mx::FloatToBf16(from[i]);
-            std::memcpy(data->data() + 2 * i, &bits, 2);
-          }
+          FloatBytesToBf16(reinterpret_cast<const char*>(from), count, data->data());
         }
         out->set_model(r.model());
         out->set_layer(spec.name);

@@ -92,7 +92,7 @@ class ModelInfo:
     lease_seconds: float = 0.0  # 0: no lease
     owner: str = ""  # the principal that registered it ("anonymous" without --auth-tokens)
     # What --quota-weight-bytes charges the owner: staged and published FP32
-    # weights; the cached copies in weight_bytes are the daemon's, charged to no one.
+    # weights and optimizer state; the cached copies in weight_bytes are the daemon's, charged to no one.
     quota_bytes: int = 0
 
     @classmethod
