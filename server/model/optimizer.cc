@@ -17,8 +17,7 @@ absl::Status LayerOptimizer::Charge(uint64_t bytes, absl::string_view what, Rese
 
 absl::Status LayerOptimizer::Accumulate(int64_t first_row, std::span<const float> grad_weight,
                                         std::span<const float> grad_bias) {
-  std::shared_lock<std::shared_mutex> gate;
-  if (gate_) gate = std::shared_lock(*gate_);  // waits for a step of the model to end
+  const std::shared_lock gate(*gate_);  // waits for a step of the model to end
   MutexLock lock(&mu_);
   if (grad_weight_.empty()) {
     // rows × cols fit memory already: the layer's master holds as many floats.

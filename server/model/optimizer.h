@@ -33,9 +33,9 @@ class LayerOptimizer {
   // W is `rows` × `cols` (out_features × in_features); `bias`: whether the
   // layer has one. `principal`: whose copies make room first (memory_budget.h).
   // `gate`: the model's writer lock, held shared while a gradient is added
-  // (a step holds it exclusively; may be null in tests).
+  // (a step holds it exclusively).
   LayerOptimizer(std::string layer, int64_t rows, int64_t cols, bool bias, MemoryBudget& budget,
-                 std::string principal, std::shared_ptr<std::shared_mutex> gate = nullptr)
+                 std::string principal, std::shared_ptr<std::shared_mutex> gate)
       : layer_(std::move(layer)),
         rows_(rows),
         cols_(cols),
