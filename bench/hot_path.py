@@ -503,7 +503,7 @@ def run(args: argparse.Namespace) -> dict:
             results.update(run_cpu(args, model, session, inputs, cache))
         finally:
             session.restore()
-        progress(f"cpu backend: uploading again for the RemoteAdamW session")
+        progress("cpu backend: uploading again for the RemoteAdamW session")
         session = offload(model, client, name + "-remote-adamw", policy=args.policy,
                           optimizer=RemoteAdamW(lr=LEARNING_RATE))
         try:
@@ -692,7 +692,7 @@ def update_details(args, results) -> List[str]:
         lines.append(f"PPO update, RemoteAdamW ({results['remote_stepped']} layers stepped on the "
                      f"daemon): {parts(stepped)} s; {stepped['requests']} calls, daemon compute "
                      f"{stepped['daemon_compute_s']:.4g} s; weights over the wire "
-                     f"{stepped['weight_bytes_moved'] / 1e6:.1f} MB (a tied projection's upload)")
+                     f"{stepped['weight_bytes_moved'] / 1e6:.1f} MB (tied projections' uploads)")
     return lines
 
 

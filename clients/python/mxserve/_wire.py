@@ -268,16 +268,21 @@ def _torch_to_tensor(value, field: str) -> pb.Tensor:
     return pb.Tensor(shape=t.shape, dtype=pb.DTYPE_FP32, data=array.astype("<f4", copy=False).tobytes())
 
 
+def widen_bf16(data: bytes) -> np.ndarray:
+    """Little-endian BF16 bytes as float32, exactly (the bits, 16 places up)."""
+    return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+
+
 def from_tensor(tensor: pb.Tensor, like: Any = None):
     """Tensor → a writable numpy float array (float32, or float16 for FP16), or a CPU
     torch tensor when `like` is one. BF16 is widened to float32 exactly."""
     if tensor.dtype not in _NUMPY_DTYPES:
         raise ValueError(f"response tensor has dtype {tensor.dtype}; expected FP32, FP16 or BF16")
     shape = tuple(tensor.shape)
-    array = np.frombuffer(tensor.data, dtype=_NUMPY_DTYPES[tensor.dtype])
     if tensor.dtype == pb.DTYPE_BF16:
-        array = (array.astype(np.uint32) << 16).view(np.float32)
+        array = widen_bf16(tensor.data)
     else:
+        array = np.frombuffer(tensor.data, dtype=_NUMPY_DTYPES[tensor.dtype])
         array = array.astype(array.dtype.newbyteorder("="), copy=True)
     array = array.reshape(shape)
     if is_torch(like):

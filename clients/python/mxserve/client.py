@@ -611,8 +611,7 @@ class Client:
             if wire_dtype == common_pb2.DTYPE_FP32:
                 piece = np.frombuffer(chunk.data, dtype="<f4")
             else:
-                piece = (np.frombuffer(chunk.data, dtype="<u2").astype(np.uint32) << 16
-                         ).view(np.float32)
+                piece = _wire.widen_bf16(chunk.data)
             if piece.size == 0:
                 raise MxserveError(grpc.StatusCode.DATA_LOSS,
                                    f"{layer}: an empty piece at element {offset}", "DownloadWeights")

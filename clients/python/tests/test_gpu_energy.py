@@ -34,7 +34,9 @@ PHASE_ENDS = {"rollout": 0.3, "reward": 1.3, "update": 1.9}
 def skew_joules(watts, read_seconds, ends=1):
     """What a meter's dating can move `ends` interval ends' joules at `watts`: each end
     is dated at the middle of a clock bracket at most `read_seconds` wide (and the
-    fake counter rounds each read to the millijoule)."""
+    fake counter rounds each read to the millijoule). A read takes microseconds; a
+    bracket past 50 ms would make the bound too loose to test anything."""
+    assert 0 <= read_seconds < 0.05, read_seconds
     return (watts * read_seconds / 2 + 1e-3) * ends
 
 
@@ -211,7 +213,7 @@ def test_the_cli_reports_counter_sampled_and_idle(daemon, client, trace, tmp_pat
     # counter read: exact to half that bracket (microseconds, unless the reader was
     # preempted between them on a loaded machine, which the summary then shows).
     skew = skew_joules(250.0, summary["counter_read_max_seconds"], ends=2)
-    assert 0 < summary["counter_read_max_seconds"] < 0.5
+    assert summary["counter_read_max_seconds"] > 0
     report = client.energy_report(run="energy/cli")
     for phase in ("rollout", "reward", "update"):
         p = summary["phases"][phase]
@@ -342,7 +344,7 @@ def test_the_experiment_report_shows_counter_sampled_and_idle(daemon, trace, tmp
     assert float(local["idle_watts"]) == pytest.approx(150.0, rel=0.01)
     summary = json.loads((out / "summary.json").read_text())
     run = next(r for r in summary["runs"] if r["configuration"] == "FP16-cpu")
-    assert 0 < run["counter_read_max_seconds"] < 0.5
+    assert run["counter_read_max_seconds"] > 0
     for phase in ("rollout", "reward", "update"):
         counter = run["energy"][phase]["gpu_baseline"]
         ends = 2 * run["counter_intervals"][phase]

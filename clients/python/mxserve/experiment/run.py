@@ -4,6 +4,7 @@ that keeps each finished run in state/ and writes the report."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -293,8 +294,7 @@ def _run_one(client: Client, task: Task, experiment: Experiment, configuration: 
         result.energy_counter = getattr(sampler, "has_counter", None)
         if result.energy_counter:
             result.counter_read_max_seconds = sampler.max_read_seconds
-            for phase, *_ in sampler.intervals:
-                result.counter_intervals[phase] = result.counter_intervals.get(phase, 0) + 1
+            result.counter_intervals = dict(collections.Counter(p for p, *_ in sampler.intervals))
     if trainer.sessions:
         info = next(iter(trainer.sessions["policy"].layers.values())).last_info
         result.backend = info.backend if info is not None else ""

@@ -314,11 +314,14 @@ class PPOTrainer:
                              "client and compute='daemon'")
         # Adam, eps 1e-5, no weight decay: AdamW with weight_decay 0 is the same
         # step bit for bit, which is what the daemon runs with optimizer="remote".
-        self.remote_optimizer = (RemoteAdamW(lr=config.learning_rate, eps=1e-5, weight_decay=0.0,
-                                             max_grad_norm=config.max_grad_norm)
+        adam_eps = 1e-5
+        self.remote_optimizer = (RemoteAdamW(lr=config.learning_rate, eps=adam_eps,
+                                             weight_decay=0.0, max_grad_norm=config.max_grad_norm)
                                  if optimizer == "remote" else None)
+        # Over every parameter; with optimizer="remote", over the local half only
+        # (below, once the policy's session says which those are).
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate,
-                                          eps=1e-5)
+                                          eps=adam_eps)
         self.wall = {phase: 0.0 for phase in PHASES}
         self.current_phase = "rollout"
         self.phase_hook: Optional[Callable[[str], None]] = None
@@ -339,7 +342,7 @@ class PPOTrainer:
                     # The local half: what the daemon does not step, same Adam.
                     self.optimizer = torch.optim.Adam(
                         self.sessions["policy"].local_parameters(), lr=config.learning_rate,
-                        eps=1e-5)
+                        eps=adam_eps)
             except BaseException:
                 self.close()
                 raise
@@ -362,7 +365,7 @@ class PPOTrainer:
         """A plain local copy of the policy LM as trained (no offloaded modules)."""
         with contextlib.ExitStack() as scope:
             if "policy" in self.sessions:
-                self.sessions["policy"].fetch_weights()  # the daemon's steps, if it stepped
+                # local() fetches the daemon's steps first, if it stepped.
                 scope.enter_context(self.sessions["policy"].local())
             return copy.deepcopy(self.model.lm)
 

@@ -200,23 +200,22 @@ class _OffloadedLinearFunction(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dy = grad_y.reshape(-1, layer.out_features)
         x2d = ctx.saved_tensors[0] if ctx.saved_tensors else None
+        stepped = layer.layer_name in session.remote_stepped  # (compute="daemon" only)
         if session.compute == "local":
             grad_x, grad_w, grad_b = session.local_backward(layer, dy, x2d, need_x, need_w,
                                                             need_b, ctx)
-        elif layer.layer_name in session.remote_stepped:
+        elif stepped:
             # The gradients stay on the daemon, for session.step().
             grad_x, _, _ = session.remote_backward(layer, dy, x2d if need_w or need_b else None,
                                                    need_x, False, ctx, accumulate=True)
-            if grad_x is not None:
-                grad_x = grad_x.to(device=grad_y.device, dtype=grad_y.dtype)
-                grad_x = grad_x.reshape(ctx.input_shape)
-            return grad_x, None, None, None
         else:
             remote = session.grad_weight == "remote"
             grad_x, grad_w, grad_b = session.remote_backward(
                 layer, dy, x2d if need_w and remote else None, need_x, need_b and remote, ctx)
         if grad_x is not None:
             grad_x = grad_x.to(device=grad_y.device, dtype=grad_y.dtype).reshape(ctx.input_shape)
+        if stepped:
+            return grad_x, None, None, None
         grad_w, grad_b = layer.parameter_grads(dy, x2d, grad_w, grad_b, need_w, need_b)
         return grad_x, grad_w, grad_b, None
 
@@ -242,6 +241,12 @@ class OffloadedLinear(nn.Module):
         self.format: _wire.FormatLike = None
         self.last_info: Optional[ExecutionInfo] = None
         self.last_backward_info: Optional[ExecutionInfo] = None
+
+    @property
+    def spec(self) -> LayerSpec:
+        """The layer as the daemon registers it."""
+        return LayerSpec(self.layer_name, self.out_features, self.in_features,
+                         self.bias is not None)
 
     @property
     def effective_format(self) -> _wire.FormatLike:
@@ -322,8 +327,9 @@ class OffloadSession:
         # layouts, keyed by the parameter's version), and the calls not yet reported
         # to the daemon.
         # fuse: the sibling groups whose forwards go as one LayersForward (layer →
-        # its group, in call order), and the outputs of the siblings not yet asked
-        # for: layer → (key of the input, Y, ExecutionInfo).
+        # its group, in FUSED_SIBLINGS' order: the first one's call fetches all),
+        # and the outputs of the siblings not yet asked for: layer → (weak
+        # reference to the input, key of the call, Y, ExecutionInfo).
         self.fused_groups: Dict[str, Tuple[str, ...]] = {}
         self._fused: Dict[str, Tuple[weakref.ref, tuple, torch.Tensor, ExecutionInfo]] = {}
         self._unfused: set = set()  # groups whose siblings proved to take different inputs
@@ -375,9 +381,7 @@ class OffloadSession:
             except MxserveError as error:
                 if error.code.name != "NOT_FOUND":
                     raise
-        client.register_model(name, [
-            LayerSpec(n, l.out_features, l.in_features, l.bias is not None)
-            for n, l in self.layers.items()], policy=policy)
+        client.register_model(name, [l.spec for l in self.layers.values()], policy=policy)
         try:
             if compute == "daemon":
                 self._upload(list(self.layers))
@@ -467,7 +471,8 @@ class OffloadSession:
             weight_decay=opt.weight_decay, max_grad_norm=opt.max_grad_norm,
             other_grad_sq_norm=other, warm_up=warm_up)
         self.weight_version = result.weight_version
-        self.weights_stale = True
+        # A step with no remote gradient publishes nothing: nothing to fetch.
+        self.weights_stale = self.weights_stale or bool(result.grad_sq_norms)
         if opt.max_grad_norm:
             with torch.no_grad():
                 for p in local:
@@ -486,7 +491,7 @@ class OffloadSession:
         layers had one. The local gradients are the caller's to zero."""
         return len(self.client.discard_gradients(self.model_name).grad_sq_norms)
 
-    def fetch_weights(self, dtype: str = "fp32") -> int:
+    def fetch_weights(self) -> int:
         """Reads the daemon's masters of the layers it steps into the local
         parameters (in place, in their dtype); returns the weight version read.
         Costs what an upload of those layers costs; call it before evaluating
@@ -496,13 +501,12 @@ class OffloadSession:
         with torch.no_grad():
             for n in sorted(self.remote_stepped):
                 layer = self.layers[n]
-                spec = LayerSpec(n, layer.out_features, layer.in_features, layer.bias is not None)
                 weight = torch.from_numpy(self.client.download_weights(
-                    self.model_name, n, dtype=dtype, spec=spec))
+                    self.model_name, n, spec=layer.spec))
                 layer.weight.copy_(weight.t() if layer.transposed else weight)
                 if layer.bias is not None:
                     layer.bias.copy_(torch.from_numpy(self.client.download_weights(
-                        self.model_name, n, bias=True, dtype=dtype, spec=spec)))
+                        self.model_name, n, bias=True, spec=layer.spec)))
                 self._uploaded[n] = self._weights_version(layer)
         self.weights_stale = False
         return self.weight_version
