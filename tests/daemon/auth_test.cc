@@ -231,6 +231,24 @@ TEST_F(AuthTest, OwnershipScenario) {
         &out);
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
+  // ...and take gradients of it, but not add them to what her model will become
+  // (LayerBackward.accumulate_grad: the daemon's optimizer steps them); she may.
+  {
+    v1::LayerBackwardRequest request =
+        BackwardRequest("alice-model", layers[0], v1::PHASE_UPDATE, static_cast<int>(mx::Format::kFp32),
+                        TestValues(2 * 8, 4), TestValues(2 * 16, 5), 2);
+    request.set_accumulate_grad(true);
+    v1::LayerBackwardResponse out;
+    grpc::ClientContext bob;
+    Authorize(bob, kBob);
+    EXPECT_STATUS(compute->LayerBackward(&bob, request, &out), PERMISSION_DENIED,
+                  "accumulate_grad: model 'alice-model' belongs to 'alice'; only its owner (or an "
+                  "admin) adds to its gradients");
+    grpc::ClientContext alice;
+    Authorize(alice, kAlice);
+    const grpc::Status s = compute->LayerBackward(&alice, request, &out);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
   // ...but not overwrite her weights: nothing is staged.
   std::vector<TestLayer> zeros = layers;
   std::fill(zeros[0].weight.begin(), zeros[0].weight.end(), 0.0f);
