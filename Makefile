@@ -6,7 +6,7 @@ JOBS ?= 2
 MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps configure build test run observe up down bench bench-overhead bench-hot-path \
-        experiment gpu-bundle \
+        experiment gpu-bundle cpu-bundle \
         format clean \
         test-asan test-tsan fuzz check-minimal-build
 
@@ -155,3 +155,16 @@ gpu-bundle: build
 	@ldd $(BUILD_DIR)/bin/mxserved | awk '/=>/ {print $$3} /ld-linux/ {print $$1}' | \
 	  xargs -I{} cp -L {} $(BUILD_DIR)/gpu-bundle/lib/
 	@du -sh $(BUILD_DIR)/gpu-bundle
+
+# mx_bench, amx_probe and the numerics/kernel tests with the dynamic loader and every
+# library they link, xz-packed (build/cpu-bundle.tar.xz, about 15 MB), for
+# bench/cpu_check.sh on a borrowed machine without Debian's packages (an AMX Xeon).
+CPU_BUNDLE_BINARIES = mx_bench amx_probe mx_tests mx_kernels_tests mx_emulated_levels_tests
+cpu-bundle: build
+	@rm -rf $(BUILD_DIR)/cpu-bundle && mkdir -p $(BUILD_DIR)/cpu-bundle/lib
+	@for b in $(CPU_BUNDLE_BINARIES); do cp $(BUILD_DIR)/bin/$$b $(BUILD_DIR)/cpu-bundle/; \
+	  ldd $(BUILD_DIR)/bin/$$b | awk '/=>/ {print $$3} /ld-linux/ {print $$1}'; done | \
+	  sort -u | xargs -I{} cp -L {} $(BUILD_DIR)/cpu-bundle/lib/
+	@cp -r ../shared/golden/mx $(BUILD_DIR)/cpu-bundle/golden
+	@tar -C $(BUILD_DIR) -cJf $(BUILD_DIR)/cpu-bundle.tar.xz cpu-bundle
+	@du -sh $(BUILD_DIR)/cpu-bundle.tar.xz

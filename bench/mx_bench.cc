@@ -1,7 +1,8 @@
 // mx_bench: the fast CPU kernels against the peers a user would pick instead on
 // the same CPU, measured in the same run.
 //
-// Benchmarks (one thread unless the name ends in /threads:2):
+// Benchmarks (one thread unless the name ends in /threads:N; N is 2 unless
+// --threads=N says otherwise, e.g. 16 on a 16-core machine):
 //   quantize/<FORMAT>/<elements>            FP32 → packed format (mx::kernels), GBps
 //   quantize_reference/<FORMAT>/<elements>  the scalar reference quantizer, for scale
 //   quantize_stochastic/<FORMAT>/<elements> seeded stochastic rounding (mx::kernels)
@@ -26,6 +27,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <dnnl.hpp>
 #include <functional>
 #include <map>
@@ -84,7 +86,12 @@ std::vector<float> Random(size_t count, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
-std::string ThreadSuffix(int threads) { return threads == 1 ? "" : "/threads:2"; }
+// Threads of the many-thread variants (--threads=N, default 2).
+int g_many_threads = 2;
+
+std::string ThreadSuffix(int threads) {
+  return threads == 1 ? "" : "/threads:" + std::to_string(threads);
+}
 
 void SetThreads(int threads) {
   openblas_set_num_threads(threads);
@@ -92,8 +99,10 @@ void SetThreads(int threads) {
 }
 
 mx::kernels::ThreadPool& Pool(int threads) {
-  static mx::kernels::ThreadPool one(1), two(2);
-  return threads == 1 ? one : two;
+  static std::map<int, std::unique_ptr<mx::kernels::ThreadPool>> pools;
+  std::unique_ptr<mx::kernels::ThreadPool>& pool = pools[threads];
+  if (!pool) pool = std::make_unique<mx::kernels::ThreadPool>(threads);
+  return *pool;
 }
 
 void SetGflops(benchmark::State& state, double flops) {
@@ -331,7 +340,7 @@ class RatioReporter : public benchmark::BenchmarkReporter {
     std::fprintf(out_, "\nratio = peer time / mxserve time (> 1: mxserve is faster)\n");
     const char* peers[] = {"openblas_sgemm", "onednn_bf16", "onednn_f32"};
     for (const Shape& s : GemmShapes()) {
-      for (int threads : {1, 2}) {
+      for (int threads : {1, g_many_threads}) {
         for (mx::Format f : kGemmFormats) {
           const std::string ours = Name("gemm", f, s, threads);
           for (const char* peer : peers) {
@@ -350,7 +359,7 @@ class RatioReporter : public benchmark::BenchmarkReporter {
     }
     std::fprintf(out_, "\nratio = MXFP4 time / NVFP4 time (> 1: NVFP4 is faster)\n");
     for (const Shape& s : GemmShapes()) {
-      for (int threads : {1, 2}) {
+      for (int threads : {1, g_many_threads}) {
         Print(Name("gemm", mx::Format::kNvfp4, s, threads),
               Name("gemm", mx::Format::kMxfp4E2m1, s, threads), "vs MXFP4_E2M1");
       }
@@ -362,9 +371,9 @@ class RatioReporter : public benchmark::BenchmarkReporter {
       Print(name, name.substr(0, at) + "/MXFP4_E2M1/" + name.substr(at + nv.size()),
             "vs MXFP4_E2M1");
     }
-    std::fprintf(out_, "\nratio = one-thread time / two-thread time\n");
+    std::fprintf(out_, "\nratio = one-thread time / %d-thread time\n", g_many_threads);
     for (const auto& [name, seconds] : seconds_) {
-      const size_t at = name.find("/threads:2");
+      const size_t at = name.find("/threads:");
       if (at != std::string::npos) Print(name, name.substr(0, at), /*label=*/"vs one thread");
     }
   }
@@ -410,7 +419,32 @@ void Register(const std::string& name, F f, double min_time = 0.3) {
 
 }  // namespace
 
+// Takes mx_bench's own --threads=N out of argv (benchmark::Initialize would
+// refuse it); false, with a message, when N is not 2..1024.
+bool TakeThreadsFlag(int& argc, char** argv) {
+  const std::string flag = "--threads=";
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(flag, 0) != 0) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    char* end = nullptr;
+    const long n = std::strtol(arg.c_str() + flag.size(), &end, 10);
+    if (end == arg.c_str() + flag.size() || *end != '\0' || n < 2 || n > 1024) {
+      std::fprintf(stderr, "mx_bench: --threads wants a whole number 2..1024, got '%s'\n",
+                   arg.c_str() + flag.size());
+      return false;
+    }
+    g_many_threads = static_cast<int>(n);
+  }
+  argc = kept;
+  return true;
+}
+
 int main(int argc, char** argv) {
+  if (!TakeThreadsFlag(argc, argv)) return 2;
   SetThreads(1);
   // On stderr and in the benchmark context, so that json output stays JSON.
   const std::string isa(mx::kernels::IsaName(mx::kernels::DefaultIsa()));
@@ -439,8 +473,9 @@ int main(int argc, char** argv) {
   }
   using dt = dnnl::memory::data_type;
   for (const Shape& shape : GemmShapes()) {
-    // Two threads where the work is large enough to split (M >= 512).
-    for (int threads : shape.m >= 512 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
+    // Many threads where the work is large enough to split (M >= 512).
+    for (int threads :
+         shape.m >= 512 ? std::vector<int>{1, g_many_threads} : std::vector<int>{1}) {
       const std::string tail = shape.Name() + ThreadSuffix(threads);
       for (mx::Format f : kGemmFormats) {
         Register(RatioReporter::Name("gemm", f, shape, threads),

@@ -9,6 +9,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -505,8 +506,12 @@ INSTANTIATE_TEST_SUITE_P(Sources, QuantizeFastHalf, testing::Values(Format::kBf1
 
 // --- Golden inputs ---
 
-// ../shared/golden/mx beside the checkout, found from this file's path.
+// $MXSERVE_GOLDEN_DIR where it is set (bench/cpu_check.sh on another machine),
+// else ../shared/golden/mx beside the checkout, found from this file's path.
 std::string GoldenDir() {
+  if (const char* dir = std::getenv("MXSERVE_GOLDEN_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
   std::string path = __FILE__;
   const size_t tests = path.rfind("/tests/mx/kernels/");
   if (tests == std::string::npos) return "";
