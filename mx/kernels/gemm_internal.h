@@ -253,7 +253,9 @@ struct DecodedX {
   std::vector<int16_t> i16;
   std::vector<double> f64;
   std::vector<float> f32;
-  std::vector<uint16_t> bf16;  // kBf16: X's BF16 bits, rows × k_padded (pairs of k)
+  // kBf16: X's BF16 bits, rows × k_padded (pairs of k); kMxI16 for the amx
+  // level: the fixed-point elements as BF16 (exact, ExactBf16Bits), the same layout.
+  std::vector<uint16_t> bf16;
   std::vector<float> scale;
   std::vector<double> scale_d;
   std::vector<int32_t> block_offset;  // kMxI8, kNvI8 (and i8 copies): −offset_w · Σ x over the block (kInt8: the row)
@@ -294,8 +296,9 @@ inline constexpr int kMaxTileRows = 4;
 inline constexpr int kAvx512TileRows = 8;
 // MxF64ShiftedTile reads X's fit_max, fit_l1 and fit_sq a tile at a time.
 static_assert(kFitRows == kAvx512TileRows);
-// Rows per call of the amx level's kernel (one AMX tile of X).
-inline constexpr int kAmxTileRows = 16;
+// Rows per call of the amx level's kernels: two AMX tiles of X (16 rows each),
+// against two panels of W, in all eight tile registers (gemm_amx.cc).
+inline constexpr int kAmxTileRows = 32;
 
 // Up to 4 × 16 outputs of one tile in FP32, started from the bias (or +0.0) when
 // asked; a tile kernel accumulates here and Store() writes the valid columns to
@@ -390,10 +393,10 @@ inline constexpr int kIsaLevels = 4;
 constexpr bool kHasKernel[kKinds][kIsaLevels] = {
     //            scalar avx2  avx512 amx
     /* kMxI8  */ {true, true, true, true},
-    /* kMxI16 */ {true, true, true, false},
+    /* kMxI16 */ {true, true, true, true},
     /* kMxF64 */ {true, true, true, false},
     /* kInt8  */ {true, true, true, true},
-    /* kNvI8  */ {true, true, true, false},
+    /* kNvI8  */ {true, true, true, true},
     /* kF32   */ {true, true, true, false},
     /* kBf16  */ {true, true, true, true},
 };

@@ -80,12 +80,13 @@ TEST_P(EmulatedLevel, KernelTableMatchesTheTileFunction) {
                                     GetParam()->tiles.name);
 }
 
-// Every MX pair on ragged shapes (M up to 37: more than one 16-row AMX tile and
-// a short one), bias on and off.
+// Every MX pair on ragged shapes (M = 37: a whole 32-row AMX call and a short
+// one; M = 20: a short second row tile; N = 45: an odd count of panels, so a
+// call with one), bias on and off.
 TEST_P(EmulatedLevel, EveryMxPairMatchesReference) {
   const struct {
     int64_t m, n, k;
-  } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 70}, {16, 16, 200}};
+  } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 70}, {16, 16, 200}, {20, 33, 96}};
   for (Format fx : kMxFormats) {
     for (Format fw : kMxFormats) {
       for (const auto& s : shapes) {

@@ -12,6 +12,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "mx/element.h"
@@ -20,7 +22,7 @@
 
 namespace mx::kernels::emulated {
 
-// int32 -> float rounds to nearest even; FP16 and u16 widen exactly.
+// int32 -> float rounds to nearest even; FP16, u16 and i16 widen exactly.
 inline __m512 Cvtepi32Ps(__m512i a) {
   int32_t in[16];
   float out[16];
@@ -30,6 +32,13 @@ inline __m512 Cvtepi32Ps(__m512i a) {
 }
 inline __m512i Cvtepu16Epi32(__m256i a) {
   uint16_t in[16];
+  int32_t out[16];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
+  for (int i = 0; i < 16; ++i) out[i] = in[i];
+  return _mm512_loadu_si512(out);
+}
+inline __m512i Cvtepi16Epi32(__m256i a) {
+  int16_t in[16];
   int32_t out[16];
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
   for (int i = 0; i < 16; ++i) out[i] = in[i];
@@ -137,18 +146,49 @@ struct TileState {
   uint8_t data[8][16][64] = {};
   uint16_t colsb[8] = {};
   uint8_t rows[8] = {};
+  // LDTILECFG zeroes every tile.
+  void ZeroData() { std::memset(data, 0, sizeof(data)); }
 };
 inline thread_local TileState tiles;
 
+// What the hardware refuses with #UD or #GP (SDM, LDTILECFG and TDP*): the
+// emulation stops the test with a message instead of computing something.
+[[noreturn]] inline void TileFault(const char* what, int t) {
+  std::fprintf(stderr, "AMX emulation: %s (tile %d)\n", what, t);
+  std::abort();
+}
 inline void TileLoadConfig(const void* config) {
   const auto* c = static_cast<const uint8_t*>(config);
+  if (c[0] != 1) TileFault("palette is not 1", -1);
   for (int t = 0; t < 8; ++t) {
     std::memcpy(&tiles.colsb[t], c + 16 + 2 * t, 2);
     tiles.rows[t] = c[48 + t];
+    if (tiles.rows[t] > 16 || tiles.colsb[t] > 64 || tiles.colsb[t] % 4 != 0 ||
+        (tiles.rows[t] == 0) != (tiles.colsb[t] == 0)) {
+      TileFault("rows > 16, colsb > 64 or not a multiple of 4, or one of them 0", t);
+    }
   }
+  tiles.ZeroData();
 }
 inline void TileRelease() { tiles = TileState{}; }
-inline void TileZero(int t) { std::memset(tiles.data[t], 0, sizeof(tiles.data[t])); }
+inline void TileUsed(int t) {
+  if (t < 0 || t >= 8 || tiles.rows[t] == 0) TileFault("unconfigured tile used", t);
+}
+inline void TileZero(int t) {
+  TileUsed(t);
+  std::memset(tiles.data[t], 0, sizeof(tiles.data[t]));
+}
+// The shapes TDPBSUD and TDPBF16PS take: C rows × colsb = A rows × (B colsb),
+// A's colsb / 4 = B's rows.
+inline void TileShapes(int c, int a, int b) {
+  TileUsed(c);
+  TileUsed(a);
+  TileUsed(b);
+  if (tiles.rows[c] != tiles.rows[a] || tiles.colsb[c] != tiles.colsb[b] ||
+      tiles.colsb[a] / 4 != tiles.rows[b] || c == a || c == b || a == b) {
+    TileFault("tile shapes of a product do not match", c);
+  }
+}
 // Rows beyond the configured ones, and bytes beyond colsb, read as zero.
 inline void TileLoad(int t, const void* base, int64_t stride) {
   TileZero(t);
@@ -157,6 +197,7 @@ inline void TileLoad(int t, const void* base, int64_t stride) {
   }
 }
 inline void TileStore(int t, void* base, int64_t stride) {
+  TileUsed(t);
   for (int r = 0; r < tiles.rows[t]; ++r) {
     std::memcpy(static_cast<uint8_t*>(base) + r * stride, tiles.data[t][r], tiles.colsb[t]);
   }
@@ -164,6 +205,7 @@ inline void TileStore(int t, void* base, int64_t stride) {
 // TDPBSUD: C[m][n] += Σ_k Σ_{i<4} s8(A[m][4k+i]) · u8(B[k][4n+i]), int32 wrapping,
 // over k < colsb(A) / 4 and n < colsb(C) / 4.
 inline void TileDpbsud(int c, int a, int b) {
+  TileShapes(c, a, b);
   for (int m = 0; m < tiles.rows[c]; ++m) {
     for (int n = 0; n < tiles.colsb[c] / 4; ++n) {
       int32_t sum;
@@ -185,6 +227,7 @@ inline void TileDpbsud(int c, int a, int b) {
 // TDPBF16PS: C[m][n] = Bf16PairStep over k < colsb(A) / 4 of the pair A[m][k]
 // (two BF16) and B[k][n], in ascending k, as the SDM's pseudocode.
 inline void TileDpbf16ps(int c, int a, int b) {
+  TileShapes(c, a, b);
   for (int m = 0; m < tiles.rows[c]; ++m) {
     for (int n = 0; n < tiles.colsb[c] / 4; ++n) {
       float acc;
@@ -215,6 +258,7 @@ inline void TileDpbf16ps(int c, int a, int b) {
 #undef _mm512_dpbf16_ps
 #define _mm512_cvtepi32_ps mx::kernels::emulated::Cvtepi32Ps
 #define _mm512_cvtepu16_epi32 mx::kernels::emulated::Cvtepu16Epi32
+#define _mm512_cvtepi16_epi32 mx::kernels::emulated::Cvtepi16Epi32
 #define _mm512_cvtepu8_epi32 mx::kernels::emulated::Cvtepu8Epi32
 #define _mm512_cvtepi32_pd mx::kernels::emulated::Cvtepi32Pd
 #define _mm512_cvtph_ps mx::kernels::emulated::CvtphPs
