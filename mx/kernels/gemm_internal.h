@@ -253,9 +253,7 @@ struct DecodedX {
   std::vector<int16_t> i16;
   std::vector<double> f64;
   std::vector<float> f32;
-  // kBf16: X's BF16 bits, rows × k_padded (pairs of k); kMxI16 for the amx
-  // level: the fixed-point elements as BF16 (exact, ExactBf16Bits), the same layout.
-  std::vector<uint16_t> bf16;
+  std::vector<uint16_t> bf16;  // kBf16: X's BF16 bits, rows × k_padded (pairs of k)
   std::vector<float> scale;
   std::vector<double> scale_d;
   std::vector<int32_t> block_offset;  // kMxI8, kNvI8 (and i8 copies): −offset_w · Σ x over the block (kInt8: the row)
@@ -392,11 +390,11 @@ inline constexpr int kIsaLevels = 4;
 // copy, never a weak symbol that an AVX2 object could share (see Tile below).
 constexpr bool kHasKernel[kKinds][kIsaLevels] = {
     //            scalar avx2  avx512 amx
-    /* kMxI8  */ {true, true, true, true},
-    /* kMxI16 */ {true, true, true, true},
+    /* kMxI8  */ {true, true, true, false},
+    /* kMxI16 */ {true, true, true, false},
     /* kMxF64 */ {true, true, true, false},
-    /* kInt8  */ {true, true, true, true},
-    /* kNvI8  */ {true, true, true, true},
+    /* kInt8  */ {true, true, true, false},
+    /* kNvI8  */ {true, true, true, false},
     /* kF32   */ {true, true, true, false},
     /* kBf16  */ {true, true, true, true},
 };

@@ -220,13 +220,7 @@ absl::StatusOr<KernelInfo> internal::LinearWith(const QuantizedMatrix& x, const 
     temporary = internal::PackPanels(w.Unpacked(), kind);
   }
   const internal::WeightPanels* panels = temporary ? temporary.get() : &w.panels();
-  // kMxI16's BF16 copy of X only where the amx level may take the pair (or a
-  // test's level stands in for it).
-  const bool with_bf16 =
-      kind == Kind::kMxI16 &&
-      (tiles != nullptr || internal::LevelFor(kind, Resolve(options.isa)) == Isa::kAmx);
-  const internal::DecodedX decoded =
-      internal::DecodeActivations(x, kind, w.format(), options.pool, with_bf16);
+  const internal::DecodedX decoded = internal::DecodeActivations(x, kind, w.format(), options.pool);
 
   KernelInfo info;
   info.fallback_reason = FallbackReason(decoded, *panels);

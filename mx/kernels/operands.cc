@@ -626,7 +626,7 @@ std::vector<float> DequantizeFast(const QuantizedMatrix& m) {
 }
 
 DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
-                           ThreadPool* pool, bool with_bf16) {
+                           ThreadPool* pool) {
   if (kind == Kind::kNvI8) return DecodeNvActivations(x, pool);
   DecodedX d;
   d.kind = kind;
@@ -687,7 +687,6 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       break;
     case Kind::kMxI16:
       d.i16.assign(x.rows * kp, 0);
-      if (with_bf16) d.bf16.assign(x.rows * kp, 0);
       if (HasU8Copy(kind, x.format) && HasU8Copy(kind, w_format)) {  // W has u8 w + 128
         d.i8.assign(x.rows * kp, 0);
         d.block_offset.assign(x.rows * d.blocks, 0);
@@ -720,7 +719,6 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     // anything) would make the compiler reload them, doubling the time.
     int8_t* const i8 = d.i8.data();
     int16_t* const i16 = d.i16.data();
-    uint16_t* const bf16 = d.bf16.empty() ? nullptr : d.bf16.data();
     double* const f64 = d.f64.data();
     float* const scale = d.scale.data();
     double* const scale_d = d.scale_d.data();
@@ -762,9 +760,6 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
         }
         if (kind == Kind::kMxI16) {
           for (int i = 0; i < kBlockSize; ++i) i16[at + i] = static_cast<int16_t>(fixed[block[i]]);
-          if (bf16 != nullptr) {
-            for (int i = 0; i < kBlockSize; ++i) bf16[at + i] = ExactBf16Bits(fixed[block[i]]);
-          }
         } else if (kind == Kind::kMxF64) {
           for (int i = 0; i < kBlockSize; ++i) f64[at + i] = value[block[i]];
           span_bits[at_block] = static_cast<uint8_t>(info.span_bits);

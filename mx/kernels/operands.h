@@ -3,7 +3,6 @@
 #pragma once
 
 #include <array>
-#include <bit>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -78,17 +77,8 @@ std::shared_ptr<WeightPanels> PackPanels(const QuantizedMatrix& w, Kind kind);
 // Not for panels of W with Inf/NaN codes, which PackedWeight keeps as they came.
 QuantizedMatrix UnpackPanels(const WeightPanels& p);
 // MX rows are decoded in tasks across `pool` when given and there is enough work.
-// `with_bf16`: kMxI16's elements also as BF16 (DecodedX::bf16, exact: see
-// ExactBf16Bits), for the amx level's TDPBF16PS tile; ignored for other kinds.
 DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
-                           ThreadPool* pool = nullptr, bool with_bf16 = false);
-
-// The BF16 bits of an integer of at most 8 significant bits (every kMxI16
-// element in its fixed point: E3M2 3, E2M3 4, E2M1 2, MXINT8 7, and −128), which
-// BF16 holds exactly: FP32's bits with the low half zero.
-inline uint16_t ExactBf16Bits(int64_t fixed) {
-  return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(fixed)) >> 16);
-}
+                           ThreadPool* pool = nullptr);
 
 // All values in FP32: mx::Dequantize, with BF16/FP16/FP32 widened in one pass.
 std::vector<float> DequantizeFast(const QuantizedMatrix& m);

@@ -435,36 +435,6 @@ TEST(Int16PathTest, BlockSquaresAreExactOrRoundedUp) {
   EXPECT_EQ(internal::ShiftedSquares(table, codes.data(), exact.low_bit), 98.0);
 }
 
-// The amx level's kMxI16 tile (Bf16Blocks, gemm_amx.cc) is exact on TDPBF16PS
-// because every element of the kind's formats is an integer BF16 holds exactly
-// (ExactBf16Bits gives its value back), and 32 · max|x'| · max|w'| < 2^23 for
-// every pair of the kind: no partial sum leaves FP32's integers.
-TEST(Bf16TilePathTest, Mxi16ElementsAreExactInBf16AndBlockDotsStayBelow2To23) {
-  int64_t widest_dot = 0;
-  for (const FormatTraits& tx : AllFormats()) {
-    for (const FormatTraits& tw : AllFormats()) {
-      if (internal::KindFor(tx.format, tw.format) != internal::Kind::kMxI16) continue;
-      int64_t max_abs[2] = {0, 0};
-      for (int side = 0; side < 2; ++side) {
-        const internal::CodeTable& table = internal::Codes(side == 0 ? tx.format : tw.format);
-        for (int code = 0; code < 256; ++code) {
-          if (table.special[code]) continue;
-          const int64_t v = table.fixed[code];
-          const uint32_t bits = uint32_t{internal::ExactBf16Bits(v)} << 16;
-          EXPECT_EQ(std::bit_cast<float>(bits), static_cast<float>(v))
-              << (side == 0 ? tx.name : tw.name) << " code " << code;
-          max_abs[side] = std::max(max_abs[side], v < 0 ? -v : v);
-        }
-      }
-      const int64_t dot = int64_t{kBlockSize} * max_abs[0] * max_abs[1];
-      EXPECT_LT(dot, int64_t{1} << 23) << tx.name << " x " << tw.name;
-      widest_dot = std::max(widest_dot, dot);
-    }
-  }
-  // MXFP6 E3M2 × E3M2: 448 in units of 2^-4 on both sides.
-  EXPECT_EQ(widest_dot, int64_t{32} * 448 * 448);
-}
-
 // Which kernel runs: the best level at or below the one asked for that has the
 // kind (kHasKernel: scalar and avx2 have every kind, avx512 and amx some),
 // unless the fast epilogue would round differently (extreme scales), then the

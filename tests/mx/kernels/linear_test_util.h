@@ -314,9 +314,7 @@ inline void ExpectTileFunctionMatchesTheTable(
       const QuantizedMatrix x = Quantize(Gaussian(m * k, ++seed), m, k, tx.format);
       const QuantizedMatrix w = Quantize(Gaussian(n * k, ++seed, 0.1f), n, k, tw.format);
       const auto panels = internal::PackPanels(w, kind);
-      // X decoded as the driver does for this level (kMxI16's BF16 copy at amx).
-      const internal::DecodedX decoded =
-          internal::DecodeActivations(x, kind, tw.format, nullptr, level == Isa::kAmx);
+      const internal::DecodedX decoded = internal::DecodeActivations(x, kind, tw.format);
       const internal::Problem problem{
           .x = &decoded,
           .w = panels.get(),

@@ -178,7 +178,7 @@ inline void TileZero(int t) {
   TileUsed(t);
   std::memset(tiles.data[t], 0, sizeof(tiles.data[t]));
 }
-// The shapes TDPBSUD and TDPBF16PS take: C rows × colsb = A rows × (B colsb),
+// The shapes TDPBF16PS takes: C rows × colsb = A rows × (B colsb),
 // A's colsb / 4 = B's rows.
 inline void TileShapes(int c, int a, int b) {
   TileUsed(c);
@@ -202,28 +202,6 @@ inline void TileStore(int t, void* base, int64_t stride) {
     std::memcpy(static_cast<uint8_t*>(base) + r * stride, tiles.data[t][r], tiles.colsb[t]);
   }
 }
-// TDPBSUD: C[m][n] += Σ_k Σ_{i<4} s8(A[m][4k+i]) · u8(B[k][4n+i]), int32 wrapping,
-// over k < colsb(A) / 4 and n < colsb(C) / 4.
-inline void TileDpbsud(int c, int a, int b) {
-  TileShapes(c, a, b);
-  for (int m = 0; m < tiles.rows[c]; ++m) {
-    for (int n = 0; n < tiles.colsb[c] / 4; ++n) {
-      int32_t sum;
-      std::memcpy(&sum, &tiles.data[c][m][4 * n], 4);
-      uint32_t acc = static_cast<uint32_t>(sum);
-      for (int k = 0; k < tiles.colsb[a] / 4; ++k) {
-        for (int i = 0; i < 4; ++i) {
-          const int32_t x = static_cast<int8_t>(tiles.data[a][m][4 * k + i]);
-          const int32_t w = tiles.data[b][k][4 * n + i];
-          acc += static_cast<uint32_t>(x * w);
-        }
-      }
-      sum = static_cast<int32_t>(acc);
-      std::memcpy(&tiles.data[c][m][4 * n], &sum, 4);
-    }
-  }
-}
-
 // TDPBF16PS: C[m][n] = Bf16PairStep over k < colsb(A) / 4 of the pair A[m][k]
 // (two BF16) and B[k][n], in ascending k, as the SDM's pseudocode.
 inline void TileDpbf16ps(int c, int a, int b) {
@@ -253,7 +231,6 @@ inline void TileDpbf16ps(int c, int a, int b) {
 #undef _tile_zero
 #undef _tile_loadd
 #undef _tile_stored
-#undef _tile_dpbsud
 #undef _tile_dpbf16ps
 #undef _mm512_dpbf16_ps
 #define _mm512_cvtepi32_ps mx::kernels::emulated::Cvtepi32Ps
@@ -272,6 +249,5 @@ inline void TileDpbf16ps(int c, int a, int b) {
 #define _tile_zero(t) mx::kernels::emulated::TileZero(t)
 #define _tile_loadd(t, base, stride) mx::kernels::emulated::TileLoad(t, base, stride)
 #define _tile_stored(t, base, stride) mx::kernels::emulated::TileStore(t, base, stride)
-#define _tile_dpbsud(c, a, b) mx::kernels::emulated::TileDpbsud(c, a, b)
 #define _tile_dpbf16ps(c, a, b) mx::kernels::emulated::TileDpbf16ps(c, a, b)
 #define _mm512_dpbf16_ps mx::kernels::emulated::Dpbf16Ps
