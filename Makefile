@@ -162,7 +162,8 @@ gpu-bundle: build
 CPU_BUNDLE_BINARIES = mx_bench amx_probe mx_tests mx_kernels_tests mx_emulated_levels_tests
 cpu-bundle: build
 	@rm -rf $(BUILD_DIR)/cpu-bundle && mkdir -p $(BUILD_DIR)/cpu-bundle/lib
-	@for b in $(CPU_BUNDLE_BINARIES); do cp $(BUILD_DIR)/bin/$$b $(BUILD_DIR)/cpu-bundle/; \
+	@for b in $(CPU_BUNDLE_BINARIES); do cp $(BUILD_DIR)/bin/$$b $(BUILD_DIR)/cpu-bundle/ || exit 1; done
+	@for b in $(CPU_BUNDLE_BINARIES); do \
 	  ldd $(BUILD_DIR)/bin/$$b | awk '/=>/ {print $$3} /ld-linux/ {print $$1}'; done | \
 	  sort -u | xargs -I{} cp -L {} $(BUILD_DIR)/cpu-bundle/lib/
 	@cp -r ../shared/golden/mx $(BUILD_DIR)/cpu-bundle/golden

@@ -16,7 +16,7 @@
 // Shapes: Qwen2.5-0.5B's linear layers, W (N×K) = 896×896 (q, o), 128×896 (k, v),
 // 4864×896 (gate, up), 896×4864 (down), at M = 8, 512 and 4096. Counters: GFLOPS
 // = 2·M·N·K per second; GBps = FP32 input bytes per second. `ratio` lines close
-// the run: each format against each peer, NVFP4 against MXFP4, and two threads
+// the run: each format against each peer, NVFP4 against MXFP4, and N threads
 // against one.
 //
 // A peer that cannot run on this CPU (oneDNN 2.6 has BF16 matmul only with
@@ -25,6 +25,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -515,7 +516,10 @@ int main(int argc, char** argv) {
     display = std::make_unique<benchmark::CSVReporter>();
 #pragma GCC diagnostic pop
   } else {
-    display = std::make_unique<benchmark::ConsoleReporter>();
+    // Colour only on a terminal: piped output stays plain text for grep.
+    display = std::make_unique<benchmark::ConsoleReporter>(
+        isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_Defaults
+                              : benchmark::ConsoleReporter::OO_Tabular);
   }
   RatioReporter reporter(std::move(display), format == "console" ? stdout : stderr);
   benchmark::RunSpecifiedBenchmarks(&reporter);

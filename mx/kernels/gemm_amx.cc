@@ -7,10 +7,11 @@
 // panels of W (Shape2x2 below): four C tiles of FP32 sums over all of K, each A
 // and B tile loaded once for two products, then one epilogue. Every other kind
 // runs the avx512 kernels (kHasKernel in gemm_internal.h): on the one AMX CPU
-// measured (bench/README.md, "AMX"), tile kernels for the integer and MX kinds
-// (TDPBSUD per 32-k block with a per-block AVX-512 epilogue; kMxI16 exactly on
-// TDPBF16PS) were no faster than avx512's at M = 512 and 1.4–2.5× slower at
-// M = 8, the decode step; commit 0e83440 has them.
+// measured (bench/README.md, "Fifth session"), tile kernels for the integer and
+// MX kinds (TDPBSUD per 32-k block with a per-block AVX-512 epilogue; kMxI16
+// exactly on TDPBF16PS) lost to avx512's at M = 8, the decode step (median
+// ratio to oneDNN 1.6–2.6× lower for the MX kinds, 1.16× for INT8), and at
+// M = 512 in two of three one-thread sets; commit 0e83440 has them.
 //
 // Tests compile this file against an AMX emulation and SIMDe
 // (tests/mx/kernels/simd_emulation.h); the entry point is then AmxTileEmulated.
@@ -37,7 +38,7 @@ namespace {
 // Bj — all eight tile registers: each A and B tile is loaded once for two
 // products, and the four sums are independent (2.1× the single-tile kernel's
 // speed for BF16 at M = 512 on the AMX Xeon measured). A call may lack
-// the second row tile (17 rows or fewer) or the second panel (the last of an
+// the second row tile (16 rows or fewer) or the second panel (the last of an
 // odd count); the tiles it would use stay unconfigured and unused. Numbers, not
 // constants: the intrinsics paste them into the instruction's text.
 #define MX_TMM_C00 0

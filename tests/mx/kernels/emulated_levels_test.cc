@@ -80,13 +80,11 @@ TEST_P(EmulatedLevel, KernelTableMatchesTheTileFunction) {
                                     GetParam()->tiles.name);
 }
 
-// Every MX pair on ragged shapes (M = 37: a whole 32-row AMX call and a short
-// one; M = 20: a short second row tile; N = 45: an odd count of panels, so a
-// call with one), bias on and off.
+// Every MX pair on ragged shapes, bias on and off.
 TEST_P(EmulatedLevel, EveryMxPairMatchesReference) {
   const struct {
     int64_t m, n, k;
-  } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 70}, {16, 16, 200}, {20, 33, 96}};
+  } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 70}, {16, 16, 200}};
   for (Format fx : kMxFormats) {
     for (Format fw : kMxFormats) {
       for (const auto& s : shapes) {
@@ -124,10 +122,14 @@ TEST_P(EmulatedLevel, FloatFormatsMatchReference) {
 // BF16 × BF16 on the pair instructions, modelled with their flushes
 // (simd_emulation.h): ragged shapes and odd K within the float bound, the guard
 // (outputs it refuses come out of the exact order: the reference's bits), and
-// a row's bits against its batch-mates and W's slices.
+// a row's bits against its batch-mates and W's slices. For the amx level's 2×2
+// tiles: M = 37 is a whole 32-row call and a short one, M = 20 a call whose
+// second row tile has 4 rows, N = 45 and 33 odd counts of panels (a last call
+// with one).
 TEST_P(EmulatedLevel, Bf16PairsAndTheirGuard) {
   ThreadPool pool(2);
-  const struct { int64_t m, n, k; } shapes[] = {{1, 1, 1}, {3, 17, 31}, {37, 45, 301}};
+  const struct { int64_t m, n, k; } shapes[] = {
+      {1, 1, 1}, {3, 17, 31}, {37, 45, 301}, {20, 33, 96}};
   uint32_t seed = 620;
   for (const auto& s : shapes) {
     for (bool with_bias : {false, true}) {
@@ -183,8 +185,7 @@ TEST_P(EmulatedLevel, Nvfp4MatchesReference) {
 // the float formats.
 TEST_P(EmulatedLevel, Int8MatchesReference) {
   ThreadPool pool(2);
-  // K of one block, of whole pairs of blocks, and of pairs and one more (AMX's
-  // 64-k steps and their tail).
+  // K of one block, of whole pairs of blocks, and of pairs and one more.
   const struct { int64_t m, n, k; } shapes[] = {
       {1, 1, 1}, {3, 17, 31}, {37, 45, 301}, {20, 19, 130}};
   uint32_t seed = 200;
@@ -278,7 +279,7 @@ TEST_P(EmulatedLevel, MxFp8TwoLimbXWithTinyScale) {
 
 // MXINT8 W against MXFP4 X: the widest kMxI8 bytes (w + 127 up to 254), where the
 // avx2 kernel needs int16 groups and these do not. NaN and all-zero blocks, and
-// two threads (AMX tile state is per thread).
+// two threads.
 TEST_P(EmulatedLevel, WideBytesNanAndZeroBlocksAndThreads) {
   ThreadPool pool(2);
   const int64_t m = 37, n = 70, k = 96;

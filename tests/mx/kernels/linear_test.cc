@@ -509,6 +509,25 @@ TEST_P(LinearAtIsa, ThreadedDecodeKeepsEveryTasksScales) {
   }
 }
 
+// INT8 and BF16 X past one decoding task's rows (170 at K = 96), with a pool:
+// every row decoded, INT8's −128 · Σx per row and BF16's per-row exponents
+// (the pair instructions' guard) included. The last 50 BF16 rows are tiny
+// (2^-120 · g, some subnormal, every product far below the guard's least), so
+// only a guard that saw those rows' exponents sends them down the exact order
+// and matches the reference.
+TEST_P(LinearAtIsa, ManyRowsOfInt8AndBf16WithAPool) {
+  ThreadPool pool(2);
+  const int64_t m = 300, n = 20, k = 96;
+  for (Format f : {Format::kInt8, Format::kBf16}) {
+    std::vector<float> xv = Gaussian(m * k, 56);
+    if (f == Format::kBf16) {
+      for (int64_t i = 250 * k; i < m * k; ++i) xv[i] *= 0x1p-120f;
+    }
+    ExpectSameAsReference(Quantize(xv, m, k, f), Quantize(Gaussian(n * k, 57), n, k, f), {},
+                          GetParam(), absl::StrCat(FormatName(f), " 300 rows, two threads"), &pool);
+  }
+}
+
 // LevelFor walks the table down from the level asked for: the best level at or
 // below it that has the kind, whatever the table holds.
 TEST(KernelTableTest, LevelForIsTheBestLevelAtOrBelowThatHasTheKind) {
