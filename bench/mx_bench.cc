@@ -12,7 +12,8 @@
 //   gemm/onednn_f32/<M>x<N>x<K>             oneDNN matmul, FP32
 //   model/<FORMAT|peer>/qwen2.5-0.5b/M8     a rollout decode step: all 168 linear
 //                                           layers of Qwen2.5-0.5B, each with its
-//                                           own weights, at M = 8 (counter tokens_per_s)
+//                                           own weights, at M = 8 (counter tokens_per_s),
+//                                           on one thread and on N
 // Shapes: Qwen2.5-0.5B's linear layers, W (N×K) = 896×896 (q, o), 128×896 (k, v),
 // 4864×896 (gate, up), 896×4864 (down), at M = 8, 512 and 4096. Counters: GFLOPS
 // = 2·M·N·K per second; GBps = FP32 input bytes per second. `ratio` lines close
@@ -492,17 +493,26 @@ int main(int argc, char** argv) {
   }
   constexpr int64_t kDecodeRows = 8;
   const std::string model = "/qwen2.5-0.5b/M" + std::to_string(kDecodeRows);
-  for (mx::Format f : {mx::Format::kMxfp4E2m1, mx::Format::kNvfp4, mx::Format::kMxfp6E2m3,
-                       mx::Format::kMxfp8E4m3, mx::Format::kMxint8, mx::Format::kBf16}) {
-    Register("model/" + std::string(mx::FormatName(f)) + model,
-             [f](benchmark::State& s) { Model(s, f, kDecodeRows, 1); }, 2.0);
+  // The decode step on one thread and on many: 168 small GEMMs back to back,
+  // where the pool's hand-off per GEMM counts.
+  for (int threads : {1, g_many_threads}) {
+    const std::string tail = model + ThreadSuffix(threads);
+    for (mx::Format f : {mx::Format::kMxfp4E2m1, mx::Format::kNvfp4, mx::Format::kMxfp6E2m3,
+                         mx::Format::kMxfp8E4m3, mx::Format::kMxint8, mx::Format::kBf16}) {
+      Register("model/" + std::string(mx::FormatName(f)) + tail,
+               [f, threads](benchmark::State& s) { Model(s, f, kDecodeRows, threads); }, 2.0);
+    }
+    Register("model/openblas_sgemm" + tail,
+             [threads](benchmark::State& s) { ModelOpenBlas(s, kDecodeRows, threads); }, 2.0);
+    Register("model/onednn_bf16" + tail,
+             [threads](benchmark::State& s) {
+               ModelOneDnn(s, kDecodeRows, dt::bf16, threads);
+             },
+             2.0);
+    Register("model/onednn_f32" + tail,
+             [threads](benchmark::State& s) { ModelOneDnn(s, kDecodeRows, dt::f32, threads); },
+             2.0);
   }
-  Register("model/openblas_sgemm" + model,
-           [](benchmark::State& s) { ModelOpenBlas(s, kDecodeRows, 1); }, 2.0);
-  Register("model/onednn_bf16" + model,
-           [](benchmark::State& s) { ModelOneDnn(s, kDecodeRows, dt::bf16, 1); }, 2.0);
-  Register("model/onednn_f32" + model,
-           [](benchmark::State& s) { ModelOneDnn(s, kDecodeRows, dt::f32, 1); }, 2.0);
 
   const std::string format = FormatFlag(argc, argv);
   benchmark::Initialize(&argc, argv);

@@ -1,5 +1,8 @@
 // A fixed pool of threads for splitting one GEMM across cores. The caller owns it
 // and sizes it (the daemon from --kernel-threads); kernels never start threads.
+// After a call its workers spin for up to 50 µs before they sleep, so an idle
+// pool costs nothing after that and a busy one (a forward pass's GEMMs back to
+// back) no wake-up per call.
 #pragma once
 
 #include <atomic>
@@ -38,14 +41,18 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex busy_;  // held by the caller that owns the current ParallelFor
 
+  // Both sides spin for a while (kSpin, thread_pool.cc) before they sleep on
+  // these: a sleeping thread's wake-up costs tens of µs, a decode step's GEMM
+  // a few hundred. generation_ and stop_ change under mu_; finished_ is
+  // counted without it, and the last worker takes mu_ before notifying.
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  uint64_t generation_ = 0;  // bumped per ParallelFor; guarded by mu_
-  int finished_ = 0;         // workers done with the current generation; guarded by mu_
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};  // bumped per ParallelFor
+  std::atomic<int> finished_{0};         // workers done with the current generation
+  std::atomic<bool> stop_{false};
 
-  // The current job, published under mu_ before generation_ changes.
+  // The current job, published before generation_ changes (release).
   const absl::FunctionRef<void(int64_t)>* fn_ = nullptr;
   int64_t tasks_ = 0;
   std::atomic<int64_t> next_{0};

@@ -6,9 +6,12 @@
 
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -610,6 +613,29 @@ TEST(ThreadPoolTest, RunsEveryTaskOnceAndServesConcurrentCallers) {
   other.join();
   EXPECT_EQ(sum_a.load(), 200 * 4950);
   EXPECT_EQ(sum_b.load(), 200 * 4950);
+}
+
+// Workers spin a while after a call, then sleep (thread_pool.cc): a call after
+// a pause past the spin must wake them, they must take part (tasks that block
+// briefly land on more than one thread), and a pool destroyed right after a
+// call, its workers still spinning, must join them.
+TEST(ThreadPoolTest, WorkersWakeAfterSleepingTakePartAndStopWhileSpinning) {
+  for (int round = 0; round < 3; ++round) {
+    ThreadPool pool(3);
+    std::atomic<int> runs{0};
+    pool.ParallelFor(64, [&](int64_t) { runs.fetch_add(1); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin: asleep
+    std::mutex mu;
+    std::set<std::thread::id> threads;
+    pool.ParallelFor(30, [&](int64_t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      runs.fetch_add(1);
+      std::lock_guard<std::mutex> lock(mu);
+      threads.insert(std::this_thread::get_id());
+    });
+    EXPECT_EQ(runs.load(), 94);
+    EXPECT_GE(threads.size(), 2u) << "only the caller ran the tasks";
+  }
 }
 
 }  // namespace
