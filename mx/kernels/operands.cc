@@ -677,10 +677,21 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     return d;
   }
   if (kind == Kind::kF32) {
-    const std::vector<float> values = DequantizeFast(x);
     d.f32.assign(x.rows * kp, 0.0f);
-    for (int64_t r = 0; r < x.rows; ++r) {
-      std::copy_n(values.data() + r * x.cols, x.cols, d.f32.data() + r * kp);
+    float* const f32 = d.f32.data();
+    if (x.format == Format::kFp32 || x.format == Format::kBf16 || x.format == Format::kFp16) {
+      // Each row widened straight into its padded place, rows across the pool.
+      const int64_t row_bytes = RowBytes(x.format, x.cols);
+      RowTasks(x.rows, kp).Run(pool, [&, f32](int64_t first, int64_t end, int64_t) {
+        for (int64_t r = first; r < end; ++r) {
+          WidenToFloat(x.format, x.elements.data() + r * row_bytes, x.cols, f32 + r * kp);
+        }
+      });
+    } else {  // MX, NVFP4 and INT8 X in the float kind: mixed pairs
+      const std::vector<float> values = Dequantize(x);
+      for (int64_t r = 0; r < x.rows; ++r) {
+        std::copy_n(values.data() + r * x.cols, x.cols, f32 + r * kp);
+      }
     }
     return d;
   }

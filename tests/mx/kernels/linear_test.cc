@@ -512,16 +512,17 @@ TEST_P(LinearAtIsa, ThreadedDecodeKeepsEveryTasksScales) {
   }
 }
 
-// INT8 and BF16 X past one decoding task's rows (170 at K = 96), with a pool:
-// every row decoded, INT8's −128 · Σx per row and BF16's per-row exponents
-// (the pair instructions' guard) included. The last 50 BF16 rows are tiny
-// (2^-120 · g, some subnormal, every product far below the guard's least), so
-// only a guard that saw those rows' exponents sends them down the exact order
-// and matches the reference.
-TEST_P(LinearAtIsa, ManyRowsOfInt8AndBf16WithAPool) {
+// INT8, BF16, FP16 and FP32 X past one decoding task's rows (170 at K = 90, 96
+// padded), with a pool: every row decoded into its padded place, INT8's −128 ·
+// Σx per row and BF16's per-row
+// exponents (the pair instructions' guard) included. The last 50 BF16 rows are
+// tiny (2^-120 · g, some subnormal, every product far below the guard's
+// least), so only a guard that saw those rows' exponents sends them down the
+// exact order and matches the reference.
+TEST_P(LinearAtIsa, ManyRowsOfEveryNonMxKindWithAPool) {
   ThreadPool pool(2);
-  const int64_t m = 300, n = 20, k = 96;
-  for (Format f : {Format::kInt8, Format::kBf16}) {
+  const int64_t m = 300, n = 20, k = 90;
+  for (Format f : {Format::kInt8, Format::kBf16, Format::kFp16, Format::kFp32}) {
     std::vector<float> xv = Gaussian(m * k, 56);
     if (f == Format::kBf16) {
       for (int64_t i = 250 * k; i < m * k; ++i) xv[i] *= 0x1p-120f;
