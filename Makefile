@@ -147,13 +147,20 @@ format:
 clean:
 	@rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) build-minimal.*
 
-# mxserved with the dynamic loader and every library it links, in one directory
-# (build/gpu-bundle), for bench/gpu_check.sh on a GPU host without Debian's packages.
+# $(call bundle,DIR,BINARIES): BINARIES from $(BUILD_DIR)/bin in $(BUILD_DIR)/DIR
+# with the dynamic loader and every library they link in DIR/lib, for hosts
+# without Debian's packages (a missing binary fails the recipe).
+define bundle
+	@rm -rf $(BUILD_DIR)/$(1) && mkdir -p $(BUILD_DIR)/$(1)/lib
+	@for b in $(2); do cp $(BUILD_DIR)/bin/$$b $(BUILD_DIR)/$(1)/ || exit 1; done
+	@for b in $(2); do \
+	  ldd $(BUILD_DIR)/bin/$$b | awk '/=>/ {print $$3} /ld-linux/ {print $$1}'; done | \
+	  sort -u | xargs -I{} cp -L {} $(BUILD_DIR)/$(1)/lib/
+endef
+
+# mxserved (build/gpu-bundle), for bench/gpu_check.sh on a GPU host.
 gpu-bundle: build
-	@rm -rf $(BUILD_DIR)/gpu-bundle && mkdir -p $(BUILD_DIR)/gpu-bundle/lib
-	@cp $(BUILD_DIR)/bin/mxserved $(BUILD_DIR)/gpu-bundle/
-	@ldd $(BUILD_DIR)/bin/mxserved | awk '/=>/ {print $$3} /ld-linux/ {print $$1}' | \
-	  xargs -I{} cp -L {} $(BUILD_DIR)/gpu-bundle/lib/
+	$(call bundle,gpu-bundle,mxserved)
 	@du -sh $(BUILD_DIR)/gpu-bundle
 
 # mx_bench, amx_probe and the numerics/kernel tests with the dynamic loader and every
@@ -161,11 +168,7 @@ gpu-bundle: build
 # bench/cpu_check.sh on a borrowed machine without Debian's packages (an AMX Xeon).
 CPU_BUNDLE_BINARIES = mx_bench amx_probe mx_tests mx_kernels_tests mx_emulated_levels_tests
 cpu-bundle: build
-	@rm -rf $(BUILD_DIR)/cpu-bundle && mkdir -p $(BUILD_DIR)/cpu-bundle/lib
-	@for b in $(CPU_BUNDLE_BINARIES); do cp $(BUILD_DIR)/bin/$$b $(BUILD_DIR)/cpu-bundle/ || exit 1; done
-	@for b in $(CPU_BUNDLE_BINARIES); do \
-	  ldd $(BUILD_DIR)/bin/$$b | awk '/=>/ {print $$3} /ld-linux/ {print $$1}'; done | \
-	  sort -u | xargs -I{} cp -L {} $(BUILD_DIR)/cpu-bundle/lib/
+	$(call bundle,cpu-bundle,$(CPU_BUNDLE_BINARIES))
 	@cp -r ../shared/golden/mx $(BUILD_DIR)/cpu-bundle/golden
 	@tar -C $(BUILD_DIR) -cJf $(BUILD_DIR)/cpu-bundle.tar.xz cpu-bundle
 	@du -sh $(BUILD_DIR)/cpu-bundle.tar.xz

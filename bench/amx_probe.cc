@@ -57,6 +57,13 @@ void Report(const char* what, double ns, double flops_per) {
     ns = NanosSince(start, n);                                            \
   } while (false)
 
+// C0..C3 from A (tiles 4, 5) times B (6, 7): four independent products.
+#define MX_FOUR_PRODUCTS(product) \
+  product(0, 4, 6);               \
+  product(1, 4, 7);               \
+  product(2, 5, 6);               \
+  product(3, 5, 7)
+
 alignas(64) uint8_t g_a[2][16][64], g_b[2][16][64];
 alignas(64) int32_t g_c[16][16];
 
@@ -70,31 +77,18 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
   _tile_loadd(5, g_a[1], 64);
   _tile_loadd(6, g_b[0], 64);
   _tile_loadd(7, g_b[1], 64);
-  MX_PROBE(ns, 1, {
-           _tile_dpbsud(0, 4, 6);
-           _tile_dpbsud(1, 4, 7);
-           _tile_dpbsud(2, 5, 6);
-           _tile_dpbsud(3, 5, 7);
-         });
+  MX_PROBE(ns, 1, { MX_FOUR_PRODUCTS(_tile_dpbsud); });
   Report("TDPBSUD, 4 independent C tiles, K = 64", ns / 4, flops_i8);
   MX_PROBE(ns, 1, { _tile_dpbsud(0, 4, 6); });
   Report("TDPBSUD, one C tile (each waits on the last)", ns, flops_i8);
-  MX_PROBE(ns, 1, {
-           _tile_dpbf16ps(0, 4, 6);
-           _tile_dpbf16ps(1, 4, 7);
-           _tile_dpbf16ps(2, 5, 6);
-           _tile_dpbf16ps(3, 5, 7);
-         });
+  MX_PROBE(ns, 1, { MX_FOUR_PRODUCTS(_tile_dpbf16ps); });
   Report("TDPBF16PS, 4 independent C tiles, K = 32 pairs", ns / 4, flops_bf16);
   MX_PROBE(ns, 4, {
            _tile_loadd(4, g_a[0], 64);
            _tile_loadd(5, g_a[1], 64);
            _tile_loadd(6, g_b[0], 64);
            _tile_loadd(7, g_b[1], 64);
-           _tile_dpbsud(0, 4, 6);
-           _tile_dpbsud(1, 4, 7);
-           _tile_dpbsud(2, 5, 6);
-           _tile_dpbsud(3, 5, 7);
+           MX_FOUR_PRODUCTS(_tile_dpbsud);
          });
   Report("TDPBSUD with A, B reloaded from L1 (2 + 2 per 4)", ns / 4, flops_i8);
   __m512i sum = _mm512_setzero_si512();

@@ -17,17 +17,15 @@ set -uo pipefail
 bundle=$1 out=$2 rounds=$3 filter=$4
 shift 4
 mkdir -p "$out"
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-tar -C "$dir" -xJf "$bundle" || { echo "cpu_ab: cannot unpack $bundle" >&2; exit 1; }
-b=$dir/cpu-bundle
+. "$(dirname "$0")/cpu_bundle.sh"
+unpack_cpu_bundle "$bundle" cpu_ab
 for round in $(seq 1 "$rounds"); do
   for variant in "$@"; do
     label=${variant%%=*} rest=${variant#*=}
     binary=${rest%@*} isa=${rest##*@}
     [ -e "$binary" ] || binary=$b/$binary
     echo "round $round: $label ($binary at $isa)" >&2
-    MX_ISA=$isa "$b/lib/ld-linux-x86-64.so.2" --library-path "$b/lib" "$binary" \
+    MX_ISA=$isa run_bundled "$binary" \
       --benchmark_filter="$filter" --benchmark_format=json ${MX_BENCH_ARGS:-} \
       >"$out/ab_${label}_$round.json" 2>/dev/null || echo "cpu_ab: $label failed" >&2
   done
@@ -36,6 +34,7 @@ python3 - "$out" "$rounds" "$@" <<'PY'
 import json, statistics, sys
 out, rounds, variants = sys.argv[1], int(sys.argv[2]), [v.split("=")[0] for v in sys.argv[3:]]
 times = {}  # (benchmark, label) -> [(seconds, ratio to onednn_bf16)]
+kernels = {}  # (benchmark, label) -> the kernel mx_bench named
 for label in variants:
     for r in range(1, rounds + 1):
         try:
@@ -49,7 +48,7 @@ for label in variants:
             name = run["name"].split("/min_time")[0]
             secs = run["real_time"] * {"ms": 1e-3, "us": 1e-6, "ns": 1e-9, "s": 1}[run["time_unit"]]
             t[name] = min(t.get(name, secs), secs)
-            times.setdefault((name, "kernel", label), run.get("label", ""))
+            kernels.setdefault((name, label), run.get("label", ""))
         for name, secs in t.items():
             parts = name.split("/")
             peer = "/".join([parts[0], "onednn_bf16"] + parts[2:])
@@ -57,10 +56,9 @@ for label in variants:
                 continue
             times.setdefault((name, label), []).append((secs, t[peer] / secs))
 print(f"{'benchmark':<40} {'variant':<10} {'kernel':<24} {'ms (median)':>11} {'vs onednn_bf16':>15}  rounds")
-for (key, value) in sorted((k, v) for k, v in times.items() if len(k) == 2):
-    name, label = key
+for (name, label), value in sorted(times.items()):
     ms = statistics.median(s for s, _ in value) * 1e3
     ratio = statistics.median(q for _, q in value)
-    print(f"{name:<40} {label:<10} {times[(name, 'kernel', label)]:<24} {ms:>11.3f} {ratio:>15.2f}  "
+    print(f"{name:<40} {label:<10} {kernels[(name, label)]:<24} {ms:>11.3f} {ratio:>15.2f}  "
           + " ".join(f"{q:.2f}" for _, q in value))
 PY

@@ -16,11 +16,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$(realpath -m "${1:-$repo/build/cpu-bundle.tar.xz}")
 out=$(realpath -m "${2:-${OUT:-/tmp/cpu-check}}")
 mkdir -p "$out"
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-tar -C "$dir" -xJf "$bundle" || { echo "cpu_check: cannot unpack $bundle (make cpu-bundle)" >&2; exit 1; }
-b=$dir/cpu-bundle
-run() { "$b/lib/ld-linux-x86-64.so.2" --library-path "$b/lib" "$@"; }
+. "$repo/bench/cpu_bundle.sh"
+unpack_cpu_bundle "$bundle" cpu_check
 cores=$(nproc)
 many=$((cores < 2 ? 2 : cores))  # mx_bench --threads takes 2..1024
 { lscpu; echo; echo "nproc: $cores"; } >"$out/lscpu.txt"
@@ -31,25 +28,25 @@ export MXSERVE_GOLDEN_DIR=$b/golden
 status=0
 for t in mx_tests mx_kernels_tests mx_emulated_levels_tests; do
   echo "== $t"
-  run "$b/$t" --gtest_brief=1 >"$out/$t.log" 2>&1 || status=1
+  run_bundled "$b/$t" --gtest_brief=1 >"$out/$t.log" 2>&1 || status=1
   tail -3 "$out/$t.log"
 done
 
 echo "== amx_probe"
-run "$b/amx_probe" | tee "$out/amx_probe.txt"
+run_bundled "$b/amx_probe" | tee "$out/amx_probe.txt"
 
 kinds='MXFP8_E4M3|MXFP8_E5M2|MXFP6_E3M2|MXFP6_E2M3|MXFP4_E2M1|NVFP4|MXINT8|INT8|BF16'
 peers='openblas_sgemm|onednn_bf16'
 echo "== mx_bench, default ISA, 1 and $many threads"
-run "$b/mx_bench" --threads="$many" \
+run_bundled "$b/mx_bench" --threads="$many" \
   --benchmark_filter="^gemm/($kinds|$peers)/(8|512)x4864x896(/threads:$many)?/|^model/(MXFP8_E4M3|MXINT8|MXFP4_E2M1|BF16|$peers)/" \
-  2>&1 | tee "$out/bench_default.log" | grep -E '^ratio|kernels at|GFLOPS' | grep -v '^$' | sed 's/\x1b\[[0-9;]*m//g'
+  2>&1 | tee "$out/bench_default.log" | grep -E '^ratio|kernels at|^(gemm|model)/'
 echo "== mx_bench, 2 threads, M = 512"
-run "$b/mx_bench" --threads=2 \
+run_bundled "$b/mx_bench" --threads=2 \
   --benchmark_filter="^gemm/($kinds|$peers)/512x4864x896(/threads:2)?/" 2>&1 |
-  tee "$out/bench_two.log" | grep -E 'vs one thread' | sed 's/\x1b\[[0-9;]*m//g'
+  tee "$out/bench_two.log" | grep -E 'vs one thread'
 echo "== mx_bench, MX_ISA=avx512, one thread"
-MX_ISA=avx512 run "$b/mx_bench" \
+MX_ISA=avx512 run_bundled "$b/mx_bench" \
   --benchmark_filter="^gemm/($kinds|onednn_bf16)/(8|512)x4864x896/" 2>&1 |
-  tee "$out/bench_avx512.log" | grep -E '^ratio.*onednn_bf16|kernels at' | sed 's/\x1b\[[0-9;]*m//g'
+  tee "$out/bench_avx512.log" | grep -E '^ratio.*onednn_bf16|kernels at'
 exit $status

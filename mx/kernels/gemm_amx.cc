@@ -50,6 +50,9 @@ namespace {
 #define MX_TMM_B0 6
 #define MX_TMM_B1 7
 
+// Rows of one AMX tile of X: a call has two.
+constexpr int kTileRows = kAmxTileRows / 2;
+
 // LDTILECFG's 64 bytes (palette 1).
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -73,12 +76,13 @@ struct Shape2x2 {
   bool two_panels;
 
   Shape2x2(const Problem& p, int call_rows, int64_t panel)
-      : rows{std::min(call_rows, kAmxTileRows / 2), std::max(call_rows - kAmxTileRows / 2, 0)},
+      : rows{std::min(call_rows, kTileRows), std::max(call_rows - kTileRows, 0)},
         two_panels(panel + 1 < p.w->panels) {}
   int panels() const { return two_panels ? 2 : 1; }
-  // A tiles of `a_bytes` per row (k / 4 rows of B, 64 bytes each) and C tiles
-  // of 16 lanes of 32 bits.
-  TileConfig Config(int a_bytes) const {
+  // A tiles of 32 BF16 per row, B tiles of 16 pairs of k × 16 lanes (64 bytes a
+  // row), C tiles of 16 FP32 lanes.
+  TileConfig Config() const {
+    constexpr int a_bytes = 2 * kBlockSize;
     TileConfig c;
     c.Set(MX_TMM_A0, rows[0], a_bytes);
     c.Set(MX_TMM_B0, a_bytes / 4, kPanel * 4);
@@ -97,7 +101,7 @@ struct Shape2x2 {
 };
 
 // The FP32 sums of a call's C tiles, [row tile][panel][row][lane].
-using Sums2x2 = float[2][2][kAmxTileRows / 2][kPanel];
+using Sums2x2 = float[2][2][kTileRows][kPanel];
 
 // The C tiles of `shape` in memory.
 inline void StoreC(const Shape2x2& shape, Sums2x2& sums) {
@@ -126,7 +130,7 @@ inline void Multiply2x2(const Shape2x2& shape, const void* x, int64_t x_stride, 
   _tile_loadd(MX_TMM_B0, w0, kPanel * 4);
   if (shape.two_panels) _tile_loadd(MX_TMM_B1, w1, kPanel * 4);
   if (shape.rows[1] > 0) {
-    _tile_loadd(MX_TMM_A1, static_cast<const uint8_t*>(x) + kAmxTileRows / 2 * x_stride, x_stride);
+    _tile_loadd(MX_TMM_A1, static_cast<const uint8_t*>(x) + kTileRows * x_stride, x_stride);
   }
   _tile_dpbf16ps(MX_TMM_C00, MX_TMM_A0, MX_TMM_B0);
   if (shape.two_panels) _tile_dpbf16ps(MX_TMM_C01, MX_TMM_A0, MX_TMM_B1);
@@ -152,7 +156,7 @@ void Bf16Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
   const uint16_t* xp = x.bf16.data() + row0 * kp;
   const uint16_t* wp[2] = {w.f16.data() + panel * kp * kPanel, w.f16.data() + last * kp * kPanel};
 
-  const TileConfig config = shape.Config(kBlockSize * 2);  // 32 BF16 per row of A
+  const TileConfig config = shape.Config();
   _tile_loadconfig(&config);
   ZeroC(shape);
   for (int64_t k = 0; k < kp; k += kBlockSize) {
@@ -166,7 +170,8 @@ void Bf16Tile(const Problem& p, int64_t row0, int rows, int64_t panel) {
     const Out out(p, panel + j);
     const __m512 bias = out.Start(p);
     for (int r = 0; r < rows; ++r) {  // the outputs the guard refuses again, in exact order
-      const __m512 v = _mm512_add_ps(bias, _mm512_load_ps(sums[r / 16][j][r % 16]));
+      const float* sum = sums[r / kTileRows][j][r % kTileRows];
+      const __m512 v = _mm512_add_ps(bias, _mm512_load_ps(sum));
       out.Store(p, row0 + r, Bf16Checked(p, row0 + r, panel + j, v, bias));
     }
   }

@@ -629,7 +629,7 @@ QuantizedMatrix UnpackPanels(const WeightPanels& p) {
 }
 
 std::vector<float> DequantizeFast(const QuantizedMatrix& m) {
-  if (m.format != Format::kFp32 && m.format != Format::kBf16 && m.format != Format::kFp16) {
+  if (Traits(m.format).kind != FormatKind::kFloat) {
     return Dequantize(m);  // MX, NVFP4 and INT8 operands in the float kind: mixed pairs
   }
   std::vector<float> out(m.rows * m.cols);
@@ -679,7 +679,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   if (kind == Kind::kF32) {
     d.f32.assign(x.rows * kp, 0.0f);
     float* const f32 = d.f32.data();
-    if (x.format == Format::kFp32 || x.format == Format::kBf16 || x.format == Format::kFp16) {
+    if (Traits(x.format).kind == FormatKind::kFloat) {  // FP32, BF16, FP16
       // Each row widened straight into its padded place, rows across the pool.
       const int64_t row_bytes = RowBytes(x.format, x.cols);
       RowTasks(x.rows, kp).Run(pool, [&, f32](int64_t first, int64_t end, int64_t) {
@@ -824,7 +824,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   };
   const RowTasks tasks(x.rows, kp);
   std::vector<Facts> facts(std::max<int64_t>(tasks.count, 1));
-  tasks.Run(pool, [&](int64_t first, int64_t end, int64_t t) { decode_rows(first, end, facts[t]); });
+  tasks.Run(pool,
+            [&](int64_t first, int64_t end, int64_t t) { decode_rows(first, end, facts[t]); });
   for (const Facts& f : facts) {
     d.has_special |= f.has_special;
     d.max_span_bits = std::max(d.max_span_bits, f.max_span_bits);

@@ -513,12 +513,11 @@ TEST_P(LinearAtIsa, ThreadedDecodeKeepsEveryTasksScales) {
 }
 
 // INT8, BF16, FP16 and FP32 X past one decoding task's rows (170 at K = 90, 96
-// padded), with a pool: every row decoded into its padded place, INT8's −128 ·
-// Σx per row and BF16's per-row
-// exponents (the pair instructions' guard) included. The last 50 BF16 rows are
-// tiny (2^-120 · g, some subnormal, every product far below the guard's
-// least), so only a guard that saw those rows' exponents sends them down the
-// exact order and matches the reference.
+// padded), with a pool: every row decoded into its padded place, INT8's
+// −128 · Σx per row and BF16's per-row exponents (the pair instructions'
+// guard) included. The last 50 BF16 rows are tiny (2^-120 · g, some subnormal,
+// every product far below the guard's least), so only a guard that saw those
+// rows' exponents sends them down the exact order and matches the reference.
 TEST_P(LinearAtIsa, ManyRowsOfEveryNonMxKindWithAPool) {
   ThreadPool pool(2);
   const int64_t m = 300, n = 20, k = 90;

@@ -9,7 +9,6 @@
 #include <array>
 #include <bit>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -23,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "mx/element.h"
 #include "mx/packed.h"
+#include "tests/mx/test_util.h"
 
 namespace {
 
@@ -506,18 +506,6 @@ INSTANTIATE_TEST_SUITE_P(Sources, QuantizeFastHalf, testing::Values(Format::kBf1
 
 // --- Golden inputs ---
 
-// $MXSERVE_GOLDEN_DIR where it is set (bench/cpu_check.sh on another machine),
-// else ../shared/golden/mx beside the checkout, found from this file's path.
-std::string GoldenDir() {
-  if (const char* dir = std::getenv("MXSERVE_GOLDEN_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  std::string path = __FILE__;
-  const size_t tests = path.rfind("/tests/mx/kernels/");
-  if (tests == std::string::npos) return "";
-  return path.substr(0, tests) + "/../shared/golden/mx";
-}
-
 std::vector<float> ReadFloats(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   const std::vector<char> bytes{std::istreambuf_iterator<char>(in),
@@ -530,8 +518,8 @@ std::vector<float> ReadFloats(const std::string& path) {
 // The golden quantize inputs and matmul operands: the reference reproduces the
 // golden outputs (tests/mx/golden_test.cc), so matching it here is enough.
 TEST(QuantizeFast, GoldenInputsMatchReference) {
-  const std::string dir = GoldenDir();
-  if (dir.empty() || !std::ifstream(dir + "/manifest.json")) {
+  const std::string& dir = mx_test::kGoldenDir;
+  if (!std::ifstream(dir + "/manifest.json")) {
     GTEST_SKIP() << "golden vectors not found at " << dir;
   }
   int inputs = 0;

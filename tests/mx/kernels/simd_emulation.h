@@ -22,7 +22,7 @@
 
 namespace mx::kernels::emulated {
 
-// int32 -> float rounds to nearest even; FP16, u16 and i16 widen exactly.
+// int32 -> float rounds to nearest even; FP16 and u16 widen exactly.
 inline __m512 Cvtepi32Ps(__m512i a) {
   int32_t in[16];
   float out[16];
@@ -32,13 +32,6 @@ inline __m512 Cvtepi32Ps(__m512i a) {
 }
 inline __m512i Cvtepu16Epi32(__m256i a) {
   uint16_t in[16];
-  int32_t out[16];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
-  for (int i = 0; i < 16; ++i) out[i] = in[i];
-  return _mm512_loadu_si512(out);
-}
-inline __m512i Cvtepi16Epi32(__m256i a) {
-  int16_t in[16];
   int32_t out[16];
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(in), a);
   for (int i = 0; i < 16; ++i) out[i] = in[i];
@@ -235,7 +228,6 @@ inline void TileDpbf16ps(int c, int a, int b) {
 #undef _mm512_dpbf16_ps
 #define _mm512_cvtepi32_ps mx::kernels::emulated::Cvtepi32Ps
 #define _mm512_cvtepu16_epi32 mx::kernels::emulated::Cvtepu16Epi32
-#define _mm512_cvtepi16_epi32 mx::kernels::emulated::Cvtepi16Epi32
 #define _mm512_cvtepu8_epi32 mx::kernels::emulated::Cvtepu8Epi32
 #define _mm512_cvtepi32_pd mx::kernels::emulated::Cvtepi32Pd
 #define _mm512_cvtph_ps mx::kernels::emulated::CvtphPs
