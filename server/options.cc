@@ -88,10 +88,8 @@ std::function<absl::Status(const std::string&, DaemonOptions&)> ChoiceSetter(
   };
 }
 
-// A flag "BOOL" (true|false) for a bool field: the text --help shows, and the setter.
-std::function<std::string(const DaemonOptions&)> BoolText(bool DaemonOptions::*field) {
-  return [=](const DaemonOptions& o) { return std::string(o.*field ? "true" : "false"); };
-}
+// A flag "BOOL" (true|false) for a bool field, shown as ChoiceText(field,
+// "false", "true"); its setter's message names true first, as --help does.
 std::function<absl::Status(const std::string&, DaemonOptions&)> BoolSetter(
     std::string name, bool DaemonOptions::*field) {
   return [=](const std::string& text, DaemonOptions& o) {
@@ -155,7 +153,8 @@ const std::vector<FlagSpec>& Flags() {
       {"reflection", "BOOL",
        "serve gRPC server reflection (grpcurl, grpc_cli list the services); open to every "
        "caller that reaches the port",
-       BoolText(&DaemonOptions::reflection), BoolSetter("reflection", &DaemonOptions::reflection)},
+       ChoiceText(&DaemonOptions::reflection, "false", "true"),
+       BoolSetter("reflection", &DaemonOptions::reflection)},
       {"backend", "NAME", absl::StrCat("where GEMMs run: ", kBackendNames),
        [](const DaemonOptions& o) { return o.backend; },
        [](const std::string& text, DaemonOptions& o) {
@@ -287,7 +286,7 @@ const std::vector<FlagSpec>& Flags() {
        "export mxserve_model_energy_joules_total{model, phase} (the first 32 models named, later "
        "ones as model=\"other\"): puts model names in /metrics, which anyone reaching the "
        "metrics port reads, so for daemons whose models are no secret",
-       BoolText(&DaemonOptions::metrics_model_energy),
+       ChoiceText(&DaemonOptions::metrics_model_energy, "false", "true"),
        BoolSetter("metrics-model-energy", &DaemonOptions::metrics_model_energy)},
       {"max-energy-models", "N",
        "most models whose energy the energy report (by_model) keeps apart; a new model beyond it "

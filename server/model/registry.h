@@ -394,7 +394,8 @@ class Registry {
   uint64_t ChargedBytes(const Model& model) const;
   // ChargedBytes summed over every model `owner` registered.
   uint64_t OwnerChargedBytes(absl::string_view owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Staged tensors and published weights: with their copies or masters alone.
+  // Staged tensors, published weights and optimizer state: with the weights'
+  // copies or their masters alone.
   uint64_t StoredBytes(const Model& model, bool with_copies) const;
 
   MemoryBudget* budget_;

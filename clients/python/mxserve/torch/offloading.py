@@ -501,12 +501,13 @@ class OffloadSession:
         with torch.no_grad():
             for n in sorted(self.remote_stepped):
                 layer = self.layers[n]
+                spec = layer.spec
                 weight = torch.from_numpy(self.client.download_weights(
-                    self.model_name, n, spec=layer.spec))
+                    self.model_name, n, spec=spec))
                 layer.weight.copy_(weight.t() if layer.transposed else weight)
                 if layer.bias is not None:
                     layer.bias.copy_(torch.from_numpy(self.client.download_weights(
-                        self.model_name, n, bias=True, spec=layer.spec)))
+                        self.model_name, n, bias=True, spec=spec)))
                 self._uploaded[n] = self._weights_version(layer)
         self.weights_stale = False
         return self.weight_version
