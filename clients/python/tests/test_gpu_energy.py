@@ -227,7 +227,10 @@ def test_the_cli_reports_counter_sampled_and_idle(daemon, client, trace, tmp_pat
     for interval in summary["intervals_log"]:
         assert interval["joules"] == pytest.approx(
             integral(interval["start"], interval["end"]), abs=skew)
-    assert "energy by NVML's counter, samples as gpu_baseline_sampled; idle 250.0 W" in done.stderr
+    # The idle figure printed is the summary's, which the counter's dating may
+    # move off 250.0 in its first decimal on a loaded machine (asserted above).
+    assert (f"energy by NVML's counter, samples as gpu_baseline_sampled; "
+            f"idle {summary['idle_watts']:.1f} W") in done.stderr
     assert "counter J" in done.stderr and "diff %" in done.stderr
 
     # Refused before anything runs (in this process: a second interpreter start
