@@ -319,7 +319,7 @@ DecodedX DecodeNvActivations(const QuantizedMatrix& x, ThreadPool* pool) {
   d.blocks = BlocksPerRow(Format::kNvfp4, x.cols);
   d.k_padded = d.blocks * kNvBlockSize;
   const int64_t kp = d.k_padded, blocks = d.blocks, row_bytes = RowBytes(x.format, x.cols);
-  d.i8.assign(x.rows * kp, 0);
+  d.i8.resize(x.rows * kp);  // every k of every block written below
   d.block_offset.assign(x.rows * blocks, 0);
   d.scale.assign(x.rows * blocks, 0.0f);
   d.tensor_scale = x.row_scales;
@@ -647,8 +647,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   d.k_padded = d.blocks * kBlockSize;
   const int64_t kp = d.k_padded;
   if (kind == Kind::kBf16) {  // one pass: the values, the bits for the pairs, the guard's
-    d.f32.assign(x.rows * kp, 0.0f);
-    d.bf16.assign(x.rows * kp, 0);
+    d.f32.resize(x.rows * kp);  // written below, padding too (RowArray)
+    d.bf16.resize(x.rows * kp);
     d.min_exp.assign(x.rows, kNoExponent);
     d.max_exp.assign(x.rows, -kNoExponent);
     // Rows across the pool, as the other kinds'. Plain pointers, as decode_rows
@@ -670,6 +670,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           bf16[r * kp + c] = bits;
           if (const int exp = Bf16Exponent(bits); exp != kNoExponent) AddBf16Exponent(exp, lo, hi);
         }
+        std::fill(f32 + r * kp + x.cols, f32 + (r + 1) * kp, 0.0f);
+        std::fill(bf16 + r * kp + x.cols, bf16 + (r + 1) * kp, uint16_t{0});
         min_exp[r] = lo;
         max_exp[r] = hi;
       }
@@ -677,7 +679,7 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
     return d;
   }
   if (kind == Kind::kF32) {
-    d.f32.assign(x.rows * kp, 0.0f);
+    d.f32.resize(x.rows * kp);  // written below, padding too (RowArray)
     float* const f32 = d.f32.data();
     if (Traits(x.format).kind == FormatKind::kFloat) {  // FP32, BF16, FP16
       // Each row widened straight into its padded place, rows across the pool.
@@ -685,19 +687,21 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       RowTasks(x.rows, kp).Run(pool, [&, f32](int64_t first, int64_t end, int64_t) {
         for (int64_t r = first; r < end; ++r) {
           WidenToFloat(x.format, x.elements.data() + r * row_bytes, x.cols, f32 + r * kp);
+          std::fill(f32 + r * kp + x.cols, f32 + (r + 1) * kp, 0.0f);
         }
       });
     } else {  // MX, NVFP4 and INT8 X in the float kind: mixed pairs
       const std::vector<float> values = Dequantize(x);
       for (int64_t r = 0; r < x.rows; ++r) {
         std::copy_n(values.data() + r * x.cols, x.cols, f32 + r * kp);
+        std::fill(f32 + r * kp + x.cols, f32 + (r + 1) * kp, 0.0f);
       }
     }
     return d;
   }
   if (kind == Kind::kInt8) {
-    d.i16.assign(x.rows * kp, 0);
-    d.i8.assign(x.rows * kp, 0);
+    d.i16.resize(x.rows * kp);  // written below, padding too (RowArray)
+    d.i8.resize(x.rows * kp);
     d.block_offset.assign(x.rows, 0);  // one "block", all of K: −128 · Σ x
     d.scale = x.row_scales;
     int16_t* const i16 = d.i16.data();
@@ -713,6 +717,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           i8[r * kp + c] = v;
           sum += v;
         }
+        std::fill(i16 + r * kp + x.cols, i16 + (r + 1) * kp, int16_t{0});
+        std::fill(i8 + r * kp + x.cols, i8 + (r + 1) * kp, int8_t{0});
         // −128 · Σ x passes int32 for K past the cap (then the driver takes the
         // reference): kept mod 2^32, which is all the kernel's int32 sums need.
         block_offset[r] = static_cast<int32_t>(static_cast<uint32_t>(-kU8Offset * sum));
@@ -723,21 +729,23 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
   const CodeTable& table = Codes(x.format);
   const int fraction_bits = kind == Kind::kMxF64 ? 0 : table.fraction_bits;
   switch (kind) {
+    // The per-element arrays (RowArray) are written in full by decode_rows:
+    // every k of every block, the padding of the last block included.
     case Kind::kMxI8:
-      d.i8.assign(x.rows * kp, 0);
+      d.i8.resize(x.rows * kp);
       d.block_offset.assign(x.rows * d.blocks, 0);
       break;
     case Kind::kMxI16:
-      d.i16.assign(x.rows * kp, 0);
+      d.i16.resize(x.rows * kp);
       if (HasU8Copy(kind, x.format) && HasU8Copy(kind, w_format)) {  // W has u8 w + 128
-        d.i8.assign(x.rows * kp, 0);
+        d.i8.resize(x.rows * kp);
         d.block_offset.assign(x.rows * d.blocks, 0);
       }
       break;
     default:
-      d.f64.assign(x.rows * kp, 0.0);
-      d.i16.assign(x.rows * kp, 0);
-      d.i16_lo.assign(x.rows * kp, 0);
+      d.f64.resize(x.rows * kp);
+      d.i16.resize(x.rows * kp);
+      d.i16_lo.resize(x.rows * kp);
       d.split_shift.assign(x.rows * d.blocks, 0);
       d.span_bits.assign(x.rows * d.blocks, 0);
       d.fit_max.assign((x.rows + kFitRows - 1) / kFitRows * d.blocks * kFitRows, 0.0);
@@ -817,6 +825,9 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
               i16[at + i] = limbs.high;
               i16_lo[at + i] = limbs.low;
             }
+          } else {  // no int16 form: zeros, never read as values (the FP64 path takes it)
+            std::fill_n(i16 + at, kBlockSize, int16_t{0});
+            std::fill_n(i16_lo + at, kBlockSize, int16_t{0});
           }
         }
       }
