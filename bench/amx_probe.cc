@@ -6,6 +6,13 @@
 //   TILESTORED of a C tile followed by AVX-512 loads of it (what a per-block
 //     epilogue pays)
 //   LDTILECFG + TILERELEASE (what each kernel call pays)
+//   one call of an INT8 tile kernel's shape — 32 rows of X × two 16-column
+//   panels of W, K = 896: 14 steps of 2 + 2 TILELOADD and 4 TDPBSUD, C stored —
+//   with X's rows read at their stride (896 B) from a 256-row group (L2), and
+//   then without the per-call LDTILECFG/TILERELEASE, with X first copied into
+//   a contiguous block (stride 64), and from such a block without the copy:
+//   the fifth session's INT8 2×2 kernel took about 6 µs a call where its 56
+//   products take 0.7, and these say which part of a call costs it
 // Needs AMX-TILE/INT8/BF16 and the kernel's permission (mx::kernels::CpuSupports);
 // exits 0 with a line saying so elsewhere, so scripts can run it anywhere.
 #include <chrono>
@@ -67,6 +74,38 @@ void Report(const char* what, double ns, double flops_per) {
 alignas(64) uint8_t g_a[2][16][64], g_b[2][16][64];
 alignas(64) int32_t g_c[16][16];
 
+// A tile kernel's operands: a task's 256 rows of X (int8, K = 896 a row), two
+// panels of W in the VNNI layout ([K / 4][16 lanes][4], 64 bytes a k-group of
+// four), C's four tiles, and X's 32 rows of a call staged contiguously
+// ([K step][row tile][16 rows][64]).
+constexpr int kK = 896, kSteps64 = kK / 64, kGroupRows = 256, kCallRows = 32;
+alignas(64) uint8_t g_x[kGroupRows][kK];
+alignas(64) uint8_t g_w[2][kK / 4][64];
+alignas(64) int32_t g_out[4][16][16];
+alignas(64) uint8_t g_staged[kSteps64][2][16][64];
+
+// One call at rows row0 .. row0 + 31: C0..C3 = X's two row tiles × W's two
+// panels over K, X read from `x` at `x_stride` bytes a row and `x_step` bytes
+// a K step, C stored. The caller configures the tiles.
+#define MX_CALL_PRODUCTS(x, x_stride, x_step)                                 \
+  do {                                                                        \
+    _tile_zero(0);                                                            \
+    _tile_zero(1);                                                            \
+    _tile_zero(2);                                                            \
+    _tile_zero(3);                                                            \
+    for (int s = 0; s < kSteps64; ++s) {                                      \
+      _tile_loadd(4, (x) + s * (x_step), x_stride);                           \
+      _tile_loadd(5, (x) + 16 * (x_stride) + s * (x_step), x_stride);         \
+      _tile_loadd(6, g_w[0][16 * s], 64);                                     \
+      _tile_loadd(7, g_w[1][16 * s], 64);                                     \
+      MX_FOUR_PRODUCTS(_tile_dpbsud);                                         \
+    }                                                                         \
+    _tile_stored(0, g_out[0], 64);                                            \
+    _tile_stored(1, g_out[1], 64);                                            \
+    _tile_stored(2, g_out[2], 64);                                            \
+    _tile_stored(3, g_out[3], 64);                                            \
+  } while (false)
+
 __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
   constexpr int64_t kSteps = 2'000'000;
   const double flops_i8 = 2.0 * 16 * 16 * 64, flops_bf16 = 2.0 * 16 * 16 * 32;
@@ -106,6 +145,40 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
            _tile_release();
          });
   Report("LDTILECFG + TILEZERO + TILERELEASE", ns, 0);
+
+  // A kernel call's worth, 56 products; rows cycle through the 256-row group.
+  constexpr double kCallFlops = 2.0 * kCallRows * 32 * kK;
+  constexpr int64_t kCallDivide = 200;  // 10 K calls
+  for (int r = 0; r < kGroupRows; ++r) {
+    for (int k = 0; k < kK; ++k) g_x[r][k] = static_cast<uint8_t>(r * 7 + k);
+  }
+  int64_t call = 0;
+  const auto rows_of = [](int64_t c) { return c % (kGroupRows / kCallRows) * kCallRows; };
+  MX_PROBE(ns, kCallDivide, {
+    _tile_loadconfig(&config);
+    MX_CALL_PRODUCTS(g_x[rows_of(call++)], kK, 64);
+    _tile_release();
+  });
+  Report("call: X at its stride from L2, LDTILECFG/RELEASE each", ns, kCallFlops);
+  _tile_loadconfig(&config);
+  MX_PROBE(ns, kCallDivide, { MX_CALL_PRODUCTS(g_x[rows_of(call++)], kK, 64); });
+  Report("call: X at its stride from L2, tiles configured once", ns, kCallFlops);
+  MX_PROBE(ns, kCallDivide, {
+    const uint8_t* x = g_x[rows_of(call++)];
+    for (int t = 0; t < 2; ++t) {
+      for (int s = 0; s < kSteps64; ++s) {
+        for (int r = 0; r < 16; ++r) {
+          _mm512_store_si512(g_staged[s][t][r], _mm512_loadu_si512(x + (16 * t + r) * kK + 64 * s));
+        }
+      }
+    }
+    MX_CALL_PRODUCTS(g_staged[0][0][0], 64, 2 * 16 * 64);
+  });
+  Report("call: X copied into a contiguous block first, then loaded", ns, kCallFlops);
+  MX_PROBE(ns, kCallDivide, { MX_CALL_PRODUCTS(g_staged[0][0][0], 64, 2 * 16 * 64); });
+  Report("call: X from a contiguous block (no copy)", ns, kCallFlops);
+  _tile_release();
+  _mm512_store_si512(g_c[1], _mm512_load_si512(g_out[call % 4][0]));  // keeps the stores
 }
 
 }  // namespace
