@@ -85,17 +85,18 @@ alignas(64) int32_t g_out[4][16][16];
 alignas(64) uint8_t g_staged[kSteps64][2][16][64];
 
 // One call at rows row0 .. row0 + 31: C0..C3 = X's two row tiles × W's two
-// panels over K, X read from `x` at `x_stride` bytes a row and `x_step` bytes
-// a K step, C stored. The caller configures the tiles.
+// panels over K, X read from `x` (evaluated once) at `x_stride` bytes a row and
+// `x_step` bytes a K step, C stored. The caller configures the tiles.
 #define MX_CALL_PRODUCTS(x, x_stride, x_step)                                 \
   do {                                                                        \
+    const uint8_t* const x_call = (x);                                        \
     _tile_zero(0);                                                            \
     _tile_zero(1);                                                            \
     _tile_zero(2);                                                            \
     _tile_zero(3);                                                            \
     for (int s = 0; s < kSteps64; ++s) {                                      \
-      _tile_loadd(4, (x) + s * (x_step), x_stride);                           \
-      _tile_loadd(5, (x) + 16 * (x_stride) + s * (x_step), x_stride);         \
+      _tile_loadd(4, x_call + s * (x_step), x_stride);                        \
+      _tile_loadd(5, x_call + 16 * (x_stride) + s * (x_step), x_stride);      \
       _tile_loadd(6, g_w[0][16 * s], 64);                                     \
       _tile_loadd(7, g_w[1][16 * s], 64);                                     \
       MX_FOUR_PRODUCTS(_tile_dpbsud);                                         \
@@ -152,19 +153,24 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
   for (int r = 0; r < kGroupRows; ++r) {
     for (int k = 0; k < kK; ++k) g_x[r][k] = static_cast<uint8_t>(r * 7 + k);
   }
+  // X's rows and the staged block as byte ranges of their whole arrays.
+  const uint8_t* const x_group = reinterpret_cast<const uint8_t*>(g_x);
+  const uint8_t* const staged = reinterpret_cast<const uint8_t*>(g_staged);
   int64_t call = 0;
-  const auto rows_of = [](int64_t c) { return c % (kGroupRows / kCallRows) * kCallRows; };
+  const auto rows_of = [&](int64_t c) {
+    return x_group + c % (kGroupRows / kCallRows) * kCallRows * kK;
+  };
   MX_PROBE(ns, kCallDivide, {
     _tile_loadconfig(&config);
-    MX_CALL_PRODUCTS(g_x[rows_of(call++)], kK, 64);
+    MX_CALL_PRODUCTS(rows_of(call++), kK, 64);
     _tile_release();
   });
   Report("call: X at its stride from L2, LDTILECFG/RELEASE each", ns, kCallFlops);
   _tile_loadconfig(&config);
-  MX_PROBE(ns, kCallDivide, { MX_CALL_PRODUCTS(g_x[rows_of(call++)], kK, 64); });
+  MX_PROBE(ns, kCallDivide, { MX_CALL_PRODUCTS(rows_of(call++), kK, 64); });
   Report("call: X at its stride from L2, tiles configured once", ns, kCallFlops);
   MX_PROBE(ns, kCallDivide, {
-    const uint8_t* x = g_x[rows_of(call++)];
+    const uint8_t* x = rows_of(call++);
     for (int t = 0; t < 2; ++t) {
       for (int s = 0; s < kSteps64; ++s) {
         for (int r = 0; r < 16; ++r) {
@@ -172,10 +178,10 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
         }
       }
     }
-    MX_CALL_PRODUCTS(g_staged[0][0][0], 64, 2 * 16 * 64);
+    MX_CALL_PRODUCTS(staged, 64, 2 * 16 * 64);
   });
   Report("call: X copied into a contiguous block first, then loaded", ns, kCallFlops);
-  MX_PROBE(ns, kCallDivide, { MX_CALL_PRODUCTS(g_staged[0][0][0], 64, 2 * 16 * 64); });
+  MX_PROBE(ns, kCallDivide, { MX_CALL_PRODUCTS(staged, 64, 2 * 16 * 64); });
   Report("call: X from a contiguous block (no copy)", ns, kCallFlops);
   _tile_release();
   _mm512_store_si512(g_c[1], _mm512_load_si512(g_out[call % 4][0]));  // keeps the stores

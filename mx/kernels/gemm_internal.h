@@ -246,15 +246,18 @@ struct WeightPanels {
 // construct() default-initializes): for DecodedX's per-element arrays, which
 // the row tasks of DecodeActivations write in full, padding included, across
 // the caller's pool. Zero-filling them first was a serial pass over up to
-// 5.5 MB: MXFP8 at M = 512 on the Zen 5, 0.58–0.72 ms in the caller before any
-// task ran (0.05 ms now), 1.5 % of one thread's GEMM but, by Amdahl, an
-// estimated sixth of a sixteen-thread one.
+// 5.5 MB: MXFP8 at M = 512 on the Zen 5, 0.58–0.67 ms (one thread) in the
+// caller before any task ran, about 1.5 % of a one-thread GEMM but, by Amdahl,
+// an estimated sixth of a sixteen-thread one.
 template <typename T>
 struct DefaultInitAllocator : std::allocator<T> {
   template <typename U>
   struct rebind {
     using other = DefaultInitAllocator<U>;
   };
+  DefaultInitAllocator() = default;
+  template <typename U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
   template <typename U, typename... Args>
   void construct(U* at, Args&&... args) {
     if constexpr (sizeof...(Args) == 0) {

@@ -534,57 +534,63 @@ TEST_P(LinearAtIsa, ManyRowsOfEveryNonMxKindWithAPool) {
 // DecodeActivations leaves its per-element arrays uninitialized (RowArray) and
 // its row tasks write them in full: the padding past K must come out zero over
 // dirty memory, or the u8 kernels would add (w_pad + 128) · garbage. The heap
-// is dirtied first with freed buffers of the arrays' sizes (glibc hands small
-// chunks back), for every pair of formats, on a pool.
+// is dirtied first with freed buffers of the arrays' sizes (glibc hands the
+// chunks back; a first round raises its mmap threshold past the largest), for
+// every pair of formats, on a pool: 40 rows are one row task, 200 rows two
+// (RowTasks' 16K elements), whose arrays glibc dirties less reliably.
 TEST(DecodeActivationsTest, PaddingIsZeroOverDirtyMemory) {
   ThreadPool pool(2);
-  const int64_t m = 40, k = 70;
+  const int64_t k = 70;
   uint32_t seed = 900;
   int pairs = 0;
-  for (const FormatTraits& tx : AllFormats()) {
-    for (const FormatTraits& tw : AllFormats()) {
-      const internal::Kind kind = internal::KindFor(tx.format, tw.format);
-      std::vector<float> values = Gaussian(m * k, ++seed);
-      // Row 0's first block spans 31 bits in E5M2 (2^15 and 2^-15 in its
-      // elements): more than two int16 limbs, no int16 form.
-      std::fill_n(values.begin(), kBlockSize, 0.0f);
-      values[0] = 1.0f;
-      values[1] = 0x1p-30f;
-      const QuantizedMatrix x = Quantize(values, m, k, tx.format);
-      {
-        std::vector<std::vector<uint8_t>> dirt;
-        for (int64_t bytes = 64; bytes <= m * 128 * 8; bytes += 64) dirt.emplace_back(bytes, 0xA5);
-      }
-      const internal::DecodedX d = internal::DecodeActivations(x, kind, tw.format, &pool);
-      const std::string pair =
-          absl::StrCat(tx.name, " x ", tw.name, " (", internal::KindName(kind), ")");
-      const auto expect_zero_padding = [&](const auto& array, const char* name) {
-        if (array.empty()) return;
-        ASSERT_EQ(static_cast<int64_t>(array.size()), m * d.k_padded) << pair << " " << name;
-        int64_t nonzero = 0;
-        for (int64_t r = 0; r < m; ++r) {
-          for (int64_t c = k; c < d.k_padded; ++c) nonzero += array[r * d.k_padded + c] != 0;
+  for (const int64_t m : {40, 200}) {
+    for (const FormatTraits& tx : AllFormats()) {
+      for (const FormatTraits& tw : AllFormats()) {
+        const internal::Kind kind = internal::KindFor(tx.format, tw.format);
+        std::vector<float> values = Gaussian(m * k, ++seed);
+        // Row 0's first block spans 31 bits in E5M2 (2^15 and 2^-15 in its
+        // elements): more than two int16 limbs, no int16 form.
+        std::fill_n(values.begin(), kBlockSize, 0.0f);
+        values[0] = 1.0f;
+        values[1] = 0x1p-30f;
+        const QuantizedMatrix x = Quantize(values, m, k, tx.format);
+        for (int round = 0; round < 2; ++round) {
+          std::vector<std::vector<uint8_t>> dirt;
+          for (int64_t element_bytes : {1, 2, 4, 8}) {
+            for (int copy = 0; copy < 3; ++copy) dirt.emplace_back(m * 96 * element_bytes, 0xA5);
+          }
         }
-        EXPECT_EQ(nonzero, 0) << pair << ": " << name << " has " << nonzero
-                              << " non-zero padding elements";
-      };
-      expect_zero_padding(d.i8, "i8");
-      expect_zero_padding(d.i16, "i16");
-      expect_zero_padding(d.f64, "f64");
-      expect_zero_padding(d.f32, "f32");
-      expect_zero_padding(d.bf16, "bf16");
-      expect_zero_padding(d.i16_lo, "i16_lo");
-      if (tx.format == Format::kMxfp8E5m2 && kind == internal::Kind::kMxF64) {
-        ASSERT_GT(d.span_bits[0], internal::kShiftedSplitBits) << pair << ": row 0's first block";
-        for (int i = 0; i < kBlockSize; ++i) {
-          EXPECT_EQ(d.i16[i], 0) << pair << ": a block with no int16 form, element " << i;
-          EXPECT_EQ(d.i16_lo[i], 0) << pair << ": a block with no int16 form, element " << i;
+        const internal::DecodedX d = internal::DecodeActivations(x, kind, tw.format, &pool);
+        const std::string pair = absl::StrCat(m, " rows, ", tx.name, " x ", tw.name, " (",
+                                              internal::KindName(kind), ")");
+        const auto expect_zero_padding = [&](const auto& array, const char* name) {
+          if (array.empty()) return;
+          ASSERT_EQ(static_cast<int64_t>(array.size()), m * d.k_padded) << pair << " " << name;
+          int64_t nonzero = 0;
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t c = k; c < d.k_padded; ++c) nonzero += array[r * d.k_padded + c] != 0;
+          }
+          EXPECT_EQ(nonzero, 0) << pair << ": " << name << " has " << nonzero
+                                << " non-zero padding elements";
+        };
+        expect_zero_padding(d.i8, "i8");
+        expect_zero_padding(d.i16, "i16");
+        expect_zero_padding(d.f64, "f64");
+        expect_zero_padding(d.f32, "f32");
+        expect_zero_padding(d.bf16, "bf16");
+        expect_zero_padding(d.i16_lo, "i16_lo");
+        if (tx.format == Format::kMxfp8E5m2 && kind == internal::Kind::kMxF64) {
+          ASSERT_GT(d.span_bits[0], internal::kShiftedSplitBits) << pair << ": row 0's first block";
+          for (int i = 0; i < kBlockSize; ++i) {
+            EXPECT_EQ(d.i16[i], 0) << pair << ": a block with no int16 form, element " << i;
+            EXPECT_EQ(d.i16_lo[i], 0) << pair << ": a block with no int16 form, element " << i;
+          }
         }
+        ++pairs;
       }
-      ++pairs;
     }
   }
-  EXPECT_GT(pairs, 100);
+  EXPECT_GT(pairs, 200);
 }
 
 // LevelFor walks the table down from the level asked for: the best level at or
