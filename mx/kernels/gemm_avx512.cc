@@ -39,9 +39,36 @@
 namespace mx::kernels::internal {
 namespace {
 
-#include "mx/kernels/i8_weights_avx512.inc"
 #include "mx/kernels/panel_avx512.inc"
 #include "mx/kernels/bf16_avx512.inc"
+
+// The kMxI8 bytes of one W panel, two groups of 4 k at a time: 64 bytes per
+// group (16 lanes × 4 k), or, for MXFP4 W, both groups' 4-bit codes in one
+// 64-byte load widened by vpshufb through the code table (gemm_internal.h has
+// the layouts).
+template <bool kNibbles>
+struct I8Weights512 {
+  const uint8_t* base;
+  __m512i lut, low4;
+
+  I8Weights512(const WeightPanels& w, int64_t panel)
+      : base(w.u8.data() + panel * w.k_padded * kPanel / (kNibbles ? 2 : 1)),
+        lut(_mm512_broadcast_i32x4(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.nibble_lut.data())))),
+        low4(_mm512_set1_epi8(0x0F)) {}
+
+  // Groups `group` (even) and `group + 1`.
+  void Pair(int64_t group, __m512i& first, __m512i& second) const {
+    if constexpr (kNibbles) {
+      const __m512i v = _mm512_loadu_si512(base + group / 2 * 64);
+      first = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low4));
+      second = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+    } else {
+      first = _mm512_loadu_si512(base + group * 64);
+      second = _mm512_loadu_si512(base + (group + 1) * 64);
+    }
+  }
+};
 
 inline __m512i Broadcast32(const void* p) {
   int32_t v;
