@@ -293,6 +293,13 @@ QuantizedMatrix UnpackNvPanels(const WeightPanels& p) {
   return m;
 }
 
+// Zeroes row r's padding past `cols` in a rows × kp array (DecodedX's arrays
+// are RowArray: left uninitialized, written in full by the row tasks).
+template <typename T>
+void ZeroPadding(T* rows, int64_t r, int64_t cols, int64_t kp) {
+  std::fill(rows + r * kp + cols, rows + (r + 1) * kp, T{0});
+}
+
 // X's rows in tasks of about 16K elements, across `pool` when one is given and
 // there is more than one task: fn(first_row, end_row, task).
 struct RowTasks {
@@ -670,8 +677,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           bf16[r * kp + c] = bits;
           if (const int exp = Bf16Exponent(bits); exp != kNoExponent) AddBf16Exponent(exp, lo, hi);
         }
-        std::fill(f32 + r * kp + x.cols, f32 + (r + 1) * kp, 0.0f);
-        std::fill(bf16 + r * kp + x.cols, bf16 + (r + 1) * kp, uint16_t{0});
+        ZeroPadding(f32, r, x.cols, kp);
+        ZeroPadding(bf16, r, x.cols, kp);
         min_exp[r] = lo;
         max_exp[r] = hi;
       }
@@ -687,14 +694,14 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
       RowTasks(x.rows, kp).Run(pool, [&, f32](int64_t first, int64_t end, int64_t) {
         for (int64_t r = first; r < end; ++r) {
           WidenToFloat(x.format, x.elements.data() + r * row_bytes, x.cols, f32 + r * kp);
-          std::fill(f32 + r * kp + x.cols, f32 + (r + 1) * kp, 0.0f);
+          ZeroPadding(f32, r, x.cols, kp);
         }
       });
     } else {  // MX, NVFP4 and INT8 X in the float kind: mixed pairs
       const std::vector<float> values = Dequantize(x);
       for (int64_t r = 0; r < x.rows; ++r) {
         std::copy_n(values.data() + r * x.cols, x.cols, f32 + r * kp);
-        std::fill(f32 + r * kp + x.cols, f32 + (r + 1) * kp, 0.0f);
+        ZeroPadding(f32, r, x.cols, kp);
       }
     }
     return d;
@@ -717,8 +724,8 @@ DecodedX DecodeActivations(const QuantizedMatrix& x, Kind kind, Format w_format,
           i8[r * kp + c] = v;
           sum += v;
         }
-        std::fill(i16 + r * kp + x.cols, i16 + (r + 1) * kp, int16_t{0});
-        std::fill(i8 + r * kp + x.cols, i8 + (r + 1) * kp, int8_t{0});
+        ZeroPadding(i16, r, x.cols, kp);
+        ZeroPadding(i8, r, x.cols, kp);
         // −128 · Σ x passes int32 for K past the cap (then the driver takes the
         // reference): kept mod 2^32, which is all the kernel's int32 sums need.
         block_offset[r] = static_cast<int32_t>(static_cast<uint32_t>(-kU8Offset * sum));
