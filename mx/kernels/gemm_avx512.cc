@@ -398,15 +398,28 @@ inline unsigned FailingRows(const DecodedX& x, const WeightPanels& w, int64_t pb
   return ~static_cast<unsigned>(fits) & rows_mask;
 }
 
+// W's low limbs of a k-pair that has none: zeros, so that a residue's dot takes
+// the same instructions either way (JoinLimbs with shifts 0 adds 0).
+alignas(64) constexpr int16_t kNoLowLimbs[2 * kPanel] = {};
+
+// W's low limbs of pair `pair` of a panel block (at wl, bit j of low_pairs: pair
+// j has some; the block's split_pairs, 0 unsplit), or kNoLowLimbs. Only those
+// pairs are read: the others' lines hold zeros, and in a decode step, where W
+// streams from memory, only these were prefetched (PrefetchLowLimbs) — reading
+// the rest cost the MXFP8 model sweep a tenth of its time in misses.
+inline const int16_t* LowLimbPair(const int16_t* wl, unsigned low_pairs, int pair) {
+  return low_pairs >> pair & 1 ? wl + pair * 2 * kPanel : kNoLowLimbs;
+}
+
 // Σ v·w' over the k-pairs where the row's int16 block v (32 values at `v`) is
 // non-zero, per lane of NP panels' W blocks (wp[q], their low limbs at wl[q]
-// joined by shifts[q], or none), into dot[q]: the residues of a shifted row are
-// a few small elements, so this visits a pair or two, not sixteen, and
+// joined by shifts[q], LowLimbPair), into dot[q]: the residues of a shifted row
+// are a few small elements, so this visits a pair or two, not sixteen, and
 // broadcasts each once for the NP panels. Wrapping int32, exact wherever the
 // true sum fits (the callers' bounds).
 template <int NP>
 void SparseDots(const int16_t* v, const int16_t* const* wp, const int16_t* const* wl,
-                const __m512i* shifts, __m512i* dot) {
+                const unsigned* low_pairs, const __m512i* shifts, __m512i* dot) {
   const __m512i values = _mm512_loadu_si512(v);
   __m512i high[NP], low[NP];
   for (int q = 0; q < NP; ++q) high[q] = low[q] = _mm512_setzero_si512();
@@ -415,10 +428,40 @@ void SparseDots(const int16_t* v, const int16_t* const* wp, const int16_t* const
     const __m512i xv = Broadcast32(v + 2 * pair);
     for (int q = 0; q < NP; ++q) {
       high[q] = Dpwssd(high[q], _mm512_loadu_si512(wp[q] + pair * 2 * kPanel), xv);
-      if (wl[q] != nullptr) low[q] = Dpwssd(low[q], _mm512_loadu_si512(wl[q] + pair * 2 * kPanel), xv);
+      low[q] = Dpwssd(low[q], _mm512_loadu_si512(LowLimbPair(wl[q], low_pairs[q], pair)), xv);
     }
   }
-  for (int q = 0; q < NP; ++q) dot[q] = wl[q] != nullptr ? JoinLimbs(high[q], low[q], shifts[q]) : high[q];
+  for (int q = 0; q < NP; ++q) dot[q] = JoinLimbs(high[q], low[q], shifts[q]);
+}
+
+// SparseDots for a residue of at most two non-zero k-pairs (almost every
+// shifted row's), with no branch on which: the pairs' indices come from the
+// mask's two lowest bits, and a missing one reads the zero pair stored past
+// the residue (v[32], v[33]) against W's pair 0. More pairs: SparseDots.
+template <int NP>
+inline void ResidueDots(const int16_t* v, const int16_t* const* wp, const int16_t* const* wl,
+                        const unsigned* low_pairs, const __m512i* shifts, __m512i* dot) {
+  const __m512i values = _mm512_load_si512(v);
+  const unsigned pairs = _mm512_test_epi32_mask(values, values);
+  if (std::popcount(pairs) > 2) [[unlikely]] {
+    SparseDots<NP>(v, wp, wl, low_pairs, shifts, dot);
+    return;
+  }
+  constexpr int kPairs = kBlockSize / 2;
+  const int first = std::countr_zero(pairs | 1u << kPairs);  // kPairs: none
+  const int second = std::countr_zero((pairs & (pairs - 1)) | 1u << kPairs);
+  const __m512i x0 = Broadcast32(v + 2 * first), x1 = Broadcast32(v + 2 * second);
+  const int p0 = first % kPairs, p1 = second % kPairs;
+  const auto two_pairs = [&](const int16_t* w0, const int16_t* w1) {
+    return Dpwssd(Dpwssd(_mm512_setzero_si512(), _mm512_loadu_si512(w0), x0),
+                  _mm512_loadu_si512(w1), x1);
+  };
+  for (int q = 0; q < NP; ++q) {
+    const __m512i high = two_pairs(wp[q] + p0 * 2 * kPanel, wp[q] + p1 * 2 * kPanel);
+    const __m512i low = two_pairs(LowLimbPair(wl[q], low_pairs[q], p0),
+                                  LowLimbPair(wl[q], low_pairs[q], p1));
+    dot[q] = JoinLimbs(high, low, shifts[q]);
+  }
 }
 
 // The lanes' int32 values widened to FP64, in two halves of 8.
@@ -479,21 +522,31 @@ template <int NP>
   }
   const int16_t* wp[NP];
   const int16_t* wl[NP];
+  unsigned low_pairs[NP];
   __m512i shifts[NP];
   for (int q = 0; q < NP; ++q) {
     const int64_t pb = (panel + q) * x.blocks + b;
     wp[q] = w.i16.data() + ((panel + q) * x.k_padded + b * kBlockSize) * kPanel;
-    wl[q] = w.split_at[pb] >= 0 ? w.i16_lo.data() + w.split_at[pb] : nullptr;
-    shifts[q] = wl[q] != nullptr ? LimbShifts(w, pb) : _mm512_setzero_si512();
+    // Unsplit blocks' split_pairs and split_shift are zeros: not read, as
+    // they would be misses in a decode step (nothing prefetched them).
+    const int32_t split_at = w.split_at[pb];
+    wl[q] = w.i16_lo.data() + std::max(split_at, 0);
+    low_pairs[q] = 0;
+    shifts[q] = _mm512_setzero_si512();
+    if (split_at >= 0) {
+      low_pairs[q] = w.split_pairs[pb];
+      shifts[q] = LimbShifts(w, pb);
+    }
   }
   const int64_t k0 = row * x.k_padded + b * kBlockSize;
   const int t0 = x.span_bits[at] > kShiftedI16Bits ? x.split_shift[at] : 0;
-  alignas(64) int16_t residue[kBlockSize];  // v − (v >> t1) · 2^t1
+  alignas(64) int16_t residue[kBlockSize + 2];  // v − (v >> t1) · 2^t1, then a zero pair
   const __m512i v = _mm512_loadu_si512(x.i16.data() + k0);
   _mm512_store_si512(residue, _mm512_sub_epi16(v, _mm512_slli_epi16(_mm512_srai_epi16(v, t1), t1)));
+  residue[kBlockSize] = residue[kBlockSize + 1] = 0;
   __m512i high_residue[NP], low_limb[NP];
-  SparseDots<NP>(residue, wp, wl, shifts, high_residue);
-  if (t0 > 0) SparseDots<NP>(x.i16_lo.data() + k0, wp, wl, shifts, low_limb);
+  ResidueDots<NP>(residue, wp, wl, low_pairs, shifts, high_residue);
+  if (t0 > 0) SparseDots<NP>(x.i16_lo.data() + k0, wp, wl, low_pairs, shifts, low_limb);
   const __m512d high = _mm512_set1_pd(static_cast<double>(1 << t1));
   const __m512d limb = _mm512_set1_pd(static_cast<double>(1 << t0));
   const __m512d xs = _mm512_set1_pd(x.scale[at]);
@@ -568,7 +621,7 @@ template <int MR>
 //            as h = x' >> T (X's two limbs: x' = xh · 2^t0 + xl and
 //            h = xh >> t1, T = t0 + t1), T just large enough that
 //            |Σ h·w'| < 2^(span_h + l1_w) <= 2^31, and the residue
-//            x' − h · 2^T, a few small elements, dotted apart (SparseDots:
+//            x' − h · 2^T, a few small elements, dotted apart (ResidueDots:
 //            (xh mod 2^t1) and xl, each below 2^31 while t1, t0 <= 31 − l1_w);
 //            the three joined in FP64 (below 2^(span_x + l1_w) <= 2^53: exact)
 //            and scaled there, one rounding to FP32;

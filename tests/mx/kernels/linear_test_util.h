@@ -236,13 +236,20 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
   // in two limbs.
   xv[16 * k + 64] = -448.0f;
   xv[16 * k + 66] = 0x1p-9f;
+  // X row 12's residue lies in two k-pairs (4 and 10), and W's low limbs in
+  // pairs 0 and 10: the residue's second pair meets a low limb. W's 448 and
+  // −448 cancel against X's four −448, so that product of two tiny values
+  // shows in the rounded result.
   std::fill_n(xv.begin() + 12 * k + 64, 32, 0.0f);
   std::fill_n(xv.begin() + 12 * k + 64, 4, -448.0f);
   xv[12 * k + 64 + 9] = 0x1p-6f;
+  xv[12 * k + 64 + 20] = -0x1p-6f;
   for (int64_t j : c.heavy_cols) heavy(wv, j);
   for (int64_t j : {9, 31}) {  // block 2: span 18
     wv[j * k + 64] = 448.0f;
     wv[j * k + 65] = 0x1p-9f;
+    wv[j * k + 66] = -448.0f;
+    wv[j * k + 64 + 21] = -0x1p-9f;
   }
   for (int64_t r : {0, 7, 18}) {  // block 3: one large element, the rest tiny
     std::fill_n(xv.begin() + r * k + 96, 32, 0x1p-6f);
