@@ -250,6 +250,15 @@ TEST_P(EmulatedLevel, MxFp8Int16PathBounds) {
   }
 }
 
+// A shifted row's residue against W's low limbs in two k-pairs
+// (ResidueMeetsLowLimbs), all rows at once and a decode step at a time.
+TEST_P(EmulatedLevel, MxFp8ResidueMeetsLowLimbs) {
+  const auto [x, w] = ResidueMeetsLowLimbs();
+  const std::vector<float> bias(w.rows, 0.0f);
+  EXPECT_EQ(Run(x, w, bias, "16 rows"), Expected(internal::Kind::kMxF64));
+  EXPECT_EQ(Run(MxRows(x, 8, 8), w, bias, "rows 8 to 15"), Expected(internal::Kind::kMxF64));
+}
+
 // INT8 and MXINT8 × MXINT8 through W's u8 copy (vpdpbusd at avx512) at their
 // extreme, every element −128, beside Gaussian operands.
 TEST_P(EmulatedLevel, Int8AndMxint8BytePaths) {

@@ -293,18 +293,6 @@ TEST_P(LinearAtIsa, MxFp8Int16PathBoundsMatchReference) {
   }
 }
 
-// Rows [first, first + count) of an MX operand.
-QuantizedMatrix MxRows(const QuantizedMatrix& m, int64_t first, int64_t count) {
-  QuantizedMatrix out = m;
-  const int64_t bytes = RowBytes(m.format, m.cols), blocks = BlocksPerRow(m.cols);
-  out.rows = count;
-  out.elements.assign(m.elements.begin() + first * bytes,
-                      m.elements.begin() + (first + count) * bytes);
-  out.block_scales.assign(m.block_scales.begin() + first * blocks,
-                          m.block_scales.begin() + (first + count) * blocks);
-  return out;
-}
-
 // The same planted pairs a decode step at a time: X's rows eight or fewer per
 // call, so the avx512 kernel runs its decode tile (MxF64ShiftedTile's
 // streaming variant, which prefetches W's low limbs) on the heavy, split and
@@ -315,6 +303,33 @@ TEST_P(LinearAtIsa, MxFp8Int16PathBoundsInDecodeStepsMatchReference) {
     const int64_t count = std::min<int64_t>(8, c.x.rows - first);
     ExpectSameAsReference(MxRows(c.x, first, count), c.w, c.bias, GetParam(),
                           absl::StrCat("X rows ", first, " to ", first + count - 1));
+  }
+}
+
+// A shifted row's residue against W's low limbs in two k-pairs
+// (ResidueMeetsLowLimbs): the known answer at every level, for all sixteen rows
+// at once (the avx512 kernel's tile for many rows) and eight at a time (its
+// decode tile), and the reference's bits everywhere else.
+TEST_P(LinearAtIsa, MxFp8ResidueMeetsLowLimbsKnownAnswer) {
+  const auto [x, w] = ResidueMeetsLowLimbs();
+  const std::vector<float> bias(w.rows, 0.0f);
+  absl::StatusOr<PackedWeight> packed = PackedWeight::Pack(w);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  for (int64_t step : {x.rows, int64_t{8}}) {
+    for (int64_t first = 0; first < x.rows; first += step) {
+      const QuantizedMatrix rows = MxRows(x, first, step);
+      const std::string what = absl::StrCat("X rows ", first, " to ", first + step - 1);
+      ExpectSameAsReference(rows, w, bias, GetParam(), what);
+      std::vector<float> y(rows.rows * w.rows);
+      ASSERT_TRUE(Linear(rows, *packed, bias, y, {.isa = GetParam()}).ok());
+      for (int64_t r : kResidueRows) {
+        if (r < first || r >= first + step) continue;
+        for (int64_t j : kResidueCols) {
+          EXPECT_EQ(y[(r - first) * w.rows + j], kResidueMeetsLowLimbsAnswer)
+              << what << ": y[" << r << "][" << j << "]";
+        }
+      }
+    }
   }
 }
 

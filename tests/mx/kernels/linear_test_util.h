@@ -236,20 +236,13 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
   // in two limbs.
   xv[16 * k + 64] = -448.0f;
   xv[16 * k + 66] = 0x1p-9f;
-  // X row 12's residue lies in two k-pairs (4 and 10), and W's low limbs in
-  // pairs 0 and 10: the residue's second pair meets a low limb. W's 448 and
-  // −448 cancel against X's four −448, so that product of two tiny values
-  // shows in the rounded result.
   std::fill_n(xv.begin() + 12 * k + 64, 32, 0.0f);
   std::fill_n(xv.begin() + 12 * k + 64, 4, -448.0f);
   xv[12 * k + 64 + 9] = 0x1p-6f;
-  xv[12 * k + 64 + 20] = -0x1p-6f;
   for (int64_t j : c.heavy_cols) heavy(wv, j);
   for (int64_t j : {9, 31}) {  // block 2: span 18
     wv[j * k + 64] = 448.0f;
     wv[j * k + 65] = 0x1p-9f;
-    wv[j * k + 66] = -448.0f;
-    wv[j * k + 64 + 21] = -0x1p-9f;
   }
   for (int64_t r : {0, 7, 18}) {  // block 3: one large element, the rest tiny
     std::fill_n(xv.begin() + r * k + 96, 32, 0x1p-6f);
@@ -263,6 +256,48 @@ inline Int16BoundsCase Int16Bounds(Format x_format, Format w_format) {
   c.w = Quantize(wv, n, k, w_format);
   c.bias = Gaussian(n, 63);
   return c;
+}
+
+// Rows [first, first + count) of an MX operand.
+inline QuantizedMatrix MxRows(const QuantizedMatrix& m, int64_t first, int64_t count) {
+  QuantizedMatrix out = m;
+  const int64_t bytes = RowBytes(m.format, m.cols), blocks = BlocksPerRow(m.cols);
+  out.rows = count;
+  out.elements.assign(m.elements.begin() + first * bytes,
+                      m.elements.begin() + (first + count) * bytes);
+  out.block_scales.assign(m.block_scales.begin() + first * blocks,
+                          m.block_scales.begin() + (first + count) * blocks);
+  return out;
+}
+
+// A shifted row whose residue meets W's low limbs in two k-pairs, with a known
+// answer: X rows 2 and 11 (E4M3) hold −448 four times and ±2^-6 at elements 9
+// and 20 (k-pairs 4 and 10), span 15; W rows 3 and 17 (one in each panel of a
+// tile call) hold 448, 2^-9, −448, 0 and ±2^-9 at elements 9 and 20, span 18:
+// two limbs, low limbs in pairs 0, 4 and 10. The pair fails the int16 bound,
+// so the row runs shifted (t = 3) and its residue is the two ±2^-6; the large
+// products cancel and the block sum is −0.875 + 2^-15 + 2^-15, exactly
+// kResidueMeetsLowLimbsAnswer. The rest is Gaussian; M = 16, N = 32, K = 32.
+inline constexpr float kResidueMeetsLowLimbsAnswer = -0.875f + 0x1p-14f;
+inline constexpr int64_t kResidueRows[] = {2, 11}, kResidueCols[] = {3, 17};
+inline std::pair<QuantizedMatrix, QuantizedMatrix> ResidueMeetsLowLimbs() {
+  const int64_t m = 16, n = 32, k = 32;
+  std::vector<float> xv = Gaussian(m * k, 71), wv = Gaussian(n * k, 72);
+  for (int64_t r : kResidueRows) {
+    std::fill_n(xv.begin() + r * k, k, 0.0f);
+    std::fill_n(xv.begin() + r * k, 4, -448.0f);
+    xv[r * k + 9] = 0x1p-6f;
+    xv[r * k + 20] = -0x1p-6f;
+  }
+  for (int64_t j : kResidueCols) {
+    std::fill_n(wv.begin() + j * k, k, 0.0f);
+    wv[j * k + 0] = 448.0f;
+    wv[j * k + 1] = 0x1p-9f;
+    wv[j * k + 2] = -448.0f;
+    wv[j * k + 9] = 0x1p-9f;
+    wv[j * k + 20] = -0x1p-9f;
+  }
+  return {Quantize(xv, m, k, Format::kMxfp8E4m3), Quantize(wv, n, k, Format::kMxfp8E4m3)};
 }
 
 // Operands at the edge of the int16 path's fast epilogue: X's blocks near 2^114
