@@ -37,7 +37,7 @@ struct I8Weights {
   __m256i lut, low4;
 
   I8Weights(const WeightPanels& w, int64_t panel)
-      : base(w.u8.data() + panel * w.k_padded * kPanel / (kNibbles ? 2 : 1)),
+      : base(U8Panel(w, panel, kNibbles)),
         lut(_mm256_broadcastsi128_si256(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.nibble_lut.data())))),
         low4(_mm256_set1_epi8(0x0F)) {}

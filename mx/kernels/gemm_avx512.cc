@@ -52,7 +52,7 @@ struct I8Weights512 {
   __m512i lut, low4;
 
   I8Weights512(const WeightPanels& w, int64_t panel)
-      : base(w.u8.data() + panel * w.k_padded * kPanel / (kNibbles ? 2 : 1)),
+      : base(U8Panel(w, panel, kNibbles)),
         lut(_mm512_broadcast_i32x4(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.nibble_lut.data())))),
         low4(_mm512_set1_epi8(0x0F)) {}
@@ -528,12 +528,13 @@ template <int NP>
     const int64_t pb = (panel + q) * x.blocks + b;
     wp[q] = w.i16.data() + ((panel + q) * x.k_padded + b * kBlockSize) * kPanel;
     // Unsplit blocks' split_pairs and split_shift are zeros: not read, as
-    // they would be misses in a decode step (nothing prefetched them).
-    const int32_t split_at = w.split_at[pb];
-    wl[q] = w.i16_lo.data() + std::max(split_at, 0);
+    // they would be misses in a decode step (nothing prefetched them), and wl
+    // is not read where low_pairs is 0 (LowLimbPair).
+    wl[q] = nullptr;
     low_pairs[q] = 0;
     shifts[q] = _mm512_setzero_si512();
-    if (split_at >= 0) {
+    if (const int32_t split_at = w.split_at[pb]; split_at >= 0) {
+      wl[q] = w.i16_lo.data() + split_at;
       low_pairs[q] = w.split_pairs[pb];
       shifts[q] = LimbShifts(w, pb);
     }
@@ -653,7 +654,7 @@ void MxF64ShiftedTile(const Problem& p, int64_t row0, int, int64_t panel) {
     // The bound test's and the split lanes' per-block arrays for the call's
     // panels: a few lines each, which the hardware did not fetch ahead of the
     // tile in a decode step (five thin streams beside W's). MXFP8 E4M3 model
-    // sweep on the AMD EPYC Zen 5: 97.8 -> 92.6 ms (five interleaved rounds).
+    // sweep on the AMD EPYC Zen 5: 98.4 -> 91.2 ms (five interleaved rounds).
     const int64_t first = panel * x.blocks, count = NP * x.blocks;
     const auto fetch = [&](const auto* array) {
       const char* begin = reinterpret_cast<const char*>(array + first);

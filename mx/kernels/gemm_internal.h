@@ -242,6 +242,12 @@ struct WeightPanels {
   }
 };
 
+// Where panel `panel`'s u8 bytes start (the layouts above): k_padded × 16 bytes
+// a panel, half that for MXFP4's 4-bit codes (`nibbles`, as w.nibbles says).
+inline const uint8_t* U8Panel(const WeightPanels& w, int64_t panel, bool nibbles) {
+  return w.u8.data() + panel * w.k_padded * kPanel / (nibbles ? 2 : 1);
+}
+
 // A vector whose resize() leaves trivial elements uninitialized (value-less
 // construct() default-initializes): for DecodedX's per-element arrays, which
 // the row tasks of DecodeActivations write in full, padding included, across
