@@ -125,7 +125,8 @@ inline void ExpectRefusedOutputsHaveReferenceBits(const QuantizedMatrix& x,
 inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatrix& w,
                                   std::span<const float> bias, Isa isa, const std::string& what,
                                   ThreadPool* pool = nullptr, KernelInfo* info_out = nullptr,
-                                  const internal::TileOverride* tiles = nullptr) {
+                                  const internal::TileOverride* tiles = nullptr,
+                                  std::vector<float>* y_out = nullptr) {
   const std::vector<float> expected = ReferenceLinear(x, w, bias).value();
   absl::StatusOr<PackedWeight> packed = PackedWeight::Pack(w);
   ASSERT_TRUE(packed.ok()) << packed.status();
@@ -135,6 +136,7 @@ inline void ExpectSameAsReference(const QuantizedMatrix& x, const QuantizedMatri
                                           : Linear(x, *packed, bias, y, options);
   ASSERT_TRUE(info.ok()) << info.status();
   if (info_out) *info_out = *info;
+  if (y_out) *y_out = y;
   if (internal::KindFor(x.format, w.format) == internal::Kind::kBf16) {
     ExpectWithinFloatBound(x, w, bias, y, expected, what + " kernel " + info->name);
     ExpectRefusedOutputsHaveReferenceBits(x, w, y, expected, what + " kernel " + info->name);
