@@ -395,7 +395,8 @@ void Daemon::Shutdown() {
   state_->profiles_service->StopAccepting();
   Scheduler* queues[] = {state_->scheduler.get(), state_->loader.get(), state_->profiler.get()};
   // Calls still reading or writing (streams, uploads) get the grace period.
-  if (!state_->calls.WaitIdle(deadline)) {
+  const bool idle = state_->calls.WaitIdle(deadline);
+  if (!idle) {
     // The grace is a bound: what has not run is not run.
     const absl::Status stopped = absl::UnavailableError(absl::StrCat(
         "the daemon is stopping and its --grace-seconds (", grace,
@@ -412,6 +413,17 @@ void Daemon::Shutdown() {
     // "Cancelling all calls" instead of why. Bounded, from main's margin.
     state_->calls.WaitAtMost(open - static_cast<int64_t>(cancelled),
                              Clock::now() + std::chrono::milliseconds(400));
+  }
+  // Every answer is in the kernel's send queues, but the last ones may not have
+  // left: a socket closed with bytes queued loses them to a reset at the
+  // client's next window update. So the queues drain first, within the grace
+  // (past it, briefly, for the answers above).
+  const auto drain_by = idle ? deadline : Clock::now() + std::chrono::milliseconds(200);
+  if (const int64_t unsent = state_->listener->AwaitSent(drain_by); unsent > 0) {
+    Log(LogLevel::kWarning, "answers_unsent",
+        {{"bytes", absl::StrCat(unsent)},
+         {"message", "clients had not read these bytes of their answers when the grace ran out; "
+                     "they are lost with the connections"}});
   }
   // Nothing is in flight (or the grace is over): close every connection now
   // rather than wait for clients that keep idle channels open. gRPC cancels the

@@ -28,8 +28,9 @@ class Daemon {
   absl::Status ReloadTls();
 
   // Health turns NOT_SERVING; new compute work is refused (UNAVAILABLE); queued
-  // work runs; open calls (streams, uploads) get the grace period; then every
-  // connection closes. Safe to call twice; the destructor calls it.
+  // work runs; open calls (streams, uploads) get the grace period; the answers
+  // leave the kernel's send queues (within the grace); then every connection
+  // closes. Safe to call twice; the destructor calls it.
   void Shutdown();
 
   struct State;

@@ -4,8 +4,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/sockios.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -257,6 +259,31 @@ void Listener::Admit(int socket, int fd) {
   connection.listener_fd = socket;
   connection.fd = fd;
   acceptor_->HandleNewConnection(&connection);
+}
+
+int64_t Listener::AwaitSent(std::chrono::steady_clock::time_point deadline) {
+  Stop();
+  // The loop thread has ended, so connections_ is this thread's. gRPC may
+  // close a descriptor meanwhile and the number be reused: the inode is checked
+  // after the queue is read, so a count is only ever taken from our socket.
+  auto queued = [this] {
+    int64_t bytes = 0;
+    std::erase_if(connections_, [&](const auto& entry) {
+      const auto& [fd, inode] = entry;
+      int unsent = 0;
+      const bool read = ioctl(fd, SIOCOUTQ, &unsent) == 0;
+      if (InodeOf(fd) != inode) return true;
+      if (read) bytes += unsent;
+      return false;
+    });
+    return bytes;
+  };
+  int64_t bytes = queued();
+  while (bytes > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    bytes = queued();
+  }
+  return bytes;
 }
 
 void Listener::Prune() {

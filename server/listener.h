@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,13 @@ class Listener {
   // refused by the kernel); the connections already handed to gRPC are gRPC's.
   // Idempotent.
   void Stop();
+  // Stops accepting (Stop), then waits until the kernel has sent every byte written to each
+  // open connection and its peer has acknowledged it (SIOCOUTQ is 0), or until
+  // `deadline`. Returns the bytes still queued then, 0 when all left. Closing a
+  // socket whose queue is not empty loses its tail: the peer's next segment
+  // (an HTTP/2 window update, say) finds the socket closed, and the kernel
+  // answers with a reset and drops what it had not sent.
+  int64_t AwaitSent(std::chrono::steady_clock::time_point deadline);
 
  private:
   Listener(std::vector<UniqueFd> sockets, int port, Options options);

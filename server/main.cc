@@ -26,8 +26,9 @@
 
 namespace {
 
-// How long after the grace the process may take to exit: gRPC's cancellation
-// of the open calls and the last log lines.
+// How long after the grace the process may take to exit: the cancelled calls'
+// answers (0.4 s at most) and their drain (0.2 s, Daemon::Shutdown), gRPC's
+// cancellation of the open calls and the last log lines.
 constexpr std::chrono::milliseconds kExitMargin(1000);
 
 }  // namespace

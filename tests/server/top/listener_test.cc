@@ -65,7 +65,9 @@ TEST(Listener, TheOpenFileLimitIsRaisedToTheHardLimit) {
   EXPECT_EQ(raised, OpenFileLimit());
   rlimit now{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &now), 0);
-  if (saved.rlim_max != RLIM_INFINITY) EXPECT_EQ(now.rlim_cur, saved.rlim_max);
+  if (saved.rlim_max != RLIM_INFINITY) {
+    EXPECT_EQ(now.rlim_cur, saved.rlim_max);
+  }
   EXPECT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
 }
 
