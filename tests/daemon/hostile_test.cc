@@ -893,17 +893,17 @@ class BigLayerTest : public ::testing::Test {
     v1::LayerForwardResponse response;
     std::promise<grpc::Status> done;
   };
-  // Sends one forward per input, in `format`, in order, on `channel` (the
-  // daemon's own when null).
+  // Sends one forward of `rows` rows per input, in `format`, in order, on
+  // `channel` (the daemon's own when null).
   std::vector<std::unique_ptr<AsyncForward>> SendForwards(
       const std::vector<std::vector<float>>& inputs, mx::Format format,
-      std::shared_ptr<grpc::Channel> channel = nullptr) {
+      std::shared_ptr<grpc::Channel> channel = nullptr, int rows = 512) {
     std::vector<std::unique_ptr<AsyncForward>> calls;
     auto stub = v1::Compute::NewStub(channel ? channel : daemon_->channel());
     for (const std::vector<float>& x : inputs) {
       auto call = std::make_unique<AsyncForward>();
       call->request =
-          ForwardRequest("big", layer_, v1::PHASE_ROLLOUT, static_cast<int>(format), x, 512);
+          ForwardRequest("big", layer_, v1::PHASE_ROLLOUT, static_cast<int>(format), x, rows);
       stub->async()->LayerForward(&call->context, &call->request, &call->response,
                                   [c = call.get()](grpc::Status s) { c->done.set_value(s); });
       calls.push_back(std::move(call));
@@ -1014,7 +1014,10 @@ TEST_F(BigLayerTest, SigtermLosesNoAnswerToASlowReader) {
 // The drain above is bounded by the grace: a client that all but stops reading
 // loses the rest of its answer when the grace runs out, and holds up no one.
 TEST_F(BigLayerTest, AClientThatStopsReadingHoldsTheShutdownOnlyForTheGrace) {
-  constexpr double kGrace = 3;  // the forward must be done within it, under ASan too
+  // The forward must be done within the grace, under ASan and load too: 64 rows
+  // (a 1.2 MB answer, which the relay passes on in about 75 s).
+  constexpr double kGrace = 3;
+  constexpr int kRows = 64;
   ASSERT_NO_FATAL_FAILURE(Start({"--workers", "1", "--grace-seconds", absl::StrCat(kGrace),
                                  "--max-message-bytes", "256M", "--batch-window-us", "10000000"}));
   const std::string& address = daemon_->grpc_address();
@@ -1024,9 +1027,10 @@ TEST_F(BigLayerTest, AClientThatStopsReadingHoldsTheShutdownOnlyForTheGrace) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   const auto calls = SendForwards(
-      {TestValues(512 * kIn, 401)}, mx::Format::kMxfp4E2m1,
+      {TestValues(kRows * kIn, 401)}, mx::Format::kMxfp4E2m1,
       grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", relay->port()),
-                                grpc::InsecureChannelCredentials(), args));
+                                grpc::InsecureChannelCredentials(), args),
+      kRows);
   ASSERT_EQ(AwaitMetric(daemon_->metrics_address(), "mxserve_queue_depth", 1, 9), 1);
   const auto signalled = std::chrono::steady_clock::now();
   kill(daemon_->pid(), SIGTERM);
