@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "mx/status_macros.h"
+#include "server/base/strict_json.h"
 #include "server/compute/backends/backend.h"
 
 namespace mxserve {
@@ -368,9 +369,14 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
   if (!in) return FlagError("config", absl::StrCat("cannot open '", path, "'"));
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  std::string repeated;
+  nlohmann::json json = ParseJsonRefusingRepeats(text.str(), &repeated);
   if (json.is_discarded() || !json.is_object()) {
     return FlagError("config", absl::StrCat("'", path, "' is not a JSON object"));
+  }
+  if (!repeated.empty()) {
+    return FlagError("config", absl::StrCat("'", path, "': setting '", repeated,
+                                            "' is given twice (a list takes an array)"));
   }
   for (const auto& [key, value] : json.items()) {
     const FlagSpec* flag = FindFlag(key);

@@ -12,6 +12,7 @@
 #include "mx/checked_math.h"
 #include "mx/element.h"
 #include "server/base/quote.h"
+#include "server/base/strict_json.h"
 
 namespace mxserve {
 namespace {
@@ -91,9 +92,13 @@ absl::StatusOr<SafetensorsTensor> ParseEntry(const std::string& name, const nloh
 
 absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(absl::string_view json,
                                                                       uint64_t data_bytes) {
-  const nlohmann::json header =
-      nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  std::string repeated;
+  const nlohmann::json header = ParseJsonRefusingRepeats(json, &repeated);
   if (header.is_discarded() || !header.is_object()) return Invalid("not a JSON object");
+  if (!repeated.empty()) {
+    return Invalid(absl::StrCat(Quote(repeated),
+                                " is given twice; each tensor and field may appear once"));
+  }
   std::vector<SafetensorsTensor> tensors;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "mx/status_macros.h"
 #include "server/base/quote.h"
+#include "server/base/strict_json.h"
 #include "server/policy/glob.h"
 
 namespace mxserve {
@@ -181,8 +182,12 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
                                                    " bytes; at most ", kMaxPolicyBytes,
                                                    " are accepted"));
   }
-  const Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  std::string repeated;
+  const Json json = ParseJsonRefusingRepeats(text, &repeated);
   if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
+  if (!repeated.empty()) {
+    return FieldError(repeated, "given twice; each key may appear once in its object");
+  }
   if (!json.is_object()) return absl::InvalidArgumentError("policy: expected a JSON object");
   MX_RETURN_IF_ERROR(
       CheckKeys(json, {"name", "description", "defaults", "rules", "scale_rules", "roundings"},

@@ -138,6 +138,24 @@ TEST(SafetensorsHeader, OverlappingRangesAreRefused) {
   EXPECT_EQ((*fine)[2].name, "b");
 }
 
+// nlohmann keeps the last of a repeated key: a tensor listed twice loaded as
+// the second listing (found by a black-box test).
+TEST(SafetensorsHeader, ARepeatedNameOrFieldIsRefused) {
+  const auto twice = ParseSafetensorsHeader(
+      R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+          "w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+      12);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(twice.status().message(),
+            "safetensors header: 'w' is given twice; each tensor and field may appear once");
+  const auto field = ParseSafetensorsHeader(
+      R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "dtype": "F16"}})", 8);
+  ASSERT_FALSE(field.ok());
+  EXPECT_EQ(field.status().message(),
+            "safetensors header: 'w.dtype' is given twice; each tensor and field may appear once");
+}
+
 TEST(SafetensorsHeader, HugeShapesDoNotWrap) {
   // 2^32 · 2^32 elements wrapped to 0 in unchecked arithmetic and matched 0 bytes.
   const auto parsed = ParseSafetensorsHeader(

@@ -153,7 +153,9 @@ TEST(LayerClass, SelectsRoundedSharesFromEitherEndOfTheRanking) {
     const std::vector<uint32_t> tolerant = Selected("@tolerant", n);
     EXPECT_EQ(sensitive.size() + tolerant.size(), n) << n;
     EXPECT_EQ(sensitive.size(), SelectedLayers(kDefaultSensitiveFraction, n)) << n;
-    if (!tolerant.empty() && !sensitive.empty()) EXPECT_LT(tolerant.back(), sensitive.front());
+    if (!tolerant.empty() && !sensitive.empty()) {
+      EXPECT_LT(tolerant.back(), sensitive.front());
+    }
   }
 }
 
@@ -293,6 +295,17 @@ TEST(Policy, ErrorsNameTheField) {
            "rules": [{"phase": "*", "layers": "x", "format": 8}]})",
        "policy.rules[0].format: expected a format name (a string)"},
       {R"({"name": "p", "default": {}})", "policy.default: unknown field"},
+      // nlohmann keeps the last of a repeated key: this was policy p4, and the
+      // next one's rollout FP32, without a word (found by a black-box test).
+      {R"({"name": "p3", "name": "p4", "defaults": {}})",
+       "policy.name: given twice; each key may appear once in its object"},
+      {R"({"name": "p", "defaults": {"rollout": "MXFP4_E2M1", "reward": "FP16", "update": "FP16",
+                                     "rollout": "FP32"}})",
+       "policy.defaults.rollout: given twice; each key may appear once in its object"},
+      {R"({"name": "p", "defaults": {"rollout": "FP16", "reward": "FP16", "update": "FP16"},
+           "rules": [{"phase": "*", "layers": "x", "format": "FP16"},
+                     {"phase": "*", "layers": "y", "format": "FP16", "layers": "z"}]})",
+       "policy.rules[1].layers: given twice; each key may appear once in its object"},
   };
   for (const auto& [json, message] : cases) {
     const absl::StatusOr<Policy> parsed = ParsePolicyJson(json);

@@ -186,6 +186,15 @@ TEST(Options, ConfigFileThenCommandLine) {
   std::ofstream(path) << R"({"workerz": 4})";
   auto bad = ParseCommandLine({"--config", path});
   EXPECT_NE(bad.status().message().find("unknown setting 'workerz'"), absl::string_view::npos);
+  // A repeated setting was the last one's, silently.
+  std::ofstream(path) << R"({"workers": 4, "workers": 2})";
+  auto twice = ParseCommandLine({"--config", path});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.status().message().find(
+                "': setting 'workers' is given twice (a list takes an array)"),
+            absl::string_view::npos)
+      << twice.status();
 }
 
 TEST(Options, HelpListsEveryFlagWithItsDefault) {
