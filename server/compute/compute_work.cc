@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
 #include "mx/status_macros.h"
@@ -489,7 +490,20 @@ class BackwardItem final : public ComputeItem {
     }
     if (!xt.ok()) return absl::InvalidArgumentError(absl::StrCat("input: ", xt.status().message()));
     grad_weight.assign(static_cast<size_t>(n * k), 0.0f);
-    return operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds);
+    absl::StatusOr<std::string> ran = operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds);
+    // The backend names its GEMM's dimensions, and this GEMM's K is the batch:
+    // say so in the request's terms, and how to fit.
+    if (!ran.ok() && absl::StartsWith(ran.status().message(), "K: ")) {
+      return absl::Status(
+          ran.status().code(),
+          absl::StrCat("grad_output.shape[0], input.shape[0]: grad_weight = grad_outputᵀ·input "
+                       "sums over these ",
+                       m, " rows, which this backend takes as its GEMM's K (",
+                       ran.status().message().substr(3),
+                       "); split the rows across LayerBackward calls (accumulate_grad sums "
+                       "their grad_weight)"));
+    }
+    return ran;
   }
 
   Phase phase_;

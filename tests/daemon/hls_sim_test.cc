@@ -173,6 +173,39 @@ TEST_F(HlsSimTest, KBeyondTheWTileIsRefusedByName) {
   EXPECT_TRUE(Stub()->Gemm(&again, request, &response).ok());
 }
 
+// grad_weight = grad_outputᵀ·input sums over the batch, which the FPGA takes as
+// K: past its W tile the answer names the rows and how to fit, not a "K" the
+// request does not have (found by a black-box test).
+TEST_F(HlsSimTest, ABackwardBatchBeyondTheWTileNamesItsRows) {
+  const int64_t rows = 16400;
+  v1::LayerBackwardRequest backward;
+  backward.set_model("m");
+  backward.set_layer(layer_->name);
+  backward.set_phase(v1::PHASE_UPDATE);
+  backward.set_format(v1::FORMAT_MXFP4_E2M1);
+  backward.mutable_weight_rows()->set_begin(0);  // grad_weight alone: no grad_input first
+  backward.mutable_weight_rows()->set_end(2);
+  *backward.mutable_grad_output() = Matrix(TestValues(rows * 2, 28), rows, 2);
+  *backward.mutable_input() = Matrix(TestValues(rows * layer_->in, 29), rows, layer_->in);
+  grpc::ClientContext context;
+  v1::LayerBackwardResponse grads;
+  const grpc::Status status = Stub()->LayerBackward(&context, backward, &grads);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "grad_output.shape[0], input.shape[0]: grad_weight = grad_outputᵀ·input sums over "
+            "these 16400 rows, which this backend takes as its GEMM's K (the FPGA kernel holds 1 "
+            "to 16384 columns in its on-chip W tile, got 16400); split the rows across "
+            "LayerBackward calls (accumulate_grad sums their grad_weight)");
+  // 16384 rows fit.
+  const int64_t fit = 16384;
+  *backward.mutable_grad_output() = Matrix(TestValues(fit * 2, 28), fit, 2);
+  *backward.mutable_input() = Matrix(TestValues(fit * layer_->in, 29), fit, layer_->in);
+  grpc::ClientContext again;
+  const grpc::Status ok = Stub()->LayerBackward(&again, backward, &grads);
+  EXPECT_TRUE(ok.ok()) << ok.error_code() << " " << ok.error_message();
+  EXPECT_EQ(grads.grad_weight().shape(0), 2);
+}
+
 // A layer whose K is past the W tile is refused when its weight would be
 // prepared: with the same message, and nothing is laid out or charged for it.
 TEST_F(HlsSimTest, ALayerBeyondTheWTileIsRefusedBeforeItIsPrepared) {
