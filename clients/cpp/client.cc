@@ -299,9 +299,17 @@ absl::StatusOr<v1::ModelInfo> Client::PublishVersion(const std::string& model) {
 }
 
 absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
-  auto context = NewContext();
-  return Unary(models_.get(), &v1::Models::Stub::ListModels, context.get(),
-               v1::ListModelsRequest());
+  v1::ListModelsResponse all;
+  v1::ListModelsRequest request;
+  do {
+    auto context = NewContext();
+    absl::StatusOr<v1::ListModelsResponse> page =
+        Unary(models_.get(), &v1::Models::Stub::ListModels, context.get(), request);
+    if (!page.ok()) return page.status();
+    for (v1::ModelInfo& model : *page->mutable_models()) all.add_models()->Swap(&model);
+    request.set_page_token(page->next_page_token());
+  } while (!request.page_token().empty());
+  return all;
 }
 
 absl::StatusOr<v1::ModelInfo> Client::DescribeModel(const std::string& model) {

@@ -130,6 +130,7 @@ class Client {
   absl::StatusOr<v1::UploadWeightsResponse> LoadSafetensors(
       const v1::LoadSafetensorsRequest& request);
   absl::StatusOr<v1::ModelInfo> PublishVersion(const std::string& model);
+  // Every model, in name order: the daemon's pages joined (no next_page_token).
   absl::StatusOr<v1::ListModelsResponse> ListModels();
   absl::StatusOr<v1::ModelInfo> DescribeModel(const std::string& model);
   absl::StatusOr<v1::DeleteModelResponse> DeleteModel(const std::string& model);

@@ -204,6 +204,10 @@ absl::Status Registry::Register(const std::string& name, std::vector<LayerSpec> 
   if (layers.empty()) {
     return absl::InvalidArgumentError("layers: a model needs at least one layer");
   }
+  if (layers.size() > kMaxLayersPerModel) {
+    return absl::InvalidArgumentError(absl::StrCat("layers: at most ", kMaxLayersPerModel,
+                                                   " a model, got ", layers.size()));
+  }
   if (!(lease_seconds == 0 || (lease_seconds >= 1 && lease_seconds <= kMaxLeaseSeconds))) {
     return absl::InvalidArgumentError(absl::StrCat("lease_seconds: expected 0 (no lease) or 1 to ",
                                                    kMaxLeaseSeconds, ", got ", lease_seconds));
@@ -626,10 +630,20 @@ absl::StatusOr<ModelSummary> Registry::Describe(absl::string_view model_name) co
 }
 
 std::vector<ModelSummary> Registry::List() const {
-  MutexLock lock(&mu_);
   std::vector<ModelSummary> out;
-  for (const auto& [name, model] : models_) out.push_back(Summarize(*model));
+  List("", [&](const ModelSummary& summary) {
+    out.push_back(summary);
+    return true;
+  });
   return out;
+}
+
+void Registry::List(absl::string_view after,
+                    const std::function<bool(const ModelSummary&)>& take) const {
+  MutexLock lock(&mu_);
+  for (auto it = models_.upper_bound(after); it != models_.end(); ++it) {
+    if (!take(Summarize(*it->second))) return;
+  }
 }
 
 absl::StatusOr<uint64_t> Registry::Delete(absl::string_view model_name) {

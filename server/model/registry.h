@@ -324,6 +324,10 @@ class Registry {
                                                     mx::kernels::ThreadPool* pool = nullptr);
   absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
   std::vector<ModelSummary> List() const;
+  // The models whose names sort after `after` ("": all), in name order, to
+  // `take` until it returns false. `take` runs under the registry's lock.
+  void List(absl::string_view after,
+            const std::function<bool(const ModelSummary&)>& take) const;
   // Returns the bytes the model held.
   absl::StatusOr<uint64_t> Delete(absl::string_view model);
   // Returns the previous policy.
@@ -408,6 +412,10 @@ class Registry {
 // Name limits (server/README.md documents them).
 inline constexpr size_t kMaxModelNameChars = 128;  // [A-Za-z0-9._-]+
 inline constexpr size_t kMaxLayerNameChars = 256;  // any bytes
+// Layers a model may declare: a mixture-of-experts model with a linear layer per
+// expert has tens of thousands. The bound keeps one registration's memory (about
+// 2.5 KB a layer) and one model's description in an answer within reason.
+inline constexpr size_t kMaxLayersPerModel = 65536;
 // The longest model lease (RegisterModelRequest.lease_seconds): 30 days.
 inline constexpr int64_t kMaxLeaseSeconds = 30 * 24 * 3600;
 

@@ -506,8 +506,37 @@ grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext*
                                                     grpc::ByteBuffer* response) {
   return ServeNow<v1::ListModelsRequest, v1::ListModelsResponse>(
       core_, Rpc::kListModels, context, request, response,
-      [this](const v1::ListModelsRequest&, v1::ListModelsResponse* out) {
-        for (const ModelSummary& s : core_.registry->List()) FillModelInfo(s, out->add_models());
+      [this](const v1::ListModelsRequest& r, v1::ListModelsResponse* out) -> absl::Status {
+        if (!r.page_token().empty() && !ValidModelName(r.page_token())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "page_token: expected empty or the next_page_token of an earlier ListModels "
+              "answer (a model name), got ",
+              Quote(r.page_token())));
+        }
+        // Every model's layers are in its ModelInfo: a page stops before the
+        // answer would pass --max-message-bytes, each holding at least one model
+        // (one model's description fits: kMaxLayersPerModel).
+        const uint64_t budget = static_cast<uint64_t>(
+            std::max<int64_t>(core_.max_message_bytes - static_cast<int64_t>(kEnvelopeBytes), 0));
+        uint64_t bytes = 0;
+        bool more = false;
+        core_.registry->List(r.page_token(), [&](const ModelSummary& s) {
+          if (r.page_size() > 0 && out->models_size() >= static_cast<int>(r.page_size())) {
+            more = true;
+            return false;
+          }
+          v1::ModelInfo info;
+          FillModelInfo(s, &info);
+          const uint64_t size = info.ByteSizeLong() + 16;  // its tag and length
+          if (out->models_size() > 0 && bytes + size > budget) {
+            more = true;
+            return false;
+          }
+          bytes += size;
+          out->add_models()->Swap(&info);
+          return true;
+        });
+        if (more) out->set_next_page_token(out->models(out->models_size() - 1).name());
         return absl::OkStatus();
       });
 }

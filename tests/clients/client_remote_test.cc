@@ -284,6 +284,30 @@ double GemmsServed(const mx_test::DaemonProcess& daemon) {
 // One target naming two daemons, as a headless Service's DNS name resolves to
 // every pod (deploy/k8s): the client's round_robin spreads calls over both,
 // while pick_first (mxctl's choice) sends them all to one.
+// The daemon answers ListModels in pages under --max-message-bytes; the client
+// follows next_page_token and gives every model in one response.
+TEST(ClientListModels, JoinsTheDaemonsPages) {
+  mx_test::DaemonProcess daemon({"--max-message-bytes", "64K"});
+  ASSERT_TRUE(daemon.ok());
+  mxclient::Client client(mxclient::ClientOptions{.address = daemon.grpc_address()});
+  for (int m = 0; m < 7; ++m) {  // about 17 KB of ModelInfo each: three a page
+    v1::RegisterModelRequest request;
+    request.set_name(absl::StrCat("m", 6 - m));
+    for (int l = 0; l < 80; ++l) {
+      v1::LayerSpec* layer = request.add_layers();
+      layer->set_name(absl::StrCat(std::string(200, static_cast<char>('a' + m)), l));
+      layer->set_out_features(1);
+      layer->set_in_features(1);
+    }
+    ASSERT_TRUE(client.RegisterModel(request).ok());
+  }
+  const absl::StatusOr<v1::ListModelsResponse> all = client.ListModels();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->models_size(), 7);
+  for (int m = 0; m < 7; ++m) EXPECT_EQ(all->models(m).name(), absl::StrCat("m", m));
+  EXPECT_EQ(all->next_page_token(), "");
+}
+
 TEST(ClientLoadBalancing, RoundRobinSpreadsCallsOverEveryDaemonOfTheTarget) {
   mx_test::DaemonProcess first({"--backend", "cpu", "--workers", "1"});
   mx_test::DaemonProcess second({"--backend", "cpu", "--workers", "1"});

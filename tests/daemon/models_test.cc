@@ -3,6 +3,7 @@
 // activation.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -75,6 +76,66 @@ class ModelsTest : public ::testing::Test {
   DaemonProcess daemon_{
       {"--workers", "2", "--weight-memory-bytes", "1M", "--model-dir", ::testing::TempDir()}};
 };
+
+// Every model's layers are in its ModelInfo, so one answer could not hold them
+// all: two models of 200,000 layers made every client's ListModels fail with
+// "Sent message larger than max" (a black-box test). It answers in pages now.
+TEST(ListModelsTest, PagesStayUnderTheMessageLimitAndJoinToEveryModel) {
+  DaemonProcess daemon({"--max-message-bytes", "64K"});
+  ASSERT_TRUE(daemon.ok());
+  // Seven models of about 17 KB of ModelInfo each: three fit in a 60 KB page.
+  std::vector<std::string> names;
+  for (int m = 0; m < 7; ++m) {
+    std::vector<TestLayer> layers;
+    for (int l = 0; l < 80; ++l) {
+      layers.push_back(MakeLayer(absl::StrCat(std::string(200, 'a' + m), l), 1, 1, false, l));
+    }
+    names.push_back(absl::StrCat("m", 6 - m));  // registered out of name order
+    ASSERT_TRUE(Register(daemon.channel().get(), names.back(), layers).ok());
+  }
+  std::sort(names.begin(), names.end());
+  auto stub = v1::Models::NewStub(daemon.channel());
+  auto list = [&](uint32_t page_size, const std::string& token, v1::ListModelsResponse* page) {
+    grpc::ClientContext context;
+    v1::ListModelsRequest request;
+    request.set_page_size(page_size);
+    request.set_page_token(token);
+    return stub->ListModels(&context, request, page);
+  };
+  for (const uint32_t page_size : {0u, 2u}) {
+    std::vector<std::string> listed;
+    std::vector<int> pages;
+    std::string token;
+    do {
+      v1::ListModelsResponse page;
+      const grpc::Status s = list(page_size, token, &page);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_LE(page.ByteSizeLong(), 60u << 10);
+      for (const v1::ModelInfo& model : page.models()) {
+        listed.push_back(model.name());
+        EXPECT_EQ(model.layers_size(), 80);
+      }
+      pages.push_back(page.models_size());
+      token = page.next_page_token();
+      ASSERT_LT(pages.size(), 8u) << "the pages do not end";
+    } while (!token.empty());
+    EXPECT_EQ(listed, names) << page_size;
+    const std::vector<int> expected =
+        page_size == 0 ? std::vector<int>{3, 3, 1} : std::vector<int>{2, 2, 2, 1};
+    EXPECT_EQ(pages, expected);
+  }
+  // A token past the last model: an empty last page.
+  v1::ListModelsResponse empty;
+  ASSERT_TRUE(list(0, "z", &empty).ok());
+  EXPECT_EQ(empty.models_size(), 0);
+  EXPECT_EQ(empty.next_page_token(), "");
+  v1::ListModelsResponse bad;
+  const grpc::Status refused = list(0, "not a name", &bad);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(),
+            "page_token: expected empty or the next_page_token of an earlier ListModels answer (a "
+            "model name), got 'not a name'");
+}
 
 TEST_F(ModelsTest, SafetensorsLoadThenVersionBumpChangesResults) {
   const TestLayer q = MakeLayer("model.layers.0.self_attn.q_proj", 32, 64, true, 41);

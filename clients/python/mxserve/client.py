@@ -620,9 +620,16 @@ class Client:
         return out.reshape(shape)
 
     def list_models(self, timeout: Optional[float] = CLIENT_TIMEOUT) -> List[ModelInfo]:
-        response = self._call("ListModels", self._models.ListModels,
-                              models_pb2.ListModelsRequest(), timeout)
-        return [ModelInfo.from_proto(m) for m in response.models]
+        """Every model, in name order (the daemon's pages joined; `timeout` is per page)."""
+        models: List[ModelInfo] = []
+        token = ""
+        while True:
+            response = self._call("ListModels", self._models.ListModels,
+                                  models_pb2.ListModelsRequest(page_token=token), timeout)
+            models.extend(ModelInfo.from_proto(m) for m in response.models)
+            token = response.next_page_token
+            if not token:
+                return models
 
     def describe_model(self, name: str, timeout: Optional[float] = CLIENT_TIMEOUT) -> ModelInfo:
         return ModelInfo.from_proto(self._call("DescribeModel", self._models.DescribeModel,

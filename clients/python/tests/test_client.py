@@ -68,6 +68,25 @@ def test_model_lifecycle(client, model_name):
     assert model_name in error.value.message
 
 
+def test_list_models_joins_the_daemons_pages():
+    # ListModels answers in pages under --max-message-bytes; list_models follows
+    # next_page_token: seven models of about 17 KB of layers each, three a page.
+    from conftest import Daemon
+    d = Daemon("--max-message-bytes", "64K")
+    try:
+        with mxserve.Client(d.address, timeout=60) as c:
+            c.wait_ready(timeout=10)
+            names = [f"m{i}" for i in range(7)]
+            for i, name in enumerate(reversed(names)):
+                c.register_model(name, [(chr(ord("a") + i) * 200 + str(n), 1, 1)
+                                        for n in range(80)])
+            models = c.list_models()
+            assert [m.name for m in models] == names
+            assert all(len(m.layers) == 80 for m in models)
+    finally:
+        assert d.stop() == 0
+
+
 def test_forward_matches_fp32_and_follows_the_input_kind(client, model_name):
     torch = pytest.importorskip("torch")
     w, b = make_layer(client, model_name)
