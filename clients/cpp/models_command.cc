@@ -142,9 +142,9 @@ absl::Status Register(mxclient::Client& client, const Args& args) {
   MX_ASSIGN_OR_RETURN(*request.mutable_name(), flags.Require("name"));
   request.set_policy(flags.Get("policy").value_or(""));
   if (flags.Has("layer") == flags.Has("layers-json")) {
-    return UsageError(
-        "give the layers with --layer name:OUTxIN[:bias] (repeatable) or "
-        "--layers-json FILE, not both");
+    return UsageError(absl::StrCat(
+        "give the layers with --layer name:OUTxIN[:bias] (repeatable) or --layers-json FILE",
+        flags.Has("layer") ? ", not both" : ""));
   }
   for (const std::string& text : flags.GetAll("layer")) {
     MX_ASSIGN_OR_RETURN(*request.add_layers(), ParseLayerFlag(text));

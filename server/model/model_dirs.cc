@@ -56,6 +56,10 @@ absl::StatusOr<UniqueFd> ModelDirs::Open(absl::string_view path, absl::string_vi
         ": loading files is off: the daemon was started without --model-dir (give it the "
         "directories clients may load from)"));
   }
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": required (a file inside a --model-dir, absolute or relative to it)"));
+  }
   const auto outside = [&] {
     return absl::PermissionDeniedError(absl::StrCat(
         field, ": ", Quote(path), " is not inside a directory the daemon may load ",

@@ -174,6 +174,16 @@ TEST_F(Mxctl, ErrorsAreOneLineAndExitTwo) {
     EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+  // Neither way of giving the layers said "..., not both" (a black-box test).
+  const std::string layers =
+      "mxctl: error: give the layers with --layer name:OUTxIN[:bias] (repeatable) or "
+      "--layers-json FILE";
+  const Result neither = Run("models register --name x");
+  EXPECT_EQ(neither.exit_code, 2);
+  EXPECT_EQ(neither.err, layers + "\n");
+  const Result both = Run("models register --name x --layer a:2x2 --layers-json " + Path("l.json"));
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_EQ(both.err, layers + ", not both\n");
 }
 
 TEST_F(Mxctl, HelpFormatsAndDemo) {

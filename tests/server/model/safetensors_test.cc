@@ -183,6 +183,11 @@ TEST_F(ModelDirsTest, OpensOnlyInsideTheDirectoriesAsSpelledOrResolved) {
     EXPECT_EQ(dirs->Open(path, "path").status().code(), absl::StatusCode::kPermissionDenied)
         << path;
   }
+  // An empty path was PERMISSION_DENIED ("not inside..."): it is missing.
+  const absl::Status empty = dirs->Open("", "path").status();
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(empty.message(),
+            "path: required (a file inside a --model-dir, absolute or relative to it)");
   EXPECT_EQ(ModelDirs::Create({(dir_ / "absent").string()}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ModelDirs::Create({}).value().Open("x", "path").status().code(),
