@@ -2,7 +2,6 @@
 // model registry (Models service) from the command line.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
@@ -14,6 +13,7 @@
 #include "clients/cpp/raw_io.h"
 #include "clients/cpp/table.h"
 #include "clients/cpp/wire_names.h"
+#include "mx/read_file.h"
 #include "mx/status_macros.h"
 
 namespace mxctl {
@@ -72,9 +72,9 @@ absl::StatusOr<v1::LayerSpec> ParseLayerFlag(const std::string& text) {
 // [{"name": ..., "out_features": N, "in_features": K, "bias": false}, ...], bare or
 // as {"layers": [...]}.
 absl::StatusOr<std::vector<v1::LayerSpec>> ReadLayersJson(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return UsageError(absl::StrCat("--layers-json: cannot read '", path, "'"));
-  nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = mx::ReadWholeFile(path);
+  if (!text.ok()) return UsageError(absl::StrCat("--layers-json: ", text.status().message()));
+  nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) {
     return UsageError(absl::StrCat("--layers-json: '", path, "' is not valid JSON"));
   }

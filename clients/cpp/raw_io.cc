@@ -2,9 +2,9 @@
 
 #include <cstring>
 #include <fstream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "mx/read_file.h"
 
 namespace mxctl {
 namespace {
@@ -21,9 +21,9 @@ absl::Status WriteRaw(const std::string& path, const void* data, size_t size) {
 
 absl::StatusOr<std::vector<float>> ReadFloat32File(const std::string& path,
                                                    const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read '", path, "'"));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<std::string> read = mx::ReadWholeFile(path);
+  if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat(what, ": ", read.status().message()));
+  const std::string& bytes = *read;
   if (bytes.size() % 4 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' is ", bytes.size(),
                                                    " bytes, not a whole number of float32"));

@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "mx/packed.h"
+#include "mx/read_file.h"
 
 namespace fpga_model {
 namespace {
@@ -84,10 +83,9 @@ absl::StatusOr<EnergyModelParams> ParseEnergyModel(absl::string_view text) {
 }
 
 absl::StatusOr<EnergyModelParams> LoadEnergyModel(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("energy model '", path, "': cannot read"));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  absl::StatusOr<EnergyModelParams> params = ParseEnergyModel(text);
+  absl::StatusOr<std::string> text = mx::ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<EnergyModelParams> params = ParseEnergyModel(*text);
   if (!params.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", params.status().message()));
   }

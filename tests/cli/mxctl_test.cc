@@ -157,6 +157,11 @@ TEST_F(Mxctl, ErrorsAreOneLineAndExitTwo) {
        "--seed: expected an integer from 0 to 2^64 - 1, got '-1'"},
       {"quantize --format mxfp4 --input " + Path("none.f32") + " --output " + Path("o.f32"),
        "--input: cannot read '" + Path("none.f32") + "'"},
+      // A directory aborted mxctl at the first read (libstdc++ throws on EISDIR).
+      {"quantize --format mxfp4 --input " + Path("") + " --output " + Path("o.f32"),
+       "--input: '" + Path("") + "' is a directory, not a file"},
+      {"models register --name x --layers-json " + Path(""),
+       "--layers-json: '" + Path("") + "' is a directory, not a file"},
       {"quantize --format mxfp4 --input " + Path("odd.f32") + " --output " + Path("o.f32"),
        "is 5 bytes, not a whole number of float32"},
       {"quantize --format fp16 --input " + Path("a.f32") + " --output " + Path("o.f32") +
