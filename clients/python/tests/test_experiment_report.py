@@ -173,3 +173,22 @@ def test_the_report_shows_intervals_noise_floor_phases_and_replayed_energy(tmp_p
     assert learned["status"] == "met"  # the untrained policy loses every prompt
     assert (tmp_path / "pareto.png").stat().st_size > 0
     assert math.isfinite(summary["configurations"][0]["energy_fpga_model_J"])
+
+
+def test_the_energy_ranges_name_each_configurations_own_box():
+    # The report named the FP16 row's box (64 corners of 6 parameters) for MX-D's
+    # range, computed over 1024 corners of 10 (a black-box test).
+    def row(name, method, low):
+        return {"configuration": name, "energy_fpga_model_J": 1.0,
+                **{f"energy_fpga_model_{p}_J": 1 / 3 for p in PHASES},
+                "energy_range_method": method, "energy_saving_pct_min": low,
+                "energy_saving_pct_max": 22.0}
+    base = row("FP16", "all 64 corners of the 6-parameter box", 0.0)
+    d = row("MX-D", "all 1024 corners of the 10-parameter box", -29.0)
+    text = "\n".join(report._energy_section([base, d], "FP16"))
+    assert "(fpga/model/energy_model.json, 'ranges'; all 1024 corners of the 10-parameter " \
+           "box)" in text and "64 corners" not in text
+    a = row("MX-A", "all 256 corners of the 8-parameter box", -5.0)
+    text = "\n".join(report._energy_section([base, a, d], "FP16"))
+    assert "MX-A: all 256 corners of the 8-parameter box; MX-D: all 1024 corners of the " \
+           "10-parameter box" in text

@@ -245,3 +245,13 @@ def test_an_interrupted_run_resumes_to_the_same_results(client, tmp_path):
         assert [dict(w, run="") for w in mine["work"]] == [dict(w, run="") for w in theirs["work"]]
     assert [r["win_rate"] for r in resumed["configurations"]] == \
         [r["win_rate"] for r in whole["configurations"]]
+
+
+def test_a_repeated_seed_is_refused():
+    # --seeds 0,0 ran the same run twice under one run tag: its energy booked
+    # twice, and a noise floor of "seed 0 vs 0" (a black-box test).
+    from mxserve.experiment.config import ConfigError, check_seeds
+    assert check_seeds("--seeds", [0, 1, 2]) == [0, 1, 2]
+    with pytest.raises(ConfigError, match=r"--seeds: each seed may appear once; \[0, 2\] repeated "
+                                          r"in \[0, 2, 1, 0, 2\]"):
+        check_seeds("--seeds", [0, 2, 1, 0, 2])

@@ -279,12 +279,16 @@ def _check_phase(where: str, phase: Any) -> None:
 
 
 def check_seeds(where: str, seeds: Any) -> List[int]:
-    """Seeds as the config and --seeds take them: a non-empty list of integers in
-    [0, 10^6)."""
+    """Seeds as the config and --seeds take them: a non-empty list of distinct
+    integers in [0, 10^6). A repeated seed would be the same run twice under one run
+    tag: its energy booked twice, and a noise floor of a run against itself."""
     if not isinstance(seeds, list) or not seeds or \
             not all(isinstance(s, int) and 0 <= s < 10**6 for s in seeds):
         raise ConfigError(f"{where}: expected a non-empty list of integers in [0, 10^6), "
                           f"got {seeds!r}")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"{where}: each seed may appear once; {repeated} repeated in {seeds!r}")
     return seeds
 
 

@@ -601,8 +601,15 @@ def _energy_section(rows: List[Dict[str, Any]], baseline: str) -> List[str]:
     sensitive = [r for r in rows if r.get("energy_sensitive_parameters")]
     ranged = any("energy_saving_pct_min" in r for r in rows)
     if ranged:
-        method = next((r.get("energy_range_method") for r in rows
-                       if r.get("energy_range_method")), "")
+        # Each configuration's range has its own box (the parameters its formats
+        # touch): name the ones the tables show, not the baseline's.
+        methods: Dict[str, List[str]] = {}
+        for r in rows:
+            if r["configuration"] != baseline and "energy_saving_pct_min" in r \
+                    and r.get("energy_range_method"):
+                methods.setdefault(r["energy_range_method"], []).append(r["configuration"])
+        method = "; ".join(m if len(methods) == 1 else f"{', '.join(c)}: {m}"
+                           for m, c in methods.items())
         lines += ["Savings in the tables are the nominal figure with its range over the "
                   f"energy model's parameter box (fpga/model/energy_model.json, 'ranges'; "
                   f"{method}): the configuration and the baseline are evaluated under the same "
