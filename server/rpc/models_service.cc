@@ -135,6 +135,24 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       it = pending_.emplace(key, std::move(pending)).first;
     }
     Pending& pending = it->second;
+    const auto layer_shape = [&] {
+      return key.is_bias ? absl::StrCat("[", pending.spec.out_features, "]")
+                         : absl::StrCat("[", pending.spec.out_features, ", ",
+                                        pending.spec.in_features, "]");
+    };
+    if (chunk_.shape_size() > 0) {
+      const bool same = key.is_bias ? chunk_.shape_size() == 1 &&
+                                          chunk_.shape(0) == pending.spec.out_features
+                                    : chunk_.shape_size() == 2 &&
+                                          chunk_.shape(0) == pending.spec.out_features &&
+                                          chunk_.shape(1) == pending.spec.in_features;
+      if (!same) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".shape: tensor '", TensorName(key), "' is ", layer_shape(),
+            key.is_bias ? " (out_features)" : " (out_features, in_features)", ", got [",
+            absl::StrJoin(chunk_.shape(), ", "), "]; nothing was staged"));
+      }
+    }
     MX_ASSIGN_OR_RETURN(const mx::Format dtype,
                         FromProto(chunk_.dtype(), absl::StrCat(field, ".dtype")));
     const size_t element_bytes = mx::Traits(dtype).element_bits / 8;
@@ -157,10 +175,7 @@ class UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".offset_elements: elements [", offset, ", ", offset + count,
           ") fall outside tensor '", TensorName(key), "' of ", total, " elements (",
-          key.is_bias
-              ? absl::StrCat("[", pending.spec.out_features, "]")
-              : absl::StrCat("[", pending.spec.out_features, ", ", pending.spec.in_features, "]"),
-          ")"));
+          layer_shape(), ")"));
     }
     mx::WidenToFloat(dtype, data.data(), count, pending.tensor.values.data() + offset);
     pending.ranges.emplace_back(offset, offset + count);

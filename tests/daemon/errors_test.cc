@@ -1,5 +1,6 @@
 // Bad input of every kind gets the right status code and a message naming the
 // field, and the daemon keeps serving with its state intact.
+#include "absl/strings/str_join.h"
 #include "mx/packed.h"
 #include "tests/daemon/api_util.h"
 #include "tests/daemon/daemon_process.h"
@@ -225,6 +226,18 @@ TEST_F(ErrorsTest, TruncatedAndMalformedUploadsStageNothing) {
                 "chunks[1].dtype: tensor 'blocks.1.mlp.down_proj.weight' started as DTYPE_FP32");
   EXPECT_STATUS(upload({chunk(1000, 100)}), INVALID_ARGUMENT,
                 "chunks[0].offset_elements: elements [1000, 1100) fall outside");
+  // The element count of a transposed or flattened W is right; its shape is
+  // not (the Python client uploaded W.T and answered wrongly ever after).
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{
+           {layer_->in, layer_->out}, {layer_->out * layer_->in}, {1, layer_->out, layer_->in}}) {
+    v1::WeightChunk shaped = chunk(0, 1024);
+    for (int64_t d : shape) shaped.add_shape(d);
+    EXPECT_STATUS(upload({shaped}), INVALID_ARGUMENT,
+                  absl::StrCat("chunks[0].shape: tensor 'blocks.1.mlp.down_proj.weight' is [",
+                               layer_->out, ", ", layer_->in,
+                               "] (out_features, in_features), got [",
+                               absl::StrJoin(shape, ", "), "]; nothing was staged"));
+  }
   v1::WeightChunk other = chunk(0, 1024);
   other.set_layer("nope");
   EXPECT_STATUS(upload({other}), NOT_FOUND, "chunks[0].layer: model 'm' has no layer 'nope'");

@@ -27,8 +27,11 @@ def _chunks(model: str, layer: str, role: int, value: Any, chunk_bytes: int
     offset = 0
     while True:  # an empty tensor still sends one chunk, so the daemon sees it
         piece = data[offset:offset + step]
+        # The first chunk says the shape: the daemon refuses one that is not the
+        # layer's (a transposed W has the right element count).
         yield models_pb2.WeightChunk(model=model, layer=layer, role=role, dtype=tensor.dtype,
-                                     offset_elements=offset // itemsize, data=bytes(piece))
+                                     offset_elements=offset // itemsize, data=bytes(piece),
+                                     shape=list(tensor.shape) if offset == 0 else [])
         offset += step
         if offset >= len(data):
             return

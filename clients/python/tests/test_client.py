@@ -68,6 +68,26 @@ def test_model_lifecycle(client, model_name):
     assert model_name in error.value.message
 
 
+def test_upload_refuses_a_weight_of_the_wrong_shape(client, model_name):
+    # A 64x8 array for an 8x64 layer has the right element count: it was staged
+    # and read in the wrong order, every answer after it wrong (a black-box test).
+    client.register_model(model_name, [("fc", 8, 64, True)])
+    w = np.arange(8 * 64, dtype=np.float32).reshape(8, 64)
+    for bad, shape in ((w.T.copy(), "[64, 8]"), (w.reshape(-1), "[512]"),
+                       (w.reshape(2, 4, 64), "[2, 4, 64]")):
+        with pytest.raises(mxserve.MxserveError) as error:
+            client.upload_weights(model_name, {"fc": bad}, publish=True)
+        assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert ("chunks[0].shape: tensor 'fc.weight' is [8, 64] (out_features, in_features), "
+                f"got {shape}; nothing was staged") in error.value.message
+    with pytest.raises(mxserve.MxserveError) as error:
+        client.upload_weights(model_name, {"fc": (w, np.zeros((1, 8), np.float32))})
+    assert "tensor 'fc.bias' is [8] (out_features), got [1, 8]" in error.value.message
+    assert client.describe_model(model_name).staged_tensors == 0
+    client.upload_weights(model_name, {"fc": (w, np.zeros(8, np.float32))}, publish=True)
+    assert client.describe_model(model_name).weight_version == 1
+
+
 def test_list_models_joins_the_daemons_pages():
     # ListModels answers in pages under --max-message-bytes; list_models follows
     # next_page_token: seven models of about 17 KB of layers each, three a page.
