@@ -255,3 +255,25 @@ def test_a_repeated_seed_is_refused():
     with pytest.raises(ConfigError, match=r"--seeds: each seed may appear once; \[0, 2\] repeated "
                                           r"in \[0, 2, 1, 0, 2\]"):
         check_seeds("--seeds", [0, 2, 1, 0, 2])
+
+
+def test_device_and_power_source_are_checked_before_the_preflight(tmp_path, capsys):
+    # --device tpu passed the preflight and died in torch with --out written;
+    # --power-source foo the same in open_power_source; with --preflight-only
+    # both exited 0 (a black-box test).
+    replay = tmp_path / "trace.csv"
+    replay.write_text("t,watts\n")
+    for flags, message in (
+            (["--device", "tpu"], "--device: expected cpu, cuda or cuda:N, got 'tpu'"),
+            (["--device", "cuda:x"], "--device: expected cpu, cuda or cuda:N, got 'cuda:x'"),
+            (["--power-source", "foo"],
+             "--power-source: expected 'nvml', 'nvml:INDEX' or 'replay:FILE', got 'foo'"),
+            (["--power-source", "nvml:a"], "--power-source: expected nvml:INDEX"),
+            (["--power-source", f"replay:{tmp_path}/none.csv"],
+             f"--power-source: the replay file '{tmp_path}/none.csv' is not a file")):
+        for mode in (["--preflight-only"], ["--out", str(tmp_path / "out")]):
+            assert experiment.main(["--quick", *mode, *flags]) == 2, flags
+            assert message in capsys.readouterr().err
+            assert not (tmp_path / "out").exists()
+    assert experiment.main(["--quick", "--preflight-only", "--power-source",
+                            f"replay:{replay}"]) == 0

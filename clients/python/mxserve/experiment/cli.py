@@ -18,6 +18,7 @@ from mxserve.experiment.config import (PATH_ENVIRONMENT, QUICK, ConfigError, Exp
 from mxserve.experiment.run import Progress, check_compute, run_experiment
 from mxserve.experiment.state import RunState
 from mxserve.rlhf import tasks
+from mxserve.rlhf.power import PowerSourceError, check_power_source
 from mxserve.torch import COMPUTE_MODES
 
 __all__ = ["main", "preflight_estimate"]
@@ -27,6 +28,14 @@ def _at_least_one(flag: str, value: int) -> int:
     if value < 1:
         raise ConfigError(f"{flag}: expected at least 1, got {value}")
     return value
+
+
+def _check_device(device: str) -> None:
+    """cpu, cuda or cuda:N, refused before the preflight (torch would refuse another
+    only when the run starts, with --out already written)."""
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise ConfigError(f"--device: expected cpu, cuda or cuda:N, got {device!r}")
 
 
 def _apply_overrides(experiment: Experiment, args: argparse.Namespace) -> None:
@@ -185,6 +194,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.out is None and not args.preflight_only:
             raise ConfigError("--out: required (the directory for the results)")
+        _check_device(args.device)
         check_compute(args.device, compute)
         data = QUICK if args.quick else None
         experiment = load_config(copy.deepcopy(data) if data else args.config)
@@ -192,6 +202,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.out is not None and not args.preflight_only:
             RunState.check_out(args.out, args.resume, args.overwrite)
         power = args.power_source or ("nvml" if args.device.startswith("cuda") else None)
+        if power is not None:
+            check_power_source(power)
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda: torch sees no CUDA device here")
         if _preflight(experiment, args, compute, power) and args.preflight_only:
@@ -200,7 +212,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             summary = run_experiment(client, experiment, args.out, progress=progress,
                                      device=args.device, power_source=power, compute=compute,
                                      resume=args.resume, overwrite=args.overwrite)
-    except (FileNotFoundError, ValueError) as error:  # ConfigError, ResumeError: ValueErrors
+    except (FileNotFoundError, ValueError, PowerSourceError) as error:  # ConfigError and
+        # ResumeError are ValueErrors; PowerSourceError: NVML missing when the run opens it
         progress.done()
         print(f"mxserve.experiment: {error}", file=sys.stderr)
         return 2

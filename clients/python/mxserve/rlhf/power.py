@@ -242,6 +242,27 @@ class ReplayPower:
         pass
 
 
+def check_power_source(spec: str) -> None:
+    """Refuses a --power-source that open_power_source would refuse only when the
+    run gets to it (after the preflight, with --out already written): the form, an
+    NVML index that is not a non-negative integer, a replay file that is not there."""
+    if spec.startswith("replay:"):
+        path = spec[len("replay:"):]
+        if not os.path.isfile(path):
+            raise PowerSourceError(f"--power-source: the replay file {path!r} is not a file")
+        return
+    if spec == "nvml":
+        return
+    if spec.startswith("nvml:"):
+        index = spec[len("nvml:"):]
+        if not index.isdigit():
+            raise PowerSourceError(f"--power-source: expected nvml:INDEX with INDEX a GPU's "
+                                   f"number (0, 1, ...), got {spec!r}")
+        return
+    raise PowerSourceError(f"--power-source: expected 'nvml', 'nvml:INDEX' or 'replay:FILE', "
+                           f"got {spec!r}")
+
+
 def open_power_source(spec: str, device_index: int = 0, interval: float = 0.1):
     """'nvml' (optionally 'nvml:INDEX') or 'replay:FILE'."""
     if spec.startswith("replay:"):
