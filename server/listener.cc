@@ -300,6 +300,11 @@ void Listener::PublishOpen() {
   if (options_.on_open) options_.on_open(open_.load(std::memory_order_relaxed));
 }
 
+bool ValidHostPort(const std::string& address) {
+  std::string host, port;
+  return SplitHostPort(address, &host, &port);
+}
+
 uint64_t OpenFileLimit() {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;

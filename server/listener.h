@@ -104,6 +104,10 @@ class Listener {
   uint64_t shed_since_log_ = 0, refused_since_log_ = 0;
 };
 
+// True for "host:port" or "[v6]:port" with a port in [0, 65535]: the forms Bind
+// takes (--metrics-listen is checked against them when parsed).
+bool ValidHostPort(const std::string& address);
+
 // Raises this process's soft RLIMIT_NOFILE to its hard limit (capped at what
 // the kernel allows one process, fs.nr_open); logs the limit before and after.
 // Returns the soft limit now in force.

@@ -14,6 +14,7 @@
 #include "mx/status_macros.h"
 #include "server/base/strict_json.h"
 #include "server/compute/backends/backend.h"
+#include "server/listener.h"
 
 namespace mxserve {
 namespace {
@@ -134,7 +135,18 @@ const std::vector<FlagSpec>& Flags() {
       {"metrics-listen", "ADDR",
        "Prometheus /metrics address; port 0 picks a free port; 'off' disables it",
        [](const DaemonOptions& o) { return o.metrics_listen; },
-       StringSetter(&DaemonOptions::metrics_listen)},
+       // Checked here: CivetServer's own refusal ("null context when constructing
+       // CivetServer") says nothing of the form.
+       [](const std::string& text, DaemonOptions& o) {
+         if (text != "off" && !ValidHostPort(text)) {
+           return FlagError("metrics-listen",
+                            absl::StrCat("expected HOST:PORT or [IPV6]:PORT with a port in "
+                                         "[0, 65535], or off, got '",
+                                         text, "'"));
+         }
+         o.metrics_listen = text;
+         return absl::OkStatus();
+       }},
       {"tls-cert", "FILE",
        "PEM certificate chain of the gRPC port; with --tls-key the port speaks TLS only. "
        "Re-read with --tls-key and --tls-client-ca on SIGHUP (new connections get the new "

@@ -165,6 +165,12 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--update-copies=keep"}, "--update-copies: expected slice or cache, got 'keep'"},
       {{"--bf16-sums=fast"}, "--bf16-sums: expected pairs or exact, got 'fast'"},
       {{"--config=/nonexistent.json"}, "--config: cannot open '/nonexistent.json'"},
+      // CivetServer's "null context when constructing CivetServer" named no form.
+      {{"--metrics-listen=OFF"},
+       "--metrics-listen: expected HOST:PORT or [IPV6]:PORT with a port in [0, 65535], or off, "
+       "got 'OFF'"},
+      {{"--metrics-listen=127.0.0.1:99999"}, "--metrics-listen: expected HOST:PORT"},
+      {{"--metrics-listen="}, "--metrics-listen: expected HOST:PORT"},
   };
   for (const auto& c : cases) {
     auto parsed = ParseCommandLine(c.args);
