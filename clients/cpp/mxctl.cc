@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -225,6 +226,12 @@ void PrintFormats() {
 
 absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& remote,
                              const Args& args) {
+  static const auto* known = new std::set<std::string>{
+      "help", "--help", "-h", "demo", "formats", "health", "quantize", "gemm",
+      "models", "policy", "profile", "energy", "forward", "bench"};
+  if (!known->contains(command)) {  // before --help: `mxctl nosuch --help` is a typo too
+    return UsageError(absl::StrCat("unknown command '", command, "' (try 'mxctl help')"));
+  }
   // `mxctl <command> --help` too: the usage covers every command's flags.
   const bool asks_help = std::find(args.begin(), args.end(), "--help") != args.end() ||
                          std::find(args.begin(), args.end(), "-h") != args.end();
@@ -253,10 +260,8 @@ absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& re
     status = RunEnergy(remote, args);
   } else if (command == "forward") {
     status = RunForward(remote, args);
-  } else if (command == "bench") {
-    status = RunBench(remote, args);
   } else {
-    status = UsageError(absl::StrCat("unknown command '", command, "' (try 'mxctl help')"));
+    status = RunBench(remote, args);
   }
   if (!status.ok()) return status;
   return 0;
@@ -269,8 +274,14 @@ int Main(int argc, char** argv) {
   if (!remote.ok()) {
     exit_code = remote.status();
   } else {
-    const std::string command = args.empty() ? "help" : args.front();
-    if (!args.empty()) args.erase(args.begin());
+    if (args.empty()) {
+      // No command is a usage error: the usage on stderr, exit 2 (a script that
+      // lost its arguments must not read success).
+      std::fprintf(stderr, "%s%s\n", kUsage, std::string(mx::FormatNameList()).c_str());
+      return 2;
+    }
+    const std::string command = args.front();
+    args.erase(args.begin());
     exit_code = Dispatch(command, *remote, args);
     if (!exit_code.ok()) exit_code = ExplainTransportError(*remote, exit_code.status());
   }

@@ -202,6 +202,15 @@ TEST_F(Mxctl, HelpFormatsAndDemo) {
     EXPECT_EQ(sub.exit_code, 0) << command << ": " << sub.err;
     EXPECT_NE(sub.out.find("usage: mxctl <command>"), std::string::npos) << command;
   }
+  // A typo with --help, and no command at all, are usage errors: they exited 0
+  // (a black-box test), which a script reads as success.
+  const Result typo = Run("nosuch --help");
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_EQ(typo.err, "mxctl: error: unknown command 'nosuch' (try 'mxctl help')\n");
+  const Result nothing = Run("");
+  EXPECT_EQ(nothing.exit_code, 2);
+  EXPECT_EQ(nothing.out, "");
+  EXPECT_NE(nothing.err.find("usage: mxctl <command>"), std::string::npos) << nothing.err;
   const Result formats = Run("formats");
   EXPECT_EQ(formats.exit_code, 0);
   EXPECT_NE(formats.out.find("MXFP6_E3M2     6    6.25    3/2       4            28"),
