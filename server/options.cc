@@ -467,7 +467,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
   ParsedCommandLine parsed;
   // name → value, in order; --config applies first so the command line wins.
   std::vector<std::pair<std::string, std::string>> given;
-  std::string config;
+  std::optional<std::string> config;
   for (size_t i = 0; i < args.size(); ++i) {
     absl::string_view arg = args[i];
     if (arg == "--help" || arg == "-h") {
@@ -498,12 +498,19 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
       value = args[++i];
     }
     if (name == "config") {
+      // A second file replaced the first without a word, and an empty one
+      // started with the defaults (a black-box test).
+      if (config.has_value()) {
+        return FlagError("config", absl::StrCat("given twice ('", *config, "', then '", value,
+                                                "'); one file holds every setting"));
+      }
+      if (value.empty()) return FlagError("config", "expected a file, got ''");
       config = value;
     } else {
       given.emplace_back(name, value);
     }
   }
-  if (!config.empty()) MX_RETURN_IF_ERROR(ApplyConfigFile(config, parsed.options));
+  if (config.has_value()) MX_RETURN_IF_ERROR(ApplyConfigFile(*config, parsed.options));
   // A repeatable flag on the command line replaces the file's list, as any flag
   // given there wins.
   for (const auto& [name, value] : given) {

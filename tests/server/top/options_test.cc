@@ -171,6 +171,9 @@ TEST(Options, ErrorsNameTheFlag) {
        "got 'OFF'"},
       {{"--metrics-listen=127.0.0.1:99999"}, "--metrics-listen: expected HOST:PORT"},
       {{"--metrics-listen="}, "--metrics-listen: expected HOST:PORT"},
+      {{"--config=a.json", "--config", "b.json"},
+       "--config: given twice ('a.json', then 'b.json'); one file holds every setting"},
+      {{"--config="}, "--config: expected a file, got ''"},
   };
   for (const auto& c : cases) {
     auto parsed = ParseCommandLine(c.args);
