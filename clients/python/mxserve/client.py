@@ -64,6 +64,17 @@ class _ClientTimeout:
 CLIENT_TIMEOUT: Any = _ClientTimeout()
 
 
+def _check_timeout(timeout: Any) -> Optional[float]:
+    """None (no deadline) or seconds > 0; a timeout of -1 became DEADLINE_EXCEEDED
+    from the daemon, and '5' a TypeError from inside grpc."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not timeout > 0 or timeout == float("inf"):
+        raise ValueError(f"timeout: expected seconds > 0 (or None: no deadline), got {timeout!r}")
+    return float(timeout)
+
+
 def _layer_spec(layer: Any) -> LayerSpec:
     if isinstance(layer, LayerSpec):
         return layer
@@ -205,8 +216,11 @@ class Client:
                  options: Sequence[tuple] = (), tls: security.TlsLike = None,
                  token: Optional[str] = None, client_cert: Optional[str] = None,
                  client_key: Optional[str] = None):
+        if not isinstance(address, str) or not address:
+            raise ValueError(f"address: expected HOST:PORT or a gRPC target, got {address!r}")
         self.address = address
-        self.timeout = timeout
+        self.timeout = _check_timeout(timeout)
+        self._closed = False
         self.max_message_bytes = max_message_bytes  # what callers split large work by
         defaults = [("grpc.max_send_message_length", max_message_bytes),
                     ("grpc.max_receive_message_length", max_message_bytes)]
@@ -234,6 +248,7 @@ class Client:
     # --- lifetime ----------------------------------------------------------------------
 
     def close(self) -> None:
+        self._closed = True
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -247,12 +262,19 @@ class Client:
 
     # --- plumbing ------------------------------------------------------------------------
 
+    def _deadline(self, rpc: str, timeout: Any) -> Optional[float]:
+        """The seconds a call may take (`timeout`, or the client's), after checking
+        the client is open: grpc's own words were 'Cannot invoke RPC on closed
+        channel!' and, for a timeout of '5', a TypeError from inside grpc."""
+        if self._closed:
+            raise ValueError(f"{rpc}: this mxserve.Client is closed")
+        return self.timeout if timeout is CLIENT_TIMEOUT else _check_timeout(timeout)
+
     def _call(self, rpc: str, method: Callable, request: Any, timeout: Optional[float]):
         if hasattr(request, "ByteSize"):  # a stream's requests count themselves
             self.bytes_sent[rpc] += request.ByteSize()
         try:
-            response = method(request,
-                              timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
+            response = method(request, timeout=self._deadline(rpc, timeout))
         except grpc.RpcError as error:
             raise self._error(error, rpc) from None
         self.bytes_received[rpc] += response.ByteSize()
@@ -283,8 +305,7 @@ class Client:
                 raise
             wrapped.reraise()
             return response
-        call = method.future(wrapped,
-                             timeout=self.timeout if timeout is CLIENT_TIMEOUT else timeout)
+        call = method.future(wrapped, timeout=self._deadline(rpc, timeout))
         wrapped.bind(call)
         try:
             response = call.result()

@@ -469,3 +469,24 @@ def test_phase_refuses_to_decorate_coroutines(client):
         @client.phase("rollout")
         async def generate():
             pass
+
+
+def test_misuse_is_named_before_grpc_sees_it():
+    # These reached grpc and came back in its words: "Failed to create secure
+    # client channel" for "", a TypeError from inside grpc for timeout="5",
+    # DEADLINE_EXCEEDED for -1, "Cannot invoke RPC on closed channel!" (a
+    # black-box test).
+    for address in ("", None):
+        with pytest.raises(ValueError, match="address: expected HOST:PORT or a gRPC target"):
+            mxserve.Client(address)
+    for timeout in (-1, 0, "5", float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=r"timeout: expected seconds > 0 \(or None"):
+            mxserve.Client("127.0.0.1:1", timeout=timeout)
+    client = mxserve.Client("127.0.0.1:1", timeout=0.5)
+    with pytest.raises(ValueError, match="timeout: expected seconds > 0"):
+        client.list_models(timeout="5")
+    client.close()
+    with pytest.raises(ValueError, match="ListModels: this mxserve.Client is closed"):
+        client.list_models()
+    with pytest.raises(ValueError, match="UploadWeights: this mxserve.Client is closed"):
+        client.upload_weights("m", {"fc": np.ones((2, 2), np.float32)})
