@@ -418,8 +418,14 @@ void Daemon::Shutdown() {
   // left: a socket closed with bytes queued loses them to a reset at the
   // client's next window update. So the queues drain first, within the grace
   // (past it, briefly, for the answers above).
+  // Calls other than compute are still answered meanwhile (a Describe, an
+  // upload): the ones that arrive during the drain are waited for too.
   const auto drain_by = idle ? deadline : Clock::now() + std::chrono::milliseconds(200);
-  if (const int64_t unsent = state_->listener->AwaitSent(drain_by); unsent > 0) {
+  int64_t unsent = state_->listener->AwaitSent(drain_by);
+  while (state_->calls.active() > 0 && state_->calls.WaitIdle(drain_by)) {
+    unsent = state_->listener->AwaitSent(drain_by);
+  }
+  if (unsent > 0) {
     Log(LogLevel::kWarning, "answers_unsent",
         {{"bytes", absl::StrCat(unsent)},
          {"message", "clients had not read these bytes of their answers when the grace ran out; "

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -138,11 +139,18 @@ const std::vector<FlagSpec>& Flags() {
        [](const DaemonOptions& o) { return o.metrics_listen; },
        // Checked here: CivetServer's own refusal ("null context when constructing
        // CivetServer") says nothing of the form.
+       // CivetServer also takes a bare port (every interface) and a comma list.
        [](const std::string& text, DaemonOptions& o) {
-         if (text != "off" && !ValidHostPort(text)) {
+         const auto valid = [](absl::string_view item) {
+           int port = -1;
+           return ValidHostPort(std::string(item)) ||
+                  (!item.empty() && absl::c_all_of(item, absl::ascii_isdigit) &&
+                   absl::SimpleAtoi(item, &port) && port <= 65535);
+         };
+         if (text != "off" && !absl::c_all_of(absl::StrSplit(text, ','), valid)) {
            return FlagError("metrics-listen",
-                            absl::StrCat("expected HOST:PORT or [IPV6]:PORT with a port in "
-                                         "[0, 65535], or off, got '",
+                            absl::StrCat("expected HOST:PORT, [IPV6]:PORT or PORT (a port in "
+                                         "[0, 65535]; several with commas), or off, got '",
                                          text, "'"));
          }
          o.metrics_listen = text;

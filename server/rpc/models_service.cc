@@ -529,14 +529,18 @@ grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext*
               Quote(r.page_token())));
         }
         // Every model's layers are in its ModelInfo: a page stops before the
-        // answer would pass --max-message-bytes, each holding at least one model
-        // (one model's description fits: kMaxLayersPerModel).
+        // answer would pass --max-message-bytes, each holding at least one model.
+        // One model's description fits the default 64 MiB (kMaxLayersPerModel
+        // layers of 256-byte names are about 19 MB); under a smaller limit such a
+        // model's page fails as its DescribeModel does.
         const uint64_t budget = static_cast<uint64_t>(
             std::max<int64_t>(core_.max_message_bytes - static_cast<int64_t>(kEnvelopeBytes), 0));
         uint64_t bytes = 0;
         bool more = false;
         core_.registry->List(r.page_token(), [&](const ModelSummary& s) {
-          if (r.page_size() > 0 && out->models_size() >= static_cast<int>(r.page_size())) {
+          // Unsigned: a page_size past 2^31 read as negative stopped before any
+          // model and then named models(-1) the next token.
+          if (r.page_size() > 0 && static_cast<uint32_t>(out->models_size()) >= r.page_size()) {
             more = true;
             return false;
           }
@@ -551,7 +555,9 @@ grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext*
           out->add_models()->Swap(&info);
           return true;
         });
-        if (more) out->set_next_page_token(out->models(out->models_size() - 1).name());
+        if (more && out->models_size() > 0) {
+          out->set_next_page_token(out->models(out->models_size() - 1).name());
+        }
         return absl::OkStatus();
       });
 }

@@ -423,12 +423,14 @@ TEST_F(HostileTest, PathsOutsideModelDirAreRefusedAlikeWhetherOrNotTheyExist) {
   const std::string refused = "is not inside a directory the daemon may load from (--model-dir";
   for (const std::string& path :
        {std::string("/etc/shadow"), std::string("/etc/passwd"), std::string("/no/such/file"),
-        (*model_dir_ / ".." / "x.safetensors").string(), std::string("../../../etc/passwd"),
-        std::string("")}) {
+        (*model_dir_ / ".." / "x.safetensors").string(), std::string("../../../etc/passwd")}) {
     const grpc::Status s = Load(daemon_->channel(), path);
     EXPECT_STATUS(s, PERMISSION_DENIED, refused);
     EXPECT_EQ(s.error_message().find("root"), std::string::npos) << s.error_message();
   }
+  // No path names no file: the field is missing (it was PERMISSION_DENIED).
+  EXPECT_STATUS(Load(daemon_->channel(), ""), INVALID_ARGUMENT,
+                "path: required (a file inside a --model-dir, absolute or relative to it)");
   // A symbolic link inside that leads out is followed, then refused.
   fs::create_symlink("/etc/passwd", *model_dir_ / "escape.safetensors");
   EXPECT_STATUS(Load(daemon_->channel(), "escape.safetensors"), PERMISSION_DENIED, refused);

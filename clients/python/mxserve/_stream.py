@@ -88,7 +88,9 @@ class StreamSession:
         self._ids = itertools.count(1)
         self._broken: Optional[MxserveError] = None
         self._closed = False
-        self._responses = client._compute.Stream(self._requests(), timeout=timeout)
+        # The client's checks (open, a sane timeout); None stays no deadline.
+        self._responses = client._compute.Stream(
+            self._requests(), timeout=client._deadline("Stream", timeout))
         self._reader = threading.Thread(target=self._read, name="mxserve-stream", daemon=True)
         self._reader.start()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import json
+import numbers
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -69,7 +70,7 @@ def _check_timeout(timeout: Any) -> Optional[float]:
     from the daemon, and '5' a TypeError from inside grpc."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or \
             not timeout > 0 or timeout == float("inf"):
         raise ValueError(f"timeout: expected seconds > 0 (or None: no deadline), got {timeout!r}")
     return float(timeout)

@@ -490,3 +490,14 @@ def test_misuse_is_named_before_grpc_sees_it():
         client.list_models()
     with pytest.raises(ValueError, match="UploadWeights: this mxserve.Client is closed"):
         client.upload_weights("m", {"fc": np.ones((2, 2), np.float32)})
+
+
+def test_sessions_share_the_checks_and_numpy_timeouts_are_seconds():
+    client = mxserve.Client("127.0.0.1:1", timeout=np.float32(0.5))
+    assert client.timeout == 0.5
+    with pytest.raises(ValueError, match="timeout: expected seconds > 0"):
+        client.session(timeout="5")
+    client.close()
+    with pytest.raises(ValueError, match="Stream: this mxserve.Client is closed"):
+        client.session()
+    assert mxserve.Client("127.0.0.1:1", timeout=np.int64(3)).timeout == 3.0

@@ -192,3 +192,12 @@ def test_the_energy_ranges_name_each_configurations_own_box():
     text = "\n".join(report._energy_section([base, a, d], "FP16"))
     assert "MX-A: all 256 corners of the 8-parameter box; MX-D: all 1024 corners of the " \
            "10-parameter box" in text
+
+
+def test_no_range_sentence_when_only_the_baseline_has_one():
+    row = {"configuration": "FP16", "energy_fpga_model_J": 1.0,
+           **{f"energy_fpga_model_{p}_J": 1 / 3 for p in PHASES},
+           "energy_range_method": "all 64 corners of the 6-parameter box",
+           "energy_saving_pct_min": 0.0, "energy_saving_pct_max": 0.0}
+    text = "\n".join(report._energy_section([row], "FP16"))
+    assert "parameter box" not in text and "'ranges'" not in text

@@ -266,6 +266,7 @@ def test_device_and_power_source_are_checked_before_the_preflight(tmp_path, caps
     for flags, message in (
             (["--device", "tpu"], "--device: expected cpu, cuda or cuda:N, got 'tpu'"),
             (["--device", "cuda:x"], "--device: expected cpu, cuda or cuda:N, got 'cuda:x'"),
+            (["--device", "cuda:"], "--device: expected cpu, cuda or cuda:N, got 'cuda:'"),
             (["--power-source", "foo"],
              "--power-source: expected 'nvml', 'nvml:INDEX' or 'replay:FILE', got 'foo'"),
             (["--power-source", "nvml:a"], "--power-source: expected nvml:INDEX"),

@@ -167,8 +167,9 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--config=/nonexistent.json"}, "--config: cannot open '/nonexistent.json'"},
       // CivetServer's "null context when constructing CivetServer" named no form.
       {{"--metrics-listen=OFF"},
-       "--metrics-listen: expected HOST:PORT or [IPV6]:PORT with a port in [0, 65535], or off, "
-       "got 'OFF'"},
+       "--metrics-listen: expected HOST:PORT, [IPV6]:PORT or PORT (a port in [0, 65535]; several "
+       "with commas), or off, got 'OFF'"},
+      {{"--metrics-listen=127.0.0.1:9464,"}, "--metrics-listen: expected HOST:PORT"},
       {{"--metrics-listen=127.0.0.1:99999"}, "--metrics-listen: expected HOST:PORT"},
       {{"--metrics-listen="}, "--metrics-listen: expected HOST:PORT"},
       {{"--config=a.json", "--config", "b.json"},
@@ -181,6 +182,15 @@ TEST(Options, ErrorsNameTheFlag) {
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(parsed.status().message().find(c.message), absl::string_view::npos)
         << parsed.status().message();
+  }
+}
+
+TEST(Options, MetricsListenTakesWhatCivetServerTakes) {
+  for (const char* address : {"off", "127.0.0.1:0", "[::1]:9464", "localhost:9464", "9464",
+                              "127.0.0.1:9464,[::1]:9464"}) {
+    auto parsed = ParseCommandLine({absl::StrCat("--metrics-listen=", address)});
+    ASSERT_TRUE(parsed.ok()) << address << ": " << parsed.status();
+    EXPECT_EQ(parsed->options.metrics_listen, address);
   }
 }
 

@@ -33,8 +33,8 @@ def _at_least_one(flag: str, value: int) -> int:
 def _check_device(device: str) -> None:
     """cpu, cuda or cuda:N, refused before the preflight (torch would refuse another
     only when the run starts, with --out already written)."""
-    kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+    kind, colon, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (colon and (kind == "cpu" or not index.isdigit())):
         raise ConfigError(f"--device: expected cpu, cuda or cuda:N, got {device!r}")
 
 

@@ -599,15 +599,14 @@ def _energy_section(rows: List[Dict[str, Any]], baseline: str) -> List[str]:
                          f"({100 * base[f'energy_fpga_model_{p}_J'] / total:.0f} %)"
                          for p in PHASES) + ".", ""]
     sensitive = [r for r in rows if r.get("energy_sensitive_parameters")]
-    ranged = any("energy_saving_pct_min" in r for r in rows)
-    if ranged:
-        # Each configuration's range has its own box (the parameters its formats
-        # touch): name the ones the tables show, not the baseline's.
-        methods: Dict[str, List[str]] = {}
-        for r in rows:
-            if r["configuration"] != baseline and "energy_saving_pct_min" in r \
-                    and r.get("energy_range_method"):
-                methods.setdefault(r["energy_range_method"], []).append(r["configuration"])
+    # Each configuration's range has its own box (the parameters its formats
+    # touch): name the ones the tables show, not the baseline's.
+    methods: Dict[str, List[str]] = {}
+    for r in rows:
+        if r["configuration"] != baseline and "energy_saving_pct_min" in r \
+                and r.get("energy_range_method"):
+            methods.setdefault(r["energy_range_method"], []).append(r["configuration"])
+    if methods:
         method = "; ".join(m if len(methods) == 1 else f"{', '.join(c)}: {m}"
                            for m, c in methods.items())
         lines += ["Savings in the tables are the nominal figure with its range over the "
