@@ -14,9 +14,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "mx/status_macros.h"
+#include "server/base/label.h"
 #include "server/base/strict_json.h"
 #include "server/compute/backends/backend.h"
 #include "server/listener.h"
+#include "server/rpc/telemetry_service.h"
 
 namespace mxserve {
 namespace {
@@ -282,6 +284,21 @@ const std::vector<FlagSpec>& Flags() {
          o.power_sources = absl::StrSplit(text, ',', absl::SkipWhitespace());
          for (std::string& source : o.power_sources) {
            source = std::string(absl::StripAsciiWhitespace(source));
+           // Checked as ReportPower checks a source: 'a b' or fpga started a
+           // daemon that could never accept them (a black-box test).
+           if (!IsPlainLabel(source)) {
+             return FlagError("power-sources",
+                              absl::StrCat("expected names of 1-", kMaxLabelChars,
+                                           " characters of [A-Za-z0-9_.:/-], got '", source, "'"));
+           }
+           for (const char* reserved : kReservedPowerSources) {
+             if (source == reserved) {
+               return FlagError("power-sources",
+                                absl::StrCat("'", source,
+                                             "' is the daemon's own (fpga, fpga_model): "
+                                             "clients cannot report it"));
+             }
+           }
          }
          return absl::OkStatus();
        }},

@@ -175,6 +175,10 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--config=a.json", "--config", "b.json"},
        "--config: given twice ('a.json', then 'b.json'); one file holds every setting"},
       {{"--config="}, "--config: expected a file, got ''"},
+      {{"--power-sources=gpu_baseline,fpga"},
+       "--power-sources: 'fpga' is the daemon's own (fpga, fpga_model): clients cannot report it"},
+      {{"--power-sources=a b"},
+       "--power-sources: expected names of 1-64 characters of [A-Za-z0-9_.:/-], got 'a b'"},
   };
   for (const auto& c : cases) {
     auto parsed = ParseCommandLine(c.args);
