@@ -468,6 +468,9 @@ grpc::ServerUnaryReactor* ProfilesService::DeleteProfile(grpc::CallbackServerCon
       [this](const v1::DeleteProfileRequest& r, v1::DeleteProfileResponse* out,
              const CallRecord& record) -> absl::Status {
         MX_RETURN_IF_ERROR(record.CheckModelOwner(r.model()));
+        // As DeleteModel and GetProfile: a model that is not registered (its
+        // profiles went with it) is NOT_FOUND, not OK with nothing deleted.
+        MX_RETURN_IF_ERROR(core_.registry->Owner(r.model()).status());
         MX_ASSIGN_OR_RETURN(const uint32_t deleted,
                             core_.profiles->Delete(r.model(), r.weight_version()));
         RankByNewestProfile(core_, r.model());

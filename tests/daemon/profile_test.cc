@@ -295,6 +295,14 @@ TEST_F(ProfileTest, ProfilesAreKeptListedExportedAndDeletedWithTheirModel) {
     ASSERT_TRUE(stub->DeleteProfile(&context, request, &response).ok());
     EXPECT_EQ(response.deleted(), 1u);
   }
+  {  // an unknown model answered OK with deleted=0 (a black-box test)
+    grpc::ClientContext context;
+    v1::DeleteProfileRequest request;
+    request.set_model("no-such-model");
+    v1::DeleteProfileResponse response;
+    EXPECT_STATUS(stub->DeleteProfile(&context, request, &response), NOT_FOUND,
+                  "model: no model named 'no-such-model'");
+  }
 }
 
 // ---------------------------------------------------------------------------
