@@ -426,12 +426,12 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
       std::string text_value;
       if (item.is_string()) {
         text_value = item.get<std::string>();
-      } else if (item.is_number()) {
-        text_value = item.dump();
+      } else if (item.is_number() || item.is_boolean()) {
+        text_value = item.dump();  // a JSON true is the flag's "true"
       } else {
-        return FlagError(
-            "config", absl::StrCat("'", path, "': ", key, ": expected a string",
-                                   flag->repeatable ? ", a list of strings" : "", " or a number"));
+        return FlagError("config", absl::StrCat("'", path, "': ", key, ": expected a string",
+                                                flag->repeatable ? ", a list of strings" : "",
+                                                ", a number or a boolean"));
       }
       if (absl::Status s = flag->set(text_value, options); !s.ok()) {
         return FlagError("config", absl::StrCat("'", path, "': ", s.message()));

@@ -209,6 +209,15 @@ TEST(Options, ConfigFileThenCommandLine) {
   std::ofstream(path) << R"({"workerz": 4})";
   auto bad = ParseCommandLine({"--config", path});
   EXPECT_NE(bad.status().message().find("unknown setting 'workerz'"), absl::string_view::npos);
+  // A JSON boolean is the flag's true or false (it was "expected a string or a
+  // number"; a black-box test), and only a boolean flag takes one.
+  std::ofstream(path) << R"({"reflection": false})";
+  auto boolean = ParseCommandLine({"--config", path});
+  ASSERT_TRUE(boolean.ok()) << boolean.status();
+  EXPECT_FALSE(boolean->options.reflection);
+  std::ofstream(path) << R"({"workers": true})";
+  EXPECT_EQ(ParseCommandLine({"--config", path}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // A repeated setting was the last one's, silently.
   std::ofstream(path) << R"({"workers": 4, "workers": 2})";
   auto twice = ParseCommandLine({"--config", path});
