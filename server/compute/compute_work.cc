@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "mx/checked_math.h"
 #include "mx/status_macros.h"
@@ -490,20 +489,7 @@ class BackwardItem final : public ComputeItem {
     }
     if (!xt.ok()) return absl::InvalidArgumentError(absl::StrCat("input: ", xt.status().message()));
     grad_weight.assign(static_cast<size_t>(n * k), 0.0f);
-    absl::StatusOr<std::string> ran = operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds);
-    // The backend names its GEMM's dimensions, and this GEMM's K is the batch:
-    // say so in the request's terms, and how to fit.
-    if (!ran.ok() && absl::StartsWith(ran.status().message(), "K: ")) {
-      return absl::Status(
-          ran.status().code(),
-          absl::StrCat("grad_output.shape[0], input.shape[0]: grad_weight = grad_outputᵀ·input "
-                       "sums over these ",
-                       m, " rows, which this backend takes as its GEMM's K (",
-                       ran.status().message().substr(3),
-                       "); split the rows across LayerBackward calls (accumulate_grad sums "
-                       "their grad_weight)"));
-    }
-    return ran;
+    return operands.Linear(*dyt, *xt, {}, grad_weight, compute_seconds);
   }
 
   Phase phase_;
@@ -733,6 +719,18 @@ absl::StatusOr<std::unique_ptr<WorkItem>> PrepareBackward(const ComputeContext& 
     x_shape.rows_what = "M, the rows of grad_output";
     MX_ASSIGN_OR_RETURN(input,
                         DecodeMatrix(request.input(), "input", x_shape, core.max_message_bytes));
+    // grad_weight = dYᵀ·X sums over the M rows: the GEMM's K, which an FPGA
+    // backend bounds. Refused here, in the request's terms and before anything
+    // is quantized or computed.
+    if (const std::optional<int64_t> max_k = core.backend->MaxK();
+        max_k.has_value() && grad_output.rows > *max_k) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad_output.shape[0], input.shape[0]: grad_weight = grad_outputᵀ·input sums over these ",
+          grad_output.rows, " rows, which this backend takes as its GEMM's K (the FPGA kernel "
+          "holds 1 to ", *max_k, " columns in its on-chip W tile, got ", grad_output.rows,
+          "); split the rows across LayerBackward calls (accumulate_grad sums their "
+          "grad_weight)"));
+    }
     // Accumulated or answered, grad_weight is made whole first: bounded as an
     // answer is.
     MX_RETURN_IF_ERROR(CheckOutputSize(core, grad_output.cols, spec.in_features,

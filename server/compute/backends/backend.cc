@@ -13,6 +13,8 @@ absl::Status CheckKernelFormat(mx::Format format, absl::string_view backend) {
       "torch emulator compute it exactly (fpga/README.md)"));
 }
 
+int64_t FpgaMaxK() { return mxhls::kMaxK; }
+
 absl::Status CheckWeightFits(const mx::QuantizedMatrix& w) {
   if (absl::Status s = CheckKernelFormat(w.format, "hls-sim or fpga"); !s.ok()) return s;
   return fpga::CheckKernelShapes(/*m=*/1, w.rows, w.cols, w.cols, /*bias_size=*/0,

@@ -63,6 +63,11 @@ class Backend {
   // where nothing is measured. The daemon charges it to the "fpga" energy
   // source for the time each request keeps the device busy.
   virtual std::optional<double> BoardPowerWatts() const { return std::nullopt; }
+  // The longest K (the summed dimension) one GEMM of this backend takes;
+  // nullopt: no limit. Requests are checked against it when they are prepared,
+  // where their own fields can be named: a backward pass's grad_weight sums over
+  // its M rows.
+  virtual std::optional<int64_t> MaxK() const { return std::nullopt; }
   // Whether the FPGA model's joules of a served request are booked (ledger and
   // mxserve_energy_joules_total, source fpga_model). False where no GEMM runs
   // (null): the estimate still goes back in ExecutionInfo, but it is not energy
@@ -108,6 +113,8 @@ absl::Status CheckWeightFits(const mx::QuantizedMatrix& w);
 // copies outside any request): OK when the kernel has a datapath for `format`,
 // else UNIMPLEMENTED naming the format and the backends that serve it (LO_BCQ).
 absl::Status CheckKernelFormat(mx::Format format, absl::string_view backend);
+// For the FPGA backends' MaxK: the columns of the kernel's on-chip W tile.
+int64_t FpgaMaxK();
 
 // The prepared weight `backend` made, as its own type; INTERNAL if another
 // backend made it (a daemon wiring error, never a client's).

@@ -28,6 +28,7 @@ class HlsSimBackend final : public Backend {
   absl::Status Serves(mx::Format format) const override {
     return CheckKernelFormat(format, name());
   }
+  std::optional<int64_t> MaxK() const override { return FpgaMaxK(); }
 
   absl::StatusOr<std::shared_ptr<const PreparedWeight>> PrepareWeight(
       mx::QuantizedMatrix w) override {
