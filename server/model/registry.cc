@@ -629,15 +629,6 @@ absl::StatusOr<ModelSummary> Registry::Describe(absl::string_view model_name) co
   return Summarize(**model);
 }
 
-std::vector<ModelSummary> Registry::List() const {
-  std::vector<ModelSummary> out;
-  List("", [&](const ModelSummary& summary) {
-    out.push_back(summary);
-    return true;
-  });
-  return out;
-}
-
 void Registry::List(absl::string_view after,
                     const std::function<bool(const ModelSummary&)>& take) const {
   MutexLock lock(&mu_);

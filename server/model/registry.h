@@ -323,7 +323,6 @@ class Registry {
                                                     const OptimizerStep& step,
                                                     mx::kernels::ThreadPool* pool = nullptr);
   absl::StatusOr<ModelSummary> Describe(absl::string_view model) const;
-  std::vector<ModelSummary> List() const;
   // The models whose names sort after `after` ("": all), in name order, to
   // `take` until it returns false. `take` runs under the registry's lock.
   void List(absl::string_view after,

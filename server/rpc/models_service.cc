@@ -536,28 +536,26 @@ grpc::ServerUnaryReactor* ModelsService::ListModels(grpc::CallbackServerContext*
         const uint64_t budget = static_cast<uint64_t>(
             std::max<int64_t>(core_.max_message_bytes - static_cast<int64_t>(kEnvelopeBytes), 0));
         uint64_t bytes = 0;
-        bool more = false;
+        // A model left for the next page: the token is the last one on this page
+        // (every page has one, so the stop never comes on an empty page).
+        const auto next_page = [&] {
+          out->set_next_page_token(out->models(out->models_size() - 1).name());
+          return false;
+        };
         core_.registry->List(r.page_token(), [&](const ModelSummary& s) {
           // Unsigned: a page_size past 2^31 read as negative stopped before any
           // model and then named models(-1) the next token.
           if (r.page_size() > 0 && static_cast<uint32_t>(out->models_size()) >= r.page_size()) {
-            more = true;
-            return false;
+            return next_page();
           }
           v1::ModelInfo info;
           FillModelInfo(s, &info);
           const uint64_t size = info.ByteSizeLong() + 16;  // its tag and length
-          if (out->models_size() > 0 && bytes + size > budget) {
-            more = true;
-            return false;
-          }
+          if (out->models_size() > 0 && bytes + size > budget) return next_page();
           bytes += size;
           out->add_models()->Swap(&info);
           return true;
         });
-        if (more && out->models_size() > 0) {
-          out->set_next_page_token(out->models(out->models_size() - 1).name());
-        }
         return absl::OkStatus();
       });
 }
