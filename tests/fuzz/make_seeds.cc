@@ -189,6 +189,9 @@ void RpcSeeds() {
         std::vector<float>(w.begin() + i * w.size() / 2, w.begin() + (i + 1) * w.size() / 2)));
   }
   chunks[1].set_publish(true);
+  // The first chunk says the tensor's shape (WeightChunk.shape), as the clients' do.
+  chunks[0].add_shape(head.out);
+  chunks[0].add_shape(head.in);
   Rpc("upload", "/mxserve.v1.Models/UploadWeights", {&chunks[0], &chunks[1]});
 
   v1::LoadSafetensorsRequest load;
@@ -201,6 +204,10 @@ void RpcSeeds() {
   Rpc("publish", "/mxserve.v1.Models/PublishVersion", {&publish});
   v1::ListModelsRequest list;
   Rpc("list", "/mxserve.v1.Models/ListModels", {&list});
+  v1::ListModelsRequest page;  // a page of one, after a name
+  page.set_page_size(1);
+  page.set_page_token("a");
+  Rpc("list_page", "/mxserve.v1.Models/ListModels", {&page});
   v1::DescribeModelRequest describe;
   describe.set_name(kSeedModel);
   Rpc("describe", "/mxserve.v1.Models/DescribeModel", {&describe});
