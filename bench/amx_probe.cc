@@ -10,7 +10,9 @@
 //   panels of W, K = 896: 14 steps of 2 + 2 TILELOADD and 4 TDPBSUD, C stored —
 //   with X's rows read at their stride (896 B) from a 256-row group (L2), and
 //   then without the per-call LDTILECFG/TILERELEASE, with X first copied into
-//   a contiguous block (stride 64), and from such a block without the copy:
+//   a contiguous block (stride 64), from such a block without the copy, and
+//   in the driver's order (8 calls a pair of W's panels, 152 pairs: W from L3)
+//   with X at its stride or laid out per call, with and without an epilogue:
 //   the fifth session's INT8 2×2 kernel took about 6 µs a call where its 56
 //   products take 0.7, and these say which part of a call costs it
 // Needs AMX-TILE/INT8/BF16 and the kernel's permission (mx::kernels::CpuSupports);
@@ -83,13 +85,22 @@ alignas(64) uint8_t g_x[kGroupRows][kK];
 alignas(64) uint8_t g_w[2][kK / 4][64];
 alignas(64) int32_t g_out[4][16][16];
 alignas(64) uint8_t g_staged[kSteps64][2][16][64];
+// W at the bench layer's width: 152 pairs of panels, [pair][panel][K / 4][64].
+constexpr int64_t kWidePairs = 4864 / 32;
+alignas(64) uint8_t g_wide_w[kWidePairs * 2 * kK * 16];
+// The group's X laid out per call as its tiles read it, and y for its outputs.
+alignas(64) uint8_t g_x_tiled[kGroupRows / kCallRows][kSteps64][2][16][64];
+alignas(64) float g_y[kGroupRows][4864];
 
 // One call at rows row0 .. row0 + 31: C0..C3 = X's two row tiles × W's two
-// panels over K, X read from `x` (evaluated once) at `x_stride` bytes a row and
+// panels over K (`w`, evaluated once: two panels of [K / 4][64] bytes, one after
+// the other), X read from `x` (evaluated once) at `x_stride` bytes a row and
 // `x_step` bytes a K step, C stored. The caller configures the tiles.
-#define MX_CALL_PRODUCTS(x, x_stride, x_step)                                 \
+#define MX_CALL_PRODUCTS(x, x_stride, x_step) MX_CALL_PRODUCTS_W(x, x_stride, x_step, &g_w[0][0][0])
+#define MX_CALL_PRODUCTS_W(x, x_stride, x_step, w)                            \
   do {                                                                        \
     const uint8_t* const x_call = (x);                                        \
+    const uint8_t* const w_call = (w);                                        \
     _tile_zero(0);                                                            \
     _tile_zero(1);                                                            \
     _tile_zero(2);                                                            \
@@ -97,8 +108,8 @@ alignas(64) uint8_t g_staged[kSteps64][2][16][64];
     for (int s = 0; s < kSteps64; ++s) {                                      \
       _tile_loadd(4, x_call + s * (x_step), x_stride);                        \
       _tile_loadd(5, x_call + 16 * (x_stride) + s * (x_step), x_stride);      \
-      _tile_loadd(6, g_w[0][16 * s], 64);                                     \
-      _tile_loadd(7, g_w[1][16 * s], 64);                                     \
+      _tile_loadd(6, w_call + 1024 * s, 64);                                  \
+      _tile_loadd(7, w_call + kK * 16 + 1024 * s, 64);                        \
       MX_FOUR_PRODUCTS(_tile_dpbsud);                                         \
     }                                                                         \
     _tile_stored(0, g_out[0], 64);                                            \
@@ -106,6 +117,22 @@ alignas(64) uint8_t g_staged[kSteps64][2][16][64];
     _tile_stored(2, g_out[2], 64);                                            \
     _tile_stored(3, g_out[3], 64);                                            \
   } while (false)
+
+// An INT8-like epilogue of call `c` in the driver's order: its four C tiles
+// (stored in g_out) converted, scaled and stored into y's 32 × 32 outputs.
+__attribute__((target("avx512f"))) void Epilogue(int64_t c) {
+  const int64_t row0 = c % (kGroupRows / kCallRows) * kCallRows;
+  const int64_t col0 = c / (kGroupRows / kCallRows) % kWidePairs * 32;
+  const __m512 scale = _mm512_set1_ps(0.5f), bias = _mm512_set1_ps(1.0f);
+  for (int t = 0; t < 2; ++t) {
+    for (int j = 0; j < 2; ++j) {
+      for (int r = 0; r < 16; ++r) {
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512(g_out[2 * t + j][r]));
+        _mm512_storeu_ps(&g_y[row0 + 16 * t + r][col0 + 16 * j], _mm512_fmadd_ps(v, scale, bias));
+      }
+    }
+  }
+}
 
 __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
   constexpr int64_t kSteps = 2'000'000;
@@ -153,6 +180,8 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
   for (int r = 0; r < kGroupRows; ++r) {
     for (int k = 0; k < kK; ++k) g_x[r][k] = static_cast<uint8_t>(r * 7 + k);
   }
+  // Written, so that W's pages are its own and not the kernel's one zero page.
+  for (int64_t i = 0; i < kWidePairs * 2 * kK * 16; ++i) g_wide_w[i] = static_cast<uint8_t>(i * 13);
   // X's rows and the staged block as byte ranges of their whole arrays.
   const uint8_t* const x_group = reinterpret_cast<const uint8_t*>(g_x);
   const uint8_t* const staged = reinterpret_cast<const uint8_t*>(g_staged);
@@ -183,6 +212,46 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f"))) void Run() {
   Report("call: X copied into a contiguous block first, then loaded", ns, kCallFlops);
   MX_PROBE(ns, kCallDivide, { MX_CALL_PRODUCTS(staged, 64, 2 * 16 * 64); });
   Report("call: X from a contiguous block (no copy)", ns, kCallFlops);
+  // The driver's order: a task takes one pair of panels through the group's 8
+  // calls, and the next task the next pair of W's 152 (4864 columns, 4.4 MB:
+  // L3, or memory), so each pair's first call reads it from there. X either at
+  // its stride or laid out per call as the tiles read it ([call][K step][row
+  // tile][16][64], the group's 224 KB from L2 as well), each with or without an
+  // INT8-like epilogue (C stored, converted, scaled and stored into y's 32 × 32
+  // outputs of the call, y being 256 × 4864 floats). Three rounds, interleaved,
+  // because these VMs move 2× between minutes.
+  for (int64_t i = 0; i < static_cast<int64_t>(sizeof g_x_tiled); ++i) {
+    reinterpret_cast<uint8_t*>(g_x_tiled)[i] = static_cast<uint8_t>(i * 7);
+  }
+  const auto pair_of = [&](int64_t c) {
+    return g_wide_w + c / (kGroupRows / kCallRows) % kWidePairs * 2 * kK * 16;
+  };
+  const auto tiled_of = [&](int64_t c) {
+    return &g_x_tiled[c % (kGroupRows / kCallRows)][0][0][0][0];
+  };
+  for (int round = 1; round <= 3; ++round) {
+    std::printf("round %d\n", round);
+    MX_PROBE(ns, kCallDivide, {
+      MX_CALL_PRODUCTS_W(rows_of(call), kK, 64, pair_of(call));
+      ++call;
+    });
+    Report("call: driver's order, W from L3, X at its stride", ns, kCallFlops);
+    MX_PROBE(ns, kCallDivide, {
+      MX_CALL_PRODUCTS_W(tiled_of(call), 64, 2 * 16 * 64, pair_of(call));
+      ++call;
+    });
+    Report("call: driver's order, W from L3, X laid out per call", ns, kCallFlops);
+    MX_PROBE(ns, kCallDivide, {
+      MX_CALL_PRODUCTS_W(rows_of(call), kK, 64, pair_of(call));
+      Epilogue(call++);
+    });
+    Report("call: ... X at its stride, + epilogue into y", ns, kCallFlops);
+    MX_PROBE(ns, kCallDivide, {
+      MX_CALL_PRODUCTS_W(tiled_of(call), 64, 2 * 16 * 64, pair_of(call));
+      Epilogue(call++);
+    });
+    Report("call: ... X laid out per call, + epilogue into y", ns, kCallFlops);
+  }
   _tile_release();
   _mm512_store_si512(g_c[1], _mm512_load_si512(g_out[call % 4][0]));  // keeps the stores
 }

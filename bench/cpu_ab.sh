@@ -7,10 +7,11 @@
 # and of the time. Binaries run with the loader and libraries of a cpu-bundle
 # (make cpu-bundle), so the machine needs none of Debian's packages.
 #
-#   bench/cpu_ab.sh BUNDLE.tar.xz OUT ROUNDS FILTER LABEL=BINARY@ISA...
+#   bench/cpu_ab.sh BUNDLE.tar.xz OUT ROUNDS FILTER LABEL=BINARY@ISA[+VAR=VALUE...]...
 #
 # BINARY: a path, or a name inside the bundle (mx_bench). FILTER: mx_bench's
-# --benchmark_filter; it must take onednn_bf16 at the same shapes.
+# --benchmark_filter; it must take onednn_bf16 at the same shapes. Each
+# +VAR=VALUE is set in that variant's environment only (a binary's own knob).
 # MX_BENCH_ARGS: more arguments for every binary (e.g. --threads=16).
 set -uo pipefail
 [ $# -ge 5 ] || { sed -n 2,14p "$0" >&2; exit 2; }
@@ -22,12 +23,15 @@ unpack_cpu_bundle "$bundle" cpu_ab
 for round in $(seq 1 "$rounds"); do
   for variant in "$@"; do
     label=${variant%%=*} rest=${variant#*=}
-    binary=${rest%@*} isa=${rest##*@}
+    binary=${rest%@*} isa_env=${rest##*@}
+    isa=${isa_env%%+*} env=()
+    [ "$isa" = "$isa_env" ] || IFS=+ read -ra env <<<"${isa_env#*+}"
     [ -e "$binary" ] || binary=$b/$binary
-    echo "round $round: $label ($binary at $isa)" >&2
-    MX_ISA=$isa run_bundled "$binary" \
-      --benchmark_filter="$filter" --benchmark_format=json ${MX_BENCH_ARGS:-} \
-      >"$out/ab_${label}_$round.json" 2>/dev/null || echo "cpu_ab: $label failed" >&2
+    echo "round $round: $label ($binary at $isa${env[*]:+, ${env[*]}})" >&2
+    (export MX_ISA="$isa" "${env[@]}"
+     run_bundled "$binary" \
+       --benchmark_filter="$filter" --benchmark_format=json ${MX_BENCH_ARGS:-} \
+       >"$out/ab_${label}_$round.json" 2>/dev/null) || echo "cpu_ab: $label failed" >&2
   done
 done
 python3 - "$out" "$rounds" "$@" <<'PY'
