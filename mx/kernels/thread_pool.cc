@@ -58,6 +58,9 @@ void ThreadPool::RunTasks() {
   }
 }
 
+// joined_'s flag: the caller ran out of tasks and counted who joined.
+constexpr uint64_t kClosed = uint64_t{1} << 63;
+
 void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   const auto called = [&] {
@@ -66,14 +69,22 @@ void ThreadPool::WorkerLoop() {
   };
   for (;;) {
     if (!SpinUntil(called)) {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, called);
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, called);
+      }
+      if (const int64_t us = wake_delay_us_.load(std::memory_order_relaxed); us > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(us));
+      }
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
+    // Join the call, or the newer one that reset joined_ since (its fn_ and
+    // tasks_ are published before that reset), unless it has closed.
+    if (joined_.fetch_add(1, std::memory_order_seq_cst) & kClosed) continue;
     RunTasks();
-    if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 ==
-        static_cast<int>(workers_.size())) {
+    const int64_t done = finished_.fetch_add(1, std::memory_order_seq_cst) + 1;
+    if (done == awaited_.load(std::memory_order_seq_cst)) {
       // Under mu_ once, so a caller between its check and its sleep hears it.
       { std::lock_guard<std::mutex> lock(mu_); }
       done_.notify_all();
@@ -93,15 +104,19 @@ void ThreadPool::ParallelFor(int64_t tasks, absl::FunctionRef<void(int64_t)> fn)
     tasks_ = tasks;
     next_.store(0, std::memory_order_relaxed);
     finished_.store(0, std::memory_order_relaxed);
+    awaited_.store(-1, std::memory_order_relaxed);
+    joined_.store(0, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   RunTasks();
-  // Every worker checks in once per generation, even one that wakes after the
-  // tasks ran out, so none is still reading fn_ when the next call replaces it.
-  const auto all_in = [&] {
-    return finished_.load(std::memory_order_acquire) == static_cast<int>(workers_.size());
-  };
+  // Every task is claimed. Close the call: the workers that joined before this
+  // are the ones that may still run a task or read fn_, and the only ones
+  // waited for; a worker still waking up finds the call closed and leaves it.
+  const int64_t joined =
+      static_cast<int64_t>(joined_.fetch_or(kClosed, std::memory_order_seq_cst) & ~kClosed);
+  awaited_.store(joined, std::memory_order_seq_cst);
+  const auto all_in = [&] { return finished_.load(std::memory_order_seq_cst) == joined; };
   if (!SpinUntil(all_in)) {
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, all_in);

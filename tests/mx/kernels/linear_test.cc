@@ -712,5 +712,39 @@ TEST(ThreadPoolTest, WorkersWakeAfterSleepingTakePartAndStopWhileSpinning) {
   }
 }
 
+// A call waits for the workers that joined it, never for one still waking up:
+// with every worker's wake-up held for 1 s (SetWakeDelayForTesting), a call on
+// a sleeping pool runs its tasks on the caller and returns long before that.
+// The late workers then join later calls; every call still runs each of its
+// tasks exactly once, which is what a worker that joined the wrong call, or
+// read a finished call's tasks, would break.
+TEST(ThreadPoolTest, ACallDoesNotWaitForWorkersStillWakingUp) {
+  ThreadPool pool(4);
+  pool.SetWakeDelayForTesting(std::chrono::seconds(1));
+  pool.ParallelFor(8, [](int64_t) {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin: asleep
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<int> runs{0};
+  pool.ParallelFor(8, [&](int64_t) { runs.fetch_add(1); });
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(runs.load(), 8);
+  EXPECT_LT(waited, std::chrono::milliseconds(500)) << "the call waited for a sleeping worker";
+
+  // Calls while the late workers wake (after about 1 s) and join.
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  for (int call = 0; std::chrono::steady_clock::now() < until; ++call) {
+    std::vector<std::atomic<int>> hits(64);
+    pool.ParallelFor(64, [&](int64_t i) {
+      hits[i].fetch_add(1);
+      std::lock_guard<std::mutex> lock(mu);
+      threads.insert(std::this_thread::get_id());
+    });
+    for (const auto& h : hits) ASSERT_EQ(h.load(), 1) << "call " << call;
+  }
+  EXPECT_GE(threads.size(), 2u) << "the workers never joined once awake";
+}
+
 }  // namespace
 }  // namespace mx::kernels
