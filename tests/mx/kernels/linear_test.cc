@@ -730,13 +730,15 @@ TEST(ThreadPoolTest, ACallDoesNotWaitForWorkersStillWakingUp) {
   EXPECT_EQ(runs.load(), 8);
   EXPECT_LT(waited, std::chrono::milliseconds(500)) << "the call waited for a sleeping worker";
 
-  // Calls while the late workers wake (after about 1 s) and join.
+  // Calls back to back while the late workers wake (after about 1 s) and join:
+  // tasks of 100 µs, so that a worker spinning between calls finds some left.
   std::mutex mu;
   std::set<std::thread::id> threads;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
-  for (int call = 0; std::chrono::steady_clock::now() < until; ++call) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int call = 0; threads.size() < 2 && std::chrono::steady_clock::now() < until; ++call) {
     std::vector<std::atomic<int>> hits(64);
     pool.ParallelFor(64, [&](int64_t i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
       hits[i].fetch_add(1);
       std::lock_guard<std::mutex> lock(mu);
       threads.insert(std::this_thread::get_id());
