@@ -15,7 +15,11 @@ interval of the replicates. Resampling seeds as well as prompts is what makes th
 interval honest about training noise: a configuration that won 80 % on one seed
 and 20 % on another is not known to within a few points, however many prompts
 each seed saw. With S = 1 the seed draw is trivial and this is the ordinary
-prompt bootstrap. Caveat: with S ≤ 5 the seed level is coarse. A two-seed
+prompt bootstrap. Where every cell is the same (all wins, or a few tied
+prompts) the bootstrap has nothing to resample and gives a zero-width interval;
+statistics of bounded cells (win outcomes) then take the exact binomial floor
+for that many cells instead (mean_interval's `bounds`), so two tied prompts are
+`unresolved`, not a pass. Caveat: with S ≤ 5 the seed level is coarse. A two-seed
 bootstrap has three distinct seed draws, and the bootstrap variance of a mean of
 S seeds is (S − 1)/S of the usual unbiased estimate (half of it for two seeds),
 so the between-seed part of the interval is somewhat narrow; read intervals with
@@ -229,20 +233,57 @@ def _percentile(estimate: float, replicates: np.ndarray, level: float, shape) ->
     return Interval(float(estimate), low, high, level, int(shape[0]), int(shape[1]))
 
 
+def _check_bounds(bounds: Optional[Tuple[float, float]], name: str) -> None:
+    if bounds is None:
+        return
+    if (len(bounds) != 2 or not all(math.isfinite(b) for b in bounds)
+            or not bounds[0] < bounds[1]):
+        raise ValueError(f"{name}: bounds must be (low, high) with finite low < high, "
+                         f"got {bounds!r}")
+
+
+def _no_variation_floor(interval: Interval, x: np.ndarray,
+                        bounds: Optional[Tuple[float, float]]) -> Interval:
+    """`interval` widened where every cell of x is the same value v and the cells
+    can only lie within `bounds`: a percentile bootstrap then gives [v, v] however
+    few the cells, and a verdict would be firm from, say, two tied prompts. Seeing
+    no cell differ from v in n = S·P cells, the share of cells that could differ
+    is, at the interval's two-sided level, at most q = 1 − (α/2)^(1/n) (the exact
+    Clopper–Pearson bound for zero events; about 3.7/n at 95 %); those cells could
+    lie anywhere within the bounds, so the mean lies in [v − q·(v − low),
+    v + q·(high − v)]. For n = 150 wins that is [0.976, 1]; for two ties,
+    [0.079, 0.921]. n counts cells as if independent, which seeds are not, so the
+    floor is a lower bound on the width an honest interval has."""
+    if bounds is None or x.size == 0 or not np.all(x == x.flat[0]):
+        return interval
+    v = float(x.flat[0])
+    q = 1.0 - ((1.0 - interval.level) / 2.0) ** (1.0 / x.size)
+    return dataclasses.replace(interval, low=min(interval.low, v - q * (v - bounds[0])),
+                               high=max(interval.high, v + q * (bounds[1] - v)))
+
+
 def mean_interval(values: ArrayLike, *, level: float = DEFAULT_LEVEL,
                   resamples: int = DEFAULT_RESAMPLES,
-                  seed: Union[int, np.random.Generator, None] = 0) -> Interval:
+                  seed: Union[int, np.random.Generator, None] = 0,
+                  bounds: Optional[Tuple[float, float]] = None) -> Interval:
     """The mean over all seeds and prompts of values[S, P] (e.g. the judge's
     held-out reward, or KL(π_q ‖ π_FP16) per response) with its hierarchical
-    bootstrap interval. The estimate is the plain mean of the observed cells."""
+    bootstrap interval. The estimate is the plain mean of the observed cells.
+
+    `bounds` = (low, high), the range every cell can take (win outcomes: (0, 1)):
+    where all cells are equal, the interval is widened to what that many equal
+    cells can rule out (_no_variation_floor) instead of the bootstrap's zero
+    width. Without bounds (rewards, KL) no floor applies."""
+    _check_bounds(bounds, "mean_interval")
     x = _cells(values, "mean_interval")
     replicates = bootstrap_means(x, resamples=resamples, seed=seed)[:, 0]
-    return _percentile(x.mean(), replicates, level, x.shape)
+    return _no_variation_floor(_percentile(x.mean(), replicates, level, x.shape), x, bounds)
 
 
 def paired_difference(a: ArrayLike, b: Union[ArrayLike, float], *, level: float = DEFAULT_LEVEL,
                       resamples: int = DEFAULT_RESAMPLES,
-                      seed: Union[int, np.random.Generator, None] = 0) -> Interval:
+                      seed: Union[int, np.random.Generator, None] = 0,
+                      bounds: Optional[Tuple[float, float]] = None) -> Interval:
     """mean(a − b) over paired cells with its hierarchical bootstrap interval.
 
     a and b are [S, P] arrays with the same seed in the same row and the same
@@ -252,13 +293,14 @@ def paired_difference(a: ArrayLike, b: Union[ArrayLike, float], *, level: float 
     configurations). Resampling the differences resamples both sides with the same
     draws, which is what pairing means: shared prompt difficulty and shared seed
     luck cancel. b may be a scalar: paired_difference(outcomes, 0.5) is the win
-    rate's distance from a tie."""
+    rate's distance from a tie. `bounds`: the range of a − b, as in mean_interval
+    (two win outcomes differ by at most 1: (−1, 1))."""
     x = _cells(a, "paired_difference")
     y = np.broadcast_to(np.asarray(b, dtype=np.float64), x.shape) if np.ndim(b) == 0 \
         else _cells(b, "paired_difference")
     if y.shape != x.shape:
         raise ValueError(f"paired_difference: shapes differ: {x.shape} and {y.shape}")
-    return mean_interval(x - y, level=level, resamples=resamples, seed=seed)
+    return mean_interval(x - y, level=level, resamples=resamples, seed=seed, bounds=bounds)
 
 
 # --- win rate ----------------------------------------------------------------------------
@@ -328,7 +370,7 @@ def win_rate_from_outcomes(outcomes: ArrayLike, swapped_outcomes: Optional[Array
             raise ValueError("win_rate: outcomes must lie in [0, 1]")
         judged.append(second)
     cell = sum(judged) / len(judged)
-    interval = mean_interval(cell, level=level, resamples=resamples, seed=seed)
+    interval = mean_interval(cell, level=level, resamples=resamples, seed=seed, bounds=(0.0, 1.0))
     every = np.concatenate([j.ravel() for j in judged])
     disagreements = int((judged[0] != judged[1]).sum()) if len(judged) == 2 else 0
     return WinRate(interval, wins=int((every > 0.5).sum()), ties=int((every == 0.5).sum()),

@@ -45,7 +45,11 @@ def test_pairs_each_seed_with_its_own_baseline_and_adds_the_noise_floor():
     same1 = run("copy", 1, [s + 1000 for s in BASE], kls=[0.5] * P)
     rows = by_name(report.summarize([base0, base1, same0, same1], "FP16"))
     copy = rows["copy"]
-    assert copy["win_rate"] == 0.5 and copy["win_rate_lo"] == 0.5 and copy["win_rate_hi"] == 0.5
+    # 400 ties and nothing else: 0.5, within what 400 identical cells can rule out
+    # (stats: the Clopper–Pearson floor, q = 1 − 0.025^(1/400)).
+    q = 1 - 0.025 ** (1 / (2 * P))
+    assert copy["win_rate"] == 0.5
+    assert (copy["win_rate_lo"], copy["win_rate_hi"]) == pytest.approx((0.5 - q / 2, 0.5 + q / 2))
     assert (copy["wins"], copy["ties"], copy["losses"]) == (0, 2 * P, 0)
     assert copy["kl_vs_fp16"] == pytest.approx(0.5) and copy["kl_vs_fp16_lo"] == pytest.approx(0.5)
     assert copy["reward_spearman"] == pytest.approx(1.0)
@@ -57,6 +61,10 @@ def test_pairs_each_seed_with_its_own_baseline_and_adds_the_noise_floor():
     assert [r["configuration"] for r in report.summarize([base0, base1, same0, same1], "FP16")] \
         == ["FP16", report.NOISE_FLOOR, "copy"]
     assert rows["FP16"]["kl_vs_fp16"] == 0.0
+    # The baseline against itself is a tie by identity: no floor around it.
+    fp16 = rows["FP16"]
+    assert fp16["win_rate"] == fp16["win_rate_lo"] == fp16["win_rate_hi"] == 0.5
+    assert fp16["win_rate_drop_pp_lo"] == fp16["win_rate_drop_pp_hi"] == 0.0
 
 
 def test_a_win_rate_interval_has_the_binomial_width():
@@ -112,6 +120,21 @@ def test_minimum_energy_criterion_uses_the_range():
     assert minimum.status == "unresolved" and "range 0.5 to 3.0 %" in minimum.statement
     checks = report.criteria(_d_rows(0.46, 0.52, 1.5, 3.0))
     assert next(c for c in checks if c.level == "minimum").status == "met"
+
+
+def test_a_sample_without_variation_is_unresolved_however_it_ties():
+    # One seed, two prompts, every response tied with the baseline's: the bootstrap
+    # alone said "drop +0.0 pp [+0.0, +0.0]: met" and "PPO learned: not met".
+    base = run("FP16", 0, [1.0, 2.0])
+    tied = run("MX-D", 0, [1.0, 2.0], joules=(0.5, 0.5, 0.5))
+    untrained = run(report.UNTRAINED, 0, [1.0, 2.0], kind="untrained")
+    rows = report.summarize([base, tied, untrained], "FP16")
+    d = by_name(rows)["MX-D"]
+    assert d["win_rate"] == 0.5 and d["win_rate_lo"] < 0.1 and d["win_rate_hi"] > 0.9
+    learned = next(c for c in report.criteria(rows) if "PPO learned" in c.statement)
+    assert learned.status == "unresolved"
+    stretch = next(c for c in report.criteria(rows) if "policy D" in c.statement)
+    assert stretch.status == "unresolved", stretch
 
 
 def test_adaptive_beats_uniform_is_corrected_for_the_number_tried():

@@ -41,15 +41,60 @@ def test_the_98_over_root_n_rule():
 # --- win rate -------------------------------------------------------------------------------
 
 
-def test_all_wins_give_one_and_a_degenerate_interval():
+def test_all_wins_give_one_and_the_exact_binomial_floor():
+    # Every bootstrap replicate of 150 wins is 1.0; what 150 wins rule out is a
+    # loss rate above 1 − 0.025^(1/150) (Clopper–Pearson, zero events, 95 %).
     config = np.full((3, 50), 2.0)
     baseline = np.zeros((3, 50))
     w = stats.win_rate(config, baseline, resamples=500)
     assert w.estimate == 1.0
-    assert (w.interval.low, w.interval.high) == (1.0, 1.0)
+    assert w.interval.low == pytest.approx(0.025 ** (1 / 150), abs=1e-12)
+    assert w.interval.low == pytest.approx(0.975707, abs=1e-6)
+    assert w.interval.high == 1.0
     assert (w.wins, w.ties, w.losses) == (150, 0, 0)
     assert (w.interval.n_seeds, w.interval.n_prompts) == (3, 50)
     assert w.drop_points.estimate == -50.0
+    assert stats.verdict(w.interval, 0.45, "above").status == "met"
+
+
+def test_a_few_identical_cells_are_unresolved_not_a_verdict():
+    # One seed, two tied prompts: the bootstrap says [0.5, 0.5]; two cells can
+    # rule out only a share of differing cells above q = 1 − √0.025.
+    w = stats.win_rate([[1.0, 2.0]], [[1.0, 2.0]], resamples=200)
+    q = 1 - 0.025 ** 0.5
+    assert (w.interval.low, w.interval.high) == pytest.approx((0.5 - q / 2, 0.5 + q / 2))
+    assert w.interval.low == pytest.approx(0.079057, abs=1e-6)
+    drop = w.drop_points
+    assert stats.verdict(drop, 5.0, "below").status == "unresolved"
+    assert stats.verdict(w.interval, 0.5, "below").status == "unresolved"
+    # Ten losses: the win rate is at most 1 − 0.025^(1/10).
+    losses = stats.win_rate_from_outcomes(np.zeros((1, 10)), resamples=200)
+    assert losses.interval.low == 0.0
+    assert losses.interval.high == pytest.approx(1 - 0.025 ** 0.1, abs=1e-12)
+    assert losses.interval.high == pytest.approx(0.308497, abs=1e-6)
+    # At another level the floor follows it (99 %: α/2 = 0.005).
+    at99 = stats.win_rate_from_outcomes(np.ones((2, 5)), level=0.99, resamples=200)
+    assert at99.interval.low == pytest.approx(0.005 ** 0.1, abs=1e-12)
+
+
+def test_the_floor_is_for_bounded_identical_cells_only():
+    rng = np.random.default_rng(3)
+    varied = rng.integers(0, 2, size=(2, 40)).astype(float)
+    floored = stats.mean_interval(varied, resamples=300, bounds=(0.0, 1.0))
+    plain = stats.mean_interval(varied, resamples=300)
+    assert floored == plain  # cells that vary keep the bootstrap's interval
+    constant = np.full((1, 4), 7.5)  # a reward: no bounds, no floor
+    assert (stats.mean_interval(constant, resamples=100).low,
+            stats.mean_interval(constant, resamples=100).high) == (7.5, 7.5)
+    # Paired outcome differences lie in [−1, 1]: four equal differences of 0.
+    d = stats.paired_difference(np.ones((1, 4)), np.ones((1, 4)), resamples=100,
+                                bounds=(-1.0, 1.0))
+    q = 1 - 0.025 ** 0.25
+    assert (d.low, d.high) == pytest.approx((-q, q))
+    assert stats.verdict(d, 0.0, "above").status == "unresolved"
+    for bad in [(1.0, 0.0), (0.0, float("inf")), (0.0,), (0.5, 0.5)]:
+        with pytest.raises(ValueError, match="bounds must be"):
+            stats.mean_interval(varied, resamples=10, bounds=bad)
 
 
 def test_ties_count_half():
@@ -100,7 +145,9 @@ def test_position_swapped_judging_averages_the_two_orders():
     assert w.estimate == 0.5
     assert (w.wins, w.ties, w.losses) == (20, 0, 20)
     assert w.order_disagreements == 20
-    assert (w.interval.low, w.interval.high) == (0.5, 0.5)
+    # Twenty ties and nothing else: the floor for twenty identical cells.
+    q = 1 - 0.025 ** (1 / 20)
+    assert (w.interval.low, w.interval.high) == pytest.approx((0.5 - q / 2, 0.5 + q / 2))
     # From scores: (config, baseline) in each order.
     w2 = stats.win_rate([[3.0, 1.0]], [[1.0, 1.0]], swapped=([[3.0, 2.0]], [[1.0, 1.0]]),
                         resamples=100)
