@@ -76,14 +76,31 @@ def _check_timeout(timeout: Any) -> Optional[float]:
     return float(timeout)
 
 
-def _layer_spec(layer: Any) -> LayerSpec:
+_LAYER_FORMS = "a LayerSpec, (name, out_features, in_features[, bias]) or a dict of those"
+
+
+def _layer_spec(layer: Any, where: str = "layer") -> LayerSpec:
     if isinstance(layer, LayerSpec):
         return layer
-    if isinstance(layer, Mapping):
-        return LayerSpec(layer["name"], int(layer["out_features"]), int(layer["in_features"]),
-                         bool(layer.get("bias", False)))
-    name, out_features, in_features, *rest = layer
-    return LayerSpec(name, int(out_features), int(in_features), bool(rest[0]) if rest else False)
+    try:
+        if isinstance(layer, Mapping):
+            return LayerSpec(layer["name"], int(layer["out_features"]),
+                             int(layer["in_features"]), bool(layer.get("bias", False)))
+        if not isinstance(layer, (str, bytes)) and len(layer) in (3, 4):
+            name, out_features, in_features, *rest = layer
+            return LayerSpec(name, int(out_features), int(in_features),
+                             bool(rest[0]) if rest else False)
+    except (KeyError, TypeError, ValueError):
+        pass
+    raise ValueError(f"{where}: expected {_LAYER_FORMS}, got {layer!r}")
+
+
+def _layer_specs(layers: Any) -> List[LayerSpec]:
+    """register_model's `layers`: an iterable of layer forms, not one name or one
+    dict (whose iteration would give characters or keys)."""
+    if isinstance(layers, (str, bytes, Mapping)) or not isinstance(layers, Iterable):
+        raise ValueError(f"layers: expected a list of {_LAYER_FORMS}, got {layers!r}")
+    return [_layer_spec(layer, f"layers[{i}]") for i, layer in enumerate(layers)]
 
 
 # The generate_policy arguments each kind (GenerationKind's names) takes, of those
@@ -516,7 +533,7 @@ class Client:
         """Declares a model's linear layers: LayerSpec, (name, out, in[, bias]) or dicts.
         `lease_seconds` (1 to 30 days; 0: none): the daemon deletes the model once no
         call has named it for that long, so a crashed trainer leaves nothing behind."""
-        specs = [_layer_spec(layer) for layer in layers]
+        specs = _layer_specs(layers)
         request = models_pb2.RegisterModelRequest(name=name, policy=policy or "",
                                                   lease_seconds=lease_seconds, layers=[
             models_pb2.LayerSpec(name=s.name, out_features=s.out_features,
@@ -535,7 +552,14 @@ class Client:
         ("previous": the copies requests used of the previous version, the default;
         "none"; or a list of formats) before it answers, or after with
         `warm_in_background`. Chunks are cut to fit the client's max_message_bytes."""
-        chunk_bytes = max(1, min(chunk_bytes, self.max_message_bytes - ENVELOPE_BYTES))
+        if not isinstance(weights, Mapping):
+            raise ValueError("weights: expected a mapping {layer: W, (W, b) or "
+                             f"{{'weight': W, 'bias': b}}}}, got {type(weights).__name__}")
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, numbers.Integral) or \
+                chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes: expected a whole number of bytes > 0, got "
+                             f"{chunk_bytes!r}")
+        chunk_bytes = min(int(chunk_bytes), self.max_message_bytes - ENVELOPE_BYTES)
         stream = _upload_stream(model, weights, publish, chunk_bytes,
                                 _warm_up(warm_up, warm_in_background))
         return UploadResult.from_proto(
@@ -925,7 +949,11 @@ class Client:
         or of every run together (None or ""; the `client.run(...)` scope does not
         apply here). A run the daemon does not hold gives no entries. `by_model`:
         per model instead (entries' `model`), every run together, since start."""
-        request = telemetry_pb2.GetEnergyReportRequest(since_seconds=since,
+        if isinstance(since, bool) or not isinstance(since, numbers.Real) or \
+                not 0 <= since < float("inf"):
+            raise ValueError(f"since: expected a Unix time in seconds >= 0 (0: since the "
+                             f"daemon started), got {since!r}")
+        request = telemetry_pb2.GetEnergyReportRequest(since_seconds=float(since),
                                                        run=_wire.run_to_wire(run),
                                                        by_model=by_model)
         response = self._call("GetEnergyReport", self._telemetry.GetEnergyReport, request,

@@ -492,6 +492,34 @@ def test_misuse_is_named_before_grpc_sees_it():
         client.upload_weights("m", {"fc": np.ones((2, 2), np.float32)})
 
 
+def test_misshapen_arguments_are_named_before_anything_is_sent():
+    # A black-box test got "not enough values to unpack" for register_model("m",
+    # "fc"), "'list' object has no attribute 'items'" for upload_weights(m, [W]),
+    # 1-byte chunks for chunk_bytes=0 and protobuf's TypeError for since="x".
+    client = mxserve.Client("127.0.0.1:1", timeout=0.5)
+    w = np.ones((2, 2), np.float32)
+    with pytest.raises(ValueError, match=r"layers: expected a list of a LayerSpec, \(name, "
+                                         r"out_features, in_features\[, bias\]\) or a dict"):
+        client.register_model("m", "fc")
+    with pytest.raises(ValueError, match="layers: expected a list of"):
+        client.register_model("m", {"name": "fc", "out_features": 2, "in_features": 2})
+    with pytest.raises(ValueError, match=r"layers\[1\]: expected a LayerSpec.*got \('fc', 2\)"):
+        client.register_model("m", [("a", 2, 2), ("fc", 2)])
+    with pytest.raises(ValueError, match=r"layers\[0\]: expected .* got \{'name': 'fc'\}"):
+        client.register_model("m", [{"name": "fc"}])
+    with pytest.raises(ValueError, match=r"layers\[0\]: expected .* got \('fc', 'x', 2\)"):
+        client.register_model("m", [("fc", "x", 2)])
+    with pytest.raises(ValueError, match=r"weights: expected a mapping \{layer: W, .*got list"):
+        client.upload_weights("m", [w])
+    for chunk in (0, -5, 1.5, True, "64"):
+        with pytest.raises(ValueError, match=r"chunk_bytes: expected a whole number of bytes > 0"):
+            client.upload_weights("m", {"fc": w}, chunk_bytes=chunk)
+    for since in ("x", -1, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=r"since: expected a Unix time in seconds >= 0"):
+            client.energy_report(since=since)
+    client.close()
+
+
 def test_sessions_share_the_checks_and_numpy_timeouts_are_seconds():
     client = mxserve.Client("127.0.0.1:1", timeout=np.float32(0.5))
     assert client.timeout == 0.5
