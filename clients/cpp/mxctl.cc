@@ -235,6 +235,11 @@ absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& re
   // `mxctl <command> --help` too: the usage covers every command's flags.
   const bool asks_help = std::find(args.begin(), args.end(), "--help") != args.end() ||
                          std::find(args.begin(), args.end(), "-h") != args.end();
+  if (asks_help && (command == "models" || command == "policy")) {
+    // `mxctl models bogus --help` is a typo too, not a request for help.
+    const absl::Status verb = command == "models" ? CheckModelsVerb(args) : CheckPolicyVerb(args);
+    if (!verb.ok()) return verb;
+  }
   if (command == "help" || command == "--help" || command == "-h" || asks_help) {
     std::printf("%s%s\n", kUsage, std::string(mx::FormatNameList()).c_str());
     return 0;

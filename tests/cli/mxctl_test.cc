@@ -207,6 +207,19 @@ TEST_F(Mxctl, HelpFormatsAndDemo) {
   const Result typo = Run("nosuch --help");
   EXPECT_EQ(typo.exit_code, 2);
   EXPECT_EQ(typo.err, "mxctl: error: unknown command 'nosuch' (try 'mxctl help')\n");
+  // So is a subcommand typo with --help (it printed the usage and exited 0).
+  const Result models_typo = Run("models bogus --help");
+  EXPECT_EQ(models_typo.exit_code, 2);
+  EXPECT_EQ(models_typo.err,
+            "mxctl: error: models: unknown subcommand 'bogus'; expected list, register, upload, "
+            "load, publish, describe or delete\n");
+  const Result policy_typo = Run("policy lsit -h");
+  EXPECT_EQ(policy_typo.exit_code, 2);
+  EXPECT_EQ(policy_typo.err,
+            "mxctl: error: policy: unknown subcommand 'lsit'; expected put, get, list, delete, "
+            "activate, resolve or generate\n");
+  EXPECT_EQ(Run("policy generate --help").exit_code, 0);
+  EXPECT_EQ(Run("models --help").exit_code, 0);
   const Result nothing = Run("");
   EXPECT_EQ(nothing.exit_code, 2);
   EXPECT_EQ(nothing.out, "");
