@@ -186,10 +186,11 @@ const std::vector<FlagSpec>& Flags() {
          o.backend = text;
          return absl::OkStatus();
        }},
-      {"xclbin", "FILE", "fpga backend: the mx_gemm kernel's .xclbin (see fpga/build)",
+      {"xclbin", "FILE",
+       "fpga backend only (refused with another): the mx_gemm kernel's .xclbin (see fpga/build)",
        [](const DaemonOptions& o) { return o.xclbin.empty() ? "''" : o.xclbin; },
        StringSetter(&DaemonOptions::xclbin)},
-      {"fpga-device", "N", "fpga backend: XRT device index of the card",
+      {"fpga-device", "N", "fpga backend only (refused with another): XRT device index of the card",
        [](const DaemonOptions& o) { return absl::StrCat(o.fpga_device); },
        IntSetter("fpga-device", &DaemonOptions::fpga_device, 0, 63)},
       {"workers", "N", "compute worker threads; 0 means one per hardware thread",
@@ -465,6 +466,22 @@ absl::Status CheckTlsFlags(const DaemonOptions& o) {
   return absl::OkStatus();
 }
 
+// The fpga backend's flags with another backend: ignored before, so a daemon
+// meant for the board served the CPU emulation without a word.
+absl::Status CheckBackendFlags(const DaemonOptions& o) {
+  if (o.backend == "fpga") return absl::OkStatus();
+  if (!o.xclbin.empty()) {
+    return FlagError("xclbin", absl::StrCat("only the fpga backend loads an xclbin; --backend is '",
+                                            o.backend, "'"));
+  }
+  if (o.fpga_device != 0) {
+    return FlagError("fpga-device",
+                     absl::StrCat("only the fpga backend opens a device; --backend is '",
+                                  o.backend, "'"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ParseBytes(const std::string& text) {
@@ -545,7 +562,10 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
   for (const auto& [name, value] : given) {
     MX_RETURN_IF_ERROR(FindFlag(name)->set(value, parsed.options));
   }
-  if (!parsed.help && !parsed.version) MX_RETURN_IF_ERROR(CheckTlsFlags(parsed.options));
+  if (!parsed.help && !parsed.version) {
+    MX_RETURN_IF_ERROR(CheckTlsFlags(parsed.options));
+    MX_RETURN_IF_ERROR(CheckBackendFlags(parsed.options));
+  }
   return parsed;
 }
 

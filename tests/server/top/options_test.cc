@@ -157,6 +157,11 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--backend=gpu"},
        "--backend: unknown backend 'gpu'; expected one of cpu, hls-sim, fpga, null"},
       {{"--fpga-device=-1"}, "--fpga-device: expected an integer in [0, 63], got '-1'"},
+      // Both were ignored with another backend: the board's daemon served the CPU.
+      {{"--xclbin=/opt/mx_gemm.xclbin"},
+       "--xclbin: only the fpga backend loads an xclbin; --backend is 'cpu'"},
+      {{"--backend=hls-sim", "--fpga-device=1"},
+       "--fpga-device: only the fpga backend opens a device; --backend is 'hls-sim'"},
       {{"--queue-size"}, "--queue-size: missing value"},
       {{"--colour=red"}, "--colour: unknown flag (mxserved --help lists them)"},
       {{"serve"}, "unexpected argument 'serve'"},
