@@ -408,9 +408,12 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
   if (!in) return FlagError("config", absl::StrCat("cannot open '", path, "'"));
   std::stringstream text;
   text << in.rdbuf();
-  std::string repeated;
-  nlohmann::json json = ParseJsonRefusingRepeats(text.str(), &repeated);
-  if (json.is_discarded() || !json.is_object()) {
+  std::string repeated, syntax;
+  nlohmann::json json = ParseJsonRefusingRepeats(text.str(), &repeated, &syntax);
+  if (json.is_discarded()) {
+    return FlagError("config", absl::StrCat("'", path, "' is not valid JSON: ", syntax));
+  }
+  if (!json.is_object()) {
     return FlagError("config", absl::StrCat("'", path, "' is not a JSON object"));
   }
   if (!repeated.empty()) {

@@ -17,13 +17,32 @@
 
 namespace mxserve {
 
-// Parses `text` like nlohmann::json::parse without exceptions (invalid JSON:
-// a discarded value). Where some object repeats a key, *repeated is set to the
-// first such key's path ("defaults.rollout", "rules[2].match"), and the value
-// returned is what nlohmann made of it (the last copy won): the caller refuses it.
-inline nlohmann::json ParseJsonRefusingRepeats(absl::string_view text, std::string* repeated) {
+// nlohmann's parse error without the text it quotes: what() is "[json.exception.
+// parse_error.101] parse error at line 1, column 6: syntax error while parsing
+// object key - invalid literal; last read: '...'; expected string literal", and
+// the "last read" is the document's own bytes (a safetensors header the client
+// may not read otherwise). Kept: where, and what kind of error.
+inline std::string JsonSyntaxErrorWithoutText(absl::string_view what) {
+  const size_t tag_end = what.find("] ");
+  if (tag_end != absl::string_view::npos) what.remove_prefix(tag_end + 2);
+  const size_t dash = what.find(" - ");
+  if (dash == absl::string_view::npos) return std::string(what.substr(0, what.find(':')));
+  const size_t reason_end = what.find(';', dash);
+  return std::string(what.substr(0, reason_end));
+}
+
+// Parses `text` like nlohmann::json::parse without letting an exception out
+// (invalid JSON: a discarded value, and *syntax_error, when given, says where and
+// why, without quoting it: "parse error at line 3, column 1: syntax error while
+// parsing object - unexpected end of input").
+// Where some object repeats a key, *repeated is set to the first such key's path
+// ("defaults.rollout", "rules[2].match"), and the value returned is what nlohmann
+// made of it (the last copy won): the caller refuses it.
+inline nlohmann::json ParseJsonRefusingRepeats(absl::string_view text, std::string* repeated,
+                                               std::string* syntax_error = nullptr) {
   using Json = nlohmann::json;
   repeated->clear();
+  if (syntax_error != nullptr) syntax_error->clear();
   // One frame per open object or array: an object's keys so far and the key of
   // the value being read; an array's index of the element being read.
   struct Frame {
@@ -81,7 +100,14 @@ inline nlohmann::json ParseJsonRefusingRepeats(absl::string_view text, std::stri
     }
     return true;
   };
-  return Json::parse(text.begin(), text.end(), track, /*allow_exceptions=*/false);
+  try {
+    return Json::parse(text.begin(), text.end(), track, /*allow_exceptions=*/true);
+  } catch (const Json::parse_error& e) {
+    if (syntax_error != nullptr) *syntax_error = JsonSyntaxErrorWithoutText(e.what());
+  } catch (const Json::exception&) {
+    if (syntax_error != nullptr) *syntax_error = "a value JSON parsing cannot hold (a number out of range?)";
+  }
+  return Json(Json::value_t::discarded);
 }
 
 }  // namespace mxserve

@@ -92,9 +92,10 @@ absl::StatusOr<SafetensorsTensor> ParseEntry(const std::string& name, const nloh
 
 absl::StatusOr<std::vector<SafetensorsTensor>> ParseSafetensorsHeader(absl::string_view json,
                                                                       uint64_t data_bytes) {
-  std::string repeated;
-  const nlohmann::json header = ParseJsonRefusingRepeats(json, &repeated);
-  if (header.is_discarded() || !header.is_object()) return Invalid("not a JSON object");
+  std::string repeated, syntax;
+  const nlohmann::json header = ParseJsonRefusingRepeats(json, &repeated, &syntax);
+  if (header.is_discarded()) return Invalid(absl::StrCat("not valid JSON: ", syntax));
+  if (!header.is_object()) return Invalid("not a JSON object");
   if (!repeated.empty()) {
     return Invalid(absl::StrCat(Quote(repeated),
                                 " is given twice; each tensor and field may appear once"));

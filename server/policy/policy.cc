@@ -182,9 +182,11 @@ absl::StatusOr<Policy> ParsePolicyJson(absl::string_view text) {
                                                    " bytes; at most ", kMaxPolicyBytes,
                                                    " are accepted"));
   }
-  std::string repeated;
-  const Json json = ParseJsonRefusingRepeats(text, &repeated);
-  if (json.is_discarded()) return absl::InvalidArgumentError("policy: not valid JSON");
+  std::string repeated, syntax;
+  const Json json = ParseJsonRefusingRepeats(text, &repeated, &syntax);
+  if (json.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat("policy: not valid JSON: ", syntax));
+  }
   if (!repeated.empty()) {
     return FieldError(repeated, "given twice; each key may appear once in its object");
   }

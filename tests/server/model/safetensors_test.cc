@@ -75,7 +75,10 @@ TEST_F(Safetensors, BrokenFilesAreRejectedWithTheReason) {
       {Write("", "", 1000),
        "not a safetensors file (its header length field exceeds the file's 8 bytes or the "
        "104857600-byte limit)"},
-      {Write("{" + ok_entry, data), "safetensors header: not a JSON object"},
+      {Write("{" + ok_entry, data),
+       "safetensors header: not valid JSON: parse error at line 1, column 61: syntax error while "
+       "parsing object - unexpected end of input"},
+      {Write("[1]", data), "safetensors header: not a JSON object"},
       {Write(R"({"t": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}})", data),
        "tensor 't': dtype 'I64' unsupported; expected F32, BF16 or F16"},
       {Write(R"({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", data),
@@ -113,6 +116,18 @@ TEST_F(Safetensors, ErrorsNeverRepeatTheFilesBytes) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message().find(std::to_string(as_length)), absl::string_view::npos) << s;
   EXPECT_EQ(s.message().find("root"), absl::string_view::npos) << s;
+  // A header that is broken JSON: its position is named, none of its text (the
+  // JSON parser's own message quotes what it last read).
+  for (const std::string header : {R"({"secret-a1": 1 "b"})", R"({"secret-a1" 1})",
+                                   "{\"secret-a1\": tru}", "[\"secret-a1\""}) {
+    const absl::StatusOr<std::vector<SafetensorsTensor>> parsed =
+        ParseSafetensorsHeader(header, 0);
+    ASSERT_FALSE(parsed.ok()) << header;
+    EXPECT_NE(parsed.status().message().find("parse error at line 1, column "),
+              absl::string_view::npos) << parsed.status();
+    EXPECT_EQ(parsed.status().message().find("secret"), absl::string_view::npos)
+        << parsed.status();
+  }
 }
 
 TEST(SafetensorsHeader, OverlappingRangesAreRefused) {

@@ -256,7 +256,13 @@ TEST(Policy, RoundingsByPhaseAreOptionalAndRoundTrip) {
 
 TEST(Policy, ErrorsNameTheField) {
   const std::pair<const char*, const char*> cases[] = {
-      {"{", "policy: not valid JSON"},
+      {"{", "policy: not valid JSON: parse error at line 1, column 2: syntax error while "
+            "parsing object key - unexpected end of input"},
+      // Where a file's syntax breaks, by line and column (it said only "not valid JSON"),
+      // without quoting the text.
+      {"{\n  \"name\": \"p\",\n  defaults: {}\n}",
+       "policy: not valid JSON: parse error at line 3, column 3: syntax error while parsing "
+       "object key - invalid literal"},
       {"[]", "policy: expected a JSON object"},
       {R"({"defaults": {}})", "policy.name: missing"},
       {R"({"name": "a b", "defaults": {}})",

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace mxserve {
@@ -148,6 +149,13 @@ TEST(Options, FpgaBackendNeedsXrt) {
 #endif
 }
 
+// A file under the test's temporary directory holding `text`; its path.
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
 TEST(Options, ErrorsNameTheFlag) {
   struct Case {
     std::vector<std::string> args;
@@ -170,6 +178,11 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--update-copies=keep"}, "--update-copies: expected slice or cache, got 'keep'"},
       {{"--bf16-sums=fast"}, "--bf16-sums: expected pairs or exact, got 'fast'"},
       {{"--config=/nonexistent.json"}, "--config: cannot open '/nonexistent.json'"},
+      {{absl::StrCat("--config=", WriteTemp("broken.json", "{\"workers\": 4,\n\"listen\" 1}"))},
+       "broken.json' is not valid JSON: parse error at line 2, column 10: syntax error while "
+       "parsing object separator - unexpected number literal"},
+      {{absl::StrCat("--config=", WriteTemp("list.json", "[1]"))},
+       "list.json' is not a JSON object"},
       // CivetServer's "null context when constructing CivetServer" named no form.
       {{"--metrics-listen=OFF"},
        "--metrics-listen: expected HOST:PORT, [IPV6]:PORT or PORT (a port in [0, 65535]; several "
