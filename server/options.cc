@@ -469,6 +469,45 @@ absl::Status CheckTlsFlags(const DaemonOptions& o) {
   return absl::OkStatus();
 }
 
+// The host and port of a HOST:PORT, [IPV6]:PORT or bare PORT address (the host
+// "" for a bare port: every interface), or nullopt for another form.
+std::optional<std::pair<std::string, int>> HostAndPort(absl::string_view address) {
+  int port = -1;
+  if (!address.empty() && absl::c_all_of(address, absl::ascii_isdigit)) {
+    if (!absl::SimpleAtoi(address, &port)) return std::nullopt;
+    return std::make_pair(std::string(), port);
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return std::nullopt;
+  }
+  absl::string_view host = address.substr(0, colon);
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  return std::make_pair(std::string(host), port);
+}
+
+// /metrics on the gRPC port: the metrics server bound it first, and the daemon
+// then failed with "--listen: cannot listen on ...: Address already in use",
+// blaming the flag that was not the cause.
+absl::Status CheckListenAddresses(const DaemonOptions& o) {
+  const auto grpc = HostAndPort(o.listen);
+  if (!grpc || grpc->second == 0 || o.metrics_listen == "off") return absl::OkStatus();
+  const auto every_interface = [](const std::string& host) {
+    return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
+  };
+  for (absl::string_view item : absl::StrSplit(o.metrics_listen, ',')) {
+    const auto metrics = HostAndPort(item);
+    if (!metrics || metrics->second != grpc->second) continue;
+    if (metrics->first == grpc->first || every_interface(metrics->first) ||
+        every_interface(grpc->first)) {
+      return FlagError("metrics-listen",
+                       absl::StrCat("'", item, "' takes --listen's port ", grpc->second, " ('",
+                                    o.listen, "'); give /metrics a port of its own"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The fpga backend's flags with another backend: ignored before, so a daemon
 // meant for the board served the CPU emulation without a word.
 absl::Status CheckBackendFlags(const DaemonOptions& o) {
@@ -568,6 +607,7 @@ absl::StatusOr<ParsedCommandLine> ParseCommandLine(const std::vector<std::string
   if (!parsed.help && !parsed.version) {
     MX_RETURN_IF_ERROR(CheckTlsFlags(parsed.options));
     MX_RETURN_IF_ERROR(CheckBackendFlags(parsed.options));
+    MX_RETURN_IF_ERROR(CheckListenAddresses(parsed.options));
   }
   return parsed;
 }

@@ -190,6 +190,14 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--metrics-listen=127.0.0.1:9464,"}, "--metrics-listen: expected HOST:PORT"},
       {{"--metrics-listen=127.0.0.1:99999"}, "--metrics-listen: expected HOST:PORT"},
       {{"--metrics-listen="}, "--metrics-listen: expected HOST:PORT"},
+      // The metrics server took the port first and the daemon blamed --listen.
+      {{"--listen=127.0.0.1:47123", "--metrics-listen=127.0.0.1:47123"},
+       "--metrics-listen: '127.0.0.1:47123' takes --listen's port 47123 ('127.0.0.1:47123'); "
+       "give /metrics a port of its own"},
+      {{"--listen=0.0.0.0:50051", "--metrics-listen=127.0.0.1:9464,[::1]:50051"},
+       "--metrics-listen: '[::1]:50051' takes --listen's port 50051"},
+      {{"--listen=[::1]:7000", "--metrics-listen=7000"},
+       "--metrics-listen: '7000' takes --listen's port 7000"},
       {{"--config=a.json", "--config", "b.json"},
        "--config: given twice ('a.json', then 'b.json'); one file holds every setting"},
       {{"--config="}, "--config: expected a file, got ''"},
@@ -204,6 +212,17 @@ TEST(Options, ErrorsNameTheFlag) {
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(parsed.status().message().find(c.message), absl::string_view::npos)
         << parsed.status().message();
+  }
+}
+
+TEST(Options, MetricsMayShareAPortNumberOnAnotherInterfaceOrPortZero) {
+  for (const auto& [listen, metrics] : std::vector<std::pair<std::string, std::string>>{
+           {"127.0.0.1:7000", "127.0.0.2:7000"},  // another address, the same port number
+           {"127.0.0.1:0", "127.0.0.1:0"},        // two free ports, picked apart
+           {"127.0.0.1:7000", "off"},
+           {"127.0.0.1:7000", "127.0.0.1:7001"}}) {
+    auto parsed = ParseCommandLine({"--listen", listen, "--metrics-listen", metrics});
+    EXPECT_TRUE(parsed.ok()) << listen << " " << metrics << ": " << parsed.status();
   }
 }
 
