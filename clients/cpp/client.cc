@@ -13,6 +13,8 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/compute_stream.h"
 #include "clients/cpp/grpc_status.h"
@@ -32,15 +34,30 @@ absl::StatusOr<Response> Unary(Stub* stub,
   return response;
 }
 
-absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path) {
+// The PEM text of `path`, which must hold a block of `kind` ("CERTIFICATE", or
+// "PRIVATE KEY" for any key's "-----BEGIN ... PRIVATE KEY-----"): gRPC took any
+// file and failed at the first call with "UNAVAILABLE: empty address list"
+// after its own log lines, naming neither the flag nor the file.
+absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path,
+                                    absl::string_view kind) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   if (in) text << in.rdbuf();
   if (!in || text.str().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": cannot read '", path, "' (missing, unreadable or empty)"));
+        absl::StrCat(field, ": cannot read '", path,
+                     "' (missing, unreadable, empty or a directory)"));
   }
-  return text.str();
+  const std::string pem = text.str();
+  for (size_t begin = pem.find("-----BEGIN "); begin != std::string::npos;
+       begin = pem.find("-----BEGIN ", begin + 11)) {
+    const size_t end = pem.find("-----", begin + 11);
+    if (end == std::string::npos) break;
+    if (absl::StrContains(absl::string_view(pem).substr(begin, end - begin), kind)) return pem;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' holds no PEM ",
+                                                 absl::AsciiStrToLower(kind), " (a -----BEGIN ",
+                                                 kind, "----- block)"));
 }
 
 // Adds `authorization: Bearer <token>` to every call's metadata. An interceptor,
@@ -97,13 +114,13 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
     return grpc::InsecureChannelCredentials();
   }
   grpc::SslCredentialsOptions ssl;
-  auto ca = ReadPem("tls_ca_file", options.tls_ca_file);
+  auto ca = ReadPem("tls_ca_file", options.tls_ca_file, "CERTIFICATE");
   if (!ca.ok()) return ca.status();
   ssl.pem_root_certs = std::move(*ca);
   if (!options.tls_cert_file.empty()) {
-    auto cert = ReadPem("tls_cert_file", options.tls_cert_file);
+    auto cert = ReadPem("tls_cert_file", options.tls_cert_file, "CERTIFICATE");
     if (!cert.ok()) return cert.status();
-    auto key = ReadPem("tls_key_file", options.tls_key_file);
+    auto key = ReadPem("tls_key_file", options.tls_key_file, "PRIVATE KEY");
     if (!key.ok()) return key.status();
     ssl.pem_cert_chain = std::move(*cert);
     ssl.pem_private_key = std::move(*key);

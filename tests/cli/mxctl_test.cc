@@ -170,6 +170,13 @@ TEST_F(Mxctl, ErrorsAreOneLineAndExitTwo) {
       {"quantize --format mxfp4 --inptu x --output y", "unknown flag --inptu"},
       {"quantize --format mxfp4 --input", "flag --input needs a value"},
       {"frobnicate", "unknown command 'frobnicate'"},
+      // A file that is no PEM reached gRPC, which logged three lines and failed the
+      // call with "UNAVAILABLE: empty address list" (exit 1).
+      {"health --server 127.0.0.1:1 --tls-ca " + Path("a.f32"),
+       "--tls-ca: '" + Path("a.f32") + "' holds no PEM certificate (a -----BEGIN CERTIFICATE----- "
+       "block)"},
+      {"health --server 127.0.0.1:1 --tls-ca " + Path(""),
+       "--tls-ca: cannot read '" + Path("") + "' (missing, unreadable, empty or a directory)"},
   };
   for (const auto& [args, message] : cases) {
     SCOPED_TRACE(args);
