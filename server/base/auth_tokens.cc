@@ -1,14 +1,13 @@
 #include "server/base/auth_tokens.h"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "mx/read_file.h"
 #include "server/base/quote.h"
 
 namespace mxserve {
@@ -138,13 +137,12 @@ absl::StatusOr<AuthTokens> AuthTokens::Parse(absl::string_view text, absl::strin
 }
 
 absl::StatusOr<AuthTokens> AuthTokens::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat("--auth-tokens: cannot open ", Quote(path)));
+  // A directory read as empty and was refused as "no tokens".
+  absl::StatusOr<std::string> text = mx::ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--auth-tokens: ", text.status().message()));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<AuthTokens> tokens = Parse(text.str(), path);
+  absl::StatusOr<AuthTokens> tokens = Parse(*text, path);
   if (!tokens.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--auth-tokens: ", tokens.status().message()));
   }

@@ -91,7 +91,15 @@ TEST(AuthTokens, SecretsStayOutOfMessages) {
 TEST(AuthTokens, LoadNamesTheFlag) {
   absl::StatusOr<AuthTokens> missing = AuthTokens::Load("/nonexistent/tokens");
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.status().message(), "--auth-tokens: cannot open '/nonexistent/tokens'");
+  EXPECT_EQ(missing.status().message(),
+            "--auth-tokens: cannot read '/nonexistent/tokens': No such file or directory");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  // A directory read as empty: "no tokens; expected lines of TOKEN PRINCIPAL ROLE".
+  const std::string dir = ::testing::TempDir();
+  absl::StatusOr<AuthTokens> directory = AuthTokens::Load(dir);
+  ASSERT_FALSE(directory.ok());
+  EXPECT_EQ(directory.status().message(),
+            absl::StrCat("--auth-tokens: '", dir, "' is a directory, not a file"));
 }
 
 TEST(AuthTokens, ConstantTimeEquals) {
