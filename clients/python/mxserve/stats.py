@@ -15,11 +15,11 @@ interval of the replicates. Resampling seeds as well as prompts is what makes th
 interval honest about training noise: a configuration that won 80 % on one seed
 and 20 % on another is not known to within a few points, however many prompts
 each seed saw. With S = 1 the seed draw is trivial and this is the ordinary
-prompt bootstrap. Where every cell is the same (all wins, or a few tied
-prompts) the bootstrap has nothing to resample and gives a zero-width interval;
-statistics of bounded cells (win outcomes) then take the exact binomial floor
-for that many cells instead (mean_interval's `bounds`), so two tied prompts are
-`unresolved`, not a pass. Caveat: with S ≤ 5 the seed level is coarse. A two-seed
+prompt bootstrap. Where few cells differ (all wins, two tied prompts, one win
+and one tie) the bootstrap has little to resample and its interval collapses;
+statistics of bounded cells (win outcomes) are therefore never narrower than
+exact binomial intervals on the shares of wins and losses allow (mean_interval's
+`bounds`), so such samples are `unresolved`, not a pass. Caveat: with S ≤ 5 the seed level is coarse. A two-seed
 bootstrap has three distinct seed draws, and the bootstrap variance of a mean of
 S seeds is (S − 1)/S of the usual unbiased estimate (half of it for two seeds),
 so the between-seed part of the interval is somewhat narrow; read intervals with
@@ -242,24 +242,68 @@ def _check_bounds(bounds: Optional[Tuple[float, float]], name: str) -> None:
                          f"got {bounds!r}")
 
 
-def _no_variation_floor(interval: Interval, x: np.ndarray,
-                        bounds: Optional[Tuple[float, float]]) -> Interval:
-    """`interval` widened where every cell of x is the same value v and the cells
-    can only lie within `bounds`: a percentile bootstrap then gives [v, v] however
-    few the cells, and a verdict would be firm from, say, two tied prompts. Seeing
-    no cell differ from v in n = S·P cells, the share of cells that could differ
-    is, at the interval's two-sided level, at most q = 1 − (α/2)^(1/n) (the exact
-    Clopper–Pearson bound for zero events; about 3.7/n at 95 %); those cells could
-    lie anywhere within the bounds, so the mean lies in [v − q·(v − low),
-    v + q·(high − v)]. For n = 150 wins that is [0.976, 1]; for two ties,
-    [0.079, 0.921]. n counts cells as if independent, which seeds are not, so the
-    floor is a lower bound on the width an honest interval has."""
-    if bounds is None or x.size == 0 or not np.all(x == x.flat[0]):
+def _log_binomial_pmf(n: int, p: float) -> np.ndarray:
+    """log P(X = k) for k = 0..n, X ~ Binomial(n, p), 0 < p < 1."""
+    log_factorial = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+    k = np.arange(n + 1)
+    return (log_factorial[n] - log_factorial[k] - log_factorial[n - k]
+            + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def _binomial_tail_bound(k: int, n: int, tail: float, upper: bool) -> float:
+    """The Clopper–Pearson bound on a proportion from k successes in n trials:
+    upper, the p with P(X ≤ k) = tail (1 for k = n); lower, the p with
+    P(X ≥ k) = tail (0 for k = 0). By bisection on the binomial distribution,
+    which is monotone in p (no scipy)."""
+    if upper and k >= n:
+        return 1.0
+    if not upper and k <= 0:
+        return 0.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        pmf = np.exp(_log_binomial_pmf(n, mid))
+        mass = pmf[:k + 1].sum() if upper else pmf[k:].sum()
+        # upper: P(X ≤ k) falls as p grows; lower: P(X ≥ k) rises.
+        if (mass > tail) == upper:
+            low = mid
+        else:
+            high = mid
+    return 0.5 * (low + high)
+
+
+def _exact_floor(interval: Interval, x: np.ndarray,
+                 bounds: Optional[Tuple[float, float]]) -> Interval:
+    """`interval` widened to cover what exact binomial intervals allow, for cells
+    bounded by `bounds` (win outcomes: 0 loss, ½ tie, 1 win).
+
+    A percentile bootstrap cannot see past the cells it has: from two tied
+    prompts every replicate is ½, and from one win and one tie it says the drop
+    is at most 0 points, so a verdict would be firm from a sample that cannot
+    tell. Here each cell c (mapped to [0, 1]) counts max(0, 2c − 1) towards
+    "wins" and max(0, 1 − 2c) towards "losses" (a tie counts for neither), the
+    mean being ½ + (w − l)/2 for the shares w and l; the Clopper–Pearson interval
+    of each share at the interval's level (rounded outwards where cells are
+    fractions) bounds the mean by ½ + (w_low − l_high)/2 and ½ + (w_high − l_low)/2.
+    150 wins give [0.976, 1], two ties [0.079, 0.921], 100 wins and 100 losses
+    ±0.071 (the bootstrap: ±0.069). n counts cells as if independent, which seeds
+    are not, so this is a floor under the hierarchical bootstrap, not instead of it."""
+    if bounds is None or x.size == 0:
         return interval
-    v = float(x.flat[0])
-    q = 1.0 - ((1.0 - interval.level) / 2.0) ** (1.0 / x.size)
-    return dataclasses.replace(interval, low=min(interval.low, v - q * (v - bounds[0])),
-                               high=max(interval.high, v + q * (bounds[1] - v)))
+    c = (x - bounds[0]) / (bounds[1] - bounds[0])
+    n = int(c.size)
+    wins = float(np.clip(2.0 * c - 1.0, 0.0, 1.0).sum())
+    losses = float(np.clip(1.0 - 2.0 * c, 0.0, 1.0).sum())
+    tail = (1.0 - interval.level) / 2.0
+    eps = 1e-9
+    w_low = _binomial_tail_bound(math.floor(wins + eps), n, tail, upper=False)
+    w_high = _binomial_tail_bound(math.ceil(wins - eps), n, tail, upper=True)
+    l_low = _binomial_tail_bound(math.floor(losses + eps), n, tail, upper=False)
+    l_high = _binomial_tail_bound(math.ceil(losses - eps), n, tail, upper=True)
+    span = bounds[1] - bounds[0]
+    low = bounds[0] + span * (0.5 + 0.5 * (w_low - l_high))
+    high = bounds[0] + span * (0.5 + 0.5 * (w_high - l_low))
+    return dataclasses.replace(interval, low=min(interval.low, low), high=max(interval.high, high))
 
 
 def mean_interval(values: ArrayLike, *, level: float = DEFAULT_LEVEL,
@@ -271,13 +315,16 @@ def mean_interval(values: ArrayLike, *, level: float = DEFAULT_LEVEL,
     bootstrap interval. The estimate is the plain mean of the observed cells.
 
     `bounds` = (low, high), the range every cell can take (win outcomes: (0, 1)):
-    where all cells are equal, the interval is widened to what that many equal
-    cells can rule out (_no_variation_floor) instead of the bootstrap's zero
-    width. Without bounds (rewards, KL) no floor applies."""
+    the interval is then at least as wide as exact binomial intervals on the
+    shares of cells above and below the middle allow (_exact_floor), which is
+    what the bootstrap misses where few cells differ (two tied prompts gave
+    [½, ½]). Without bounds (rewards, KL) no floor applies."""
     _check_bounds(bounds, "mean_interval")
     x = _cells(values, "mean_interval")
+    if bounds is not None and ((x < bounds[0]) | (x > bounds[1])).any():
+        raise ValueError(f"mean_interval: cells must lie within bounds {bounds!r}")
     replicates = bootstrap_means(x, resamples=resamples, seed=seed)[:, 0]
-    return _no_variation_floor(_percentile(x.mean(), replicates, level, x.shape), x, bounds)
+    return _exact_floor(_percentile(x.mean(), replicates, level, x.shape), x, bounds)
 
 
 def paired_difference(a: ArrayLike, b: Union[ArrayLike, float], *, level: float = DEFAULT_LEVEL,

@@ -77,12 +77,40 @@ def test_a_few_identical_cells_are_unresolved_not_a_verdict():
     assert at99.interval.low == pytest.approx(0.005 ** 0.1, abs=1e-12)
 
 
-def test_the_floor_is_for_bounded_identical_cells_only():
+def test_few_differing_cells_are_unresolved_and_the_floor_is_monotone():
+    # One win and one tie: the bootstrap said the win rate is at least ½ (a drop
+    # of at most 0 points: "met" for < 5); the loss share two cells allow reaches
+    # 1 − √0.025.
+    w = stats.win_rate_from_outcomes([[1.0, 0.5]], resamples=500)
+    assert w.interval.low == pytest.approx(0.5 + (0.0 - (1 - 0.025 ** 0.5)) / 2 + 0.0063,
+                                           abs=2e-3)
+    assert stats.verdict(w.drop_points, 5.0, "below").status == "unresolved"
+    # One tie among 149 wins lowers the bound below 150 wins' (it had raised it).
+    all_wins = stats.win_rate_from_outcomes(np.ones((1, 150)), resamples=500).interval
+    one_tie = stats.win_rate_from_outcomes(np.r_[np.ones(149), 0.5][None, :],
+                                           resamples=500).interval
+    assert one_tie.low < all_wins.low
+    # 100 wins and 100 losses: the Clopper–Pearson interval of 100/200,
+    # [0.4287, 0.5713], a little wider than the bootstrap's ±0.069.
+    even = stats.win_rate_from_outcomes(np.r_[np.ones(100), np.zeros(100)][None, :],
+                                        resamples=2000).interval
+    assert (even.low, even.high) == pytest.approx((0.428658, 0.571342), abs=1e-5)
+
+
+def test_the_floor_widens_only_where_the_bootstrap_is_narrower():
     rng = np.random.default_rng(3)
     varied = rng.integers(0, 2, size=(2, 40)).astype(float)
     floored = stats.mean_interval(varied, resamples=300, bounds=(0.0, 1.0))
     plain = stats.mean_interval(varied, resamples=300)
-    assert floored == plain  # cells that vary keep the bootstrap's interval
+    assert floored.low <= plain.low and floored.high >= plain.high
+    assert floored.half_width < 1.3 * plain.half_width
+    # Two seeds that disagree: the hierarchical bootstrap is far wider than any
+    # binomial interval of the pooled cells, and stays as it is.
+    split = np.stack([np.r_[np.ones(160), np.zeros(40)], np.r_[np.ones(40), np.zeros(160)]])
+    assert stats.mean_interval(split, resamples=500, bounds=(0.0, 1.0)) == \
+        stats.mean_interval(split, resamples=500)
+    with pytest.raises(ValueError, match=r"cells must lie within bounds \(0.0, 1.0\)"):
+        stats.mean_interval([[0.5, 1.5]], resamples=10, bounds=(0.0, 1.0))
     constant = np.full((1, 4), 7.5)  # a reward: no bounds, no floor
     assert (stats.mean_interval(constant, resamples=100).low,
             stats.mean_interval(constant, resamples=100).high) == (7.5, 7.5)
