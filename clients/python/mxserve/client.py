@@ -86,8 +86,9 @@ def _layer_spec(layer: Any, where: str = "layer") -> LayerSpec:
         if isinstance(layer, Mapping):
             return LayerSpec(layer["name"], int(layer["out_features"]),
                              int(layer["in_features"]), bool(layer.get("bias", False)))
-        if not isinstance(layer, (str, bytes)) and len(layer) in (3, 4):
-            name, out_features, in_features, *rest = layer
+        fields = None if isinstance(layer, (str, bytes)) else tuple(layer)
+        if fields is not None and len(fields) in (3, 4):
+            name, out_features, in_features, *rest = fields
             return LayerSpec(name, int(out_features), int(in_features),
                              bool(rest[0]) if rest else False)
     except (KeyError, TypeError, ValueError):
@@ -949,6 +950,8 @@ class Client:
         or of every run together (None or ""; the `client.run(...)` scope does not
         apply here). A run the daemon does not hold gives no entries. `by_model`:
         per model instead (entries' `model`), every run together, since start."""
+        if since is None:  # protobuf took None as "unset" (0: since the start)
+            since = 0.0
         if isinstance(since, bool) or not isinstance(since, numbers.Real) or \
                 not 0 <= since < float("inf"):
             raise ValueError(f"since: expected a Unix time in seconds >= 0 (0: since the "

@@ -517,6 +517,12 @@ def test_misshapen_arguments_are_named_before_anything_is_sent():
     for since in ("x", -1, float("nan"), float("inf"), True):
         with pytest.raises(ValueError, match=r"since: expected a Unix time in seconds >= 0"):
             client.energy_report(since=since)
+    # What worked before still does: a layer as a generator, since=None ("since
+    # the start"); both get as far as the (absent) daemon.
+    with pytest.raises(mxserve.MxserveError, match="RegisterModel: UNAVAILABLE"):
+        client.register_model("m", [(f for f in ("fc", 2, 2))])
+    with pytest.raises(mxserve.MxserveError, match="GetEnergyReport: UNAVAILABLE"):
+        client.energy_report(since=None)
     client.close()
 
 
