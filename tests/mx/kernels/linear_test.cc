@@ -722,7 +722,8 @@ TEST(ThreadPoolTest, ACallDoesNotWaitForWorkersStillWakingUp) {
   ThreadPool pool(4);
   pool.SetWakeDelayForTesting(std::chrono::seconds(1));
   pool.ParallelFor(8, [](int64_t) {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past the spin: asleep
+  // Past the spin: asleep, or (woken by that call) in their 1 s delay.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const auto start = std::chrono::steady_clock::now();
   std::atomic<int> runs{0};
   pool.ParallelFor(8, [&](int64_t) { runs.fetch_add(1); });
