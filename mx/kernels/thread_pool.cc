@@ -92,12 +92,23 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
+// The pool whose ParallelFor this thread is running as its caller, if any: a
+// ParallelFor from inside one of that call's tasks must not try_lock busy_
+// again (undefined for a mutex the thread holds), so it runs inline.
+thread_local const ThreadPool* t_calling = nullptr;
+
 void ThreadPool::ParallelFor(int64_t tasks, absl::FunctionRef<void(int64_t)> fn) {
-  std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+  std::unique_lock<std::mutex> busy;
+  if (t_calling != this) busy = std::unique_lock<std::mutex>(busy_, std::try_to_lock);
   if (workers_.empty() || tasks <= 1 || !busy.owns_lock()) {
     for (int64_t i = 0; i < tasks; ++i) fn(i);
     return;
   }
+  struct Calling {
+    const ThreadPool* previous = t_calling;
+    explicit Calling(const ThreadPool* pool) { t_calling = pool; }
+    ~Calling() { t_calling = previous; }
+  } calling(this);
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;

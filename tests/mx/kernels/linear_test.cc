@@ -689,6 +689,23 @@ TEST(ThreadPoolTest, RunsEveryTaskOnceAndServesConcurrentCallers) {
   EXPECT_EQ(sum_b.load(), 200 * 4950);
 }
 
+// A ParallelFor from inside a task (the caller's or a worker's) runs its tasks
+// inline: the caller's thread holds the pool, and locking it again was undefined.
+TEST(ThreadPoolTest, ACallFromInsideATaskRunsInline) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(8 * 5);
+  for (int round = 0; round < 20; ++round) {
+    pool.ParallelFor(8, [&](int64_t i) {
+      pool.ParallelFor(5, [&](int64_t j) { hits[i * 5 + j].fetch_add(1); });
+    });
+  }
+  for (const auto& h : hits) ASSERT_EQ(h.load(), 20);
+  // The pool works as before once the nested calls are over.
+  std::atomic<int> after{0};
+  pool.ParallelFor(64, [&](int64_t) { after.fetch_add(1); });
+  EXPECT_EQ(after.load(), 64);
+}
+
 // Workers spin a while after a call, then sleep (thread_pool.cc): a call after
 // a pause past the spin must wake them, they must take part (tasks that block
 // briefly land on more than one thread), and a pool destroyed right after a
