@@ -19,7 +19,8 @@ prompt bootstrap. Where few cells differ (all wins, two tied prompts, one win
 and one tie) the bootstrap has little to resample and its interval collapses;
 statistics of bounded cells (win outcomes) are therefore never narrower than
 exact binomial intervals on the shares of wins and losses allow (mean_interval's
-`bounds`), so such samples are `unresolved`, not a pass. Caveat: with S ≤ 5 the seed level is coarse. A two-seed
+`bounds`), so such samples are `unresolved`, not a pass. Caveat: with S ≤ 5 the
+seed level is coarse. A two-seed
 bootstrap has three distinct seed draws, and the bootstrap variance of a mean of
 S seeds is (S − 1)/S of the usual unbiased estimate (half of it for two seeds),
 so the between-seed part of the interval is somewhat narrow; read intervals with
@@ -233,21 +234,16 @@ def _percentile(estimate: float, replicates: np.ndarray, level: float, shape) ->
     return Interval(float(estimate), low, high, level, int(shape[0]), int(shape[1]))
 
 
-def _check_bounds(bounds: Optional[Tuple[float, float]], name: str) -> None:
+def _check_bounds(bounds: Optional[Tuple[float, float]], x: np.ndarray, name: str) -> None:
+    """`bounds` is None or a finite (low, high) with low < high that holds every cell."""
     if bounds is None:
         return
     if (len(bounds) != 2 or not all(math.isfinite(b) for b in bounds)
             or not bounds[0] < bounds[1]):
         raise ValueError(f"{name}: bounds must be (low, high) with finite low < high, "
                          f"got {bounds!r}")
-
-
-def _log_binomial_pmf(n: int, p: float) -> np.ndarray:
-    """log P(X = k) for k = 0..n, X ~ Binomial(n, p), 0 < p < 1."""
-    log_factorial = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
-    k = np.arange(n + 1)
-    return (log_factorial[n] - log_factorial[k] - log_factorial[n - k]
-            + k * math.log(p) + (n - k) * math.log1p(-p))
+    if ((x < bounds[0]) | (x > bounds[1])).any():
+        raise ValueError(f"{name}: cells must lie within bounds {bounds!r}")
 
 
 def _binomial_tail_bound(k: int, n: int, tail: float, upper: bool) -> float:
@@ -259,10 +255,14 @@ def _binomial_tail_bound(k: int, n: int, tail: float, upper: bool) -> float:
         return 1.0
     if not upper and k <= 0:
         return 0.0
+    # log C(n, j) for j = 0..n, once for the whole bisection.
+    log_factorial = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+    j = np.arange(n + 1)
+    log_choose = log_factorial[n] - log_factorial[j] - log_factorial[n - j]
     low, high = 0.0, 1.0
     for _ in range(60):
         mid = 0.5 * (low + high)
-        pmf = np.exp(_log_binomial_pmf(n, mid))
+        pmf = np.exp(log_choose + j * math.log(mid) + (n - j) * math.log1p(-mid))
         mass = pmf[:k + 1].sum() if upper else pmf[k:].sum()
         # upper: P(X ≤ k) falls as p grows; lower: P(X ≥ k) rises.
         if (mass > tail) == upper:
@@ -319,10 +319,8 @@ def mean_interval(values: ArrayLike, *, level: float = DEFAULT_LEVEL,
     shares of cells above and below the middle allow (_exact_floor), which is
     what the bootstrap misses where few cells differ (two tied prompts gave
     [½, ½]). Without bounds (rewards, KL) no floor applies."""
-    _check_bounds(bounds, "mean_interval")
     x = _cells(values, "mean_interval")
-    if bounds is not None and ((x < bounds[0]) | (x > bounds[1])).any():
-        raise ValueError(f"mean_interval: cells must lie within bounds {bounds!r}")
+    _check_bounds(bounds, x, "mean_interval")
     replicates = bootstrap_means(x, resamples=resamples, seed=seed)[:, 0]
     return _exact_floor(_percentile(x.mean(), replicates, level, x.shape), x, bounds)
 
