@@ -4,7 +4,6 @@
 #include <functional>
 #include <optional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
@@ -13,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "mx/read_file.h"
 #include "mx/status_macros.h"
 #include "server/base/label.h"
 #include "server/base/strict_json.h"
@@ -404,12 +404,14 @@ const FlagSpec* FindFlag(absl::string_view name) {
 }
 
 absl::Status ApplyConfigFile(const std::string& path, DaemonOptions& options) {
-  std::ifstream in(path);
-  if (!in) return FlagError("config", absl::StrCat("cannot open '", path, "'"));
-  std::stringstream text;
-  text << in.rdbuf();
+  const absl::StatusOr<std::string> text = mx::ReadWholeFile(path);
+  if (!text.ok()) {
+    return FlagError("config", absl::IsNotFound(text.status())
+                                   ? absl::StrCat("cannot open '", path, "'")
+                                   : std::string(text.status().message()));  // a directory
+  }
   std::string repeated, syntax;
-  nlohmann::json json = ParseJsonRefusingRepeats(text.str(), &repeated, &syntax);
+  nlohmann::json json = ParseJsonRefusingRepeats(*text, &repeated, &syntax);
   if (json.is_discarded()) {
     return FlagError("config", absl::StrCat("'", path, "' is not valid JSON: ", syntax));
   }

@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -18,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "clients/cpp/compute_stream.h"
 #include "clients/cpp/grpc_status.h"
+#include "mx/read_file.h"
 
 namespace mxclient {
 namespace {
@@ -40,15 +39,13 @@ absl::StatusOr<Response> Unary(Stub* stub,
 // after its own log lines, naming neither the flag nor the file.
 absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path,
                                     absl::string_view kind) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || text.str().empty()) {
+  const absl::StatusOr<std::string> read = mx::ReadWholeFile(path);
+  if (!read.ok() || read->empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": cannot read '", path,
                      "' (missing, unreadable, empty or a directory)"));
   }
-  const std::string pem = text.str();
+  const std::string& pem = *read;
   for (size_t begin = pem.find("-----BEGIN "); begin != std::string::npos;
        begin = pem.find("-----BEGIN ", begin + 11)) {
     const size_t end = pem.find("-----", begin + 11);

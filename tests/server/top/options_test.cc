@@ -178,6 +178,8 @@ TEST(Options, ErrorsNameTheFlag) {
       {{"--update-copies=keep"}, "--update-copies: expected slice or cache, got 'keep'"},
       {{"--bf16-sums=fast"}, "--bf16-sums: expected pairs or exact, got 'fast'"},
       {{"--config=/nonexistent.json"}, "--config: cannot open '/nonexistent.json'"},
+      // A directory read as empty: "not valid JSON ... unexpected end of input".
+      {{"--config=" + ::testing::TempDir()}, "' is a directory, not a file"},
       {{absl::StrCat("--config=", WriteTemp("broken.json", "{\"workers\": 4,\n\"listen\" 1}"))},
        "broken.json' is not valid JSON: parse error at line 2, column 10: syntax error while "
        "parsing object separator - unexpected number literal"},
