@@ -132,6 +132,16 @@ std::string FormatBytes(uint64_t bytes) {
   return absl::StrCat(bytes);
 }
 
+// A bare port ("9464": every interface, as CivetServer takes it), or nullopt.
+std::optional<int> BarePort(absl::string_view address) {
+  int port = -1;
+  if (address.empty() || !absl::c_all_of(address, absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(address, &port)) {
+    return std::nullopt;
+  }
+  return port;
+}
+
 const std::vector<FlagSpec>& Flags() {
   static const auto* flags = new std::vector<FlagSpec>{
       {"listen", "ADDR", "gRPC address; port 0 picks a free port (logged at start)",
@@ -144,10 +154,8 @@ const std::vector<FlagSpec>& Flags() {
        // CivetServer also takes a bare port (every interface) and a comma list.
        [](const std::string& text, DaemonOptions& o) {
          const auto valid = [](absl::string_view item) {
-           int port = -1;
-           return ValidHostPort(std::string(item)) ||
-                  (!item.empty() && absl::c_all_of(item, absl::ascii_isdigit) &&
-                   absl::SimpleAtoi(item, &port) && port <= 65535);
+           const std::optional<int> port = BarePort(item);
+           return ValidHostPort(std::string(item)) || (port && *port <= 65535);
          };
          if (text != "off" && !absl::c_all_of(absl::StrSplit(text, ','), valid)) {
            return FlagError("metrics-listen",
@@ -474,11 +482,8 @@ absl::Status CheckTlsFlags(const DaemonOptions& o) {
 // The host and port of a HOST:PORT, [IPV6]:PORT or bare PORT address (the host
 // "" for a bare port: every interface), or nullopt for another form.
 std::optional<std::pair<std::string, int>> HostAndPort(absl::string_view address) {
+  if (const std::optional<int> port = BarePort(address)) return std::make_pair(std::string(), *port);
   int port = -1;
-  if (!address.empty() && absl::c_all_of(address, absl::ascii_isdigit)) {
-    if (!absl::SimpleAtoi(address, &port)) return std::nullopt;
-    return std::make_pair(std::string(), port);
-  }
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
     return std::nullopt;
