@@ -27,10 +27,9 @@ absl::Status RunGemm(const RemoteContext& remote, const Args& args);
 absl::StatusOr<int> RunHealth(const RemoteContext& remote, const Args& args);
 absl::Status RunModels(const RemoteContext& remote, const Args& args);
 absl::Status RunPolicy(const RemoteContext& remote, const Args& args);
-// The subcommand `args` names (its first word) checked without running it, for
-// `mxctl models|policy VERB --help`: a usage error when it is not one of theirs.
-absl::Status CheckModelsVerb(const Args& args);
-absl::Status CheckPolicyVerb(const Args& args);
+// Their subcommands, also checked by `mxctl models|policy VERB --help`.
+extern const Subcommands kModelsSubcommands;
+extern const Subcommands kPolicySubcommands;
 // The phase × layer → format table of ResolvePolicy or GeneratePolicy entries,
 // formatted for printing; `show_rules` adds "(rule N)" where a rule chose.
 std::string PhaseLayerTable(

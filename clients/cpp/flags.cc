@@ -1,5 +1,7 @@
 #include "clients/cpp/flags.h"
 
+#include "clients/cpp/cli_status.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -119,6 +121,31 @@ std::optional<std::string> TakeWord(std::vector<std::string>& args) {
   std::string word = std::move(args.front());
   args.erase(args.begin());
   return word;
+}
+
+std::string Subcommands::List() const {
+  std::string list;
+  for (size_t i = 0; i < verbs.size(); ++i) {
+    absl::StrAppend(&list, i == 0 ? "" : i + 1 == verbs.size() ? " or " : ", ", verbs[i]);
+  }
+  return list;
+}
+
+absl::Status Subcommands::Missing() const {
+  return UsageError(absl::StrCat(command, ": expected ", List()));
+}
+
+absl::Status Subcommands::Unknown(const std::string& verb) const {
+  return UsageError(
+      absl::StrCat(command, ": unknown subcommand '", verb, "'; expected ", List()));
+}
+
+absl::Status Subcommands::Check(std::vector<std::string> args) const {
+  const std::optional<std::string> verb = TakeWord(args);
+  if (!verb || std::find(verbs.begin(), verbs.end(), *verb) != verbs.end()) {
+    return absl::OkStatus();
+  }
+  return Unknown(*verb);
 }
 
 }  // namespace mxctl

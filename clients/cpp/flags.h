@@ -54,4 +54,21 @@ class Flags {
 // subcommand's positional operand, e.g. `policy get NAME`).
 std::optional<std::string> TakeWord(std::vector<std::string>& args);
 
+// A command's subcommands (`models list`, `policy get`), named once for its
+// usage errors and for `mxctl COMMAND VERB --help`.
+struct Subcommands {
+  const char* command;             // "models"
+  std::vector<std::string> verbs;  // in the order the messages list them
+
+  // "list, register, ... or delete".
+  std::string List() const;
+  // "models: expected list, register, ... or delete".
+  absl::Status Missing() const;
+  // "models: unknown subcommand 'bogus'; expected list, register, ... or delete".
+  absl::Status Unknown(const std::string& verb) const;
+  // OK where `args` names no subcommand (its first word is absent or a flag) or
+  // one of these; Unknown otherwise.
+  absl::Status Check(std::vector<std::string> args) const;
+};
+
 }  // namespace mxctl

@@ -255,32 +255,15 @@ absl::StatusOr<std::string> ModelOperand(Args args, const char* verb) {
   return model;
 }
 
-constexpr char kModelsVerbs[] = "list, register, upload, load, publish, describe or delete";
-
-absl::Status UnknownModelsVerb(const std::string& verb) {
-  return UsageError(
-      absl::StrCat("models: unknown subcommand '", verb, "'; expected ", kModelsVerbs));
-}
-
-bool IsModelsVerb(const std::string& verb) {
-  for (const char* known : {"list", "register", "upload", "load", "publish", "describe", "delete"}) {
-    if (verb == known) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
-absl::Status CheckModelsVerb(const Args& all_args) {
-  Args args = all_args;
-  const std::optional<std::string> verb = TakeWord(args);
-  return !verb || IsModelsVerb(*verb) ? absl::OkStatus() : UnknownModelsVerb(*verb);
-}
+const Subcommands kModelsSubcommands{
+    "models", {"list", "register", "upload", "load", "publish", "describe", "delete"}};
 
 absl::Status RunModels(const RemoteContext& remote, const Args& all_args) {
   Args args = all_args;
   const std::optional<std::string> verb = TakeWord(args);
-  if (!verb) return UsageError(absl::StrCat("models: expected ", kModelsVerbs));
+  if (!verb) return kModelsSubcommands.Missing();
   // Usage errors before any connection: parse-only checks happen in each verb
   // before its first RPC, and the channel connects lazily.
   const auto client = MakeClient(remote);
@@ -306,7 +289,7 @@ absl::Status RunModels(const RemoteContext& remote, const Args& all_args) {
     std::fputs(FormatModelInfo(*info).c_str(), stdout);
     return absl::OkStatus();
   }
-  return UnknownModelsVerb(*verb);
+  return kModelsSubcommands.Unknown(*verb);
 }
 
 }  // namespace mxctl

@@ -237,7 +237,8 @@ absl::StatusOr<int> Dispatch(const std::string& command, const RemoteContext& re
                          std::find(args.begin(), args.end(), "-h") != args.end();
   if (asks_help && (command == "models" || command == "policy")) {
     // `mxctl models bogus --help` is a typo too, not a request for help.
-    const absl::Status verb = command == "models" ? CheckModelsVerb(args) : CheckPolicyVerb(args);
+    const absl::Status verb =
+        (command == "models" ? kModelsSubcommands : kPolicySubcommands).Check(args);
     if (!verb.ok()) return verb;
   }
   if (command == "help" || command == "--help" || command == "-h" || asks_help) {

@@ -137,31 +137,13 @@ std::string PhaseLayerTable(const google::protobuf::RepeatedPtrField<v1::Resolve
   return FormatTable(rows);
 }
 
-namespace {
-
-constexpr char kPolicyVerbs[] = "put, get, list, delete, activate, resolve or generate";
-
-absl::Status UnknownPolicyVerb(const std::string& verb) {
-  return UsageError(
-      absl::StrCat("policy: unknown subcommand '", verb, "'; expected ", kPolicyVerbs));
-}
-
-}  // namespace
-
-absl::Status CheckPolicyVerb(const Args& all_args) {
-  Args args = all_args;
-  const std::optional<std::string> verb = TakeWord(args);
-  if (!verb) return absl::OkStatus();
-  for (const char* known : {"put", "get", "list", "delete", "activate", "resolve", "generate"}) {
-    if (*verb == known) return absl::OkStatus();
-  }
-  return UnknownPolicyVerb(*verb);
-}
+const Subcommands kPolicySubcommands{
+    "policy", {"put", "get", "list", "delete", "activate", "resolve", "generate"}};
 
 absl::Status RunPolicy(const RemoteContext& remote, const Args& all_args) {
   Args args = all_args;
   const std::optional<std::string> verb = TakeWord(args);
-  if (!verb) return UsageError(absl::StrCat("policy: expected ", kPolicyVerbs));
+  if (!verb) return kPolicySubcommands.Missing();
   const auto client = MakeClient(remote);
   if (*verb == "put") return Put(*client, args);
   if (*verb == "list") return List(*client, args);
@@ -185,7 +167,7 @@ absl::Status RunPolicy(const RemoteContext& remote, const Args& all_args) {
     std::printf("deleted policy %s\n", name.c_str());
     return absl::OkStatus();
   }
-  return UnknownPolicyVerb(*verb);
+  return kPolicySubcommands.Unknown(*verb);
 }
 
 }  // namespace mxctl
