@@ -2,8 +2,8 @@
 
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
@@ -482,7 +482,9 @@ absl::Status CheckTlsFlags(const DaemonOptions& o) {
 // The host and port of a HOST:PORT, [IPV6]:PORT or bare PORT address (the host
 // "" for a bare port: every interface), or nullopt for another form.
 std::optional<std::pair<std::string, int>> HostAndPort(absl::string_view address) {
-  if (const std::optional<int> port = BarePort(address)) return std::make_pair(std::string(), *port);
+  if (const std::optional<int> port = BarePort(address)) {
+    return std::make_pair(std::string(), *port);
+  }
   int port = -1;
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
@@ -524,9 +526,9 @@ absl::Status CheckBackendFlags(const DaemonOptions& o) {
                                             o.backend, "'"));
   }
   if (o.fpga_device != 0) {
-    return FlagError("fpga-device",
-                     absl::StrCat("only the fpga backend opens a device; --backend is '",
-                                  o.backend, "'"));
+    return FlagError(
+        "fpga-device",
+        absl::StrCat("only the fpga backend opens a device; --backend is '", o.backend, "'"));
   }
   return absl::OkStatus();
 }

@@ -22,7 +22,9 @@ absl::Status WriteRaw(const std::string& path, const void* data, size_t size) {
 absl::StatusOr<std::vector<float>> ReadFloat32File(const std::string& path,
                                                    const std::string& what) {
   absl::StatusOr<std::string> read = mx::ReadWholeFile(path);
-  if (!read.ok()) return absl::Status(read.status().code(), absl::StrCat(what, ": ", read.status().message()));
+  if (!read.ok()) {
+    return absl::Status(read.status().code(), absl::StrCat(what, ": ", read.status().message()));
+  }
   const std::string& bytes = *read;
   if (bytes.size() % 4 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": '", path, "' is ", bytes.size(),

@@ -105,7 +105,9 @@ inline nlohmann::json ParseJsonRefusingRepeats(absl::string_view text, std::stri
   } catch (const Json::parse_error& e) {
     if (syntax_error != nullptr) *syntax_error = JsonSyntaxErrorWithoutText(e.what());
   } catch (const Json::exception&) {
-    if (syntax_error != nullptr) *syntax_error = "a value JSON parsing cannot hold (a number out of range?)";
+    if (syntax_error != nullptr) {
+      *syntax_error = "a value JSON parsing cannot hold (a number out of range?)";
+    }
   }
   return Json(Json::value_t::discarded);
 }
